@@ -1,0 +1,143 @@
+//! Configuration: every setting is a flag with an environment fallback. Invalid settings stop the
+//! broker at start with a message naming the setting (clap does that for us).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::broker::Limits;
+use crate::domain::ToolResultTexts;
+use crate::store::Synchronous;
+
+#[derive(Debug, Clone, Parser)]
+#[command(name = "approval-broker", version, about = "A gRPC broker between LLM agents and the humans who approve their tool calls.")]
+pub struct Config {
+    /// The address to serve gRPC on.
+    #[arg(long, env = "APPROVALS_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+
+    /// Where state lives: `sqlite://PATH`, `sqlite:PATH` or a plain file path.
+    #[arg(long, env = "DATABASE_URL", default_value = "sqlite://approvals.db")]
+    pub database_url: String,
+
+    /// SQLite's `synchronous` setting: `full` (power-safe, the default) or `normal` (faster;
+    /// survives a broker crash but NOT a power loss or OS crash).
+    #[arg(long, env = "APPROVALS_SQLITE_SYNCHRONOUS", default_value = "full")]
+    pub sqlite_synchronous: Synchronous,
+
+    /// The largest tool input accepted, in bytes of JSON text.
+    #[arg(long, env = "APPROVALS_MAX_INPUT_BYTES", default_value_t = crate::domain::DEFAULT_MAX_INPUT_BYTES)]
+    pub max_input_bytes: usize,
+
+    /// The largest gRPC message accepted, in bytes.
+    #[arg(long, env = "APPROVALS_MAX_MESSAGE_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub max_message_bytes: usize,
+
+    /// The deadline given to calls submitted without one, e.g. `90s`, `15m`, `2h`. None by default.
+    #[arg(long, env = "APPROVALS_DEFAULT_DEADLINE", value_parser = parse_duration)]
+    pub default_deadline: Option<Duration>,
+
+    /// Undelivered events a subscriber may have queued before its stream is ended (it then
+    /// resumes with `after_seq`).
+    #[arg(long, env = "APPROVALS_SUBSCRIBER_BUFFER", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub subscriber_buffer: u32,
+
+    /// Recent events kept in memory for live fan-out; consumers further behind read the store.
+    #[arg(long, env = "APPROVALS_EVENT_BUFFER", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..))]
+    pub event_buffer: u32,
+
+    /// The tool-result text for DENIED (a reason is appended as " Reason: ...").
+    #[arg(long, env = "APPROVALS_TEXT_DENIED")]
+    pub text_denied: Option<String>,
+    /// The tool-result text for SUPERSEDED.
+    #[arg(long, env = "APPROVALS_TEXT_SUPERSEDED")]
+    pub text_superseded: Option<String>,
+    /// The tool-result text for SKIPPED.
+    #[arg(long, env = "APPROVALS_TEXT_SKIPPED")]
+    pub text_skipped: Option<String>,
+    /// The tool-result text for EXPIRED.
+    #[arg(long, env = "APPROVALS_TEXT_EXPIRED")]
+    pub text_expired: Option<String>,
+    /// The tool-result text for CANCELLED.
+    #[arg(long, env = "APPROVALS_TEXT_CANCELLED")]
+    pub text_cancelled: Option<String>,
+}
+
+impl Config {
+    /// The defaults, with the database at `database_url`: for tests and embedding.
+    pub fn with_database(database_url: impl Into<String>) -> Self {
+        let mut config = Config::parse_from(["approval-broker"]);
+        config.database_url = database_url.into();
+        config
+    }
+
+    pub fn texts(&self) -> ToolResultTexts {
+        let defaults = ToolResultTexts::default();
+        let pick = |set: &Option<String>, default: String| set.clone().unwrap_or(default);
+        ToolResultTexts {
+            denied: pick(&self.text_denied, defaults.denied),
+            superseded: pick(&self.text_superseded, defaults.superseded),
+            skipped: pick(&self.text_skipped, defaults.skipped),
+            expired: pick(&self.text_expired, defaults.expired),
+            cancelled: pick(&self.text_cancelled, defaults.cancelled),
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_input_bytes: self.max_input_bytes,
+            default_deadline: self.default_deadline,
+            subscriber_buffer: self.subscriber_buffer as usize,
+        }
+    }
+}
+
+/// `500ms`, `90s`, `15m`, `2h`, or a bare number of seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration like 90s, 15m or 2h"))?;
+    let d = match unit {
+        "" | "s" => Duration::from_secs(n),
+        "ms" => Duration::from_millis(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s, m or h)")),
+    };
+    if d.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5d").is_err());
+    }
+
+    #[test]
+    fn invalid_settings_are_refused_naming_the_setting() {
+        let err = Config::try_parse_from(["approval-broker", "--sqlite-synchronous", "off"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--sqlite-synchronous"), "{err}");
+        let err = Config::try_parse_from(["approval-broker", "--listen", "nowhere"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--listen"), "{err}");
+    }
+}

@@ -1,0 +1,63 @@
+//! Batches: the calls of one model turn, submitted together and answered in their order.
+
+use super::{AgentId, NewCall, SessionId};
+
+/// At most this many calls in one batch.
+pub const MAX_BATCH_CALLS: usize = 128;
+
+/// Assigned by the broker when a batch is stored.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BatchId(String);
+
+impl BatchId {
+    pub fn generate() -> Self {
+        Self(uuid::Uuid::new_v4().to_string())
+    }
+
+    pub fn from_stored(value: String) -> Self {
+        Self(value)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What a denial does to the rest of its batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnDeny {
+    /// Every still-pending call of the batch becomes SKIPPED.
+    #[default]
+    SkipRest,
+    /// Each call is decided on its own.
+    Independent,
+}
+
+impl OnDeny {
+    pub fn as_i64(self) -> i64 {
+        match self {
+            OnDeny::SkipRest => 1,
+            OnDeny::Independent => 2,
+        }
+    }
+
+    pub fn from_i64(v: i64) -> Self {
+        if v == 2 {
+            OnDeny::Independent
+        } else {
+            OnDeny::SkipRest
+        }
+    }
+}
+
+/// A validated submit: the calls that passed validation (each remembers its index in the
+/// request, so per-call errors and acknowledgements can be merged back in order).
+#[derive(Debug, Clone)]
+pub struct NewBatch {
+    pub agent: AgentId,
+    pub session: SessionId,
+    pub on_deny: OnDeny,
+    /// Supersede every pending call of the session (but those resubmitted here) first.
+    pub supersede_pending: bool,
+    pub calls: Vec<NewCall>,
+}

@@ -1,0 +1,85 @@
+//! Calls: one tool call a model asked for, identified by (agent, session, call id).
+
+use super::{AgentId, BatchId, CallId, Outcome, OutcomeKind, SessionId, Timestamp, ToolInput, ToolName};
+
+/// The identity of a call.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CallKey {
+    pub agent: AgentId,
+    pub session: SessionId,
+    pub call_id: CallId,
+}
+
+/// A call as submitted, validated.
+#[derive(Debug, Clone)]
+pub struct NewCall {
+    /// Its index in the submitted batch.
+    pub index: u32,
+    pub call_id: CallId,
+    pub tool: ToolName,
+    pub input: ToolInput,
+    pub title: String,
+    pub message: String,
+    pub workspace: String,
+    pub supersede_key: Option<String>,
+    pub deadline: Option<Timestamp>,
+}
+
+impl NewCall {
+    /// Whether a stored call is this same call submitted again (same tool, same canonical input).
+    pub fn is_same_request_as(&self, stored: &Call) -> bool {
+        self.tool == stored.tool && self.input == stored.input
+    }
+}
+
+/// A stored call, with its outcome once decided.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub key: CallKey,
+    pub batch_id: BatchId,
+    pub position: u32,
+    pub batch_size: u32,
+    pub tool: ToolName,
+    pub input: ToolInput,
+    pub title: String,
+    pub message: String,
+    pub workspace: String,
+    pub supersede_key: Option<String>,
+    pub deadline: Option<Timestamp>,
+    pub created_at: Timestamp,
+    pub outcome: Option<Outcome>,
+}
+
+impl Call {
+    pub fn status(&self) -> Status {
+        match &self.outcome {
+            None => Status::Pending,
+            Some(o) => Status::Decided(o.kind),
+        }
+    }
+}
+
+/// Where a call stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Pending,
+    Decided(OutcomeKind),
+}
+
+impl Status {
+    /// The stored code; the same numbers as the protobuf `CallStatus`.
+    pub fn code(self) -> i64 {
+        match self {
+            Status::Pending => 1,
+            Status::Decided(kind) => kind.code(),
+        }
+    }
+
+    pub fn from_code(code: i64) -> Option<Self> {
+        if code == 1 {
+            Some(Status::Pending)
+        } else {
+            OutcomeKind::from_code(code).map(Status::Decided)
+        }
+    }
+}

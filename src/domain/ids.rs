@@ -1,0 +1,110 @@
+//! Identifiers, parsed once at the edge: a value of these types is known to be valid.
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+
+/// At most this many bytes in a session or call id.
+pub const MAX_ID_BYTES: usize = 256;
+/// At most this many bytes in a tool name.
+pub const MAX_TOOL_BYTES: usize = 128;
+
+fn parse_text(field: &str, value: String, max_bytes: usize) -> Result<String> {
+    if value.is_empty() {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    if value.len() > max_bytes {
+        return Err(Error::invalid(
+            field,
+            format!("must be at most {max_bytes} bytes, got {}", value.len()),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(Error::invalid(field, "must not contain control characters"));
+    }
+    Ok(value)
+}
+
+macro_rules! text_id {
+    ($(#[$doc:meta])* $name:ident, $max:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(String);
+
+        impl $name {
+            /// Validates `value`; the error names `field`.
+            pub fn parse(field: &str, value: impl Into<String>) -> Result<Self> {
+                parse_text(field, value.into(), $max).map(Self)
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            /// Wraps a value read back from the store, where it was validated on the way in.
+            pub fn from_stored(value: String) -> Self {
+                Self(value)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+text_id!(
+    /// One conversation of one agent, chosen by the agent.
+    SessionId,
+    MAX_ID_BYTES
+);
+text_id!(
+    /// The model's own tool-call id.
+    CallId,
+    MAX_ID_BYTES
+);
+text_id!(
+    /// The name of the tool a call invokes.
+    ToolName,
+    MAX_TOOL_BYTES
+);
+text_id!(
+    /// The agent that owns a session. Until authentication exists every call has the owner
+    /// [`AgentId::default_owner`].
+    AgentId,
+    MAX_ID_BYTES
+);
+
+impl AgentId {
+    /// The owner of every call while authentication is off.
+    pub fn default_owner() -> Self {
+        Self("default".to_owned())
+    }
+
+    /// `value`, or the default owner when it is empty.
+    pub fn parse_or_default(field: &str, value: String) -> Result<Self> {
+        if value.is_empty() {
+            Ok(Self::default_owner())
+        } else {
+            Self::parse(field, value)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_reject_empty_oversized_and_control_characters() {
+        assert!(CallId::parse("call_id", "").is_err());
+        assert!(CallId::parse("call_id", "a".repeat(257)).is_err());
+        assert!(CallId::parse("call_id", "a".repeat(256)).is_ok());
+        assert!(CallId::parse("call_id", "a\nb").is_err());
+        assert!(ToolName::parse("tool", "t".repeat(129)).is_err());
+        let err = SessionId::parse("batch.session_id", "").unwrap_err();
+        assert_eq!(err.to_string(), "batch.session_id: must not be empty");
+    }
+}

@@ -1,0 +1,19 @@
+//! The broker's domain: calls, batches, outcomes and events as plain, validated types, and the
+//! rules that need no I/O (what text a model reads for each outcome, which decision conflicts
+//! with which). Nothing here touches the network or the database.
+
+mod batch;
+mod call;
+mod event;
+mod ids;
+mod input;
+mod outcome;
+mod time;
+
+pub use batch::{BatchId, MAX_BATCH_CALLS, NewBatch, OnDeny};
+pub use call::{Call, CallKey, NewCall, Status};
+pub use event::{Event, EventKind};
+pub use ids::{AgentId, CallId, SessionId, ToolName};
+pub use input::{DEFAULT_MAX_INPUT_BYTES, ToolInput};
+pub use outcome::{DecidedBy, Decision, Outcome, OutcomeKind, ToolResultTexts, Verdict};
+pub use time::Timestamp;

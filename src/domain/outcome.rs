@@ -1,0 +1,236 @@
+//! Outcomes: the terminal state of a call, written once and never changed, with who decided it
+//! and, for everything but APPROVED, the tool-result text the agent hands its model.
+
+use std::fmt;
+
+use super::{Timestamp, ToolInput};
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutcomeKind {
+    Approved,
+    Denied,
+    Superseded,
+    Skipped,
+    Expired,
+    Cancelled,
+}
+
+impl OutcomeKind {
+    pub const ALL: [OutcomeKind; 6] = [
+        OutcomeKind::Approved,
+        OutcomeKind::Denied,
+        OutcomeKind::Superseded,
+        OutcomeKind::Skipped,
+        OutcomeKind::Expired,
+        OutcomeKind::Cancelled,
+    ];
+
+    /// The stored code; the same numbers as the protobuf `CallStatus`.
+    pub fn code(self) -> i64 {
+        match self {
+            OutcomeKind::Approved => 2,
+            OutcomeKind::Denied => 3,
+            OutcomeKind::Superseded => 4,
+            OutcomeKind::Skipped => 5,
+            OutcomeKind::Expired => 6,
+            OutcomeKind::Cancelled => 7,
+        }
+    }
+
+    pub fn from_code(code: i64) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.code() == code)
+    }
+}
+
+impl fmt::Display for OutcomeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OutcomeKind::Approved => "APPROVED",
+            OutcomeKind::Denied => "DENIED",
+            OutcomeKind::Superseded => "SUPERSEDED",
+            OutcomeKind::Skipped => "SKIPPED",
+            OutcomeKind::Expired => "EXPIRED",
+            OutcomeKind::Cancelled => "CANCELLED",
+        })
+    }
+}
+
+/// Who or what decided an outcome. Stored and shown as `approver:<identity>`, `agent`,
+/// `deadline` or `broker`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecidedBy {
+    Approver(String),
+    /// The agent cancelled the call.
+    Agent,
+    /// The call's deadline passed.
+    Deadline,
+    /// The broker itself: supersede, skip.
+    Broker,
+}
+
+impl DecidedBy {
+    pub fn parse_stored(s: &str) -> Self {
+        match s {
+            "agent" => DecidedBy::Agent,
+            "deadline" => DecidedBy::Deadline,
+            "broker" => DecidedBy::Broker,
+            other => DecidedBy::Approver(
+                other
+                    .strip_prefix("approver:")
+                    .unwrap_or(other)
+                    .to_owned(),
+            ),
+        }
+    }
+}
+
+impl fmt::Display for DecidedBy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecidedBy::Approver(id) => write!(f, "approver:{id}"),
+            DecidedBy::Agent => f.write_str("agent"),
+            DecidedBy::Deadline => f.write_str("deadline"),
+            DecidedBy::Broker => f.write_str("broker"),
+        }
+    }
+}
+
+/// A written outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub kind: OutcomeKind,
+    pub decided_at: Timestamp,
+    pub decided_by: DecidedBy,
+    pub reason: String,
+    /// For every kind but APPROVED: what the model should read as the tool's result.
+    pub tool_result: String,
+    /// For APPROVED: the input to run (the approver's edit, or the input as submitted).
+    pub run_input: Option<ToolInput>,
+    pub input_edited: bool,
+}
+
+/// What an approver decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Approve,
+    Deny,
+}
+
+impl Verdict {
+    pub fn kind(self) -> OutcomeKind {
+        match self {
+            Verdict::Approve => OutcomeKind::Approved,
+            Verdict::Deny => OutcomeKind::Denied,
+        }
+    }
+}
+
+/// An approver's decision on one call, validated.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub verdict: Verdict,
+    pub reason: String,
+    /// APPROVE only: the input to run instead of the submitted one.
+    pub edited_input: Option<ToolInput>,
+    pub approver: String,
+}
+
+impl Decision {
+    /// Checks a decision against the outcome that already stands: the same verdict is a
+    /// harmless repeat (`Ok`); anything else is refused, naming the outcome that stands.
+    pub fn check_against(&self, standing: &Outcome) -> Result<()> {
+        if standing.kind == self.verdict.kind() {
+            return Ok(());
+        }
+        Err(Error::FailedPrecondition(format!(
+            "the call is already {} (decided by {}); that outcome stands",
+            standing.kind, standing.decided_by
+        )))
+    }
+}
+
+/// The tool-result texts the model reads for each outcome but APPROVED. Configurable; a
+/// reason, when there is one, is appended as " Reason: ...".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolResultTexts {
+    pub denied: String,
+    pub superseded: String,
+    pub skipped: String,
+    pub expired: String,
+    pub cancelled: String,
+}
+
+impl Default for ToolResultTexts {
+    fn default() -> Self {
+        Self {
+            denied: "The user denied this tool call.".to_owned(),
+            superseded: "This request was replaced by a newer one and was not answered. \
+                         If it is still needed, ask again with the same request."
+                .to_owned(),
+            skipped: "Not run: another tool call in the same batch was denied.".to_owned(),
+            expired: "No approver answered before the deadline; the tool was not run.".to_owned(),
+            cancelled: "The request was cancelled before a decision; the tool was not run."
+                .to_owned(),
+        }
+    }
+}
+
+impl ToolResultTexts {
+    /// The text for an outcome of `kind` with `reason`; empty for APPROVED.
+    pub fn render(&self, kind: OutcomeKind, reason: &str) -> String {
+        let base = match kind {
+            OutcomeKind::Approved => return String::new(),
+            OutcomeKind::Denied => &self.denied,
+            OutcomeKind::Superseded => &self.superseded,
+            OutcomeKind::Skipped => &self.skipped,
+            OutcomeKind::Expired => &self.expired,
+            OutcomeKind::Cancelled => &self.cancelled,
+        };
+        if reason.is_empty() {
+            base.clone()
+        } else {
+            format!("{base} Reason: {reason}")
+        }
+    }
+
+    /// The outcome a non-approval resolution writes.
+    pub fn outcome(&self, kind: OutcomeKind, decided_by: DecidedBy, reason: &str, at: Timestamp) -> Outcome {
+        Outcome {
+            kind,
+            decided_at: at,
+            decided_by,
+            reason: reason.to_owned(),
+            tool_result: self.render(kind, reason),
+            run_input: None,
+            input_edited: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn denial_text_carries_the_reason() {
+        let texts = ToolResultTexts::default();
+        assert_eq!(
+            texts.render(OutcomeKind::Denied, "too risky"),
+            "The user denied this tool call. Reason: too risky"
+        );
+        assert_eq!(texts.render(OutcomeKind::Approved, "fine"), "");
+    }
+
+    #[test]
+    fn decided_by_round_trips_through_its_stored_form() {
+        for d in [
+            DecidedBy::Approver("alice@example.com".into()),
+            DecidedBy::Agent,
+            DecidedBy::Deadline,
+            DecidedBy::Broker,
+        ] {
+            assert_eq!(DecidedBy::parse_stored(&d.to_string()), d);
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! The in-memory fan-out of committed events.
+//!
+//! One pump task reads the durable log after the last sequence number it published and
+//! broadcasts each event; it is woken after every local commit, and polls once a second in case
+//! a wake-up is missed. Consumers read through a [`Feed`], which first catches up from the store
+//! and then follows the broadcast, skipping what it already delivered. Because the store is the
+//! source and the broadcast only a cache of its tail, a consumer that lags behind the broadcast
+//! catches up from the store again: events are delayed, never lost, and memory stays bounded.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Notify, broadcast};
+
+use crate::domain::Event;
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+/// How many events one store read returns.
+const PAGE: u32 = 256;
+
+pub struct EventBus {
+    store: Arc<dyn Store>,
+    tx: broadcast::Sender<Arc<Event>>,
+    /// The last sequence number broadcast. Updated before each send, so a feed that subscribes
+    /// and then reads it cannot miss the event being sent.
+    published: AtomicU64,
+    committed: Notify,
+}
+
+impl EventBus {
+    /// `capacity` bounds the broadcast's ring of recent events shared by every consumer.
+    /// Run [`EventBus::pump`] in a task for events to flow.
+    pub async fn new(store: Arc<dyn Store>, capacity: usize) -> Result<Arc<Self>> {
+        let (tx, _) = broadcast::channel(capacity.max(16));
+        Ok(Arc::new(Self {
+            published: AtomicU64::new(store.latest_seq().await?),
+            store,
+            tx,
+            committed: Notify::new(),
+        }))
+    }
+
+    /// Tells the pump that new events were committed.
+    pub fn notify_committed(&self) {
+        self.committed.notify_one();
+    }
+
+    /// A feed of every event after sequence number `after`.
+    pub fn feed_after(self: &Arc<Self>, after: u64) -> Feed {
+        Feed {
+            store: Arc::clone(&self.store),
+            rx: self.tx.subscribe(),
+            last: after,
+            backlog: VecDeque::new(),
+            catching_up: true,
+        }
+    }
+
+    /// A feed of the events published from now on.
+    pub fn feed_live(self: &Arc<Self>) -> Feed {
+        let rx = self.tx.subscribe();
+        let last = self.published.load(Ordering::SeqCst);
+        Feed {
+            store: Arc::clone(&self.store),
+            rx,
+            last,
+            backlog: VecDeque::new(),
+            catching_up: false,
+        }
+    }
+
+    /// Publishes committed events until the task is dropped.
+    pub async fn pump(self: Arc<Self>) {
+        let mut last = self.published.load(Ordering::SeqCst);
+        loop {
+            tokio::select! {
+                _ = self.committed.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            loop {
+                let events = match self.store.events_after(last, PAGE).await {
+                    Ok(events) => events,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "reading the event log failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        break;
+                    }
+                };
+                let full = events.len() == PAGE as usize;
+                for event in events {
+                    last = event.seq;
+                    self.published.store(last, Ordering::SeqCst);
+                    // No receiver is not an error: nobody is listening right now.
+                    let _ = self.tx.send(Arc::new(event));
+                }
+                if !full {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// One consumer's ordered view of the event log, without gaps or repeats.
+pub struct Feed {
+    store: Arc<dyn Store>,
+    rx: broadcast::Receiver<Arc<Event>>,
+    last: u64,
+    backlog: VecDeque<Arc<Event>>,
+    catching_up: bool,
+}
+
+/// An event, and whether it came live from the broadcast (as opposed to a catch-up read).
+pub struct Delivery {
+    pub event: Arc<Event>,
+    pub live: bool,
+}
+
+impl Feed {
+    /// The sequence number of the last event this feed returned (or started after).
+    pub fn last_seq(&self) -> u64 {
+        self.last
+    }
+
+    /// The next event after the last one returned.
+    pub async fn next(&mut self) -> Result<Delivery> {
+        loop {
+            if let Some(event) = self.backlog.pop_front() {
+                self.last = event.seq;
+                return Ok(Delivery { event, live: false });
+            }
+            if self.catching_up {
+                let page = self.store.events_after(self.last, PAGE).await?;
+                self.catching_up = page.len() == PAGE as usize;
+                self.backlog.extend(page.into_iter().map(Arc::new));
+                continue;
+            }
+            match self.rx.recv().await {
+                Ok(event) if event.seq <= self.last => continue,
+                Ok(event) => {
+                    self.last = event.seq;
+                    return Ok(Delivery { event, live: true });
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => self.catching_up = true,
+                Err(broadcast::error::RecvError::Closed) => {
+                    return Err(Error::Internal("the event bus stopped".into()));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,477 @@
+//! AgentService: the agent's stream (`Connect`) and its unary equivalents.
+//!
+//! A `Connect` stream is one task that reads the agent's requests and the event feed in turn.
+//! It follows every session it has submitted to, cancelled in or resumed, and pushes each outcome
+//! of those sessions once, with a batch-complete message when a batch's last call is decided.
+//! A bad request gets an error response for that request alone; the stream goes on.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{parse, render};
+use crate::broker::Broker;
+use crate::domain::{AgentId, BatchId, Call, CallId, Event, EventKind, SessionId};
+use crate::error::Result;
+use crate::events::Feed;
+use crate::proto::v1 as pb;
+use crate::proto::v1::agent_response::Response as Reply;
+use crate::store::{SubmitReport, SubmitResult};
+
+/// Responses queued for one agent stream before the task waits for the client to read.
+const OUTBOUND: usize = 256;
+
+pub struct AgentApi {
+    broker: Arc<Broker>,
+}
+
+impl AgentApi {
+    pub fn new(broker: Arc<Broker>) -> Self {
+        Self { broker }
+    }
+}
+
+/// The client went away: stop working for it.
+struct Gone;
+
+type Outbound<T> = mpsc::Sender<Result<T, Status>>;
+
+#[tonic::async_trait]
+impl pb::agent_service_server::AgentService for AgentApi {
+    type ConnectStream = ReceiverStream<Result<pb::AgentResponse, Status>>;
+    type WatchOutcomesStream = ReceiverStream<Result<pb::WatchOutcomesResponse, Status>>;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<pb::AgentRequest>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        let (out, rx) = mpsc::channel(OUTBOUND);
+        let connection = AgentConnection {
+            broker: Arc::clone(&self.broker),
+            agent: AgentId::default_owner(),
+            out,
+            watched: HashMap::new(),
+        };
+        let feed = self.broker.bus().feed_live();
+        tokio::spawn(connection.run(request.into_inner(), feed));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn submit(
+        &self,
+        request: Request<pb::SubmitRequest>,
+    ) -> Result<Response<pb::SubmitResponse>, Status> {
+        let parsed = parse::batch(
+            request.into_inner().batch,
+            self.broker.limits().max_input_bytes,
+        )?;
+        let session = parsed.batch.session.to_string();
+        let report = self.broker.submit(parsed.batch).await?;
+        Ok(Response::new(render::submit_response(
+            &report,
+            &session,
+            &parsed.refused,
+        )))
+    }
+
+    async fn watch_outcomes(
+        &self,
+        request: Request<pb::WatchOutcomesRequest>,
+    ) -> Result<Response<Self::WatchOutcomesStream>, Status> {
+        let req = request.into_inner();
+        let session = parse::session("session_id", req.session_id)?;
+        let named = parse::call_ids("call_ids", req.call_ids, true)?;
+        let wanted = (!named.is_empty()).then(|| named.into_iter().collect::<HashSet<_>>());
+        let agent = AgentId::default_owner();
+        let (calls, seq) = self.broker.store().session_calls(&agent, &session).await?;
+        let (out, rx) = mpsc::channel(OUTBOUND);
+        let watch = OutcomeWatch {
+            broker: Arc::clone(&self.broker),
+            agent,
+            session,
+            wanted,
+            out,
+        };
+        tokio::spawn(watch.run(calls, seq));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn get_outcomes(
+        &self,
+        request: Request<pb::GetOutcomesRequest>,
+    ) -> Result<Response<pb::GetOutcomesResponse>, Status> {
+        let req = request.into_inner();
+        let session = parse::session("session_id", req.session_id)?;
+        let ids = parse::call_ids("call_ids", req.call_ids, false)?;
+        let agent = AgentId::default_owner();
+        let found = self.broker.store().calls_by_id(&agent, &session, &ids).await?;
+        let calls = ids
+            .iter()
+            .zip(found)
+            .map(|(id, call)| pb::CallState {
+                call_id: id.to_string(),
+                state: Some(match call {
+                    Some(c) if c.outcome.is_some() => {
+                        pb::call_state::State::Outcome(render::outcome(&c).unwrap_or_default())
+                    }
+                    Some(c) => pb::call_state::State::Pending(render::call(&c)),
+                    None => pb::call_state::State::Unknown(pb::Unknown {}),
+                }),
+            })
+            .collect();
+        Ok(Response::new(pb::GetOutcomesResponse { calls }))
+    }
+
+    async fn cancel(
+        &self,
+        request: Request<pb::CancelRequest>,
+    ) -> Result<Response<pb::CancelResponse>, Status> {
+        let target = parse::cancel(request.into_inner().target, "target")?;
+        let report = self.broker.cancel(&target).await?;
+        Ok(Response::new(pb::CancelResponse {
+            result: Some(render::cancel_result(&report)),
+        }))
+    }
+}
+
+/// What a session holds for a set of wanted calls: the outcomes to send, the batches whose
+/// every call is decided, and the calls still pending or unknown.
+struct Replay {
+    outcomes: Vec<pb::Outcome>,
+    batches: Vec<pb::BatchComplete>,
+    pending: Vec<CallId>,
+    unknown: Vec<CallId>,
+}
+
+impl Replay {
+    /// `calls` is every call of the session; `wanted` the call ids asked for (all if `None`).
+    fn of(calls: &[Call], wanted: Option<&HashSet<CallId>>) -> Self {
+        let is_wanted = |c: &Call| wanted.is_none_or(|w| w.contains(&c.key.call_id));
+        let mut outcomes = Vec::new();
+        let mut pending = Vec::new();
+        let mut touched: Vec<&BatchId> = Vec::new();
+        for call in calls.iter().filter(|c| is_wanted(c)) {
+            match render::outcome(call) {
+                Some(outcome) => {
+                    outcomes.push(outcome);
+                    if !touched.contains(&&call.batch_id) {
+                        touched.push(&call.batch_id);
+                    }
+                }
+                None => pending.push(call.key.call_id.clone()),
+            }
+        }
+        let batches = touched
+            .into_iter()
+            .filter_map(|batch| {
+                let mut members: Vec<Call> =
+                    calls.iter().filter(|c| &c.batch_id == batch).cloned().collect();
+                members.sort_by_key(|c| c.position);
+                members
+                    .iter()
+                    .all(|c| c.outcome.is_some())
+                    .then(|| render::batch_complete(&members))
+                    .flatten()
+            })
+            .collect();
+        let unknown = wanted
+            .map(|w| {
+                let mut unknown: Vec<CallId> = w
+                    .iter()
+                    .filter(|id| !calls.iter().any(|c| &c.key.call_id == *id))
+                    .cloned()
+                    .collect();
+                unknown.sort();
+                unknown
+            })
+            .unwrap_or_default();
+        Self {
+            outcomes,
+            batches,
+            pending,
+            unknown,
+        }
+    }
+}
+
+struct AgentConnection {
+    broker: Arc<Broker>,
+    agent: AgentId,
+    out: Outbound<pb::AgentResponse>,
+    /// The sessions this stream follows, each with the sequence number up to which its
+    /// outcomes were already sent by a resume.
+    watched: HashMap<SessionId, u64>,
+}
+
+impl AgentConnection {
+    async fn run(mut self, mut inbound: Streaming<pb::AgentRequest>, mut feed: Feed) {
+        let out = self.out.clone();
+        let broker = Arc::clone(&self.broker);
+        let mut reading = true;
+        loop {
+            let step = tokio::select! {
+                message = inbound.message(), if reading => match message {
+                    Ok(Some(request)) => self.handle(request).await,
+                    Ok(None) => {
+                        // Half-closed: no more requests, but outcomes still flow.
+                        reading = false;
+                        Ok(())
+                    }
+                    Err(status) => {
+                        tracing::debug!(%status, "agent stream ended by the client");
+                        return;
+                    }
+                },
+                delivery = feed.next() => match delivery {
+                    Ok(delivery) => self.route(&delivery.event).await,
+                    Err(err) => {
+                        let _ = out.send(Err(err.into())).await;
+                        return;
+                    }
+                },
+                _ = out.closed() => return,
+                _ = broker.stopping() => {
+                    let _ = out
+                        .send(Err(Status::unavailable(
+                            "the broker is shutting down; reconnect and resume",
+                        )))
+                        .await;
+                    return;
+                }
+            };
+            if step.is_err() {
+                return;
+            }
+        }
+    }
+
+    async fn send(&self, request_id: &str, reply: Reply) -> Result<(), Gone> {
+        let response = pb::AgentResponse {
+            request_id: request_id.to_owned(),
+            response: Some(reply),
+        };
+        self.out.send(Ok(response)).await.map_err(|_| Gone)
+    }
+
+    async fn handle(&mut self, request: pb::AgentRequest) -> Result<(), Gone> {
+        let id = request.request_id;
+        let result = match request.request {
+            Some(pb::agent_request::Request::Submit(spec)) => self.submit(&id, spec).await,
+            Some(pb::agent_request::Request::Cancel(target)) => self.cancel(&id, target).await,
+            Some(pb::agent_request::Request::Resume(resume)) => self.resume(&id, resume).await,
+            None => Err(crate::Error::invalid(
+                "request",
+                "one of submit, cancel or resume is required",
+            )),
+        };
+        match result {
+            Ok(sent) => sent,
+            Err(err) => self.send(&id, Reply::Error(render::item_error(&err))).await,
+        }
+    }
+
+    /// `Err` refuses the request as a whole; `Ok(Err(Gone))` means the client went away.
+    async fn submit(&mut self, id: &str, spec: pb::BatchSpec) -> Result<Result<(), Gone>> {
+        let parsed = parse::batch(Some(spec), self.broker.limits().max_input_bytes)?;
+        let session = parsed.batch.session.clone();
+        self.watched.entry(session.clone()).or_insert(0);
+        let report = self.broker.submit(parsed.batch).await?;
+        let response = render::submit_response(&report, session.as_str(), &parsed.refused);
+        let mut sent = self.send(id, Reply::Submitted(response)).await;
+        if sent.is_ok() {
+            sent = self.send_decided_duplicates(&report).await?;
+        }
+        Ok(sent)
+    }
+
+    /// A resubmitted call that is already decided creates no event: send its outcome (and its
+    /// batch's completion) here, as the agent would have received them live.
+    async fn send_decided_duplicates(&self, report: &SubmitReport) -> Result<Result<(), Gone>> {
+        let mut batches: Vec<&BatchId> = Vec::new();
+        for item in &report.items {
+            if let SubmitResult::Duplicate(call) = &item.result
+                && let Some(outcome) = render::outcome(call)
+            {
+                if self.send("", Reply::Outcome(outcome)).await.is_err() {
+                    return Ok(Err(Gone));
+                }
+                if !batches.contains(&&call.batch_id) {
+                    batches.push(&call.batch_id);
+                }
+            }
+        }
+        for batch in batches {
+            let calls = self.broker.store().batch_calls(batch).await?;
+            if calls.iter().all(|c| c.outcome.is_some())
+                && let Some(complete) = render::batch_complete(&calls)
+                && self.send("", Reply::BatchComplete(complete)).await.is_err()
+            {
+                return Ok(Err(Gone));
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    async fn cancel(&mut self, id: &str, target: pb::CancelTarget) -> Result<Result<(), Gone>> {
+        let target = parse::cancel(Some(target), "cancel")?;
+        self.watched.entry(target.session.clone()).or_insert(0);
+        let report = self.broker.cancel(&target).await?;
+        Ok(self
+            .send(id, Reply::Cancelled(render::cancel_result(&report)))
+            .await)
+    }
+
+    async fn resume(&mut self, id: &str, resume: pb::ResumeRequest) -> Result<Result<(), Gone>> {
+        let session = parse::session("resume.session_id", resume.session_id)?;
+        let named = parse::call_ids("resume.call_ids", resume.call_ids, true)?;
+        let wanted = (!named.is_empty()).then(|| named.into_iter().collect::<HashSet<_>>());
+        let (calls, seq) = self
+            .broker
+            .store()
+            .session_calls(&self.agent, &session)
+            .await?;
+        // Outcomes up to `seq` are sent now; the feed sends those after it.
+        self.watched.insert(session.clone(), seq);
+        let replay = Replay::of(&calls, wanted.as_ref());
+        for outcome in replay.outcomes {
+            if self.send("", Reply::Outcome(outcome)).await.is_err() {
+                return Ok(Err(Gone));
+            }
+        }
+        for complete in replay.batches {
+            if self.send("", Reply::BatchComplete(complete)).await.is_err() {
+                return Ok(Err(Gone));
+            }
+        }
+        let done = pb::ResumeDone {
+            session_id: session.to_string(),
+            pending_call_ids: replay.pending.iter().map(ToString::to_string).collect(),
+            unknown_call_ids: replay.unknown.iter().map(ToString::to_string).collect(),
+        };
+        Ok(self.send(id, Reply::Resumed(done)).await)
+    }
+
+    /// Pushes an outcome of a followed session, and its batch's completion.
+    async fn route(&mut self, event: &Event) -> Result<(), Gone> {
+        if event.kind != EventKind::Resolved || event.call.key.agent != self.agent {
+            return Ok(());
+        }
+        match self.watched.get(&event.call.key.session) {
+            Some(&sent_up_to) if event.seq > sent_up_to => {}
+            _ => return Ok(()),
+        }
+        if let Some(outcome) = render::outcome(&event.call) {
+            self.send("", Reply::Outcome(outcome)).await?;
+        }
+        if event.batch_completed {
+            match self.broker.store().batch_calls(&event.call.batch_id).await {
+                Ok(calls) => {
+                    if let Some(complete) = render::batch_complete(&calls) {
+                        self.send("", Reply::BatchComplete(complete)).await?;
+                    }
+                }
+                Err(err) => {
+                    let _ = self.out.send(Err(err.into())).await;
+                    return Err(Gone);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One `WatchOutcomes` stream.
+struct OutcomeWatch {
+    broker: Arc<Broker>,
+    agent: AgentId,
+    session: SessionId,
+    wanted: Option<HashSet<CallId>>,
+    out: Outbound<pb::WatchOutcomesResponse>,
+}
+
+impl OutcomeWatch {
+    async fn send(&self, event: pb::watch_outcomes_response::Event) -> Result<(), Gone> {
+        let message = pb::WatchOutcomesResponse { event: Some(event) };
+        self.out.send(Ok(message)).await.map_err(|_| Gone)
+    }
+
+    async fn run(self, calls: Vec<Call>, seq: u64) {
+        use pb::watch_outcomes_response::Event as E;
+        let replay = Replay::of(&calls, self.wanted.as_ref());
+        let mut waiting_for: HashSet<CallId> = replay.pending.iter().cloned().collect();
+        for outcome in replay.outcomes {
+            if self.send(E::Outcome(outcome)).await.is_err() {
+                return;
+            }
+        }
+        for complete in replay.batches {
+            if self.send(E::BatchComplete(complete)).await.is_err() {
+                return;
+            }
+        }
+        if self.send(E::CaughtUp(pb::CaughtUp {})).await.is_err() {
+            return;
+        }
+        // Named calls the session does not hold yet may still be submitted: wait for them too.
+        waiting_for.extend(replay.unknown);
+        let named = self.wanted.is_some();
+        if named && waiting_for.is_empty() {
+            return;
+        }
+        let mut feed = self.broker.bus().feed_after(seq);
+        loop {
+            let delivery = tokio::select! {
+                delivery = feed.next() => delivery,
+                _ = self.out.closed() => return,
+                _ = self.broker.stopping() => {
+                    let _ = self.out.send(Err(Status::unavailable(
+                        "the broker is shutting down; reconnect and watch again",
+                    ))).await;
+                    return;
+                }
+            };
+            let event = match delivery {
+                Ok(delivery) => delivery.event,
+                Err(err) => {
+                    let _ = self.out.send(Err(err.into())).await;
+                    return;
+                }
+            };
+            let call = &event.call;
+            if event.kind != EventKind::Resolved
+                || call.key.agent != self.agent
+                || call.key.session != self.session
+                || self.wanted.as_ref().is_some_and(|w| !w.contains(&call.key.call_id))
+            {
+                continue;
+            }
+            if let Some(outcome) = render::outcome(call)
+                && self.send(E::Outcome(outcome)).await.is_err()
+            {
+                return;
+            }
+            if event.batch_completed {
+                match self.broker.store().batch_calls(&call.batch_id).await {
+                    Ok(calls) => {
+                        if let Some(complete) = render::batch_complete(&calls)
+                            && self.send(E::BatchComplete(complete)).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Err(err) => {
+                        let _ = self.out.send(Err(err.into())).await;
+                        return;
+                    }
+                }
+            }
+            waiting_for.remove(&call.key.call_id);
+            if named && waiting_for.is_empty() {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! ApproverService: what approver UIs watch (`Subscribe`), page through (`ListPending`) and
+//! decide (`Decide`).
+//!
+//! A subscriber's stream has a bounded queue. Catch-up (snapshot pages, events after a cursor)
+//! waits for the client; a live event that finds the queue full ends the stream with
+//! RESOURCE_EXHAUSTED naming the last sequence number queued, so the UI resumes from there:
+//! never a silent drop, never unbounded memory.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataValue;
+use tonic::{Request, Response, Status};
+
+use super::{parse, render};
+use crate::broker::Broker;
+use crate::domain::{EventKind, Status as CallStatus};
+use crate::error::{Error, Result};
+use crate::events::Feed;
+use crate::proto::v1 as pb;
+use crate::proto::v1::approver_event::Event as E;
+use crate::store::CallQuery;
+
+/// The trailer naming the last sequence number delivered to a subscriber that fell behind.
+pub const LAST_SEQ_TRAILER: &str = "approvals-last-seq";
+
+pub struct ApproverApi {
+    broker: Arc<Broker>,
+}
+
+impl ApproverApi {
+    pub fn new(broker: Arc<Broker>) -> Self {
+        Self { broker }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::approver_service_server::ApproverService for ApproverApi {
+    type SubscribeStream = ReceiverStream<Result<pb::ApproverEvent, Status>>;
+
+    async fn subscribe(
+        &self,
+        request: Request<pb::SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let req = request.into_inner();
+        let filter = parse::filter(req.filter)?;
+        let latest = self.broker.store().latest_seq().await?;
+        if let Some(after) = req.after_seq
+            && after > latest
+        {
+            return Err(Error::invalid(
+                "after_seq",
+                format!("{after} is beyond the last event of this broker ({latest})"),
+            )
+            .into());
+        }
+        let (out, rx) = mpsc::channel(self.broker.limits().subscriber_buffer.max(1));
+        let subscriber = Subscriber {
+            broker: Arc::clone(&self.broker),
+            filter,
+            out,
+            last_queued: req.after_seq.unwrap_or(latest),
+        };
+        tokio::spawn(subscriber.run(req.after_seq.is_none()));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn decide(
+        &self,
+        request: Request<pb::DecideRequest>,
+    ) -> Result<Response<pb::DecideResponse>, Status> {
+        let (key, decision) = parse::decide(
+            request.into_inner(),
+            self.broker.limits().max_input_bytes,
+        )?;
+        let report = self.broker.decide(&key, &decision).await?;
+        Ok(Response::new(pb::DecideResponse {
+            outcome: render::outcome(&report.call),
+            replayed: report.replayed,
+            skipped: render::outcomes(&report.skipped),
+        }))
+    }
+
+    async fn list_pending(
+        &self,
+        request: Request<pb::ListPendingRequest>,
+    ) -> Result<Response<pb::ListPendingResponse>, Status> {
+        let req = request.into_inner();
+        let mut query = parse::filter(req.filter)?;
+        parse::page(&mut query, req.page_size, &req.page_token)?;
+        query.statuses = vec![CallStatus::Pending];
+        let page = self.broker.store().list_calls(&query).await?;
+        Ok(Response::new(pb::ListPendingResponse {
+            calls: page.calls.iter().map(render::call).collect(),
+            next_page_token: parse::page_token(page.next),
+        }))
+    }
+}
+
+/// The client went away, or was told it fell behind: the stream is over.
+struct Ended;
+
+struct Subscriber {
+    broker: Arc<Broker>,
+    filter: CallQuery,
+    out: mpsc::Sender<Result<pb::ApproverEvent, Status>>,
+    /// The sequence number of the last event queued for the client.
+    last_queued: u64,
+}
+
+impl Subscriber {
+    async fn run(mut self, with_snapshot: bool) {
+        let snapshot_seq = self.last_queued;
+        if with_snapshot && self.send_snapshot(snapshot_seq).await.is_err() {
+            return;
+        }
+        let mut feed = self.broker.bus().feed_after(snapshot_seq);
+        let _ = self.follow(&mut feed).await;
+    }
+
+    /// Every pending call that matches, as of `seq`, then the marker.
+    async fn send_snapshot(&mut self, seq: u64) -> Result<(), Ended> {
+        let mut query = self.filter.clone();
+        query.statuses = vec![CallStatus::Pending];
+        query.requested_at_or_before = Some(seq);
+        query.limit = 256;
+        let mut pending = 0u64;
+        loop {
+            let page = match self.broker.store().list_calls(&query).await {
+                Ok(page) => page,
+                Err(err) => return self.fail(err.into()).await,
+            };
+            for call in &page.calls {
+                pending += 1;
+                self.queue(seq, E::Snapshot(render::call(call))).await?;
+            }
+            match page.next {
+                Some(cursor) => query.after = Some(cursor),
+                None => break,
+            }
+        }
+        self.queue(seq, E::SnapshotComplete(pb::SnapshotComplete { pending }))
+            .await
+    }
+
+    async fn follow(&mut self, feed: &mut Feed) -> Result<(), Ended> {
+        let broker = Arc::clone(&self.broker);
+        let out = self.out.clone();
+        loop {
+            let delivery = tokio::select! {
+                delivery = feed.next() => delivery,
+                _ = out.closed() => return Err(Ended),
+                _ = broker.stopping() => {
+                    let status = Status::unavailable(format!(
+                        "the broker is shutting down; resume with after_seq={}",
+                        self.last_queued
+                    ));
+                    return self.fail(status).await;
+                }
+            };
+            let delivery = match delivery {
+                Ok(delivery) => delivery,
+                Err(err) => return self.fail(err.into()).await,
+            };
+            let event = &delivery.event;
+            if !self.filter.matches(&event.call) {
+                continue;
+            }
+            let item = match event.kind {
+                EventKind::Requested => E::Requested(render::call(&event.call)),
+                EventKind::Resolved => match render::outcome(&event.call) {
+                    Some(outcome) => E::Resolved(outcome),
+                    None => continue,
+                },
+            };
+            if delivery.live {
+                self.offer(event.seq, item).await?;
+            } else {
+                self.queue(event.seq, item).await?;
+            }
+        }
+    }
+
+    fn message(seq: u64, event: E) -> pb::ApproverEvent {
+        pb::ApproverEvent {
+            seq,
+            event: Some(event),
+        }
+    }
+
+    /// Queues an item, waiting for room (catch-up reads pace themselves to the client).
+    async fn queue(&mut self, seq: u64, event: E) -> Result<(), Ended> {
+        self.out
+            .send(Ok(Self::message(seq, event)))
+            .await
+            .map_err(|_| Ended)?;
+        self.last_queued = seq;
+        Ok(())
+    }
+
+    /// Queues a live item if there is room; otherwise the subscriber has fallen too far behind.
+    async fn offer(&mut self, seq: u64, event: E) -> Result<(), Ended> {
+        match self.out.try_send(Ok(Self::message(seq, event))) {
+            Ok(()) => {
+                self.last_queued = seq;
+                Ok(())
+            }
+            Err(TrySendError::Closed(_)) => Err(Ended),
+            Err(TrySendError::Full(_)) => {
+                let mut status = Status::resource_exhausted(format!(
+                    "subscriber fell behind: {} events were waiting to be read; \
+                     resume with after_seq={}",
+                    self.out.max_capacity(),
+                    self.last_queued
+                ));
+                if let Ok(value) = MetadataValue::try_from(self.last_queued.to_string()) {
+                    status.metadata_mut().insert(LAST_SEQ_TRAILER, value);
+                }
+                tracing::info!(last_seq = self.last_queued, "ending a subscriber that fell behind");
+                self.fail(status).await
+            }
+        }
+    }
+
+    /// Ends the stream with `status`, giving a slow client a while to take it.
+    async fn fail(&self, status: Status) -> Result<(), Ended> {
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.out.send(Err(status))).await;
+        Err(Ended)
+    }
+}

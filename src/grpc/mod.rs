@@ -1,0 +1,9 @@
+//! The gRPC surface: one file per service, plus the two translations at the edge (`parse`:
+//! protobuf to validated domain values; `render`: domain values to protobuf). Services are thin:
+//! parse, call the [`Broker`](crate::broker::Broker), render.
+
+pub mod admin;
+pub mod agent;
+pub mod approver;
+mod parse;
+mod render;

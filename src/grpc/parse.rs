@@ -1,0 +1,305 @@
+//! Protobuf requests become validated domain values here, and only here. Every error names the
+//! field at fault, with its path in the request (`batch.calls[2].input_json`).
+
+use std::collections::HashSet;
+
+use crate::domain::{
+    AgentId, BatchId, CallId, CallKey, Decision, NewBatch, NewCall, OnDeny, SessionId, Status,
+    Timestamp, ToolInput, ToolName, Verdict,
+};
+use crate::domain::{OutcomeKind};
+use crate::error::{Error, Result};
+use crate::proto::v1 as pb;
+use crate::store::{CallQuery, CancelScope, CancelTarget, Cursor};
+
+const MAX_BATCH_CALLS: usize = 128;
+const MAX_LOOKUP_IDS: usize = 1024;
+const MAX_TITLE_BYTES: usize = 512;
+const MAX_MESSAGE_BYTES: usize = 16 * 1024;
+const MAX_WORKSPACE_BYTES: usize = 1024;
+const MAX_REASON_BYTES: usize = 4 * 1024;
+const DEFAULT_PAGE_SIZE: u32 = 100;
+const MAX_PAGE_SIZE: u32 = 1000;
+
+/// A submit, split into what is wrong with single calls and what can be stored.
+pub struct ParsedBatch {
+    pub batch: NewBatch,
+    /// Calls refused by validation, with their index in the request.
+    pub refused: Vec<(u32, String, Error)>,
+}
+
+/// Parses a batch. Batch-level problems (session, size, duplicate ids) refuse the whole batch;
+/// a bad call is refused alone and the others go on.
+pub fn batch(spec: Option<pb::BatchSpec>, max_input_bytes: usize) -> Result<ParsedBatch> {
+    let spec = spec.ok_or_else(|| Error::invalid("batch", "is required"))?;
+    let session = SessionId::parse("batch.session_id", spec.session_id)?;
+    if spec.calls.is_empty() || spec.calls.len() > MAX_BATCH_CALLS {
+        return Err(Error::invalid(
+            "batch.calls",
+            format!("must hold 1 to {MAX_BATCH_CALLS} calls, got {}", spec.calls.len()),
+        ));
+    }
+    let on_deny = match pb::OnDeny::try_from(spec.on_deny) {
+        Ok(pb::OnDeny::Unspecified | pb::OnDeny::SkipRest) => OnDeny::SkipRest,
+        Ok(pb::OnDeny::Independent) => OnDeny::Independent,
+        Err(_) => {
+            return Err(Error::invalid(
+                "batch.on_deny",
+                format!("unknown value {}", spec.on_deny),
+            ));
+        }
+    };
+    let mut seen = HashSet::new();
+    for (i, call) in spec.calls.iter().enumerate() {
+        if !seen.insert(call.call_id.as_str()) {
+            return Err(Error::invalid(
+                format!("batch.calls[{i}].call_id"),
+                format!("`{}` appears twice in the batch", call.call_id),
+            ));
+        }
+    }
+    let now = Timestamp::now();
+    let mut calls = Vec::with_capacity(spec.calls.len());
+    let mut refused = Vec::new();
+    for (i, call) in spec.calls.into_iter().enumerate() {
+        let call_id = call.call_id.clone();
+        match new_call(i as u32, call, max_input_bytes, now) {
+            Ok(call) => calls.push(call),
+            Err(err) => refused.push((i as u32, call_id, err)),
+        }
+    }
+    Ok(ParsedBatch {
+        batch: NewBatch {
+            agent: AgentId::default_owner(),
+            session,
+            on_deny,
+            supersede_pending: spec.supersede_pending,
+            calls,
+        },
+        refused,
+    })
+}
+
+fn new_call(index: u32, spec: pb::CallSpec, max_input_bytes: usize, now: Timestamp) -> Result<NewCall> {
+    let field = |name: &str| format!("batch.calls[{index}].{name}");
+    let deadline = spec
+        .deadline
+        .map(|t| timestamp(&field("deadline"), t))
+        .transpose()?;
+    if let Some(deadline) = deadline
+        && deadline <= now
+    {
+        return Err(Error::invalid(field("deadline"), "is in the past"));
+    }
+    Ok(NewCall {
+        index,
+        call_id: CallId::parse(&field("call_id"), spec.call_id)?,
+        tool: ToolName::parse(&field("tool"), spec.tool)?,
+        input: ToolInput::parse(&field("input_json"), &spec.input_json, max_input_bytes)?,
+        title: line(&field("title"), spec.title, MAX_TITLE_BYTES)?,
+        message: text(&field("message"), spec.message, MAX_MESSAGE_BYTES)?,
+        workspace: line(&field("workspace"), spec.workspace, MAX_WORKSPACE_BYTES)?,
+        supersede_key: optional_line(&field("supersede_key"), spec.supersede_key, 256)?,
+        deadline,
+    })
+}
+
+/// Optional one-line text: no control characters.
+fn line(field: &str, value: String, max: usize) -> Result<String> {
+    if value.chars().any(char::is_control) {
+        return Err(Error::invalid(field, "must not contain control characters"));
+    }
+    text(field, value, max)
+}
+
+fn optional_line(field: &str, value: String, max: usize) -> Result<Option<String>> {
+    let value = line(field, value, max)?;
+    Ok((!value.is_empty()).then_some(value))
+}
+
+/// Optional free text: bounded, no NUL.
+fn text(field: &str, value: String, max: usize) -> Result<String> {
+    if value.len() > max {
+        return Err(Error::invalid(
+            field,
+            format!("must be at most {max} bytes, got {}", value.len()),
+        ));
+    }
+    if value.contains('\0') {
+        return Err(Error::invalid(field, "must not contain NUL characters"));
+    }
+    Ok(value)
+}
+
+fn timestamp(field: &str, t: prost_types::Timestamp) -> Result<Timestamp> {
+    if !(0..1_000_000_000).contains(&t.nanos) {
+        return Err(Error::invalid(field, "nanos must be in 0..1e9"));
+    }
+    let micros = t
+        .seconds
+        .checked_mul(1_000_000)
+        .and_then(|s| s.checked_add(i64::from(t.nanos / 1000)))
+        .ok_or_else(|| Error::invalid(field, "is out of range"))?;
+    Ok(Timestamp::from_micros(micros))
+}
+
+/// Parses the call ids of a lookup (1 to 1024, each a valid id). `allow_empty` for "all calls".
+pub fn call_ids(field: &str, ids: Vec<String>, allow_empty: bool) -> Result<Vec<CallId>> {
+    if (ids.is_empty() && !allow_empty) || ids.len() > MAX_LOOKUP_IDS {
+        return Err(Error::invalid(
+            field,
+            format!("must name 1 to {MAX_LOOKUP_IDS} call ids, got {}", ids.len()),
+        ));
+    }
+    ids.into_iter()
+        .enumerate()
+        .map(|(i, id)| CallId::parse(&format!("{field}[{i}]"), id))
+        .collect()
+}
+
+pub fn session(field: &str, value: String) -> Result<SessionId> {
+    SessionId::parse(field, value)
+}
+
+pub fn cancel(target: Option<pb::CancelTarget>, field: &str) -> Result<CancelTarget> {
+    let target = target.ok_or_else(|| Error::invalid(field, "is required"))?;
+    let session = SessionId::parse(&format!("{field}.session_id"), target.session_id)?;
+    let scope = match target.target {
+        Some(pb::cancel_target::Target::Calls(ids)) => {
+            CancelScope::Calls(call_ids(&format!("{field}.calls.call_ids"), ids.call_ids, false)?)
+        }
+        Some(pb::cancel_target::Target::BatchId(id)) if !id.is_empty() => {
+            CancelScope::Batch(BatchId::from_stored(id))
+        }
+        Some(pb::cancel_target::Target::BatchId(_)) => {
+            return Err(Error::invalid(format!("{field}.batch_id"), "must not be empty"));
+        }
+        Some(pb::cancel_target::Target::WholeSession(true)) => CancelScope::Session,
+        Some(pb::cancel_target::Target::WholeSession(false)) | None => {
+            return Err(Error::invalid(
+                format!("{field}.target"),
+                "one of calls, batch_id or whole_session=true is required",
+            ));
+        }
+    };
+    Ok(CancelTarget {
+        agent: AgentId::default_owner(),
+        session,
+        scope,
+        reason: text(&format!("{field}.reason"), target.reason, MAX_REASON_BYTES)?,
+    })
+}
+
+pub fn decide(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey, Decision)> {
+    let key = CallKey {
+        agent: AgentId::parse_or_default("agent", req.agent)?,
+        session: SessionId::parse("session_id", req.session_id)?,
+        call_id: CallId::parse("call_id", req.call_id)?,
+    };
+    let verdict = match pb::Decision::try_from(req.decision) {
+        Ok(pb::Decision::Approve) => Verdict::Approve,
+        Ok(pb::Decision::Deny) => Verdict::Deny,
+        Ok(pb::Decision::Unspecified) => {
+            return Err(Error::invalid("decision", "must be DECISION_APPROVE or DECISION_DENY"));
+        }
+        Err(_) => {
+            return Err(Error::invalid("decision", format!("unknown value {}", req.decision)));
+        }
+    };
+    let edited_input = if req.edited_input_json.is_empty() {
+        None
+    } else if verdict == Verdict::Deny {
+        return Err(Error::invalid("edited_input_json", "is only allowed with DECISION_APPROVE"));
+    } else {
+        Some(ToolInput::parse("edited_input_json", &req.edited_input_json, max_input_bytes)?)
+    };
+    let approver = line("approver", req.approver, 256)?;
+    if approver.is_empty() {
+        return Err(Error::invalid("approver", "must name who decides"));
+    }
+    Ok((
+        key,
+        Decision {
+            verdict,
+            reason: text("reason", req.reason, MAX_REASON_BYTES)?,
+            edited_input,
+            approver,
+        },
+    ))
+}
+
+/// A filter's fields: empty matches everything; non-empty must be a valid value.
+pub fn filter(filter: Option<pb::CallFilter>) -> Result<CallQuery> {
+    let f = filter.unwrap_or_default();
+    Ok(CallQuery {
+        agent: non_empty(f.agent, |v| AgentId::parse("filter.agent", v))?,
+        session: non_empty(f.session_id, |v| {
+            SessionId::parse("filter.session_id", v).map(|s| s.as_str().to_owned())
+        })?,
+        workspace: non_empty(f.workspace, |v| line("filter.workspace", v, MAX_WORKSPACE_BYTES))?,
+        tool: non_empty(f.tool, |v| ToolName::parse("filter.tool", v).map(|t| t.as_str().to_owned()))?,
+        ..CallQuery::default()
+    })
+}
+
+fn non_empty<T>(value: String, parse: impl FnOnce(String) -> Result<T>) -> Result<Option<T>> {
+    if value.is_empty() {
+        Ok(None)
+    } else {
+        parse(value).map(Some)
+    }
+}
+
+/// Page size and token, into `query`.
+pub fn page(query: &mut CallQuery, page_size: u32, page_token: &str) -> Result<()> {
+    query.limit = match page_size {
+        0 => DEFAULT_PAGE_SIZE,
+        n if n > MAX_PAGE_SIZE => {
+            return Err(Error::invalid(
+                "page_size",
+                format!("must be at most {MAX_PAGE_SIZE}, got {n}"),
+            ));
+        }
+        n => n,
+    };
+    if !page_token.is_empty() {
+        let id = page_token
+            .strip_prefix("v1.")
+            .and_then(|rest| rest.parse::<i64>().ok())
+            .filter(|id| *id >= 0)
+            .ok_or_else(|| Error::invalid("page_token", "is not a token this broker issued"))?;
+        query.after = Some(Cursor(id));
+    }
+    Ok(())
+}
+
+/// The token for the page after `cursor`.
+pub fn page_token(cursor: Option<Cursor>) -> String {
+    cursor.map(|Cursor(id)| format!("v1.{id}")).unwrap_or_default()
+}
+
+pub fn statuses(field: &str, values: Vec<i32>) -> Result<Vec<Status>> {
+    values
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| match pb::CallStatus::try_from(v) {
+            Ok(pb::CallStatus::Pending) => Ok(Status::Pending),
+            Ok(s) if s != pb::CallStatus::Unspecified => OutcomeKind::from_code(v.into())
+                .map(Status::Decided)
+                .ok_or_else(|| Error::invalid(format!("{field}[{i}]"), "unknown status")),
+            _ => Err(Error::invalid(format!("{field}[{i}]"), format!("unknown status {v}"))),
+        })
+        .collect()
+}
+
+pub fn time_bound(field: &str, t: Option<prost_types::Timestamp>) -> Result<Option<Timestamp>> {
+    t.map(|t| timestamp(field, t)).transpose()
+}
+
+pub fn call_key(agent: String, session_id: String, call_id: String) -> Result<CallKey> {
+    Ok(CallKey {
+        agent: AgentId::parse_or_default("agent", agent)?,
+        session: SessionId::parse("session_id", session_id)?,
+        call_id: CallId::parse("call_id", call_id)?,
+    })
+}

@@ -1,0 +1,50 @@
+//! The `approval-broker` binary: reads the configuration, binds, and runs the server until
+//! SIGINT or SIGTERM. Everything else lives in the library.
+
+use std::process::ExitCode;
+
+use approval_broker::{config::Config, startup, telemetry};
+use clap::Parser;
+use tokio::net::TcpListener;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let config = Config::parse();
+    telemetry::init("info");
+    let listener = match TcpListener::bind(config.listen).await {
+        Ok(listener) => listener,
+        Err(err) => {
+            tracing::error!(listen = %config.listen, error = %err, "cannot bind --listen / APPROVALS_LISTEN");
+            return ExitCode::FAILURE;
+        }
+    };
+    match startup::run(listener, config, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!(error = %err, "the broker stopped with an error");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot listen for SIGTERM");
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,183 @@
+//! Storage behind one trait. Every state change (a call accepted, a call resolved) is written in
+//! the same transaction as its event, and nothing is acknowledged before that transaction commits.
+//! The trait speaks the domain's language; each backend (one file each) owns its SQL.
+
+mod sqlite;
+
+use async_trait::async_trait;
+
+use crate::domain::{
+    AgentId, BatchId, Call, CallId, CallKey, Decision, Event, NewBatch, SessionId, Status,
+    Timestamp, ToolResultTexts,
+};
+use crate::error::{Error, Result};
+
+pub use sqlite::{SqliteStore, Synchronous};
+
+/// The broker's durable state.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Stores a batch's new calls, recognising duplicates and refusing conflicting reuse of a
+    /// call id, and supersedes what the batch supersedes. One transaction.
+    async fn submit(&self, batch: NewBatch) -> Result<SubmitReport>;
+
+    /// Writes an approver's decision if the call is pending (first decision wins), and skips the
+    /// rest of its batch on a denial when the batch says so. One transaction.
+    async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport>;
+
+    /// Cancels what `target` names; reports calls already decided as they stand.
+    async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport>;
+
+    /// Expires every pending call whose deadline is at or before `now`; returns them decided.
+    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>>;
+
+    /// The earliest deadline of a pending call, if any.
+    async fn next_deadline(&self) -> Result<Option<Timestamp>>;
+
+    /// The named calls of a session, in the order asked; `None` for unknown ids.
+    async fn calls_by_id(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+        call_ids: &[CallId],
+    ) -> Result<Vec<Option<Call>>>;
+
+    /// Every call of a session, oldest first, and the log's last sequence number read in the
+    /// same snapshot: events after it are not reflected in the calls.
+    async fn session_calls(&self, agent: &AgentId, session: &SessionId) -> Result<(Vec<Call>, u64)>;
+
+    /// The calls of a batch in position order.
+    async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>>;
+
+    /// A page of calls matching `query`, oldest first, with the cursor to continue after.
+    async fn list_calls(&self, query: &CallQuery) -> Result<CallPage>;
+
+    /// Up to `limit` events after `after`, in sequence order.
+    async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>>;
+
+    /// The last sequence number in the log (0 when it is empty).
+    async fn latest_seq(&self) -> Result<u64>;
+}
+
+/// What a submit did, call by call.
+#[derive(Debug, Default)]
+pub struct SubmitReport {
+    /// The batch the new calls were stored under; `None` if nothing was new.
+    pub batch_id: Option<BatchId>,
+    /// One per call of the `NewBatch`, in its order.
+    pub items: Vec<SubmitItem>,
+    /// Pending calls of the session this submit superseded.
+    pub superseded: Vec<Call>,
+}
+
+#[derive(Debug)]
+pub struct SubmitItem {
+    pub index: u32,
+    pub call_id: CallId,
+    pub result: SubmitResult,
+}
+
+#[derive(Debug)]
+pub enum SubmitResult {
+    /// Stored now.
+    Accepted(Call),
+    /// The same call was already stored; nothing was written.
+    Duplicate(Call),
+    /// Refused for this call alone (ALREADY_EXISTS).
+    Refused(Error),
+}
+
+/// What a decide did.
+#[derive(Debug)]
+pub struct DecideReport {
+    /// The call with the outcome that stands.
+    pub call: Call,
+    /// The call was already decided this way; nothing was written.
+    pub replayed: bool,
+    /// Calls of the same batch this denial skipped.
+    pub skipped: Vec<Call>,
+}
+
+/// What a cancel names.
+#[derive(Debug, Clone)]
+pub struct CancelTarget {
+    pub agent: AgentId,
+    pub session: SessionId,
+    pub scope: CancelScope,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone)]
+pub enum CancelScope {
+    Calls(Vec<CallId>),
+    Batch(BatchId),
+    Session,
+}
+
+#[derive(Debug, Default)]
+pub struct CancelReport {
+    pub cancelled: Vec<Call>,
+    pub already_decided: Vec<Call>,
+    pub unknown: Vec<CallId>,
+}
+
+/// A filtered, keyset-paged listing of calls.
+#[derive(Debug, Clone, Default)]
+pub struct CallQuery {
+    pub agent: Option<AgentId>,
+    pub session: Option<String>,
+    pub workspace: Option<String>,
+    pub tool: Option<String>,
+    /// Any of these; empty means any status.
+    pub statuses: Vec<Status>,
+    pub created_after: Option<Timestamp>,
+    pub created_before: Option<Timestamp>,
+    /// Only calls whose Requested event is at or before this sequence number (snapshots).
+    pub requested_at_or_before: Option<u64>,
+    /// Continue after this cursor.
+    pub after: Option<Cursor>,
+    pub limit: u32,
+}
+
+/// A position in a call listing; opaque to clients (see `grpc::paging`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor(pub i64);
+
+#[derive(Debug, Default)]
+pub struct CallPage {
+    pub calls: Vec<Call>,
+    /// Set when more calls may follow.
+    pub next: Option<Cursor>,
+}
+
+/// Opens the store `database_url` names and applies its migrations.
+pub async fn open(
+    database_url: &str,
+    synchronous: Synchronous,
+    texts: ToolResultTexts,
+) -> Result<std::sync::Arc<dyn Store>> {
+    if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
+        return Err(Error::invalid(
+            "DATABASE_URL",
+            "Postgres is not supported by this build yet; use a sqlite:// URL or a file path",
+        ));
+    }
+    let store = SqliteStore::open(database_url, synchronous, texts).await?;
+    Ok(std::sync::Arc::new(store))
+}
+
+impl CallQuery {
+    /// Whether `call` passes this query's filter fields (agent, session, workspace, tool).
+    pub fn matches(&self, call: &Call) -> bool {
+        self.agent.as_ref().is_none_or(|a| a == &call.key.agent)
+            && self
+                .session
+                .as_deref()
+                .is_none_or(|s| s == call.key.session.as_str())
+            && self
+                .workspace
+                .as_deref()
+                .is_none_or(|w| w == call.workspace)
+            && self.tool.as_deref().is_none_or(|t| t == call.tool.as_str())
+    }
+}

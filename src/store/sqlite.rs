@@ -1,0 +1,775 @@
+//! The SQLite backend: the zero-setup default, one file, one broker process.
+//!
+//! Writes go through a pool of exactly one connection and begin with `BEGIN IMMEDIATE`, so write
+//! transactions are serialised and sequence numbers are assigned in commit order; reads use a
+//! separate pool and WAL snapshots. `synchronous=FULL` by default: a commit is on disk before it
+//! is acknowledged, even across power loss.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow, SqliteSynchronous,
+};
+use sqlx::{QueryBuilder, Row, Sqlite};
+
+use super::{
+    CallPage, CallQuery, CancelReport, CancelScope, CancelTarget, Cursor, DecideReport, Store,
+    SubmitItem, SubmitReport, SubmitResult,
+};
+use crate::domain::{
+    AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Decision, Event, EventKind, NewBatch,
+    NewCall, Outcome, OutcomeKind, SessionId, Status, Timestamp, ToolInput, ToolName,
+    ToolResultTexts, Verdict,
+};
+use crate::error::{Error, Result};
+
+/// SQLite's `synchronous` setting for the database file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// Every commit is flushed to disk before it is acknowledged: power-safe (the default).
+    #[default]
+    Full,
+    /// Faster, and safe against a crash of the broker, but a power loss or OS crash may lose
+    /// the last acknowledged commits. Not power-safe.
+    Normal,
+}
+
+impl FromStr for Synchronous {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "full" => Ok(Synchronous::Full),
+            "normal" => Ok(Synchronous::Normal),
+            other => Err(format!("expected `full` or `normal`, got `{other}`")),
+        }
+    }
+}
+
+/// Selects the columns `call_from_row` reads, from `calls c` joined with its batch `b`.
+macro_rules! select_calls {
+    ($($rest:literal)*) => {
+        concat!(
+            "SELECT c.id, c.agent, c.session_id, c.call_id, c.batch_id, c.position, b.size, \
+             c.tool, c.input, c.title, c.message, c.workspace, c.supersede_key, c.deadline, \
+             c.created_at, c.status, c.decided_at, c.decided_by, c.reason, c.tool_result, \
+             c.run_input, c.input_edited \
+             FROM calls c JOIN batches b ON b.batch_id = c.batch_id ",
+            $($rest),*
+        )
+    };
+}
+
+const SELECT_CALLS: &str = select_calls!();
+
+pub struct SqliteStore {
+    writer: SqlitePool,
+    reader: SqlitePool,
+    texts: ToolResultTexts,
+}
+
+/// A call resolved inside the current transaction.
+struct Resolved {
+    rowid: i64,
+    batch_id: String,
+    seq: i64,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `url` (`sqlite://path`, `sqlite:path` or a
+    /// plain path) and applies the migrations under `migrations/sqlite`.
+    pub async fn open(url: &str, synchronous: Synchronous, texts: ToolResultTexts) -> Result<Self> {
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .unwrap_or(url);
+        let path = path.split('?').next().unwrap_or(path);
+        if path.is_empty() || path.contains(":memory:") {
+            return Err(Error::invalid(
+                "DATABASE_URL",
+                "must name a SQLite file (an in-memory database would lose every call)",
+            ));
+        }
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(match synchronous {
+                Synchronous::Full => SqliteSynchronous::Full,
+                Synchronous::Normal => SqliteSynchronous::Normal,
+            })
+            .busy_timeout(Duration::from_secs(10))
+            .foreign_keys(true);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .connect_with(options.clone())
+            .await?;
+        sqlx::migrate!("./migrations/sqlite").run(&writer).await?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options.read_only(true))
+            .await?;
+        Ok(Self {
+            writer,
+            reader,
+            texts,
+        })
+    }
+
+    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Sqlite>> {
+        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
+        let now = Timestamp::now();
+        let mut tx = self.begin_write().await?;
+        let mut resolved = Vec::new();
+        let mut report = SubmitReport::default();
+
+        let mut fresh: Vec<&NewCall> = Vec::new();
+        for call in &batch.calls {
+            let key = CallKey {
+                agent: batch.agent.clone(),
+                session: batch.session.clone(),
+                call_id: call.call_id.clone(),
+            };
+            let result = match find_call(&mut tx, &key).await? {
+                Some((_, stored)) if call.is_same_request_as(&stored) => {
+                    SubmitResult::Duplicate(stored)
+                }
+                Some(_) => SubmitResult::Refused(Error::AlreadyExists(format!(
+                    "calls[{}].call_id: call `{}` already exists in session `{}` with a \
+                     different tool or input",
+                    call.index, call.call_id, batch.session
+                ))),
+                None => {
+                    fresh.push(call);
+                    continue;
+                }
+            };
+            report.items.push(SubmitItem {
+                index: call.index,
+                call_id: call.call_id.clone(),
+                result,
+            });
+        }
+
+        if batch.supersede_pending {
+            let resubmitted: Vec<&str> = batch.calls.iter().map(|c| c.call_id.as_str()).collect();
+            let rows = sqlx::query(
+                "SELECT id, call_id FROM calls WHERE agent = ? AND session_id = ? AND status = 1 \
+                 ORDER BY id",
+            )
+            .bind(batch.agent.as_str())
+            .bind(batch.session.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
+            let outcome =
+                self.texts
+                    .outcome(OutcomeKind::Superseded, DecidedBy::Broker, "", now);
+            for row in rows {
+                let call_id: String = row.try_get("call_id")?;
+                if resubmitted.contains(&call_id.as_str()) {
+                    continue;
+                }
+                resolved.extend(resolve(&mut tx, row.try_get("id")?, &outcome).await?);
+            }
+        }
+
+        if !fresh.is_empty() {
+            let batch_id = BatchId::generate();
+            sqlx::query(
+                "INSERT INTO batches (batch_id, agent, session_id, on_deny, size, created_at) \
+                 VALUES (?, ?, ?, ?, ?, ?)",
+            )
+            .bind(batch_id.as_str())
+            .bind(batch.agent.as_str())
+            .bind(batch.session.as_str())
+            .bind(batch.on_deny.as_i64())
+            .bind(fresh.len() as i64)
+            .bind(now.as_micros())
+            .execute(&mut *tx)
+            .await?;
+            let mut accepted = Vec::with_capacity(fresh.len());
+            for (position, call) in fresh.iter().enumerate() {
+                if let Some(key) = &call.supersede_key {
+                    resolved.extend(
+                        self.supersede_key(&mut tx, &batch.agent, &batch.session, key, now)
+                            .await?,
+                    );
+                }
+                let rowid = insert_call(&mut tx, &batch, &batch_id, position, call, now).await?;
+                let seq = append_event(&mut tx, EventKind::Requested, rowid, now).await?;
+                sqlx::query("UPDATE calls SET requested_seq = ? WHERE id = ?")
+                    .bind(seq)
+                    .bind(rowid)
+                    .execute(&mut *tx)
+                    .await?;
+                accepted.push((call.index, call.call_id.clone(), rowid));
+            }
+            for (index, call_id, rowid) in accepted {
+                report.items.push(SubmitItem {
+                    index,
+                    call_id,
+                    result: SubmitResult::Accepted(load_call(&mut tx, rowid).await?),
+                });
+            }
+            report.batch_id = Some(batch_id);
+        }
+
+        mark_completed_batches(&mut tx, &resolved).await?;
+        for r in &resolved {
+            report.superseded.push(load_call(&mut tx, r.rowid).await?);
+        }
+        tx.commit().await?;
+        report.items.sort_by_key(|item| item.index);
+        Ok(report)
+    }
+
+    async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
+        let now = Timestamp::now();
+        let mut tx = self.begin_write().await?;
+        let Some((rowid, call)) = find_call(&mut tx, key).await? else {
+            return Err(Error::NotFound(format!(
+                "no call `{}` in session `{}` of agent `{}`",
+                key.call_id, key.session, key.agent
+            )));
+        };
+        if let Some(standing) = &call.outcome {
+            decision.check_against(standing)?;
+            return Ok(DecideReport {
+                call,
+                replayed: true,
+                skipped: Vec::new(),
+            });
+        }
+
+        let decided_by = DecidedBy::Approver(decision.approver.clone());
+        let outcome = match decision.verdict {
+            Verdict::Approve => Outcome {
+                kind: OutcomeKind::Approved,
+                decided_at: now,
+                decided_by,
+                reason: decision.reason.clone(),
+                tool_result: String::new(),
+                run_input: Some(
+                    decision
+                        .edited_input
+                        .clone()
+                        .unwrap_or_else(|| call.input.clone()),
+                ),
+                input_edited: decision.edited_input.is_some(),
+            },
+            Verdict::Deny => {
+                self.texts
+                    .outcome(OutcomeKind::Denied, decided_by, &decision.reason, now)
+            }
+        };
+        let mut resolved: Vec<Resolved> = resolve(&mut tx, rowid, &outcome).await?.into_iter().collect();
+
+        let mut skipped_rowids = Vec::new();
+        if decision.verdict == Verdict::Deny && batch_skips_rest(&mut tx, &call.batch_id).await? {
+            let skip = self
+                .texts
+                .outcome(OutcomeKind::Skipped, DecidedBy::Broker, "", now);
+            let rows = sqlx::query("SELECT id FROM calls WHERE batch_id = ? AND status = 1 ORDER BY position")
+                .bind(call.batch_id.as_str())
+                .fetch_all(&mut *tx)
+                .await?;
+            for row in rows {
+                let id: i64 = row.try_get("id")?;
+                if let Some(r) = resolve(&mut tx, id, &skip).await? {
+                    skipped_rowids.push(id);
+                    resolved.push(r);
+                }
+            }
+        }
+        mark_completed_batches(&mut tx, &resolved).await?;
+        let call = load_call(&mut tx, rowid).await?;
+        let mut skipped = Vec::with_capacity(skipped_rowids.len());
+        for id in skipped_rowids {
+            skipped.push(load_call(&mut tx, id).await?);
+        }
+        tx.commit().await?;
+        Ok(DecideReport {
+            call,
+            replayed: false,
+            skipped,
+        })
+    }
+
+    async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
+        let now = Timestamp::now();
+        let outcome =
+            self.texts
+                .outcome(OutcomeKind::Cancelled, DecidedBy::Agent, &target.reason, now);
+        let mut tx = self.begin_write().await?;
+        let mut report = CancelReport::default();
+        let mut resolved = Vec::new();
+        let mut cancelled_rowids = Vec::new();
+
+        let candidates: Vec<(i64, Call)> = match &target.scope {
+            CancelScope::Calls(ids) => {
+                let mut found = Vec::new();
+                for call_id in ids {
+                    let key = CallKey {
+                        agent: target.agent.clone(),
+                        session: target.session.clone(),
+                        call_id: call_id.clone(),
+                    };
+                    match find_call(&mut tx, &key).await? {
+                        Some(hit) => found.push(hit),
+                        None => report.unknown.push(call_id.clone()),
+                    }
+                }
+                found
+            }
+            CancelScope::Batch(batch_id) => {
+                let rows = sqlx::query(select_calls!(
+                    "WHERE c.batch_id = ? AND c.agent = ? AND c.session_id = ? ORDER BY c.position"
+                ))
+                .bind(batch_id.as_str())
+                .bind(target.agent.as_str())
+                .bind(target.session.as_str())
+                .fetch_all(&mut *tx)
+                .await?;
+                if rows.is_empty() {
+                    return Err(Error::NotFound(format!(
+                        "no batch `{}` in session `{}`",
+                        batch_id.as_str(),
+                        target.session
+                    )));
+                }
+                rows.iter().map(rowid_and_call).collect::<Result<_>>()?
+            }
+            CancelScope::Session => {
+                let rows = sqlx::query(select_calls!(
+                    "WHERE c.agent = ? AND c.session_id = ? AND c.status = 1 ORDER BY c.id"
+                ))
+                .bind(target.agent.as_str())
+                .bind(target.session.as_str())
+                .fetch_all(&mut *tx)
+                .await?;
+                rows.iter().map(rowid_and_call).collect::<Result<_>>()?
+            }
+        };
+
+        for (rowid, call) in candidates {
+            if call.outcome.is_some() {
+                report.already_decided.push(call);
+            } else if let Some(r) = resolve(&mut tx, rowid, &outcome).await? {
+                cancelled_rowids.push(rowid);
+                resolved.push(r);
+            }
+        }
+        mark_completed_batches(&mut tx, &resolved).await?;
+        for rowid in cancelled_rowids {
+            report.cancelled.push(load_call(&mut tx, rowid).await?);
+        }
+        tx.commit().await?;
+        Ok(report)
+    }
+
+    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
+        const CHUNK: i64 = 256;
+        let outcome = self
+            .texts
+            .outcome(OutcomeKind::Expired, DecidedBy::Deadline, "", now);
+        let mut expired = Vec::new();
+        loop {
+            let mut tx = self.begin_write().await?;
+            let rows = sqlx::query(
+                "SELECT id FROM calls WHERE status = 1 AND deadline IS NOT NULL AND deadline <= ? \
+                 ORDER BY deadline LIMIT ?",
+            )
+            .bind(now.as_micros())
+            .bind(CHUNK)
+            .fetch_all(&mut *tx)
+            .await?;
+            let mut resolved = Vec::with_capacity(rows.len());
+            for row in &rows {
+                resolved.extend(resolve(&mut tx, row.try_get("id")?, &outcome).await?);
+            }
+            mark_completed_batches(&mut tx, &resolved).await?;
+            for r in &resolved {
+                expired.push(load_call(&mut tx, r.rowid).await?);
+            }
+            tx.commit().await?;
+            if (rows.len() as i64) < CHUNK {
+                return Ok(expired);
+            }
+        }
+    }
+
+    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
+        let next: Option<i64> = sqlx::query_scalar(
+            "SELECT MIN(deadline) FROM calls WHERE status = 1 AND deadline IS NOT NULL",
+        )
+        .fetch_one(&self.reader)
+        .await?;
+        Ok(next.map(Timestamp::from_micros))
+    }
+
+    async fn calls_by_id(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+        call_ids: &[CallId],
+    ) -> Result<Vec<Option<Call>>> {
+        if call_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut query = QueryBuilder::<Sqlite>::new(SELECT_CALLS);
+        query
+            .push("WHERE c.agent = ")
+            .push_bind(agent.as_str())
+            .push(" AND c.session_id = ")
+            .push_bind(session.as_str())
+            .push(" AND c.call_id IN (");
+        let mut ids = query.separated(", ");
+        for id in call_ids {
+            ids.push_bind(id.as_str());
+        }
+        query.push(")");
+        let rows = query.build().fetch_all(&self.reader).await?;
+        let mut by_id = BTreeMap::new();
+        for row in &rows {
+            let call = call_from_row(row)?;
+            by_id.insert(call.key.call_id.clone(), call);
+        }
+        Ok(call_ids.iter().map(|id| by_id.get(id).cloned()).collect())
+    }
+
+    async fn session_calls(&self, agent: &AgentId, session: &SessionId) -> Result<(Vec<Call>, u64)> {
+        let mut tx = self.reader.begin().await?;
+        let seq = latest_seq(&mut tx).await?;
+        let rows = sqlx::query(select_calls!("WHERE c.agent = ? AND c.session_id = ? ORDER BY c.id"))
+            .bind(agent.as_str())
+            .bind(session.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
+        let calls = rows.iter().map(call_from_row).collect::<Result<_>>()?;
+        tx.commit().await?;
+        Ok((calls, seq))
+    }
+
+    async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
+        let rows = sqlx::query(select_calls!("WHERE c.batch_id = ? ORDER BY c.position"))
+            .bind(batch.as_str())
+            .fetch_all(&self.reader)
+            .await?;
+        rows.iter().map(call_from_row).collect()
+    }
+
+    async fn list_calls(&self, q: &CallQuery) -> Result<CallPage> {
+        let mut query = QueryBuilder::<Sqlite>::new(SELECT_CALLS);
+        query.push("WHERE 1 = 1");
+        if let Some(agent) = &q.agent {
+            query.push(" AND c.agent = ").push_bind(agent.as_str());
+        }
+        if let Some(session) = &q.session {
+            query.push(" AND c.session_id = ").push_bind(session.as_str());
+        }
+        if let Some(workspace) = &q.workspace {
+            query.push(" AND c.workspace = ").push_bind(workspace.as_str());
+        }
+        if let Some(tool) = &q.tool {
+            query.push(" AND c.tool = ").push_bind(tool.as_str());
+        }
+        if !q.statuses.is_empty() {
+            query.push(" AND c.status IN (");
+            let mut codes = query.separated(", ");
+            for status in &q.statuses {
+                codes.push_bind(status.code());
+            }
+            query.push(")");
+        }
+        if let Some(t) = q.created_after {
+            query.push(" AND c.created_at >= ").push_bind(t.as_micros());
+        }
+        if let Some(t) = q.created_before {
+            query.push(" AND c.created_at < ").push_bind(t.as_micros());
+        }
+        if let Some(seq) = q.requested_at_or_before {
+            query.push(" AND c.requested_seq <= ").push_bind(seq as i64);
+        }
+        if let Some(Cursor(after)) = q.after {
+            query.push(" AND c.id > ").push_bind(after);
+        }
+        query
+            .push(" ORDER BY c.id LIMIT ")
+            .push_bind(i64::from(q.limit) + 1);
+        let rows = query.build().fetch_all(&self.reader).await?;
+        let mut calls = Vec::with_capacity(rows.len());
+        let mut next = None;
+        for (i, row) in rows.iter().enumerate() {
+            if i == q.limit as usize {
+                break;
+            }
+            let (rowid, call) = rowid_and_call(row)?;
+            calls.push(call);
+            next = Some(Cursor(rowid));
+        }
+        if rows.len() <= q.limit as usize {
+            next = None;
+        }
+        Ok(CallPage { calls, next })
+    }
+
+    async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
+        let rows = sqlx::query(concat!(
+            "SELECT e.seq, e.kind, e.batch_completed, c.id, c.agent, c.session_id, c.call_id, \
+             c.batch_id, c.position, b.size, c.tool, c.input, c.title, c.message, c.workspace, \
+             c.supersede_key, c.deadline, c.created_at, c.status, c.decided_at, c.decided_by, \
+             c.reason, c.tool_result, c.run_input, c.input_edited \
+             FROM events e JOIN calls c ON c.id = e.call_rowid \
+             JOIN batches b ON b.batch_id = c.batch_id \
+             WHERE e.seq > ? ORDER BY e.seq LIMIT ?"
+        ))
+        .bind(after as i64)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let kind = EventKind::from_code(row.try_get("kind")?);
+                let mut call = call_from_row(row)?;
+                if kind == EventKind::Requested {
+                    call.outcome = None;
+                }
+                Ok(Event {
+                    seq: row.try_get::<i64, _>("seq")? as u64,
+                    kind,
+                    call,
+                    batch_completed: row.try_get::<i64, _>("batch_completed")? != 0,
+                })
+            })
+            .collect()
+    }
+
+    async fn latest_seq(&self) -> Result<u64> {
+        let mut conn = self.reader.acquire().await?;
+        latest_seq(&mut conn).await
+    }
+}
+
+impl SqliteStore {
+    /// Supersedes the pending calls of a session that carry `key`.
+    async fn supersede_key(
+        &self,
+        conn: &mut SqliteConnection,
+        agent: &AgentId,
+        session: &SessionId,
+        key: &str,
+        now: Timestamp,
+    ) -> Result<Vec<Resolved>> {
+        let rows = sqlx::query(
+            "SELECT id FROM calls WHERE agent = ? AND session_id = ? AND supersede_key = ? \
+             AND status = 1 ORDER BY id",
+        )
+        .bind(agent.as_str())
+        .bind(session.as_str())
+        .bind(key)
+        .fetch_all(&mut *conn)
+        .await?;
+        let outcome = self
+            .texts
+            .outcome(OutcomeKind::Superseded, DecidedBy::Broker, "", now);
+        let mut resolved = Vec::new();
+        for row in rows {
+            resolved.extend(resolve(conn, row.try_get("id")?, &outcome).await?);
+        }
+        Ok(resolved)
+    }
+}
+
+async fn latest_seq(conn: &mut SqliteConnection) -> Result<u64> {
+    let seq: Option<i64> = sqlx::query_scalar("SELECT MAX(seq) FROM events")
+        .fetch_one(conn)
+        .await?;
+    Ok(seq.unwrap_or(0) as u64)
+}
+
+async fn find_call(conn: &mut SqliteConnection, key: &CallKey) -> Result<Option<(i64, Call)>> {
+    let row = sqlx::query(select_calls!(
+        "WHERE c.agent = ? AND c.session_id = ? AND c.call_id = ?"
+    ))
+    .bind(key.agent.as_str())
+    .bind(key.session.as_str())
+    .bind(key.call_id.as_str())
+    .fetch_optional(conn)
+    .await?;
+    row.as_ref().map(rowid_and_call).transpose()
+}
+
+async fn load_call(conn: &mut SqliteConnection, rowid: i64) -> Result<Call> {
+    let row = sqlx::query(select_calls!("WHERE c.id = ?"))
+        .bind(rowid)
+        .fetch_one(conn)
+        .await?;
+    call_from_row(&row)
+}
+
+async fn insert_call(
+    conn: &mut SqliteConnection,
+    batch: &NewBatch,
+    batch_id: &BatchId,
+    position: usize,
+    call: &NewCall,
+    now: Timestamp,
+) -> Result<i64> {
+    let rowid = sqlx::query_scalar(
+        "INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, title, \
+         message, workspace, supersede_key, deadline, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+    )
+    .bind(batch.agent.as_str())
+    .bind(batch.session.as_str())
+    .bind(call.call_id.as_str())
+    .bind(batch_id.as_str())
+    .bind(position as i64)
+    .bind(call.tool.as_str())
+    .bind(call.input.as_str())
+    .bind(&call.title)
+    .bind(&call.message)
+    .bind(&call.workspace)
+    .bind(call.supersede_key.as_deref())
+    .bind(call.deadline.map(Timestamp::as_micros))
+    .bind(now.as_micros())
+    .fetch_one(conn)
+    .await?;
+    Ok(rowid)
+}
+
+async fn append_event(
+    conn: &mut SqliteConnection,
+    kind: EventKind,
+    rowid: i64,
+    now: Timestamp,
+) -> Result<i64> {
+    let seq = sqlx::query_scalar(
+        "INSERT INTO events (kind, call_rowid, created_at) VALUES (?, ?, ?) RETURNING seq",
+    )
+    .bind(kind.code())
+    .bind(rowid)
+    .bind(now.as_micros())
+    .fetch_one(conn)
+    .await?;
+    Ok(seq)
+}
+
+/// Writes `outcome` on the call if it is still pending, with its Resolved event. `None` when the
+/// call was already decided (the first decision wins).
+async fn resolve(conn: &mut SqliteConnection, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>> {
+    let batch_id: Option<String> = sqlx::query_scalar(
+        "UPDATE calls SET status = ?, decided_at = ?, decided_by = ?, reason = ?, \
+         tool_result = ?, run_input = ?, input_edited = ? \
+         WHERE id = ? AND status = 1 RETURNING batch_id",
+    )
+    .bind(outcome.kind.code())
+    .bind(outcome.decided_at.as_micros())
+    .bind(outcome.decided_by.to_string())
+    .bind(&outcome.reason)
+    .bind(&outcome.tool_result)
+    .bind(outcome.run_input.as_ref().map(ToolInput::as_str))
+    .bind(outcome.input_edited)
+    .bind(rowid)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(batch_id) = batch_id else {
+        return Ok(None);
+    };
+    let seq = append_event(conn, EventKind::Resolved, rowid, outcome.decided_at).await?;
+    Ok(Some(Resolved {
+        rowid,
+        batch_id,
+        seq,
+    }))
+}
+
+async fn batch_skips_rest(conn: &mut SqliteConnection, batch: &BatchId) -> Result<bool> {
+    let on_deny: i64 = sqlx::query_scalar("SELECT on_deny FROM batches WHERE batch_id = ?")
+        .bind(batch.as_str())
+        .fetch_one(conn)
+        .await?;
+    Ok(crate::domain::OnDeny::from_i64(on_deny) == crate::domain::OnDeny::SkipRest)
+}
+
+/// Flags, for every batch this transaction left without a pending call, the last Resolved event
+/// of the transaction in that batch: that event completes the batch.
+async fn mark_completed_batches(conn: &mut SqliteConnection, resolved: &[Resolved]) -> Result<()> {
+    let mut last_by_batch: BTreeMap<&str, i64> = BTreeMap::new();
+    for r in resolved {
+        let last = last_by_batch.entry(&r.batch_id).or_insert(r.seq);
+        *last = (*last).max(r.seq);
+    }
+    for (batch_id, seq) in last_by_batch {
+        let pending: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM calls WHERE batch_id = ? AND status = 1")
+                .bind(batch_id)
+                .fetch_one(&mut *conn)
+                .await?;
+        if pending == 0 {
+            sqlx::query("UPDATE events SET batch_completed = 1 WHERE seq = ?")
+                .bind(seq)
+                .execute(&mut *conn)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+fn rowid_and_call(row: &SqliteRow) -> Result<(i64, Call)> {
+    Ok((row.try_get("id")?, call_from_row(row)?))
+}
+
+fn call_from_row(row: &SqliteRow) -> Result<Call> {
+    let status_code: i64 = row.try_get("status")?;
+    let status = Status::from_code(status_code)
+        .ok_or_else(|| Error::Internal(format!("unknown stored status {status_code}")))?;
+    let outcome = match status {
+        Status::Pending => None,
+        Status::Decided(kind) => Some(Outcome {
+            kind,
+            decided_at: Timestamp::from_micros(row.try_get::<Option<i64>, _>("decided_at")?.unwrap_or(0)),
+            decided_by: DecidedBy::parse_stored(
+                &row.try_get::<Option<String>, _>("decided_by")?.unwrap_or_default(),
+            ),
+            reason: row.try_get::<Option<String>, _>("reason")?.unwrap_or_default(),
+            tool_result: row.try_get::<Option<String>, _>("tool_result")?.unwrap_or_default(),
+            run_input: row
+                .try_get::<Option<String>, _>("run_input")?
+                .map(ToolInput::from_stored),
+            input_edited: row.try_get("input_edited")?,
+        }),
+    };
+    Ok(Call {
+        key: CallKey {
+            agent: AgentId::from_stored(row.try_get("agent")?),
+            session: SessionId::from_stored(row.try_get("session_id")?),
+            call_id: CallId::from_stored(row.try_get("call_id")?),
+        },
+        batch_id: BatchId::from_stored(row.try_get("batch_id")?),
+        position: row.try_get::<i64, _>("position")? as u32,
+        batch_size: row.try_get::<i64, _>("size")? as u32,
+        tool: ToolName::from_stored(row.try_get("tool")?),
+        input: ToolInput::from_stored(row.try_get("input")?),
+        title: row.try_get("title")?,
+        message: row.try_get("message")?,
+        workspace: row.try_get("workspace")?,
+        supersede_key: row.try_get("supersede_key")?,
+        deadline: row
+            .try_get::<Option<i64>, _>("deadline")?
+            .map(Timestamp::from_micros),
+        created_at: Timestamp::from_micros(row.try_get("created_at")?),
+        outcome,
+    })
+}
