@@ -11,7 +11,11 @@ use crate::domain::ToolResultTexts;
 use crate::store::Synchronous;
 
 #[derive(Debug, Clone, Parser)]
-#[command(name = "approval-broker", version, about = "A gRPC broker between LLM agents and the humans who approve their tool calls.")]
+#[command(
+    name = "approval-broker",
+    version,
+    about = "A gRPC broker between LLM agents and the humans who approve their tool calls."
+)]
 pub struct Config {
     /// The address to serve gRPC on.
     #[arg(long, env = "APPROVALS_LISTEN", default_value = "127.0.0.1:50051")]

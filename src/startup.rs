@@ -46,13 +46,7 @@ pub async fn run(
     ];
 
     let (stop, stopping) = watch::channel(false);
-    let broker = Arc::new(Broker::new(
-        store,
-        bus,
-        sweeper,
-        config.limits(),
-        stopping,
-    ));
+    let broker = Arc::new(Broker::new(store, bus, sweeper, config.limits(), stopping));
 
     let max = config.max_message_bytes;
     let agent = AgentServiceServer::new(AgentApi::new(Arc::clone(&broker)))
@@ -66,9 +60,7 @@ pub async fn run(
         .max_encoding_message_size(max);
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<AgentServiceServer<AgentApi>>()
-        .await;
+    health.set_serving::<AgentServiceServer<AgentApi>>().await;
     health
         .set_serving::<ApproverServiceServer<ApproverApi>>()
         .await;
@@ -92,7 +84,9 @@ pub async fn run(
     let drain = async move {
         shutdown.await;
         tracing::info!("shutting down: ending open streams");
-        health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+        health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
         let _ = stop.send(true);
     };
     let served = Server::builder()

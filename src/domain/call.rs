@@ -1,6 +1,8 @@
 //! Calls: one tool call a model asked for, identified by (agent, session, call id).
 
-use super::{AgentId, BatchId, CallId, Outcome, OutcomeKind, SessionId, Timestamp, ToolInput, ToolName};
+use super::{
+    AgentId, BatchId, CallId, Outcome, OutcomeKind, SessionId, Timestamp, ToolInput, ToolName,
+};
 
 /// The identity of a call.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

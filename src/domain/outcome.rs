@@ -75,12 +75,9 @@ impl DecidedBy {
             "agent" => DecidedBy::Agent,
             "deadline" => DecidedBy::Deadline,
             "broker" => DecidedBy::Broker,
-            other => DecidedBy::Approver(
-                other
-                    .strip_prefix("approver:")
-                    .unwrap_or(other)
-                    .to_owned(),
-            ),
+            other => {
+                DecidedBy::Approver(other.strip_prefix("approver:").unwrap_or(other).to_owned())
+            }
         }
     }
 }
@@ -195,7 +192,13 @@ impl ToolResultTexts {
     }
 
     /// The outcome a non-approval resolution writes.
-    pub fn outcome(&self, kind: OutcomeKind, decided_by: DecidedBy, reason: &str, at: Timestamp) -> Outcome {
+    pub fn outcome(
+        &self,
+        kind: OutcomeKind,
+        decided_by: DecidedBy,
+        reason: &str,
+        at: Timestamp,
+    ) -> Outcome {
         Outcome {
             kind,
             decided_at: at,

@@ -23,7 +23,10 @@ impl Timestamp {
     }
 
     pub fn saturating_add(self, d: Duration) -> Self {
-        Self(self.0.saturating_add(d.as_micros().min(i64::MAX as u128) as i64))
+        Self(
+            self.0
+                .saturating_add(d.as_micros().min(i64::MAX as u128) as i64),
+        )
     }
 
     /// How long from `self` until `later`; zero if `later` is not later.

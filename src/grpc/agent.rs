@@ -107,7 +107,11 @@ impl pb::agent_service_server::AgentService for AgentApi {
         let session = parse::session("session_id", req.session_id)?;
         let ids = parse::call_ids("call_ids", req.call_ids, false)?;
         let agent = AgentId::default_owner();
-        let found = self.broker.store().calls_by_id(&agent, &session, &ids).await?;
+        let found = self
+            .broker
+            .store()
+            .calls_by_id(&agent, &session, &ids)
+            .await?;
         let calls = ids
             .iter()
             .zip(found)
@@ -167,8 +171,11 @@ impl Replay {
         let batches = touched
             .into_iter()
             .filter_map(|batch| {
-                let mut members: Vec<Call> =
-                    calls.iter().filter(|c| &c.batch_id == batch).cloned().collect();
+                let mut members: Vec<Call> = calls
+                    .iter()
+                    .filter(|c| &c.batch_id == batch)
+                    .cloned()
+                    .collect();
                 members.sort_by_key(|c| c.position);
                 members
                     .iter()
@@ -444,7 +451,10 @@ impl OutcomeWatch {
             if event.kind != EventKind::Resolved
                 || call.key.agent != self.agent
                 || call.key.session != self.session
-                || self.wanted.as_ref().is_some_and(|w| !w.contains(&call.key.call_id))
+                || self
+                    .wanted
+                    .as_ref()
+                    .is_some_and(|w| !w.contains(&call.key.call_id))
             {
                 continue;
             }

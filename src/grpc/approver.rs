@@ -72,10 +72,8 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         &self,
         request: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
-        let (key, decision) = parse::decide(
-            request.into_inner(),
-            self.broker.limits().max_input_bytes,
-        )?;
+        let (key, decision) =
+            parse::decide(request.into_inner(), self.broker.limits().max_input_bytes)?;
         let report = self.broker.decide(&key, &decision).await?;
         Ok(Response::new(pb::DecideResponse {
             outcome: render::outcome(&report.call),
@@ -219,7 +217,10 @@ impl Subscriber {
                 if let Ok(value) = MetadataValue::try_from(self.last_queued.to_string()) {
                     status.metadata_mut().insert(LAST_SEQ_TRAILER, value);
                 }
-                tracing::info!(last_seq = self.last_queued, "ending a subscriber that fell behind");
+                tracing::info!(
+                    last_seq = self.last_queued,
+                    "ending a subscriber that fell behind"
+                );
                 self.fail(status).await
             }
         }

@@ -3,11 +3,11 @@
 
 use std::collections::HashSet;
 
+use crate::domain::OutcomeKind;
 use crate::domain::{
     AgentId, BatchId, CallId, CallKey, Decision, NewBatch, NewCall, OnDeny, SessionId, Status,
     Timestamp, ToolInput, ToolName, Verdict,
 };
-use crate::domain::{OutcomeKind};
 use crate::error::{Error, Result};
 use crate::proto::v1 as pb;
 use crate::store::{CallQuery, CancelScope, CancelTarget, Cursor};
@@ -36,7 +36,10 @@ pub fn batch(spec: Option<pb::BatchSpec>, max_input_bytes: usize) -> Result<Pars
     if spec.calls.is_empty() || spec.calls.len() > MAX_BATCH_CALLS {
         return Err(Error::invalid(
             "batch.calls",
-            format!("must hold 1 to {MAX_BATCH_CALLS} calls, got {}", spec.calls.len()),
+            format!(
+                "must hold 1 to {MAX_BATCH_CALLS} calls, got {}",
+                spec.calls.len()
+            ),
         ));
     }
     let on_deny = match pb::OnDeny::try_from(spec.on_deny) {
@@ -80,7 +83,12 @@ pub fn batch(spec: Option<pb::BatchSpec>, max_input_bytes: usize) -> Result<Pars
     })
 }
 
-fn new_call(index: u32, spec: pb::CallSpec, max_input_bytes: usize, now: Timestamp) -> Result<NewCall> {
+fn new_call(
+    index: u32,
+    spec: pb::CallSpec,
+    max_input_bytes: usize,
+    now: Timestamp,
+) -> Result<NewCall> {
     let field = |name: &str| format!("batch.calls[{index}].{name}");
     let deadline = spec
         .deadline
@@ -148,7 +156,10 @@ pub fn call_ids(field: &str, ids: Vec<String>, allow_empty: bool) -> Result<Vec<
     if (ids.is_empty() && !allow_empty) || ids.len() > MAX_LOOKUP_IDS {
         return Err(Error::invalid(
             field,
-            format!("must name 1 to {MAX_LOOKUP_IDS} call ids, got {}", ids.len()),
+            format!(
+                "must name 1 to {MAX_LOOKUP_IDS} call ids, got {}",
+                ids.len()
+            ),
         ));
     }
     ids.into_iter()
@@ -165,14 +176,19 @@ pub fn cancel(target: Option<pb::CancelTarget>, field: &str) -> Result<CancelTar
     let target = target.ok_or_else(|| Error::invalid(field, "is required"))?;
     let session = SessionId::parse(&format!("{field}.session_id"), target.session_id)?;
     let scope = match target.target {
-        Some(pb::cancel_target::Target::Calls(ids)) => {
-            CancelScope::Calls(call_ids(&format!("{field}.calls.call_ids"), ids.call_ids, false)?)
-        }
+        Some(pb::cancel_target::Target::Calls(ids)) => CancelScope::Calls(call_ids(
+            &format!("{field}.calls.call_ids"),
+            ids.call_ids,
+            false,
+        )?),
         Some(pb::cancel_target::Target::BatchId(id)) if !id.is_empty() => {
             CancelScope::Batch(BatchId::from_stored(id))
         }
         Some(pb::cancel_target::Target::BatchId(_)) => {
-            return Err(Error::invalid(format!("{field}.batch_id"), "must not be empty"));
+            return Err(Error::invalid(
+                format!("{field}.batch_id"),
+                "must not be empty",
+            ));
         }
         Some(pb::cancel_target::Target::WholeSession(true)) => CancelScope::Session,
         Some(pb::cancel_target::Target::WholeSession(false)) | None => {
@@ -200,18 +216,31 @@ pub fn decide(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey
         Ok(pb::Decision::Approve) => Verdict::Approve,
         Ok(pb::Decision::Deny) => Verdict::Deny,
         Ok(pb::Decision::Unspecified) => {
-            return Err(Error::invalid("decision", "must be DECISION_APPROVE or DECISION_DENY"));
+            return Err(Error::invalid(
+                "decision",
+                "must be DECISION_APPROVE or DECISION_DENY",
+            ));
         }
         Err(_) => {
-            return Err(Error::invalid("decision", format!("unknown value {}", req.decision)));
+            return Err(Error::invalid(
+                "decision",
+                format!("unknown value {}", req.decision),
+            ));
         }
     };
     let edited_input = if req.edited_input_json.is_empty() {
         None
     } else if verdict == Verdict::Deny {
-        return Err(Error::invalid("edited_input_json", "is only allowed with DECISION_APPROVE"));
+        return Err(Error::invalid(
+            "edited_input_json",
+            "is only allowed with DECISION_APPROVE",
+        ));
     } else {
-        Some(ToolInput::parse("edited_input_json", &req.edited_input_json, max_input_bytes)?)
+        Some(ToolInput::parse(
+            "edited_input_json",
+            &req.edited_input_json,
+            max_input_bytes,
+        )?)
     };
     let approver = line("approver", req.approver, 256)?;
     if approver.is_empty() {
@@ -236,8 +265,12 @@ pub fn filter(filter: Option<pb::CallFilter>) -> Result<CallQuery> {
         session: non_empty(f.session_id, |v| {
             SessionId::parse("filter.session_id", v).map(|s| s.as_str().to_owned())
         })?,
-        workspace: non_empty(f.workspace, |v| line("filter.workspace", v, MAX_WORKSPACE_BYTES))?,
-        tool: non_empty(f.tool, |v| ToolName::parse("filter.tool", v).map(|t| t.as_str().to_owned()))?,
+        workspace: non_empty(f.workspace, |v| {
+            line("filter.workspace", v, MAX_WORKSPACE_BYTES)
+        })?,
+        tool: non_empty(f.tool, |v| {
+            ToolName::parse("filter.tool", v).map(|t| t.as_str().to_owned())
+        })?,
         ..CallQuery::default()
     })
 }
@@ -275,7 +308,9 @@ pub fn page(query: &mut CallQuery, page_size: u32, page_token: &str) -> Result<(
 
 /// The token for the page after `cursor`.
 pub fn page_token(cursor: Option<Cursor>) -> String {
-    cursor.map(|Cursor(id)| format!("v1.{id}")).unwrap_or_default()
+    cursor
+        .map(|Cursor(id)| format!("v1.{id}"))
+        .unwrap_or_default()
 }
 
 pub fn statuses(field: &str, values: Vec<i32>) -> Result<Vec<Status>> {
@@ -287,7 +322,10 @@ pub fn statuses(field: &str, values: Vec<i32>) -> Result<Vec<Status>> {
             Ok(s) if s != pb::CallStatus::Unspecified => OutcomeKind::from_code(v.into())
                 .map(Status::Decided)
                 .ok_or_else(|| Error::invalid(format!("{field}[{i}]"), "unknown status")),
-            _ => Err(Error::invalid(format!("{field}[{i}]"), format!("unknown status {v}"))),
+            _ => Err(Error::invalid(
+                format!("{field}[{i}]"),
+                format!("unknown status {v}"),
+            )),
         })
         .collect()
 }

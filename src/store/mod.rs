@@ -44,7 +44,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every call of a session, oldest first, and the log's last sequence number read in the
     /// same snapshot: events after it are not reflected in the calls.
-    async fn session_calls(&self, agent: &AgentId, session: &SessionId) -> Result<(Vec<Call>, u64)>;
+    async fn session_calls(&self, agent: &AgentId, session: &SessionId)
+    -> Result<(Vec<Call>, u64)>;
 
     /// The calls of a batch in position order.
     async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>>;

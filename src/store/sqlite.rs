@@ -50,15 +50,22 @@ impl FromStr for Synchronous {
     }
 }
 
-/// Selects the columns `call_from_row` reads, from `calls c` joined with its batch `b`.
+/// The columns `call_from_row` reads, from `calls c` joined with its batch `b`.
+macro_rules! call_columns {
+    () => {
+        "c.id, c.agent, c.session_id, c.call_id, c.batch_id, c.position, b.size, c.tool, \
+         c.input, c.title, c.message, c.workspace, c.supersede_key, c.deadline, c.created_at, \
+         c.status, c.decided_at, c.decided_by, c.reason, c.tool_result, c.run_input, \
+         c.input_edited"
+    };
+}
+
+/// `SELECT` of every call column, followed by the given clauses.
 macro_rules! select_calls {
     ($($rest:literal)*) => {
         concat!(
-            "SELECT c.id, c.agent, c.session_id, c.call_id, c.batch_id, c.position, b.size, \
-             c.tool, c.input, c.title, c.message, c.workspace, c.supersede_key, c.deadline, \
-             c.created_at, c.status, c.decided_at, c.decided_by, c.reason, c.tool_result, \
-             c.run_input, c.input_edited \
-             FROM calls c JOIN batches b ON b.batch_id = c.batch_id ",
+            "SELECT ", call_columns!(),
+            " FROM calls c JOIN batches b ON b.batch_id = c.batch_id ",
             $($rest),*
         )
     };
@@ -172,9 +179,9 @@ impl Store for SqliteStore {
             .bind(batch.session.as_str())
             .fetch_all(&mut *tx)
             .await?;
-            let outcome =
-                self.texts
-                    .outcome(OutcomeKind::Superseded, DecidedBy::Broker, "", now);
+            let outcome = self
+                .texts
+                .outcome(OutcomeKind::Superseded, DecidedBy::Broker, "", now);
             for row in rows {
                 let call_id: String = row.try_get("call_id")?;
                 if resubmitted.contains(&call_id.as_str()) {
@@ -273,17 +280,22 @@ impl Store for SqliteStore {
                     .outcome(OutcomeKind::Denied, decided_by, &decision.reason, now)
             }
         };
-        let mut resolved: Vec<Resolved> = resolve(&mut tx, rowid, &outcome).await?.into_iter().collect();
+        let mut resolved: Vec<Resolved> = resolve(&mut tx, rowid, &outcome)
+            .await?
+            .into_iter()
+            .collect();
 
         let mut skipped_rowids = Vec::new();
         if decision.verdict == Verdict::Deny && batch_skips_rest(&mut tx, &call.batch_id).await? {
             let skip = self
                 .texts
                 .outcome(OutcomeKind::Skipped, DecidedBy::Broker, "", now);
-            let rows = sqlx::query("SELECT id FROM calls WHERE batch_id = ? AND status = 1 ORDER BY position")
-                .bind(call.batch_id.as_str())
-                .fetch_all(&mut *tx)
-                .await?;
+            let rows = sqlx::query(
+                "SELECT id FROM calls WHERE batch_id = ? AND status = 1 ORDER BY position",
+            )
+            .bind(call.batch_id.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
             for row in rows {
                 let id: i64 = row.try_get("id")?;
                 if let Some(r) = resolve(&mut tx, id, &skip).await? {
@@ -308,9 +320,12 @@ impl Store for SqliteStore {
 
     async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
         let now = Timestamp::now();
-        let outcome =
-            self.texts
-                .outcome(OutcomeKind::Cancelled, DecidedBy::Agent, &target.reason, now);
+        let outcome = self.texts.outcome(
+            OutcomeKind::Cancelled,
+            DecidedBy::Agent,
+            &target.reason,
+            now,
+        );
         let mut tx = self.begin_write().await?;
         let mut report = CancelReport::default();
         let mut resolved = Vec::new();
@@ -448,14 +463,20 @@ impl Store for SqliteStore {
         Ok(call_ids.iter().map(|id| by_id.get(id).cloned()).collect())
     }
 
-    async fn session_calls(&self, agent: &AgentId, session: &SessionId) -> Result<(Vec<Call>, u64)> {
+    async fn session_calls(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+    ) -> Result<(Vec<Call>, u64)> {
         let mut tx = self.reader.begin().await?;
         let seq = latest_seq(&mut tx).await?;
-        let rows = sqlx::query(select_calls!("WHERE c.agent = ? AND c.session_id = ? ORDER BY c.id"))
-            .bind(agent.as_str())
-            .bind(session.as_str())
-            .fetch_all(&mut *tx)
-            .await?;
+        let rows = sqlx::query(select_calls!(
+            "WHERE c.agent = ? AND c.session_id = ? ORDER BY c.id"
+        ))
+        .bind(agent.as_str())
+        .bind(session.as_str())
+        .fetch_all(&mut *tx)
+        .await?;
         let calls = rows.iter().map(call_from_row).collect::<Result<_>>()?;
         tx.commit().await?;
         Ok((calls, seq))
@@ -476,10 +497,14 @@ impl Store for SqliteStore {
             query.push(" AND c.agent = ").push_bind(agent.as_str());
         }
         if let Some(session) = &q.session {
-            query.push(" AND c.session_id = ").push_bind(session.as_str());
+            query
+                .push(" AND c.session_id = ")
+                .push_bind(session.as_str());
         }
         if let Some(workspace) = &q.workspace {
-            query.push(" AND c.workspace = ").push_bind(workspace.as_str());
+            query
+                .push(" AND c.workspace = ")
+                .push_bind(workspace.as_str());
         }
         if let Some(tool) = &q.tool {
             query.push(" AND c.tool = ").push_bind(tool.as_str());
@@ -526,11 +551,9 @@ impl Store for SqliteStore {
 
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
         let rows = sqlx::query(concat!(
-            "SELECT e.seq, e.kind, e.batch_completed, c.id, c.agent, c.session_id, c.call_id, \
-             c.batch_id, c.position, b.size, c.tool, c.input, c.title, c.message, c.workspace, \
-             c.supersede_key, c.deadline, c.created_at, c.status, c.decided_at, c.decided_by, \
-             c.reason, c.tool_result, c.run_input, c.input_edited \
-             FROM events e JOIN calls c ON c.id = e.call_rowid \
+            "SELECT e.seq, e.kind, e.batch_completed, ",
+            call_columns!(),
+            " FROM events e JOIN calls c ON c.id = e.call_rowid \
              JOIN batches b ON b.batch_id = c.batch_id \
              WHERE e.seq > ? ORDER BY e.seq LIMIT ?"
         ))
@@ -668,7 +691,11 @@ async fn append_event(
 
 /// Writes `outcome` on the call if it is still pending, with its Resolved event. `None` when the
 /// call was already decided (the first decision wins).
-async fn resolve(conn: &mut SqliteConnection, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>> {
+async fn resolve(
+    conn: &mut SqliteConnection,
+    rowid: i64,
+    outcome: &Outcome,
+) -> Result<Option<Resolved>> {
     let batch_id: Option<String> = sqlx::query_scalar(
         "UPDATE calls SET status = ?, decided_at = ?, decided_by = ?, reason = ?, \
          tool_result = ?, run_input = ?, input_edited = ? \
@@ -739,12 +766,19 @@ fn call_from_row(row: &SqliteRow) -> Result<Call> {
         Status::Pending => None,
         Status::Decided(kind) => Some(Outcome {
             kind,
-            decided_at: Timestamp::from_micros(row.try_get::<Option<i64>, _>("decided_at")?.unwrap_or(0)),
-            decided_by: DecidedBy::parse_stored(
-                &row.try_get::<Option<String>, _>("decided_by")?.unwrap_or_default(),
+            decided_at: Timestamp::from_micros(
+                row.try_get::<Option<i64>, _>("decided_at")?.unwrap_or(0),
             ),
-            reason: row.try_get::<Option<String>, _>("reason")?.unwrap_or_default(),
-            tool_result: row.try_get::<Option<String>, _>("tool_result")?.unwrap_or_default(),
+            decided_by: DecidedBy::parse_stored(
+                &row.try_get::<Option<String>, _>("decided_by")?
+                    .unwrap_or_default(),
+            ),
+            reason: row
+                .try_get::<Option<String>, _>("reason")?
+                .unwrap_or_default(),
+            tool_result: row
+                .try_get::<Option<String>, _>("tool_result")?
+                .unwrap_or_default(),
             run_input: row
                 .try_get::<Option<String>, _>("run_input")?
                 .map(ToolInput::from_stored),
@@ -772,4 +806,49 @@ fn call_from_row(row: &SqliteRow) -> Result<Call> {
         created_at: Timestamp::from_micros(row.try_get("created_at")?),
         outcome,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn pragma(store: &SqliteStore, name: &'static str) -> String {
+        let row = sqlx::query(name).fetch_one(&store.writer).await.unwrap();
+        match row.try_get::<String, _>(0) {
+            Ok(text) => text,
+            Err(_) => row.try_get::<i64, _>(0).unwrap().to_string(),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_database_is_power_safe_by_default_wal_with_synchronous_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("a.db").display());
+        let store = SqliteStore::open(&url, Synchronous::default(), ToolResultTexts::default())
+            .await
+            .unwrap();
+        assert_eq!(pragma(&store, "PRAGMA journal_mode").await, "wal");
+        assert_eq!(pragma(&store, "PRAGMA synchronous").await, "2", "2 is FULL");
+        let relaxed = SqliteStore::open(&url, Synchronous::Normal, ToolResultTexts::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            pragma(&relaxed, "PRAGMA synchronous").await,
+            "1",
+            "1 is NORMAL"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_in_memory_database_is_refused() {
+        let err = SqliteStore::open(
+            "sqlite::memory:",
+            Synchronous::Full,
+            ToolResultTexts::default(),
+        )
+        .await
+        .err()
+        .expect("refused");
+        assert!(err.to_string().contains("DATABASE_URL"), "{err}");
+    }
 }

@@ -1,0 +1,149 @@
+//! Deadlines: a due call becomes EXPIRED (its own outcome, never a denial) within a second of its
+//! deadline, also when the deadline passed while the broker was down.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use approval_broker::proto::v1 as pb;
+
+use crate::helpers::*;
+
+fn in_future(d: Duration) -> prost_types::Timestamp {
+    let t = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock") + d;
+    prost_types::Timestamp {
+        seconds: t.as_secs() as i64,
+        nanos: t.subsec_nanos() as i32,
+    }
+}
+
+fn micros(t: &prost_types::Timestamp) -> i64 {
+    t.seconds * 1_000_000 + i64::from(t.nanos / 1000)
+}
+
+fn with_deadline(call_id: &str, d: Duration) -> pb::CallSpec {
+    pb::CallSpec {
+        deadline: Some(in_future(d)),
+        ..call(call_id, "t", "{}")
+    }
+}
+
+/// Waits on WatchOutcomes for the call's outcome.
+async fn wait_for_outcome(app: &TestApp, session: &str, call_id: &str) -> pb::Outcome {
+    let mut watch = app
+        .agent()
+        .watch_outcomes(pb::WatchOutcomesRequest {
+            session_id: session.into(),
+            call_ids: vec![call_id.into()],
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    loop {
+        let message = tokio::time::timeout(PATIENCE, watch.message())
+            .await
+            .expect("in time")
+            .expect("healthy")
+            .expect("an outcome before the stream ends");
+        if let Some(pb::watch_outcomes_response::Event::Outcome(o)) = message.event {
+            return o;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_call_expires_within_a_second_of_its_deadline() {
+    let app = spawn_app().await;
+    submit(
+        &app,
+        batch(
+            "s",
+            vec![
+                with_deadline("c1", Duration::from_millis(600)),
+                call("c2", "t", "{}"),
+            ],
+        ),
+    )
+    .await;
+    let outcome = wait_for_outcome(&app, "s", "c1").await;
+    assert_eq!(status_of(&outcome), CallStatus::Expired);
+    assert_eq!(outcome.decided_by, "deadline");
+    assert_eq!(
+        outcome.tool_result,
+        "No approver answered before the deadline; the tool was not run."
+    );
+    let call = &all_calls(&app).await[0];
+    let late =
+        micros(outcome.decided_at.as_ref().unwrap()) - micros(call.deadline.as_ref().unwrap());
+    assert!(
+        (0..=1_000_000).contains(&late),
+        "expired {late} µs after the deadline"
+    );
+    // Expiry is not a denial: the sibling is not skipped.
+    assert!(matches!(
+        states(&app, "s", &["c2"]).await[0].state,
+        Some(pb::call_state::State::Pending(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_decision_before_the_deadline_stands_and_the_call_never_expires() {
+    let app = spawn_app().await;
+    submit(
+        &app,
+        batch("s", vec![with_deadline("c1", Duration::from_millis(500))]),
+    )
+    .await;
+    approve(&app, "s", "c1").await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        status_of(&outcome_of(&app, "s", "c1").await),
+        CallStatus::Approved
+    );
+}
+
+#[tokio::test]
+async fn the_configured_default_deadline_applies_to_calls_without_one() {
+    let app = spawn_app_with(|c| c.default_deadline = Some(Duration::from_millis(400))).await;
+    submit(
+        &app,
+        batch(
+            "s",
+            vec![
+                call("c1", "t", "{}"),
+                with_deadline("c2", Duration::from_secs(3600)),
+            ],
+        ),
+    )
+    .await;
+    let calls = all_calls(&app).await;
+    let created = micros(calls[0].created_at.as_ref().unwrap());
+    let deadline = micros(calls[0].deadline.as_ref().expect("default deadline set"));
+    assert!((300_000..=1_000_000).contains(&(deadline - created)));
+    assert_eq!(
+        status_of(&wait_for_outcome(&app, "s", "c1").await),
+        CallStatus::Expired
+    );
+    assert!(
+        matches!(
+            states(&app, "s", &["c2"]).await[0].state,
+            Some(pb::call_state::State::Pending(_))
+        ),
+        "an explicit deadline wins over the default"
+    );
+}
+
+#[tokio::test]
+async fn calls_that_fell_due_while_the_broker_was_down_expire_at_start() {
+    let mut app = spawn_app().await;
+    submit(
+        &app,
+        batch("s", vec![with_deadline("c1", Duration::from_secs(2))]),
+    )
+    .await;
+    app.shut_down().await;
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let app = app.start_again().await;
+    // The sweep at start ran before the broker served this request.
+    let outcome = outcome_of(&app, "s", "c1").await;
+    assert_eq!(status_of(&outcome), CallStatus::Expired);
+    assert_eq!(outcome.decided_by, "deadline");
+}

@@ -1,0 +1,249 @@
+//! Exactly one outcome per call, first decision wins; every outcome records who decided, when,
+//! the reason, and a tool-result text (or, for APPROVED, the input to run).
+
+use std::collections::HashSet;
+
+use approval_broker::proto::v1 as pb;
+use tonic::Code;
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn the_first_decision_wins_and_repeating_it_returns_the_stored_outcome() {
+    let app = spawn_app().await;
+    submit(&app, batch("s", vec![call("c1", "t", "{}")])).await;
+    let first = approve(&app, "s", "c1").await;
+    assert!(!first.replayed);
+    let repeat = approve(&app, "s", "c1").await;
+    assert!(repeat.replayed);
+    assert_eq!(
+        repeat.outcome, first.outcome,
+        "the stored outcome, unchanged"
+    );
+}
+
+#[tokio::test]
+async fn a_conflicting_decision_is_refused_naming_the_outcome_that_stands() {
+    let app = spawn_app().await;
+    submit(&app, batch("s", vec![call("c1", "t", "{}")])).await;
+    approve(&app, "s", "c1").await;
+    let result = app
+        .approver()
+        .decide(decide_request(
+            "s",
+            "c1",
+            pb::Decision::Deny,
+            "changed my mind",
+        ))
+        .await;
+    assert_status(result, Code::FailedPrecondition, "APPROVED");
+    assert_eq!(
+        status_of(&outcome_of(&app, "s", "c1").await),
+        CallStatus::Approved
+    );
+}
+
+#[tokio::test]
+async fn deciding_an_unknown_call_is_not_found() {
+    let app = spawn_app().await;
+    let result = app
+        .approver()
+        .decide(decide_request("s", "nope", pb::Decision::Approve, ""))
+        .await;
+    assert_status(result, Code::NotFound, "nope");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_decisions_have_exactly_one_winner() {
+    let app = spawn_app().await;
+    let calls: Vec<_> = (0..20).map(|i| call(&format!("c{i}"), "t", "{}")).collect();
+    let spec = pb::BatchSpec {
+        on_deny: pb::OnDeny::Independent as i32,
+        ..batch("s", calls)
+    };
+    submit(&app, spec).await;
+    for i in 0..20 {
+        let call_id = format!("c{i}");
+        let mut racers = Vec::new();
+        for r in 0..6 {
+            let mut approver = app.approver();
+            let decision = if r % 2 == 0 {
+                pb::Decision::Approve
+            } else {
+                pb::Decision::Deny
+            };
+            let mut request = decide_request("s", &call_id, decision, "race");
+            request.approver = format!("ui-{r}");
+            racers.push(tokio::spawn(async move { approver.decide(request).await }));
+        }
+        let mut winners = 0;
+        let mut winner_status = None;
+        let mut results = Vec::new();
+        for racer in racers {
+            results.push(racer.await.expect("join"));
+        }
+        for result in &results {
+            if let Ok(response) = result {
+                let response = response.get_ref();
+                if !response.replayed {
+                    winners += 1;
+                    winner_status = response.outcome.as_ref().map(|o| o.status);
+                }
+            }
+        }
+        assert_eq!(winners, 1, "exactly one decision is written for {call_id}");
+        let stored = outcome_of(&app, "s", &call_id).await;
+        assert_eq!(Some(stored.status), winner_status);
+        for result in results {
+            match result {
+                Ok(response) => assert_eq!(response.get_ref().outcome.as_ref(), Some(&stored)),
+                Err(status) => {
+                    assert_eq!(status.code(), Code::FailedPrecondition);
+                    let standing = if stored.status == CallStatus::Approved as i32 {
+                        "APPROVED"
+                    } else {
+                        "DENIED"
+                    };
+                    assert!(status.message().contains(standing), "{}", status.message());
+                }
+            }
+        }
+    }
+    let calls = all_calls(&app).await;
+    let decided: HashSet<_> = calls
+        .iter()
+        .filter(|c| c.outcome.is_some())
+        .map(|c| &c.call_id)
+        .collect();
+    assert_eq!(decided.len(), 20);
+}
+
+#[tokio::test]
+async fn a_denial_is_data_with_who_when_why_and_a_text_for_the_model() {
+    let app = spawn_app().await;
+    let submitted = submit(&app, batch("s", vec![call("c1", "rm", r#"{"path":"/"}"#)])).await;
+    let denied = deny(&app, "s", "c1", "never delete the root").await;
+    let outcome = denied.outcome.expect("outcome");
+    assert_eq!(status_of(&outcome), CallStatus::Denied);
+    assert_eq!(outcome.decided_by, "approver:alice@example.com");
+    assert_eq!(outcome.reason, "never delete the root");
+    assert_eq!(
+        outcome.tool_result,
+        "The user denied this tool call. Reason: never delete the root"
+    );
+    assert_eq!(outcome.input_json, "", "a denied call has no input to run");
+    assert_eq!(outcome.batch_id, submitted.batch_id);
+    assert!(outcome.decided_at.is_some());
+}
+
+#[tokio::test]
+async fn an_approval_with_edited_input_runs_the_edit_and_keeps_the_original() {
+    let app = spawn_app().await;
+    submit(
+        &app,
+        batch(
+            "s",
+            vec![call("c1", "shell", r#"{"command":"rm -rf build"}"#)],
+        ),
+    )
+    .await;
+    let mut request = decide_request("s", "c1", pb::Decision::Approve, "narrowed");
+    request.edited_input_json = r#"{ "command": "rm -rf build/tmp" }"#.into();
+    let outcome = app
+        .approver()
+        .decide(request)
+        .await
+        .expect("approve")
+        .into_inner()
+        .outcome
+        .expect("outcome");
+    assert_eq!(status_of(&outcome), CallStatus::Approved);
+    assert!(outcome.input_edited);
+    assert_eq!(outcome.input_json, r#"{"command":"rm -rf build/tmp"}"#);
+    assert_eq!(outcome.tool_result, "");
+    let stored = app
+        .admin()
+        .get_call(pb::GetCallRequest {
+            session_id: "s".into(),
+            call_id: "c1".into(),
+            agent: String::new(),
+        })
+        .await
+        .expect("get call")
+        .into_inner();
+    assert_eq!(
+        stored.input_json, r#"{"command":"rm -rf build"}"#,
+        "the original stays"
+    );
+    assert_eq!(
+        stored.outcome.expect("outcome").input_json,
+        r#"{"command":"rm -rf build/tmp"}"#
+    );
+
+    submit(
+        &app,
+        batch("s", vec![call("c2", "shell", r#"{"command":"ls"}"#)]),
+    )
+    .await;
+    let plain = approve(&app, "s", "c2").await.outcome.expect("outcome");
+    assert!(!plain.input_edited);
+    assert_eq!(
+        plain.input_json, r#"{"command":"ls"}"#,
+        "the submitted input is the one to run"
+    );
+}
+
+#[tokio::test]
+async fn tool_result_texts_are_configurable() {
+    let app = spawn_app_with(|c| {
+        c.text_denied = Some("Refused by the operator.".into());
+        c.text_skipped = Some("Skipped.".into());
+    })
+    .await;
+    submit(
+        &app,
+        batch("s", vec![call("c1", "t", "{}"), call("c2", "t", "{}")]),
+    )
+    .await;
+    let denied = deny(&app, "s", "c1", "policy").await;
+    assert_eq!(
+        denied.outcome.expect("outcome").tool_result,
+        "Refused by the operator. Reason: policy"
+    );
+    assert_eq!(denied.skipped[0].tool_result, "Skipped.");
+}
+
+#[tokio::test]
+async fn outcomes_never_change_once_written() {
+    let app = spawn_app().await;
+    submit(
+        &app,
+        batch("s", vec![call("c1", "t", "{}"), call("c2", "t", "{}")]),
+    )
+    .await;
+    let before = deny(&app, "s", "c1", "no").await.outcome.expect("outcome");
+    // Nothing that happens later rewrites it: cancels, resubmits, supersedes, other decisions.
+    app.agent()
+        .cancel(pb::CancelRequest {
+            target: Some(pb::CancelTarget {
+                session_id: "s".into(),
+                target: Some(pb::cancel_target::Target::WholeSession(true)),
+                reason: String::new(),
+            }),
+        })
+        .await
+        .expect("cancel");
+    submit(
+        &app,
+        pb::BatchSpec {
+            supersede_pending: true,
+            ..batch("s", vec![call("c1", "t", "{}")])
+        },
+    )
+    .await;
+    let _ = app
+        .approver()
+        .decide(decide_request("s", "c1", pb::Decision::Approve, ""))
+        .await;
+    assert_eq!(outcome_of(&app, "s", "c1").await, before);
+}

@@ -1,0 +1,18 @@
+//! Black-box tests: each starts the real broker on port 0 with a fresh SQLite file and talks to
+//! it through the generated gRPC clients, one module per area. One test binary, so the suite
+//! links once. Set `TEST_LOG=1` to see the broker's logs.
+
+mod helpers;
+
+mod admin;
+mod agent_stream;
+mod approver_stream;
+mod batches;
+mod cancel;
+mod deadlines;
+mod decisions;
+mod idempotency;
+mod recovery;
+mod supersede;
+mod surface;
+mod validation;

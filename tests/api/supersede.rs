@@ -1,0 +1,136 @@
+//! Supersede: a newer call replaces an older pending one; SUPERSEDED is an outcome whose text asks
+//! the model to ask again, never an error.
+
+use approval_broker::proto::v1 as pb;
+
+use crate::helpers::*;
+
+const SUPERSEDED_TEXT: &str = "This request was replaced by a newer one and was not answered. \
+                               If it is still needed, ask again with the same request.";
+
+fn keyed(call_id: &str, key: &str) -> pb::CallSpec {
+    pb::CallSpec {
+        supersede_key: key.into(),
+        ..call(
+            call_id,
+            "ask_user",
+            &format!(r#"{{"question":"{call_id}?"}}"#),
+        )
+    }
+}
+
+#[tokio::test]
+async fn a_newer_call_with_the_same_supersede_key_supersedes_the_pending_one() {
+    let app = spawn_app().await;
+    let mut agent = AgentStream::open(&app).await;
+    agent
+        .submit("r1", batch("s", vec![keyed("q1", "ask")]))
+        .await;
+    agent.next_submitted().await;
+    agent
+        .submit("r2", batch("s", vec![keyed("q2", "ask")]))
+        .await;
+    let acks = agent.next_submitted().await;
+    assert!(matches!(
+        acks.acks[0].result,
+        Some(pb::call_ack::Result::Accepted(_))
+    ));
+    assert_eq!(acks.superseded.len(), 1);
+    assert_eq!(acks.superseded[0].call_id, "q1");
+
+    let superseded = agent.next_outcome().await;
+    assert_eq!(superseded.call_id, "q1");
+    assert_eq!(status_of(&superseded), CallStatus::Superseded);
+    assert_eq!(superseded.tool_result, SUPERSEDED_TEXT);
+    assert_eq!(superseded.decided_by, "broker");
+    // q1's one-call batch is complete; q2 waits for a person.
+    assert_eq!(agent.next_batch_complete().await.outcomes[0].call_id, "q1");
+    assert!(matches!(
+        states(&app, "s", &["q2"]).await[0].state,
+        Some(pb::call_state::State::Pending(_))
+    ));
+}
+
+#[tokio::test]
+async fn supersede_keys_are_per_session_and_per_key() {
+    let app = spawn_app().await;
+    submit(&app, batch("s", vec![keyed("q1", "ask")])).await;
+    submit(&app, batch("other", vec![keyed("q1", "ask")])).await;
+    submit(&app, batch("s", vec![keyed("q2", "confirm")])).await;
+    for (session, id) in [("s", "q1"), ("other", "q1"), ("s", "q2")] {
+        assert!(matches!(
+            states(&app, session, &[id]).await[0].state,
+            Some(pb::call_state::State::Pending(_))
+        ));
+    }
+}
+
+#[tokio::test]
+async fn a_submit_can_supersede_everything_pending_in_its_session() {
+    let app = spawn_app().await;
+    submit(
+        &app,
+        batch("s", vec![call("old1", "t", "{}"), call("old2", "t", "{}")]),
+    )
+    .await;
+    submit(&app, batch("s", vec![call("decided", "t", "{}")])).await;
+    approve(&app, "s", "decided").await;
+    submit(&app, batch("elsewhere", vec![call("keep", "t", "{}")])).await;
+
+    let response = submit(
+        &app,
+        pb::BatchSpec {
+            supersede_pending: true,
+            ..batch("s", vec![call("new", "t", "{}")])
+        },
+    )
+    .await;
+    let superseded: Vec<_> = response
+        .superseded
+        .iter()
+        .map(|o| o.call_id.as_str())
+        .collect();
+    assert_eq!(superseded, ["old1", "old2"]);
+    for id in ["old1", "old2"] {
+        assert_eq!(
+            status_of(&outcome_of(&app, "s", id).await),
+            CallStatus::Superseded
+        );
+    }
+    assert_eq!(
+        status_of(&outcome_of(&app, "s", "decided").await),
+        CallStatus::Approved
+    );
+    assert!(matches!(
+        states(&app, "elsewhere", &["keep"]).await[0].state,
+        Some(pb::call_state::State::Pending(_))
+    ));
+    assert!(matches!(
+        states(&app, "s", &["new"]).await[0].state,
+        Some(pb::call_state::State::Pending(_))
+    ));
+}
+
+#[tokio::test]
+async fn retrying_a_superseding_submit_does_not_supersede_itself() {
+    let app = spawn_app().await;
+    let spec = pb::BatchSpec {
+        supersede_pending: true,
+        ..batch("s", vec![call("c1", "t", "{}"), keyed("c2", "k")])
+    };
+    submit(&app, spec.clone()).await;
+    let retry = submit(&app, spec).await;
+    assert!(retry.superseded.is_empty());
+    for ack in &retry.acks {
+        assert!(
+            matches!(ack.result, Some(pb::call_ack::Result::Duplicate(_))),
+            "{ack:?}"
+        );
+    }
+    let pending = states(&app, "s", &["c1", "c2"]).await;
+    assert!(
+        pending
+            .iter()
+            .all(|s| matches!(s.state, Some(pb::call_state::State::Pending(_))))
+    );
+}
