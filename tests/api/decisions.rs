@@ -82,13 +82,11 @@ async fn concurrent_decisions_have_exactly_one_winner() {
         for racer in racers {
             results.push(racer.await.expect("join"));
         }
-        for result in &results {
-            if let Ok(response) = result {
-                let response = response.get_ref();
-                if !response.replayed {
-                    winners += 1;
-                    winner_status = response.outcome.as_ref().map(|o| o.status);
-                }
+        for response in results.iter().flatten() {
+            let response = response.get_ref();
+            if !response.replayed {
+                winners += 1;
+                winner_status = response.outcome.as_ref().map(|o| o.status);
             }
         }
         assert_eq!(winners, 1, "exactly one decision is written for {call_id}");
