@@ -209,7 +209,7 @@ struct AgentConnection {
     agent: AgentId,
     out: Outbound<pb::AgentResponse>,
     /// The sessions this stream follows, each with the sequence number up to which its
-    /// outcomes were already sent by a resume.
+    /// outcomes were sent (by a resume) or are not wanted (committed before it followed).
     watched: HashMap<SessionId, u64>,
 }
 
@@ -284,7 +284,7 @@ impl AgentConnection {
     async fn submit(&mut self, id: &str, spec: pb::BatchSpec) -> Result<Result<(), Gone>> {
         let parsed = parse::batch(Some(spec), self.broker.limits().max_input_bytes)?;
         let session = parsed.batch.session.clone();
-        self.watched.entry(session.clone()).or_insert(0);
+        self.follow(&session).await?;
         let report = self.broker.submit(parsed.batch).await?;
         let response = render::submit_response(&report, session.as_str(), &parsed.refused);
         let mut sent = self.send(id, Reply::Submitted(response)).await;
@@ -292,6 +292,16 @@ impl AgentConnection {
             sent = self.send_decided_duplicates(&report).await?;
         }
         Ok(sent)
+    }
+
+    /// Starts following `session` if the stream does not yet. Its outcomes committed so far are
+    /// not pushed (a resume or a resubmit sends them explicitly); everything after is.
+    async fn follow(&mut self, session: &SessionId) -> Result<()> {
+        if !self.watched.contains_key(session) {
+            let committed = self.broker.store().latest_seq().await?;
+            self.watched.insert(session.clone(), committed);
+        }
+        Ok(())
     }
 
     /// A resubmitted call that is already decided creates no event: send its outcome (and its
@@ -324,7 +334,7 @@ impl AgentConnection {
 
     async fn cancel(&mut self, id: &str, target: pb::CancelTarget) -> Result<Result<(), Gone>> {
         let target = parse::cancel(Some(target), "cancel")?;
-        self.watched.entry(target.session.clone()).or_insert(0);
+        self.follow(&target.session).await?;
         let report = self.broker.cancel(&target).await?;
         Ok(self
             .send(id, Reply::Cancelled(render::cancel_result(&report)))
