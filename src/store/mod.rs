@@ -3,6 +3,7 @@
 //! The trait speaks the domain's language; each backend (one file each) owns its SQL.
 
 mod sqlite;
+mod writes;
 
 use async_trait::async_trait;
 

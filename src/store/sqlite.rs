@@ -16,14 +16,13 @@ use sqlx::sqlite::{
 };
 use sqlx::{QueryBuilder, Row, Sqlite};
 
+use super::writes::{self, Resolved, Stored, WriteTx};
 use super::{
-    CallPage, CallQuery, CancelReport, CancelScope, CancelTarget, Cursor, DecideReport, Store,
-    SubmitItem, SubmitReport, SubmitResult,
+    CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, Store, SubmitReport,
 };
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Decision, Event, EventKind, NewBatch,
-    NewCall, Outcome, OutcomeKind, SessionId, Status, Timestamp, ToolInput, ToolName,
-    ToolResultTexts, Verdict,
+    NewCall, OnDeny, Outcome, SessionId, Status, Timestamp, ToolInput, ToolName, ToolResultTexts,
 };
 use crate::error::{Error, Result};
 
@@ -79,13 +78,6 @@ pub struct SqliteStore {
     texts: ToolResultTexts,
 }
 
-/// A call resolved inside the current transaction.
-struct Resolved {
-    rowid: i64,
-    batch_id: String,
-    seq: i64,
-}
-
 impl SqliteStore {
     /// Opens (creating if needed) the database at `url` (`sqlite://path`, `sqlite:path` or a
     /// plain path) and applies the migrations under `migrations/sqlite`.
@@ -136,289 +128,36 @@ impl SqliteStore {
 #[async_trait]
 impl Store for SqliteStore {
     async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
-        let now = Timestamp::now();
         let mut tx = self.begin_write().await?;
-        let mut resolved = Vec::new();
-        let mut report = SubmitReport::default();
-
-        let mut fresh: Vec<&NewCall> = Vec::new();
-        for call in &batch.calls {
-            let key = CallKey {
-                agent: batch.agent.clone(),
-                session: batch.session.clone(),
-                call_id: call.call_id.clone(),
-            };
-            let result = match find_call(&mut tx, &key).await? {
-                Some((_, stored)) if call.is_same_request_as(&stored) => {
-                    SubmitResult::Duplicate(stored)
-                }
-                Some(_) => SubmitResult::Refused(Error::AlreadyExists(format!(
-                    "calls[{}].call_id: call `{}` already exists in session `{}` with a \
-                     different tool or input",
-                    call.index, call.call_id, batch.session
-                ))),
-                None => {
-                    fresh.push(call);
-                    continue;
-                }
-            };
-            report.items.push(SubmitItem {
-                index: call.index,
-                call_id: call.call_id.clone(),
-                result,
-            });
-        }
-
-        if batch.supersede_pending {
-            let resubmitted: Vec<&str> = batch.calls.iter().map(|c| c.call_id.as_str()).collect();
-            let rows = sqlx::query(
-                "SELECT id, call_id FROM calls WHERE agent = ? AND session_id = ? AND status = 1 \
-                 ORDER BY id",
-            )
-            .bind(batch.agent.as_str())
-            .bind(batch.session.as_str())
-            .fetch_all(&mut *tx)
-            .await?;
-            let outcome = self
-                .texts
-                .outcome(OutcomeKind::Superseded, DecidedBy::Broker, "", now);
-            for row in rows {
-                let call_id: String = row.try_get("call_id")?;
-                if resubmitted.contains(&call_id.as_str()) {
-                    continue;
-                }
-                resolved.extend(resolve(&mut tx, row.try_get("id")?, &outcome).await?);
-            }
-        }
-
-        if !fresh.is_empty() {
-            let batch_id = BatchId::generate();
-            sqlx::query(
-                "INSERT INTO batches (batch_id, agent, session_id, on_deny, size, created_at) \
-                 VALUES (?, ?, ?, ?, ?, ?)",
-            )
-            .bind(batch_id.as_str())
-            .bind(batch.agent.as_str())
-            .bind(batch.session.as_str())
-            .bind(batch.on_deny.as_i64())
-            .bind(fresh.len() as i64)
-            .bind(now.as_micros())
-            .execute(&mut *tx)
-            .await?;
-            let mut accepted = Vec::with_capacity(fresh.len());
-            for (position, call) in fresh.iter().enumerate() {
-                if let Some(key) = &call.supersede_key {
-                    resolved.extend(
-                        self.supersede_key(&mut tx, &batch.agent, &batch.session, key, now)
-                            .await?,
-                    );
-                }
-                let rowid = insert_call(&mut tx, &batch, &batch_id, position, call, now).await?;
-                let seq = append_event(&mut tx, EventKind::Requested, rowid, now).await?;
-                sqlx::query("UPDATE calls SET requested_seq = ? WHERE id = ?")
-                    .bind(seq)
-                    .bind(rowid)
-                    .execute(&mut *tx)
-                    .await?;
-                accepted.push((call.index, call.call_id.clone(), rowid));
-            }
-            for (index, call_id, rowid) in accepted {
-                report.items.push(SubmitItem {
-                    index,
-                    call_id,
-                    result: SubmitResult::Accepted(load_call(&mut tx, rowid).await?),
-                });
-            }
-            report.batch_id = Some(batch_id);
-        }
-
-        mark_completed_batches(&mut tx, &resolved).await?;
-        for r in &resolved {
-            report.superseded.push(load_call(&mut tx, r.rowid).await?);
-        }
+        let report = writes::submit(&mut tx, &batch, &self.texts, Timestamp::now()).await?;
         tx.commit().await?;
-        report.items.sort_by_key(|item| item.index);
         Ok(report)
     }
 
     async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
-        let now = Timestamp::now();
         let mut tx = self.begin_write().await?;
-        let Some((rowid, call)) = find_call(&mut tx, key).await? else {
-            return Err(Error::NotFound(format!(
-                "no call `{}` in session `{}` of agent `{}`",
-                key.call_id, key.session, key.agent
-            )));
-        };
-        if let Some(standing) = &call.outcome {
-            decision.check_against(standing)?;
-            return Ok(DecideReport {
-                call,
-                replayed: true,
-                skipped: Vec::new(),
-            });
-        }
-
-        let decided_by = DecidedBy::Approver(decision.approver.clone());
-        let outcome = match decision.verdict {
-            Verdict::Approve => Outcome {
-                kind: OutcomeKind::Approved,
-                decided_at: now,
-                decided_by,
-                reason: decision.reason.clone(),
-                tool_result: String::new(),
-                run_input: Some(
-                    decision
-                        .edited_input
-                        .clone()
-                        .unwrap_or_else(|| call.input.clone()),
-                ),
-                input_edited: decision.edited_input.is_some(),
-            },
-            Verdict::Deny => {
-                self.texts
-                    .outcome(OutcomeKind::Denied, decided_by, &decision.reason, now)
-            }
-        };
-        let mut resolved: Vec<Resolved> = resolve(&mut tx, rowid, &outcome)
-            .await?
-            .into_iter()
-            .collect();
-
-        let mut skipped_rowids = Vec::new();
-        if decision.verdict == Verdict::Deny && batch_skips_rest(&mut tx, &call.batch_id).await? {
-            let skip = self
-                .texts
-                .outcome(OutcomeKind::Skipped, DecidedBy::Broker, "", now);
-            let rows = sqlx::query(
-                "SELECT id FROM calls WHERE batch_id = ? AND status = 1 ORDER BY position",
-            )
-            .bind(call.batch_id.as_str())
-            .fetch_all(&mut *tx)
-            .await?;
-            for row in rows {
-                let id: i64 = row.try_get("id")?;
-                if let Some(r) = resolve(&mut tx, id, &skip).await? {
-                    skipped_rowids.push(id);
-                    resolved.push(r);
-                }
-            }
-        }
-        mark_completed_batches(&mut tx, &resolved).await?;
-        let call = load_call(&mut tx, rowid).await?;
-        let mut skipped = Vec::with_capacity(skipped_rowids.len());
-        for id in skipped_rowids {
-            skipped.push(load_call(&mut tx, id).await?);
-        }
+        let report = writes::decide(&mut tx, key, decision, &self.texts, Timestamp::now()).await?;
         tx.commit().await?;
-        Ok(DecideReport {
-            call,
-            replayed: false,
-            skipped,
-        })
+        Ok(report)
     }
 
     async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
-        let now = Timestamp::now();
-        let outcome = self.texts.outcome(
-            OutcomeKind::Cancelled,
-            DecidedBy::Agent,
-            &target.reason,
-            now,
-        );
         let mut tx = self.begin_write().await?;
-        let mut report = CancelReport::default();
-        let mut resolved = Vec::new();
-        let mut cancelled_rowids = Vec::new();
-
-        let candidates: Vec<(i64, Call)> = match &target.scope {
-            CancelScope::Calls(ids) => {
-                let mut found = Vec::new();
-                for call_id in ids {
-                    let key = CallKey {
-                        agent: target.agent.clone(),
-                        session: target.session.clone(),
-                        call_id: call_id.clone(),
-                    };
-                    match find_call(&mut tx, &key).await? {
-                        Some(hit) => found.push(hit),
-                        None => report.unknown.push(call_id.clone()),
-                    }
-                }
-                found
-            }
-            CancelScope::Batch(batch_id) => {
-                let rows = sqlx::query(select_calls!(
-                    "WHERE c.batch_id = ? AND c.agent = ? AND c.session_id = ? ORDER BY c.position"
-                ))
-                .bind(batch_id.as_str())
-                .bind(target.agent.as_str())
-                .bind(target.session.as_str())
-                .fetch_all(&mut *tx)
-                .await?;
-                if rows.is_empty() {
-                    return Err(Error::NotFound(format!(
-                        "no batch `{}` in session `{}`",
-                        batch_id.as_str(),
-                        target.session
-                    )));
-                }
-                rows.iter().map(rowid_and_call).collect::<Result<_>>()?
-            }
-            CancelScope::Session => {
-                let rows = sqlx::query(select_calls!(
-                    "WHERE c.agent = ? AND c.session_id = ? AND c.status = 1 ORDER BY c.id"
-                ))
-                .bind(target.agent.as_str())
-                .bind(target.session.as_str())
-                .fetch_all(&mut *tx)
-                .await?;
-                rows.iter().map(rowid_and_call).collect::<Result<_>>()?
-            }
-        };
-
-        for (rowid, call) in candidates {
-            if call.outcome.is_some() {
-                report.already_decided.push(call);
-            } else if let Some(r) = resolve(&mut tx, rowid, &outcome).await? {
-                cancelled_rowids.push(rowid);
-                resolved.push(r);
-            }
-        }
-        mark_completed_batches(&mut tx, &resolved).await?;
-        for rowid in cancelled_rowids {
-            report.cancelled.push(load_call(&mut tx, rowid).await?);
-        }
+        let report = writes::cancel(&mut tx, target, &self.texts, Timestamp::now()).await?;
         tx.commit().await?;
         Ok(report)
     }
 
     async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
         const CHUNK: i64 = 256;
-        let outcome = self
-            .texts
-            .outcome(OutcomeKind::Expired, DecidedBy::Deadline, "", now);
         let mut expired = Vec::new();
         loop {
             let mut tx = self.begin_write().await?;
-            let rows = sqlx::query(
-                "SELECT id FROM calls WHERE status = 1 AND deadline IS NOT NULL AND deadline <= ? \
-                 ORDER BY deadline LIMIT ?",
-            )
-            .bind(now.as_micros())
-            .bind(CHUNK)
-            .fetch_all(&mut *tx)
-            .await?;
-            let mut resolved = Vec::with_capacity(rows.len());
-            for row in &rows {
-                resolved.extend(resolve(&mut tx, row.try_get("id")?, &outcome).await?);
-            }
-            mark_completed_batches(&mut tx, &resolved).await?;
-            for r in &resolved {
-                expired.push(load_call(&mut tx, r.rowid).await?);
-            }
+            let chunk = writes::expire_due(&mut tx, &self.texts, now, CHUNK).await?;
             tx.commit().await?;
-            if (rows.len() as i64) < CHUNK {
+            let done = (chunk.len() as i64) < CHUNK;
+            expired.extend(chunk);
+            if done {
                 return Ok(expired);
             }
         }
@@ -584,92 +323,224 @@ impl Store for SqliteStore {
     }
 }
 
-impl SqliteStore {
-    /// Supersedes the pending calls of a session that carry `key`.
-    async fn supersede_key(
-        &self,
-        conn: &mut SqliteConnection,
+/// SQLite's write transaction. Writers are serialised by `BEGIN IMMEDIATE` on the one writer
+/// connection, so there is nothing to lock, and an event's row id is its sequence number.
+#[async_trait]
+impl WriteTx for sqlx::Transaction<'static, Sqlite> {
+    async fn lock_session(&mut self, _agent: &AgentId, _session: &SessionId) -> Result<()> {
+        Ok(())
+    }
+
+    async fn find_call(&mut self, key: &CallKey) -> Result<Option<Stored>> {
+        let row = sqlx::query(select_calls!(
+            "WHERE c.agent = ? AND c.session_id = ? AND c.call_id = ?"
+        ))
+        .bind(key.agent.as_str())
+        .bind(key.session.as_str())
+        .bind(key.call_id.as_str())
+        .fetch_optional(&mut **self)
+        .await?;
+        row.as_ref().map(stored).transpose()
+    }
+
+    async fn load_call(&mut self, rowid: i64) -> Result<Call> {
+        let row = sqlx::query(select_calls!("WHERE c.id = ?"))
+            .bind(rowid)
+            .fetch_one(&mut **self)
+            .await?;
+        call_from_row(&row)
+    }
+
+    async fn insert_batch(
+        &mut self,
+        batch_id: &BatchId,
+        batch: &NewBatch,
+        size: usize,
+        now: Timestamp,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO batches (batch_id, agent, session_id, on_deny, size, created_at) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(batch_id.as_str())
+        .bind(batch.agent.as_str())
+        .bind(batch.session.as_str())
+        .bind(batch.on_deny.as_i64())
+        .bind(size as i64)
+        .bind(now.as_micros())
+        .execute(&mut **self)
+        .await?;
+        Ok(())
+    }
+
+    async fn resize_batch(&mut self, batch_id: &BatchId, size: usize) -> Result<()> {
+        let query = if size == 0 {
+            sqlx::query("DELETE FROM batches WHERE batch_id = ?").bind(batch_id.as_str())
+        } else {
+            sqlx::query("UPDATE batches SET size = ? WHERE batch_id = ?")
+                .bind(size as i64)
+                .bind(batch_id.as_str())
+        };
+        query.execute(&mut **self).await?;
+        Ok(())
+    }
+
+    async fn insert_call(
+        &mut self,
+        batch: &NewBatch,
+        batch_id: &BatchId,
+        position: usize,
+        call: &NewCall,
+        now: Timestamp,
+    ) -> Result<Option<i64>> {
+        let rowid: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, \
+             title, message, workspace, supersede_key, deadline, created_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (agent, session_id, call_id) DO NOTHING RETURNING id",
+        )
+        .bind(batch.agent.as_str())
+        .bind(batch.session.as_str())
+        .bind(call.call_id.as_str())
+        .bind(batch_id.as_str())
+        .bind(position as i64)
+        .bind(call.tool.as_str())
+        .bind(call.input.as_str())
+        .bind(&call.title)
+        .bind(&call.message)
+        .bind(&call.workspace)
+        .bind(call.supersede_key.as_deref())
+        .bind(call.deadline.map(Timestamp::as_micros))
+        .bind(now.as_micros())
+        .fetch_optional(&mut **self)
+        .await?;
+        let Some(rowid) = rowid else {
+            return Ok(None);
+        };
+        let seq = append_event(self, EventKind::Requested, rowid, now).await?;
+        sqlx::query("UPDATE calls SET requested_seq = ? WHERE id = ?")
+            .bind(seq)
+            .bind(rowid)
+            .execute(&mut **self)
+            .await?;
+        Ok(Some(rowid))
+    }
+
+    async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>> {
+        let batch_id: Option<String> = sqlx::query_scalar(
+            "UPDATE calls SET status = ?, decided_at = ?, decided_by = ?, reason = ?, \
+             tool_result = ?, run_input = ?, input_edited = ? \
+             WHERE id = ? AND status = 1 RETURNING batch_id",
+        )
+        .bind(outcome.kind.code())
+        .bind(outcome.decided_at.as_micros())
+        .bind(outcome.decided_by.to_string())
+        .bind(&outcome.reason)
+        .bind(&outcome.tool_result)
+        .bind(outcome.run_input.as_ref().map(ToolInput::as_str))
+        .bind(outcome.input_edited)
+        .bind(rowid)
+        .fetch_optional(&mut **self)
+        .await?;
+        let Some(batch_id) = batch_id else {
+            return Ok(None);
+        };
+        let event = append_event(self, EventKind::Resolved, rowid, outcome.decided_at).await?;
+        Ok(Some(Resolved {
+            rowid,
+            batch_id,
+            event,
+        }))
+    }
+
+    async fn pending_in_session(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+    ) -> Result<Vec<Stored>> {
+        let rows = sqlx::query(select_calls!(
+            "WHERE c.agent = ? AND c.session_id = ? AND c.status = 1 ORDER BY c.id"
+        ))
+        .bind(agent.as_str())
+        .bind(session.as_str())
+        .fetch_all(&mut **self)
+        .await?;
+        rows.iter().map(stored).collect()
+    }
+
+    async fn pending_with_key(
+        &mut self,
         agent: &AgentId,
         session: &SessionId,
         key: &str,
-        now: Timestamp,
-    ) -> Result<Vec<Resolved>> {
-        let rows = sqlx::query(
+    ) -> Result<Vec<i64>> {
+        Ok(sqlx::query_scalar(
             "SELECT id FROM calls WHERE agent = ? AND session_id = ? AND supersede_key = ? \
              AND status = 1 ORDER BY id",
         )
         .bind(agent.as_str())
         .bind(session.as_str())
         .bind(key)
-        .fetch_all(&mut *conn)
-        .await?;
-        let outcome = self
-            .texts
-            .outcome(OutcomeKind::Superseded, DecidedBy::Broker, "", now);
-        let mut resolved = Vec::new();
-        for row in rows {
-            resolved.extend(resolve(conn, row.try_get("id")?, &outcome).await?);
-        }
-        Ok(resolved)
+        .fetch_all(&mut **self)
+        .await?)
     }
-}
 
-async fn latest_seq(conn: &mut SqliteConnection) -> Result<u64> {
-    let seq: Option<i64> = sqlx::query_scalar("SELECT MAX(seq) FROM events")
-        .fetch_one(conn)
+    async fn pending_in_batch(&mut self, batch: &BatchId) -> Result<Vec<i64>> {
+        Ok(sqlx::query_scalar(
+            "SELECT id FROM calls WHERE batch_id = ? AND status = 1 ORDER BY position",
+        )
+        .bind(batch.as_str())
+        .fetch_all(&mut **self)
+        .await?)
+    }
+
+    async fn calls_of_batch(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+        batch: &BatchId,
+    ) -> Result<Vec<Stored>> {
+        let rows = sqlx::query(select_calls!(
+            "WHERE c.batch_id = ? AND c.agent = ? AND c.session_id = ? ORDER BY c.position"
+        ))
+        .bind(batch.as_str())
+        .bind(agent.as_str())
+        .bind(session.as_str())
+        .fetch_all(&mut **self)
         .await?;
-    Ok(seq.unwrap_or(0) as u64)
-}
+        rows.iter().map(stored).collect()
+    }
 
-async fn find_call(conn: &mut SqliteConnection, key: &CallKey) -> Result<Option<(i64, Call)>> {
-    let row = sqlx::query(select_calls!(
-        "WHERE c.agent = ? AND c.session_id = ? AND c.call_id = ?"
-    ))
-    .bind(key.agent.as_str())
-    .bind(key.session.as_str())
-    .bind(key.call_id.as_str())
-    .fetch_optional(conn)
-    .await?;
-    row.as_ref().map(rowid_and_call).transpose()
-}
+    async fn on_deny(&mut self, batch: &BatchId) -> Result<OnDeny> {
+        let on_deny: i64 = sqlx::query_scalar("SELECT on_deny FROM batches WHERE batch_id = ?")
+            .bind(batch.as_str())
+            .fetch_one(&mut **self)
+            .await?;
+        Ok(OnDeny::from_i64(on_deny))
+    }
 
-async fn load_call(conn: &mut SqliteConnection, rowid: i64) -> Result<Call> {
-    let row = sqlx::query(select_calls!("WHERE c.id = ?"))
-        .bind(rowid)
-        .fetch_one(conn)
+    async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<i64>> {
+        Ok(sqlx::query_scalar(
+            "SELECT id FROM calls WHERE status = 1 AND deadline IS NOT NULL AND deadline <= ? \
+             ORDER BY deadline LIMIT ?",
+        )
+        .bind(now.as_micros())
+        .bind(limit)
+        .fetch_all(&mut **self)
+        .await?)
+    }
+
+    async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()> {
+        sqlx::query(
+            "UPDATE events SET batch_completed = 1 WHERE seq = ? AND NOT EXISTS \
+             (SELECT 1 FROM calls WHERE batch_id = ? AND status = 1)",
+        )
+        .bind(event)
+        .bind(batch_id)
+        .execute(&mut **self)
         .await?;
-    call_from_row(&row)
-}
-
-async fn insert_call(
-    conn: &mut SqliteConnection,
-    batch: &NewBatch,
-    batch_id: &BatchId,
-    position: usize,
-    call: &NewCall,
-    now: Timestamp,
-) -> Result<i64> {
-    let rowid = sqlx::query_scalar(
-        "INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, title, \
-         message, workspace, supersede_key, deadline, created_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-    )
-    .bind(batch.agent.as_str())
-    .bind(batch.session.as_str())
-    .bind(call.call_id.as_str())
-    .bind(batch_id.as_str())
-    .bind(position as i64)
-    .bind(call.tool.as_str())
-    .bind(call.input.as_str())
-    .bind(&call.title)
-    .bind(&call.message)
-    .bind(&call.workspace)
-    .bind(call.supersede_key.as_deref())
-    .bind(call.deadline.map(Timestamp::as_micros))
-    .bind(now.as_micros())
-    .fetch_one(conn)
-    .await?;
-    Ok(rowid)
+        Ok(())
+    }
 }
 
 async fn append_event(
@@ -678,80 +549,28 @@ async fn append_event(
     rowid: i64,
     now: Timestamp,
 ) -> Result<i64> {
-    let seq = sqlx::query_scalar(
+    Ok(sqlx::query_scalar(
         "INSERT INTO events (kind, call_rowid, created_at) VALUES (?, ?, ?) RETURNING seq",
     )
     .bind(kind.code())
     .bind(rowid)
     .bind(now.as_micros())
     .fetch_one(conn)
-    .await?;
-    Ok(seq)
+    .await?)
 }
 
-/// Writes `outcome` on the call if it is still pending, with its Resolved event. `None` when the
-/// call was already decided (the first decision wins).
-async fn resolve(
-    conn: &mut SqliteConnection,
-    rowid: i64,
-    outcome: &Outcome,
-) -> Result<Option<Resolved>> {
-    let batch_id: Option<String> = sqlx::query_scalar(
-        "UPDATE calls SET status = ?, decided_at = ?, decided_by = ?, reason = ?, \
-         tool_result = ?, run_input = ?, input_edited = ? \
-         WHERE id = ? AND status = 1 RETURNING batch_id",
-    )
-    .bind(outcome.kind.code())
-    .bind(outcome.decided_at.as_micros())
-    .bind(outcome.decided_by.to_string())
-    .bind(&outcome.reason)
-    .bind(&outcome.tool_result)
-    .bind(outcome.run_input.as_ref().map(ToolInput::as_str))
-    .bind(outcome.input_edited)
-    .bind(rowid)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let Some(batch_id) = batch_id else {
-        return Ok(None);
-    };
-    let seq = append_event(conn, EventKind::Resolved, rowid, outcome.decided_at).await?;
-    Ok(Some(Resolved {
-        rowid,
-        batch_id,
-        seq,
-    }))
+fn stored(row: &SqliteRow) -> Result<Stored> {
+    Ok(Stored {
+        rowid: row.try_get("id")?,
+        call: call_from_row(row)?,
+    })
 }
 
-async fn batch_skips_rest(conn: &mut SqliteConnection, batch: &BatchId) -> Result<bool> {
-    let on_deny: i64 = sqlx::query_scalar("SELECT on_deny FROM batches WHERE batch_id = ?")
-        .bind(batch.as_str())
+async fn latest_seq(conn: &mut SqliteConnection) -> Result<u64> {
+    let seq: Option<i64> = sqlx::query_scalar("SELECT MAX(seq) FROM events")
         .fetch_one(conn)
         .await?;
-    Ok(crate::domain::OnDeny::from_i64(on_deny) == crate::domain::OnDeny::SkipRest)
-}
-
-/// Flags, for every batch this transaction left without a pending call, the last Resolved event
-/// of the transaction in that batch: that event completes the batch.
-async fn mark_completed_batches(conn: &mut SqliteConnection, resolved: &[Resolved]) -> Result<()> {
-    let mut last_by_batch: BTreeMap<&str, i64> = BTreeMap::new();
-    for r in resolved {
-        let last = last_by_batch.entry(&r.batch_id).or_insert(r.seq);
-        *last = (*last).max(r.seq);
-    }
-    for (batch_id, seq) in last_by_batch {
-        let pending: i64 =
-            sqlx::query_scalar("SELECT COUNT(*) FROM calls WHERE batch_id = ? AND status = 1")
-                .bind(batch_id)
-                .fetch_one(&mut *conn)
-                .await?;
-        if pending == 0 {
-            sqlx::query("UPDATE events SET batch_completed = 1 WHERE seq = ?")
-                .bind(seq)
-                .execute(&mut *conn)
-                .await?;
-        }
-    }
-    Ok(())
+    Ok(seq.unwrap_or(0) as u64)
 }
 
 fn rowid_and_call(row: &SqliteRow) -> Result<(i64, Call)> {

@@ -1,0 +1,387 @@
+//! The broker's state changes (submit, decide, cancel, expire), written once for every backend.
+//!
+//! Each runs inside one write transaction of a backend, through the primitives of [`WriteTx`].
+//! The rules that keep them correct when several transactions (or replicas) run at once:
+//! - an outcome is written only by a conditional update of a pending call (`resolve`), so the
+//!   first decision wins; a transaction that loses reads the winner back;
+//! - a call is inserted only if its identity is free (`insert_call`), so a concurrent duplicate
+//!   submit is recognised, not doubled;
+//! - a submit first locks its session (`lock_session`), so supersede-by-key and
+//!   supersede-pending see every earlier submit of the session;
+//! - batch completion is decided under the batch's lock (`complete_batch_if_done`), so exactly
+//!   one transaction flags the event that completes a batch.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+
+use super::{
+    CancelReport, CancelScope, CancelTarget, DecideReport, SubmitItem, SubmitReport, SubmitResult,
+};
+use crate::domain::{
+    AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Decision, NewBatch, NewCall, OnDeny,
+    Outcome, OutcomeKind, SessionId, Timestamp, ToolResultTexts, Verdict,
+};
+use crate::error::{Error, Result};
+
+/// A stored call and its row id in the backend.
+pub struct Stored {
+    pub rowid: i64,
+    pub call: Call,
+}
+
+/// A call resolved in the current transaction: its batch, and the id of its Resolved event.
+pub struct Resolved {
+    pub rowid: i64,
+    pub batch_id: String,
+    pub event: i64,
+}
+
+/// One open write transaction of a backend.
+#[async_trait]
+pub trait WriteTx: Send {
+    /// Serialises writers of one session until this transaction ends (a no-op where all writers
+    /// are serialised anyway).
+    async fn lock_session(&mut self, agent: &AgentId, session: &SessionId) -> Result<()>;
+    async fn find_call(&mut self, key: &CallKey) -> Result<Option<Stored>>;
+    async fn load_call(&mut self, rowid: i64) -> Result<Call>;
+    async fn insert_batch(
+        &mut self,
+        batch_id: &BatchId,
+        batch: &NewBatch,
+        size: usize,
+        now: Timestamp,
+    ) -> Result<()>;
+    /// Corrects a batch's size when fewer calls than planned were inserted (0: removes it).
+    async fn resize_batch(&mut self, batch_id: &BatchId, size: usize) -> Result<()>;
+    /// Stores a pending call with its Requested event. `None` if its identity is taken
+    /// (a concurrent submit stored it first).
+    async fn insert_call(
+        &mut self,
+        batch: &NewBatch,
+        batch_id: &BatchId,
+        position: usize,
+        call: &NewCall,
+        now: Timestamp,
+    ) -> Result<Option<i64>>;
+    /// Writes `outcome` if the call is still pending, with its Resolved event.
+    async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>>;
+    /// Pending calls of a session, oldest first.
+    async fn pending_in_session(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+    ) -> Result<Vec<Stored>>;
+    /// Pending calls of a session carrying `key`.
+    async fn pending_with_key(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+        key: &str,
+    ) -> Result<Vec<i64>>;
+    /// Pending calls of a batch, in position order.
+    async fn pending_in_batch(&mut self, batch: &BatchId) -> Result<Vec<i64>>;
+    /// Every call of a batch of this session, in position order.
+    async fn calls_of_batch(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+        batch: &BatchId,
+    ) -> Result<Vec<Stored>>;
+    async fn on_deny(&mut self, batch: &BatchId) -> Result<OnDeny>;
+    /// Pending calls due at `now`, at most `limit`, skipping any another transaction holds.
+    async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<i64>>;
+    /// Under the batch's lock: if no call of it is pending, flags `event` as completing it.
+    async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()>;
+}
+
+/// Stores a batch. See [`super::Store::submit`].
+pub async fn submit(
+    tx: &mut impl WriteTx,
+    batch: &NewBatch,
+    texts: &ToolResultTexts,
+    now: Timestamp,
+) -> Result<SubmitReport> {
+    tx.lock_session(&batch.agent, &batch.session).await?;
+    let mut report = SubmitReport::default();
+    let mut resolved = Vec::new();
+
+    let mut fresh: Vec<&NewCall> = Vec::new();
+    for call in &batch.calls {
+        match tx.find_call(&key_of(batch, &call.call_id)).await? {
+            Some(stored) => report.items.push(existing(batch, call, stored.call)),
+            None => fresh.push(call),
+        }
+    }
+
+    if batch.supersede_pending {
+        let superseded = texts.outcome(OutcomeKind::Superseded, DecidedBy::Broker, "", now);
+        for pending in tx.pending_in_session(&batch.agent, &batch.session).await? {
+            if !batch
+                .calls
+                .iter()
+                .any(|c| c.call_id == pending.call.key.call_id)
+            {
+                resolved.extend(tx.resolve(pending.rowid, &superseded).await?);
+            }
+        }
+    }
+
+    if !fresh.is_empty() {
+        let batch_id = BatchId::generate();
+        let planned = fresh.len();
+        tx.insert_batch(&batch_id, batch, planned, now).await?;
+        let mut position = 0;
+        for call in fresh {
+            if let Some(key) = &call.supersede_key {
+                let superseded = texts.outcome(OutcomeKind::Superseded, DecidedBy::Broker, "", now);
+                for rowid in tx
+                    .pending_with_key(&batch.agent, &batch.session, key)
+                    .await?
+                {
+                    resolved.extend(tx.resolve(rowid, &superseded).await?);
+                }
+            }
+            let result = match tx
+                .insert_call(batch, &batch_id, position, call, now)
+                .await?
+            {
+                Some(rowid) => {
+                    position += 1;
+                    SubmitResult::Accepted(tx.load_call(rowid).await?)
+                }
+                // A concurrent submit stored the same identity first: answer as if it had
+                // been there all along.
+                None => match tx.find_call(&key_of(batch, &call.call_id)).await? {
+                    Some(stored) => existing(batch, call, stored.call).result,
+                    None => return Err(Error::Internal("a conflicting call vanished".into())),
+                },
+            };
+            report.items.push(SubmitItem {
+                index: call.index,
+                call_id: call.call_id.clone(),
+                result,
+            });
+        }
+        if position == 0 {
+            tx.resize_batch(&batch_id, 0).await?;
+        } else {
+            if position < planned {
+                tx.resize_batch(&batch_id, position).await?;
+            }
+            report.batch_id = Some(batch_id);
+        }
+    }
+
+    complete_batches(tx, &resolved).await?;
+    for r in &resolved {
+        report.superseded.push(tx.load_call(r.rowid).await?);
+    }
+    report.items.sort_by_key(|item| item.index);
+    Ok(report)
+}
+
+fn key_of(batch: &NewBatch, call_id: &CallId) -> CallKey {
+    CallKey {
+        agent: batch.agent.clone(),
+        session: batch.session.clone(),
+        call_id: call_id.clone(),
+    }
+}
+
+/// The answer for a submitted call whose identity is already stored.
+fn existing(batch: &NewBatch, call: &NewCall, stored: Call) -> SubmitItem {
+    let result = if call.is_same_request_as(&stored) {
+        SubmitResult::Duplicate(stored)
+    } else {
+        SubmitResult::Refused(Error::AlreadyExists(format!(
+            "batch.calls[{}].call_id: call `{}` already exists in session `{}` with a \
+             different tool or input",
+            call.index, call.call_id, batch.session
+        )))
+    };
+    SubmitItem {
+        index: call.index,
+        call_id: call.call_id.clone(),
+        result,
+    }
+}
+
+/// Writes an approver's decision. See [`super::Store::decide`].
+pub async fn decide(
+    tx: &mut impl WriteTx,
+    key: &CallKey,
+    decision: &Decision,
+    texts: &ToolResultTexts,
+    now: Timestamp,
+) -> Result<DecideReport> {
+    let Some(Stored { rowid, call }) = tx.find_call(key).await? else {
+        return Err(Error::NotFound(format!(
+            "no call `{}` in session `{}` of agent `{}`",
+            key.call_id, key.session, key.agent
+        )));
+    };
+    let outcome = match decision.verdict {
+        Verdict::Approve => Outcome {
+            kind: OutcomeKind::Approved,
+            decided_at: now,
+            decided_by: DecidedBy::Approver(decision.approver.clone()),
+            reason: decision.reason.clone(),
+            tool_result: String::new(),
+            run_input: Some(
+                decision
+                    .edited_input
+                    .clone()
+                    .unwrap_or_else(|| call.input.clone()),
+            ),
+            input_edited: decision.edited_input.is_some(),
+        },
+        Verdict::Deny => texts.outcome(
+            OutcomeKind::Denied,
+            DecidedBy::Approver(decision.approver.clone()),
+            &decision.reason,
+            now,
+        ),
+    };
+    let won = match &call.outcome {
+        Some(_) => None,
+        None => tx.resolve(rowid, &outcome).await?,
+    };
+    let Some(won) = won else {
+        // Decided before (or by a transaction that committed while this one waited).
+        let standing = tx.load_call(rowid).await?;
+        if let Some(outcome) = &standing.outcome {
+            decision.check_against(outcome)?;
+        }
+        return Ok(DecideReport {
+            call: standing,
+            replayed: true,
+            skipped: Vec::new(),
+        });
+    };
+
+    let mut resolved = vec![won];
+    let mut skipped = Vec::new();
+    if decision.verdict == Verdict::Deny && tx.on_deny(&call.batch_id).await? == OnDeny::SkipRest {
+        let skip = texts.outcome(OutcomeKind::Skipped, DecidedBy::Broker, "", now);
+        for sibling in tx.pending_in_batch(&call.batch_id).await? {
+            if let Some(r) = tx.resolve(sibling, &skip).await? {
+                skipped.push(r.rowid);
+                resolved.push(r);
+            }
+        }
+    }
+    complete_batches(tx, &resolved).await?;
+    let mut report = DecideReport {
+        call: tx.load_call(rowid).await?,
+        replayed: false,
+        skipped: Vec::with_capacity(skipped.len()),
+    };
+    for rowid in skipped {
+        report.skipped.push(tx.load_call(rowid).await?);
+    }
+    Ok(report)
+}
+
+/// Cancels what `target` names. See [`super::Store::cancel`].
+pub async fn cancel(
+    tx: &mut impl WriteTx,
+    target: &CancelTarget,
+    texts: &ToolResultTexts,
+    now: Timestamp,
+) -> Result<CancelReport> {
+    let outcome = texts.outcome(
+        OutcomeKind::Cancelled,
+        DecidedBy::Agent,
+        &target.reason,
+        now,
+    );
+    let mut report = CancelReport::default();
+    let candidates = match &target.scope {
+        CancelScope::Calls(ids) => {
+            let mut found = Vec::new();
+            for call_id in ids {
+                let key = CallKey {
+                    agent: target.agent.clone(),
+                    session: target.session.clone(),
+                    call_id: call_id.clone(),
+                };
+                match tx.find_call(&key).await? {
+                    Some(stored) => found.push(stored),
+                    None => report.unknown.push(call_id.clone()),
+                }
+            }
+            found
+        }
+        CancelScope::Batch(batch_id) => {
+            let calls = tx
+                .calls_of_batch(&target.agent, &target.session, batch_id)
+                .await?;
+            if calls.is_empty() {
+                return Err(Error::NotFound(format!(
+                    "no batch `{}` in session `{}`",
+                    batch_id.as_str(),
+                    target.session
+                )));
+            }
+            calls
+        }
+        CancelScope::Session => {
+            tx.pending_in_session(&target.agent, &target.session)
+                .await?
+        }
+    };
+
+    let mut resolved = Vec::new();
+    for Stored { rowid, call } in candidates {
+        let won = match call.outcome {
+            Some(_) => None,
+            None => tx.resolve(rowid, &outcome).await?,
+        };
+        match won {
+            Some(r) => resolved.push(r),
+            // Decided before, or meanwhile by another transaction.
+            None => report.already_decided.push(tx.load_call(rowid).await?),
+        }
+    }
+    complete_batches(tx, &resolved).await?;
+    for r in &resolved {
+        report.cancelled.push(tx.load_call(r.rowid).await?);
+    }
+    Ok(report)
+}
+
+/// Expires up to `limit` due calls. Returns them, decided.
+pub async fn expire_due(
+    tx: &mut impl WriteTx,
+    texts: &ToolResultTexts,
+    now: Timestamp,
+    limit: i64,
+) -> Result<Vec<Call>> {
+    let outcome = texts.outcome(OutcomeKind::Expired, DecidedBy::Deadline, "", now);
+    let mut resolved = Vec::new();
+    for rowid in tx.due_calls(now, limit).await? {
+        resolved.extend(tx.resolve(rowid, &outcome).await?);
+    }
+    complete_batches(tx, &resolved).await?;
+    let mut expired = Vec::with_capacity(resolved.len());
+    for r in &resolved {
+        expired.push(tx.load_call(r.rowid).await?);
+    }
+    Ok(expired)
+}
+
+/// For each batch touched, flags this transaction's last event in it if the batch is now
+/// complete. Batches are visited in id order, so concurrent transactions lock them in the same
+/// order.
+async fn complete_batches(tx: &mut impl WriteTx, resolved: &[Resolved]) -> Result<()> {
+    let mut last_by_batch: BTreeMap<&str, i64> = BTreeMap::new();
+    for r in resolved {
+        let last = last_by_batch.entry(&r.batch_id).or_insert(r.event);
+        *last = (*last).max(r.event);
+    }
+    for (batch_id, event) in last_by_batch {
+        tx.complete_batch_if_done(batch_id, event).await?;
+    }
+    Ok(())
+}
