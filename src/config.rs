@@ -4,11 +4,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 use crate::broker::Limits;
 use crate::domain::ToolResultTexts;
-use crate::store::Synchronous;
+use crate::store::{StoreOptions, Synchronous};
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -17,17 +17,35 @@ use crate::store::Synchronous;
     about = "A gRPC broker between LLM agents and the humans who approve their tool calls."
 )]
 pub struct Config {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// The address to serve gRPC on.
     #[arg(long, env = "APPROVALS_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
-    /// Where state lives: `sqlite://PATH`, `sqlite:PATH` or a plain file path.
-    #[arg(long, env = "DATABASE_URL", default_value = "sqlite://approvals.db")]
+    /// Where state lives: `postgres://USER@HOST:PORT/DB` (any number of replicas may share
+    /// it), or `sqlite://PATH`, `sqlite:PATH` or a plain file path (one broker process).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "sqlite://approvals.db",
+        global = true
+    )]
     pub database_url: String,
+
+    /// Postgres only: the size of the connection pool.
+    #[arg(long, env = "APPROVALS_DATABASE_MAX_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..), global = true)]
+    pub database_max_connections: u32,
 
     /// SQLite's `synchronous` setting: `full` (power-safe, the default) or `normal` (faster;
     /// survives a broker crash but NOT a power loss or OS crash).
-    #[arg(long, env = "APPROVALS_SQLITE_SYNCHRONOUS", default_value = "full")]
+    #[arg(
+        long,
+        env = "APPROVALS_SQLITE_SYNCHRONOUS",
+        default_value = "full",
+        global = true
+    )]
     pub sqlite_synchronous: Synchronous,
 
     /// The largest tool input accepted, in bytes of JSON text.
@@ -68,6 +86,13 @@ pub struct Config {
     pub text_cancelled: Option<String>,
 }
 
+/// What to do instead of serving.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Apply the database migrations and exit (for operators who migrate before a rollout).
+    Migrate,
+}
+
 impl Config {
     /// The defaults, with the database at `database_url`: for tests and embedding.
     pub fn with_database(database_url: impl Into<String>) -> Self {
@@ -85,6 +110,15 @@ impl Config {
             skipped: pick(&self.text_skipped, defaults.skipped),
             expired: pick(&self.text_expired, defaults.expired),
             cancelled: pick(&self.text_cancelled, defaults.cancelled),
+        }
+    }
+
+    pub fn store_options(&self) -> StoreOptions {
+        StoreOptions {
+            database_url: self.database_url.clone(),
+            synchronous: self.sqlite_synchronous,
+            max_connections: self.database_max_connections,
+            texts: self.texts(),
         }
     }
 

@@ -1,8 +1,10 @@
 //! The in-memory fan-out of committed events.
 //!
 //! One pump task reads the durable log after the last sequence number it published and
-//! broadcasts each event; it is woken after every local commit, and polls once a second in case
-//! a wake-up is missed. Consumers read through a [`Feed`], which first catches up from the store
+//! broadcasts each event; it is woken after every local commit and (on Postgres) on other
+//! replicas' notifications, and polls once a second in case a wake-up is missed. Before reading
+//! it asks the store to number newly committed events (Postgres assigns sequence numbers after
+//! commit, in commit order). Consumers read through a [`Feed`], which first catches up from the store
 //! and then follows the broadcast, skipping what it already delivered. Because the store is the
 //! source and the broadcast only a cache of its tail, a consumer that lags behind the broadcast
 //! catches up from the store again: events are delayed, never lost, and memory stays bounded.
@@ -75,10 +77,15 @@ impl EventBus {
     /// Publishes committed events until the task is dropped.
     pub async fn pump(self: Arc<Self>) {
         let mut last = self.published.load(Ordering::SeqCst);
+        let remote = self.store.remote_commits().unwrap_or_default();
         loop {
             tokio::select! {
                 _ = self.committed.notified() => {}
+                _ = remote.notified() => {}
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            if let Err(err) = self.store.sequence_events().await {
+                tracing::warn!(error = %err, "numbering committed events failed; retrying");
             }
             loop {
                 let events = match self.store.events_after(last, PAGE).await {

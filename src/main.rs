@@ -3,7 +3,8 @@
 
 use std::process::ExitCode;
 
-use approval_broker::{config::Config, startup, telemetry};
+use approval_broker::config::{Command, Config};
+use approval_broker::{startup, telemetry};
 use clap::Parser;
 use tokio::net::TcpListener;
 
@@ -11,6 +12,15 @@ use tokio::net::TcpListener;
 async fn main() -> ExitCode {
     let config = Config::parse();
     telemetry::init("info");
+    if let Some(Command::Migrate) = config.command {
+        return match startup::migrate(&config).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                tracing::error!(error = %err, "migration failed");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let listener = match TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(err) => {

@@ -30,12 +30,7 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let store = store::open(
-        &config.database_url,
-        config.sqlite_synchronous,
-        config.texts(),
-    )
-    .await?;
+    let store = store::open(&config.store_options()).await?;
     let bus = EventBus::new(Arc::clone(&store), config.event_buffer as usize).await?;
     let sweeper = DeadlineSweeper::new(Arc::clone(&store), Arc::clone(&bus));
     // Calls that fell due while the broker was down expire before anything is served.
@@ -79,7 +74,7 @@ pub async fn run(
         .map_err(|e| Error::Internal(format!("reflection: {e}")))?;
 
     let local = listener.local_addr().ok();
-    tracing::info!(address = ?local, database = %config.database_url, "approval broker serving");
+    tracing::info!(address = ?local, backend = backend_name(&config), "approval broker serving");
 
     let drain = async move {
         shutdown.await;
@@ -102,4 +97,19 @@ pub async fn run(
         task.abort();
     }
     served.map_err(|e| Error::Internal(format!("server: {e}")))
+}
+
+fn backend_name(config: &Config) -> &'static str {
+    if store::is_postgres(&config.database_url) {
+        "postgres"
+    } else {
+        "sqlite"
+    }
+}
+
+/// Applies the migrations of the configured database and returns (`approval-broker migrate`).
+pub async fn migrate(config: &Config) -> Result<()> {
+    store::open(&config.store_options()).await?;
+    tracing::info!(backend = backend_name(config), "migrations applied");
+    Ok(())
 }

@@ -105,6 +105,17 @@ pub struct Outcome {
     /// For APPROVED: the input to run (the approver's edit, or the input as submitted).
     pub run_input: Option<ToolInput>,
     pub input_edited: bool,
+    /// The sequence number of the call's Resolved event; `None` until the event is numbered
+    /// (Postgres numbers events after they commit). A reader that knows the log up to `seq` S
+    /// knows this outcome if `seq <= S`; otherwise the event is still to come.
+    pub seq: Option<u64>,
+}
+
+impl Outcome {
+    /// Whether the Resolved event of this outcome is at or before sequence number `upto`.
+    pub fn is_logged_by(&self, upto: u64) -> bool {
+        self.seq.is_some_and(|seq| seq <= upto)
+    }
 }
 
 /// What an approver decides.
@@ -207,6 +218,7 @@ impl ToolResultTexts {
             tool_result: self.render(kind, reason),
             run_input: None,
             input_edited: false,
+            seq: None,
         }
     }
 }

@@ -141,8 +141,9 @@ impl pb::agent_service_server::AgentService for AgentApi {
     }
 }
 
-/// What a session holds for a set of wanted calls: the outcomes to send, the batches whose
-/// every call is decided, and the calls still pending or unknown.
+/// What a session holds for a set of wanted calls, as of sequence number `upto`: the outcomes
+/// logged by then, the batches whose every call was decided by then, and the calls pending
+/// then (their outcomes come later, live) or unknown.
 struct Replay {
     outcomes: Vec<pb::Outcome>,
     batches: Vec<pb::BatchComplete>,
@@ -152,13 +153,14 @@ struct Replay {
 
 impl Replay {
     /// `calls` is every call of the session; `wanted` the call ids asked for (all if `None`).
-    fn of(calls: &[Call], wanted: Option<&HashSet<CallId>>) -> Self {
+    fn of(calls: &[Call], wanted: Option<&HashSet<CallId>>, upto: u64) -> Self {
         let is_wanted = |c: &Call| wanted.is_none_or(|w| w.contains(&c.key.call_id));
+        let logged = |c: &Call| c.outcome.as_ref().is_some_and(|o| o.is_logged_by(upto));
         let mut outcomes = Vec::new();
         let mut pending = Vec::new();
         let mut touched: Vec<&BatchId> = Vec::new();
         for call in calls.iter().filter(|c| is_wanted(c)) {
-            match render::outcome(call) {
+            match render::outcome(call).filter(|_| logged(call)) {
                 Some(outcome) => {
                     outcomes.push(outcome);
                     if !touched.contains(&&call.batch_id) {
@@ -179,7 +181,7 @@ impl Replay {
                 members.sort_by_key(|c| c.position);
                 members
                     .iter()
-                    .all(|c| c.outcome.is_some())
+                    .all(logged)
                     .then(|| render::batch_complete(&members))
                     .flatten()
             })
@@ -289,7 +291,8 @@ impl AgentConnection {
         let response = render::submit_response(&report, session.as_str(), &parsed.refused);
         let mut sent = self.send(id, Reply::Submitted(response)).await;
         if sent.is_ok() {
-            sent = self.send_decided_duplicates(&report).await?;
+            let followed_from = self.watched.get(&session).copied().unwrap_or(0);
+            sent = self.send_decided_duplicates(&report, followed_from).await?;
         }
         Ok(sent)
     }
@@ -304,12 +307,24 @@ impl AgentConnection {
         Ok(())
     }
 
-    /// A resubmitted call that is already decided creates no event: send its outcome (and its
-    /// batch's completion) here, as the agent would have received them live.
-    async fn send_decided_duplicates(&self, report: &SubmitReport) -> Result<Result<(), Gone>> {
+    /// A resubmitted call that was decided before this stream followed its session creates no
+    /// event the stream will see: send its outcome (and its batch's completion) here, as the
+    /// agent would have received them live. Outcomes logged after `followed_from` reach the
+    /// stream through the feed instead, so each is sent once.
+    async fn send_decided_duplicates(
+        &self,
+        report: &SubmitReport,
+        followed_from: u64,
+    ) -> Result<Result<(), Gone>> {
+        let logged = |c: &Call| {
+            c.outcome
+                .as_ref()
+                .is_some_and(|o| o.is_logged_by(followed_from))
+        };
         let mut batches: Vec<&BatchId> = Vec::new();
         for item in &report.items {
             if let SubmitResult::Duplicate(call) = &item.result
+                && logged(call)
                 && let Some(outcome) = render::outcome(call)
             {
                 if self.send("", Reply::Outcome(outcome)).await.is_err() {
@@ -322,7 +337,7 @@ impl AgentConnection {
         }
         for batch in batches {
             let calls = self.broker.store().batch_calls(batch).await?;
-            if calls.iter().all(|c| c.outcome.is_some())
+            if calls.iter().all(logged)
                 && let Some(complete) = render::batch_complete(&calls)
                 && self.send("", Reply::BatchComplete(complete)).await.is_err()
             {
@@ -352,7 +367,7 @@ impl AgentConnection {
             .await?;
         // Outcomes up to `seq` are sent now; the feed sends those after it.
         self.watched.insert(session.clone(), seq);
-        let replay = Replay::of(&calls, wanted.as_ref());
+        let replay = Replay::of(&calls, wanted.as_ref(), seq);
         for outcome in replay.outcomes {
             if self.send("", Reply::Outcome(outcome)).await.is_err() {
                 return Ok(Err(Gone));
@@ -417,7 +432,7 @@ impl OutcomeWatch {
 
     async fn run(self, calls: Vec<Call>, seq: u64) {
         use pb::watch_outcomes_response::Event as E;
-        let replay = Replay::of(&calls, self.wanted.as_ref());
+        let replay = Replay::of(&calls, self.wanted.as_ref(), seq);
         let mut waiting_for: HashSet<CallId> = replay.pending.iter().cloned().collect();
         for outcome in replay.outcomes {
             if self.send(E::Outcome(outcome)).await.is_err() {

@@ -2,6 +2,8 @@
 //! the same transaction as its event, and nothing is acknowledged before that transaction commits.
 //! The trait speaks the domain's language; each backend (one file each) owns its SQL.
 
+mod postgres;
+mod rows;
 mod sqlite;
 mod writes;
 
@@ -13,6 +15,7 @@ use crate::domain::{
 };
 use crate::error::{Error, Result};
 
+pub use postgres::PostgresStore;
 pub use sqlite::{SqliteStore, Synchronous};
 
 /// The broker's durable state.
@@ -44,7 +47,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<Option<Call>>>;
 
     /// Every call of a session, oldest first, and the log's last sequence number read in the
-    /// same snapshot: events after it are not reflected in the calls.
+    /// same snapshot. An outcome is part of that state only if its own `seq` is at or before
+    /// the returned number (`Outcome::is_logged_by`); later ones are still to be read.
     async fn session_calls(&self, agent: &AgentId, session: &SessionId)
     -> Result<(Vec<Call>, u64)>;
 
@@ -57,8 +61,21 @@ pub trait Store: Send + Sync + 'static {
     /// Up to `limit` events after `after`, in sequence order.
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>>;
 
-    /// The last sequence number in the log (0 when it is empty).
+    /// The last sequence number in the log (0 when it is empty), covering every commit so far.
     async fn latest_seq(&self) -> Result<u64>;
+
+    /// Numbers the committed events that have no sequence number yet, in commit order, and
+    /// returns how many it numbered. Backends that number events as they commit (SQLite, whose
+    /// writers are serialised) have nothing to do.
+    async fn sequence_events(&self) -> Result<u64> {
+        Ok(0)
+    }
+
+    /// Woken when another broker process committed events to the same database, if the backend
+    /// can tell. A hint only: readers also poll.
+    fn remote_commits(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        None
+    }
 }
 
 /// What a submit did, call by call.
@@ -152,20 +169,34 @@ pub struct CallPage {
     pub next: Option<Cursor>,
 }
 
-/// Opens the store `database_url` names and applies its migrations.
-pub async fn open(
-    database_url: &str,
-    synchronous: Synchronous,
-    texts: ToolResultTexts,
-) -> Result<std::sync::Arc<dyn Store>> {
-    if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
-        return Err(Error::invalid(
-            "DATABASE_URL",
-            "Postgres is not supported by this build yet; use a sqlite:// URL or a file path",
-        ));
+/// How to open the store.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// `postgres://...` selects Postgres; `sqlite://...`, `sqlite:...` or a path selects SQLite.
+    pub database_url: String,
+    /// SQLite only.
+    pub synchronous: Synchronous,
+    /// Postgres only: the connection pool's size.
+    pub max_connections: u32,
+    pub texts: ToolResultTexts,
+}
+
+/// Whether `database_url` names a Postgres database.
+pub fn is_postgres(database_url: &str) -> bool {
+    database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")
+}
+
+/// Opens the store the options name and applies its migrations.
+pub async fn open(options: &StoreOptions) -> Result<std::sync::Arc<dyn Store>> {
+    let texts = options.texts.clone();
+    if is_postgres(&options.database_url) {
+        let store =
+            PostgresStore::open(&options.database_url, options.max_connections, texts).await?;
+        Ok(std::sync::Arc::new(store))
+    } else {
+        let store = SqliteStore::open(&options.database_url, options.synchronous, texts).await?;
+        Ok(std::sync::Arc::new(store))
     }
-    let store = SqliteStore::open(database_url, synchronous, texts).await?;
-    Ok(std::sync::Arc::new(store))
 }
 
 impl CallQuery {

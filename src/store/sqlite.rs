@@ -16,13 +16,14 @@ use sqlx::sqlite::{
 };
 use sqlx::{QueryBuilder, Row, Sqlite};
 
+use super::rows::{call_columns, call_from_row, event_from_row, select_calls};
 use super::writes::{self, Resolved, Stored, WriteTx};
 use super::{
     CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, Store, SubmitReport,
 };
 use crate::domain::{
-    AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Decision, Event, EventKind, NewBatch,
-    NewCall, OnDeny, Outcome, SessionId, Status, Timestamp, ToolInput, ToolName, ToolResultTexts,
+    AgentId, BatchId, Call, CallId, CallKey, Decision, Event, EventKind, NewBatch, NewCall, OnDeny,
+    Outcome, SessionId, Timestamp, ToolInput, ToolResultTexts,
 };
 use crate::error::{Error, Result};
 
@@ -47,27 +48,6 @@ impl FromStr for Synchronous {
             other => Err(format!("expected `full` or `normal`, got `{other}`")),
         }
     }
-}
-
-/// The columns `call_from_row` reads, from `calls c` joined with its batch `b`.
-macro_rules! call_columns {
-    () => {
-        "c.id, c.agent, c.session_id, c.call_id, c.batch_id, c.position, b.size, c.tool, \
-         c.input, c.title, c.message, c.workspace, c.supersede_key, c.deadline, c.created_at, \
-         c.status, c.decided_at, c.decided_by, c.reason, c.tool_result, c.run_input, \
-         c.input_edited"
-    };
-}
-
-/// `SELECT` of every call column, followed by the given clauses.
-macro_rules! select_calls {
-    ($($rest:literal)*) => {
-        concat!(
-            "SELECT ", call_columns!(),
-            " FROM calls c JOIN batches b ON b.batch_id = c.batch_id ",
-            $($rest),*
-        )
-    };
 }
 
 const SELECT_CALLS: &str = select_calls!();
@@ -294,27 +274,14 @@ impl Store for SqliteStore {
             call_columns!(),
             " FROM events e JOIN calls c ON c.id = e.call_rowid \
              JOIN batches b ON b.batch_id = c.batch_id \
+             LEFT JOIN events r ON r.call_rowid = c.id AND r.kind = 2 \
              WHERE e.seq > ? ORDER BY e.seq LIMIT ?"
         ))
         .bind(after as i64)
         .bind(i64::from(limit))
         .fetch_all(&self.reader)
         .await?;
-        rows.iter()
-            .map(|row| {
-                let kind = EventKind::from_code(row.try_get("kind")?);
-                let mut call = call_from_row(row)?;
-                if kind == EventKind::Requested {
-                    call.outcome = None;
-                }
-                Ok(Event {
-                    seq: row.try_get::<i64, _>("seq")? as u64,
-                    kind,
-                    call,
-                    batch_completed: row.try_get::<i64, _>("batch_completed")? != 0,
-                })
-            })
-            .collect()
+        rows.iter().map(event_from_row).collect()
     }
 
     async fn latest_seq(&self) -> Result<u64> {
@@ -575,56 +542,6 @@ async fn latest_seq(conn: &mut SqliteConnection) -> Result<u64> {
 
 fn rowid_and_call(row: &SqliteRow) -> Result<(i64, Call)> {
     Ok((row.try_get("id")?, call_from_row(row)?))
-}
-
-fn call_from_row(row: &SqliteRow) -> Result<Call> {
-    let status_code: i64 = row.try_get("status")?;
-    let status = Status::from_code(status_code)
-        .ok_or_else(|| Error::Internal(format!("unknown stored status {status_code}")))?;
-    let outcome = match status {
-        Status::Pending => None,
-        Status::Decided(kind) => Some(Outcome {
-            kind,
-            decided_at: Timestamp::from_micros(
-                row.try_get::<Option<i64>, _>("decided_at")?.unwrap_or(0),
-            ),
-            decided_by: DecidedBy::parse_stored(
-                &row.try_get::<Option<String>, _>("decided_by")?
-                    .unwrap_or_default(),
-            ),
-            reason: row
-                .try_get::<Option<String>, _>("reason")?
-                .unwrap_or_default(),
-            tool_result: row
-                .try_get::<Option<String>, _>("tool_result")?
-                .unwrap_or_default(),
-            run_input: row
-                .try_get::<Option<String>, _>("run_input")?
-                .map(ToolInput::from_stored),
-            input_edited: row.try_get("input_edited")?,
-        }),
-    };
-    Ok(Call {
-        key: CallKey {
-            agent: AgentId::from_stored(row.try_get("agent")?),
-            session: SessionId::from_stored(row.try_get("session_id")?),
-            call_id: CallId::from_stored(row.try_get("call_id")?),
-        },
-        batch_id: BatchId::from_stored(row.try_get("batch_id")?),
-        position: row.try_get::<i64, _>("position")? as u32,
-        batch_size: row.try_get::<i64, _>("size")? as u32,
-        tool: ToolName::from_stored(row.try_get("tool")?),
-        input: ToolInput::from_stored(row.try_get("input")?),
-        title: row.try_get("title")?,
-        message: row.try_get("message")?,
-        workspace: row.try_get("workspace")?,
-        supersede_key: row.try_get("supersede_key")?,
-        deadline: row
-            .try_get::<Option<i64>, _>("deadline")?
-            .map(Timestamp::from_micros),
-        created_at: Timestamp::from_micros(row.try_get("created_at")?),
-        outcome,
-    })
 }
 
 #[cfg(test)]

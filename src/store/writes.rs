@@ -235,6 +235,7 @@ pub async fn decide(
                     .unwrap_or_else(|| call.input.clone()),
             ),
             input_edited: decision.edited_input.is_some(),
+            seq: None,
         },
         Verdict::Deny => texts.outcome(
             OutcomeKind::Denied,

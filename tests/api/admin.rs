@@ -25,9 +25,7 @@ fn now() -> prost_types::Timestamp {
     }
 }
 
-#[tokio::test]
-async fn list_calls_filters_by_session_tool_status_and_time() {
-    let app = spawn_app().await;
+async fn list_calls_filters_by_session_tool_status_and_time(app: TestApp) {
     submit(
         &app,
         pb::BatchSpec {
@@ -136,9 +134,7 @@ async fn list_calls_filters_by_session_tool_status_and_time() {
     );
 }
 
-#[tokio::test]
-async fn paging_visits_every_call_exactly_once_in_order() {
-    let app = spawn_app().await;
+async fn paging_visits_every_call_exactly_once_in_order(app: TestApp) {
     for b in 0..7 {
         let calls = (0..3)
             .map(|i| call(&format!("b{b}c{i}"), "t", "{}"))
@@ -175,9 +171,7 @@ async fn paging_visits_every_call_exactly_once_in_order() {
     assert_eq!(seen, sorted, "oldest first");
 }
 
-#[tokio::test]
-async fn get_call_returns_the_call_with_its_outcome_or_not_found() {
-    let app = spawn_app().await;
+async fn get_call_returns_the_call_with_its_outcome_or_not_found(app: TestApp) {
     submit(
         &app,
         batch(
@@ -222,4 +216,10 @@ async fn get_call_returns_the_call_with_its_outcome_or_not_found() {
         })
         .await;
     assert_status(missing, Code::NotFound, "c2");
+}
+
+backend_tests! {
+    list_calls_filters_by_session_tool_status_and_time,
+    paging_visits_every_call_exactly_once_in_order,
+    get_call_returns_the_call_with_its_outcome_or_not_found,
 }

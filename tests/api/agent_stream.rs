@@ -122,10 +122,9 @@ async fn watch(
         .into_inner()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_submitted_batch_is_acknowledged_then_each_outcome_arrives_then_batch_complete_in_batch_order()
- {
-    let app = spawn_app().await;
+async fn a_submitted_batch_is_acknowledged_then_each_outcome_arrives_then_batch_complete_in_batch_order(
+    app: TestApp,
+) {
     let mut stream = AgentStream::open(&app).await;
     stream
         .submit(
@@ -214,9 +213,9 @@ async fn a_submitted_batch_is_acknowledged_then_each_outcome_arrives_then_batch_
     assert_eq!(complete.outcomes, vec![c1, c2, c3]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn per_call_and_per_request_problems_are_reported_for_that_item_and_the_stream_goes_on() {
-    let app = spawn_app().await;
+async fn per_call_and_per_request_problems_are_reported_for_that_item_and_the_stream_goes_on(
+    app: TestApp,
+) {
     let mut stream = AgentStream::open(&app).await;
 
     // A request without a oneof.
@@ -315,9 +314,9 @@ async fn per_call_and_per_request_problems_are_reported_for_that_item_and_the_st
     assert_eq!(call_ids(&complete.outcomes), ["e"]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reconnecting_agent_gets_every_outcome_decided_while_it_was_away_then_live_ones() {
-    let app = spawn_app().await;
+async fn a_reconnecting_agent_gets_every_outcome_decided_while_it_was_away_then_live_ones(
+    app: TestApp,
+) {
     let mut first = AgentStream::open(&app).await;
     first
         .submit(
@@ -405,9 +404,9 @@ async fn a_reconnecting_agent_gets_every_outcome_decided_while_it_was_away_then_
     assert_eq!(status_of(&c5), CallStatus::Denied);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn resume_with_named_call_ids_returns_only_those_and_names_the_pending_and_unknown_ones() {
-    let app = spawn_app().await;
+async fn resume_with_named_call_ids_returns_only_those_and_names_the_pending_and_unknown_ones(
+    app: TestApp,
+) {
     let submitted = submit(
         &app,
         independent(batch(
@@ -454,10 +453,9 @@ async fn resume_with_named_call_ids_returns_only_those_and_names_the_pending_and
     assert_eq!(call_ids(&complete.outcomes), ["a", "b", "c"]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn resubmitting_a_decided_batch_on_a_new_stream_gets_duplicates_then_the_stored_outcomes_at_once()
- {
-    let app = spawn_app().await;
+async fn resubmitting_a_decided_batch_on_a_new_stream_gets_duplicates_then_the_stored_outcomes_at_once(
+    app: TestApp,
+) {
     let calls = || {
         vec![
             call("a", "read", r#"{"n":1}"#),
@@ -514,9 +512,9 @@ async fn resubmitting_a_decided_batch_on_a_new_stream_gets_duplicates_then_the_s
     assert_eq!(c.call_id, "c");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancel_on_the_stream_reports_the_cancelled_calls_and_delivers_cancelled_outcomes() {
-    let app = spawn_app().await;
+async fn a_cancel_on_the_stream_reports_the_cancelled_calls_and_delivers_cancelled_outcomes(
+    app: TestApp,
+) {
     let mut stream = AgentStream::open(&app).await;
     stream
         .submit(
@@ -601,9 +599,7 @@ async fn a_cancel_on_the_stream_reports_the_cancelled_calls_and_delivers_cancell
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_outcomes_sends_the_decided_outcomes_then_caught_up_then_live_outcomes() {
-    let app = spawn_app().await;
+async fn watch_outcomes_sends_the_decided_outcomes_then_caught_up_then_live_outcomes(app: TestApp) {
     let first = submit(
         &app,
         independent(batch(
@@ -640,9 +636,7 @@ async fn watch_outcomes_sends_the_decided_outcomes_then_caught_up_then_live_outc
     assert_eq!(complete.batch_id, second.batch_id);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_outcomes_with_named_call_ids_ends_once_every_named_call_is_decided() {
-    let app = spawn_app().await;
+async fn watch_outcomes_with_named_call_ids_ends_once_every_named_call_is_decided(app: TestApp) {
     let submitted = submit(
         &app,
         independent(batch(
@@ -681,9 +675,7 @@ async fn watch_outcomes_with_named_call_ids_ends_once_every_named_call_is_decide
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_outcomes_with_named_calls_all_decided_ends_after_caught_up() {
-    let app = spawn_app().await;
+async fn watch_outcomes_with_named_calls_all_decided_ends_after_caught_up(app: TestApp) {
     submit(&app, batch("s1", vec![call("a", "read", "{}")])).await;
     approve(&app, "s1", "a").await;
 
@@ -700,9 +692,7 @@ async fn watch_outcomes_with_named_calls_all_decided_ends_after_caught_up() {
     assert!(next_watched(&mut watch).await.is_none());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn outcomes_of_a_session_the_stream_does_not_follow_are_not_delivered_to_it() {
-    let app = spawn_app().await;
+async fn outcomes_of_a_session_the_stream_does_not_follow_are_not_delivered_to_it(app: TestApp) {
     let mut stream = AgentStream::open(&app).await;
     stream
         .submit("a", batch("session-a", vec![call("a1", "read", "{}")]))
@@ -717,4 +707,17 @@ async fn outcomes_of_a_session_the_stream_does_not_follow_are_not_delivered_to_i
     assert_eq!(outcome.call_id, "a1");
     let complete = stream.next_batch_complete().await;
     assert_eq!(complete.session_id, "session-a");
+}
+
+backend_tests! {
+    resubmitting_a_decided_batch_on_a_new_stream_gets_duplicates_then_the_stored_outcomes_at_once,
+    a_submitted_batch_is_acknowledged_then_each_outcome_arrives_then_batch_complete_in_batch_order,
+    per_call_and_per_request_problems_are_reported_for_that_item_and_the_stream_goes_on,
+    a_reconnecting_agent_gets_every_outcome_decided_while_it_was_away_then_live_ones,
+    resume_with_named_call_ids_returns_only_those_and_names_the_pending_and_unknown_ones,
+    a_cancel_on_the_stream_reports_the_cancelled_calls_and_delivers_cancelled_outcomes,
+    watch_outcomes_sends_the_decided_outcomes_then_caught_up_then_live_outcomes,
+    watch_outcomes_with_named_call_ids_ends_once_every_named_call_is_decided,
+    watch_outcomes_with_named_calls_all_decided_ends_after_caught_up,
+    outcomes_of_a_session_the_stream_does_not_follow_are_not_delivered_to_it,
 }

@@ -144,9 +144,9 @@ fn in_an_hour() -> prost_types::Timestamp {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn subscribing_without_a_cursor_sends_a_snapshot_of_exactly_the_matching_pending_calls() {
-    let app = spawn_app().await;
+async fn subscribing_without_a_cursor_sends_a_snapshot_of_exactly_the_matching_pending_calls(
+    app: TestApp,
+) {
     let mut watcher = Subscription::open(&app, everything(), None).await;
     let (calls, _) = read_snapshot(&mut watcher).await;
     assert!(calls.is_empty());
@@ -202,10 +202,9 @@ async fn subscribing_without_a_cursor_sends_a_snapshot_of_exactly_the_matching_p
     assert!(p1.created_at.is_some());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn live_requested_and_resolved_events_reach_subscribers_for_matching_calls_only_in_seq_order()
-{
-    let app = spawn_app().await;
+async fn live_requested_and_resolved_events_reach_subscribers_for_matching_calls_only_in_seq_order(
+    app: TestApp,
+) {
     let mut by_session = Subscription::open(&app, filter("s1", "", ""), None).await;
     let mut by_workspace = Subscription::open(&app, filter("", "alpha", ""), None).await;
     let mut by_tool = Subscription::open(&app, filter("", "", "deploy"), None).await;
@@ -314,9 +313,7 @@ async fn live_requested_and_resolved_events_reach_subscribers_for_matching_calls
     assert_eq!(status_of(y_outcome), CallStatus::Approved);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn several_subscribers_see_the_same_requested_and_resolved_events() {
-    let app = spawn_app().await;
+async fn several_subscribers_see_the_same_requested_and_resolved_events(app: TestApp) {
     let mut ide = Subscription::open(&app, everything(), None).await;
     let mut phone = Subscription::open(&app, everything(), None).await;
     let (_, ide_seq) = read_snapshot(&mut ide).await;
@@ -344,9 +341,9 @@ async fn several_subscribers_see_the_same_requested_and_resolved_events() {
     assert_eq!(seen_by_ide, seen_by_phone);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn resuming_with_after_seq_yields_every_later_event_without_snapshot_gap_or_duplicate() {
-    let app = spawn_app().await;
+async fn resuming_with_after_seq_yields_every_later_event_without_snapshot_gap_or_duplicate(
+    app: TestApp,
+) {
     let mut first = Subscription::open(&app, everything(), None).await;
     read_snapshot(&mut first).await;
     submit(
@@ -403,9 +400,7 @@ async fn resuming_with_after_seq_yields_every_later_event_without_snapshot_gap_o
     assert!(live.seq > rest.last().expect("events").seq);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_seq_beyond_the_last_event_is_refused_naming_after_seq() {
-    let app = spawn_app().await;
+async fn after_seq_beyond_the_last_event_is_refused_naming_after_seq(app: TestApp) {
     let mut watcher = Subscription::open(&app, everything(), None).await;
     read_snapshot(&mut watcher).await;
     submit(&app, batch("s1", vec![call("a", "read", "{}")])).await;
@@ -453,11 +448,11 @@ fn named_after_seq(message: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_subscriber_that_falls_too_far_behind_is_told_where_to_resume_and_resumes_without_gap() {
+async fn a_subscriber_that_falls_too_far_behind_is_told_where_to_resume_and_resumes_without_gap(
+    app: TestApp,
+) {
     const BATCHES: usize = 8;
     const CALLS: usize = 10;
-    let app = spawn_app_with(|config| config.subscriber_buffer = 4).await;
 
     let mut slow = Subscription::open(&app, everything(), None).await;
     read_snapshot(&mut slow).await;
@@ -518,4 +513,13 @@ async fn a_subscriber_that_falls_too_far_behind_is_told_where_to_resume_and_resu
     let mut resumed = Subscription::open(&app, everything(), Some(last_delivered)).await;
     let rest = read_until(&mut resumed, &last_label).await;
     assert_eq!(rest[..], log[seen.len()..]);
+}
+
+backend_tests! {
+    a_subscriber_that_falls_too_far_behind_is_told_where_to_resume_and_resumes_without_gap => |config| config.subscriber_buffer = 4,
+    live_requested_and_resolved_events_reach_subscribers_for_matching_calls_only_in_seq_order,
+    subscribing_without_a_cursor_sends_a_snapshot_of_exactly_the_matching_pending_calls,
+    several_subscribers_see_the_same_requested_and_resolved_events,
+    resuming_with_after_seq_yields_every_later_event_without_snapshot_gap_or_duplicate,
+    after_seq_beyond_the_last_event_is_refused_naming_after_seq,
 }

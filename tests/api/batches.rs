@@ -9,9 +9,7 @@ fn statuses(outcomes: &[pb::Outcome]) -> Vec<CallStatus> {
     outcomes.iter().map(status_of).collect()
 }
 
-#[tokio::test]
-async fn a_denial_skips_the_still_pending_rest_of_the_batch_by_default() {
-    let app = spawn_app().await;
+async fn a_denial_skips_the_still_pending_rest_of_the_batch_by_default(app: TestApp) {
     let mut agent = AgentStream::open(&app).await;
     let calls = (1..=4)
         .map(|i| call(&format!("c{i}"), "write", "{}"))
@@ -64,9 +62,7 @@ async fn a_denial_skips_the_still_pending_rest_of_the_batch_by_default() {
     );
 }
 
-#[tokio::test]
-async fn an_independent_batch_decides_each_call_on_its_own() {
-    let app = spawn_app().await;
+async fn an_independent_batch_decides_each_call_on_its_own(app: TestApp) {
     let mut agent = AgentStream::open(&app).await;
     let spec = pb::BatchSpec {
         on_deny: pb::OnDeny::Independent as i32,
@@ -99,9 +95,9 @@ async fn an_independent_batch_decides_each_call_on_its_own() {
     );
 }
 
-#[tokio::test]
-async fn batch_complete_comes_once_after_the_last_outcome_even_when_decided_out_of_order() {
-    let app = spawn_app().await;
+async fn batch_complete_comes_once_after_the_last_outcome_even_when_decided_out_of_order(
+    app: TestApp,
+) {
     let mut agent = AgentStream::open(&app).await;
     agent
         .submit(
@@ -130,9 +126,7 @@ async fn batch_complete_comes_once_after_the_last_outcome_even_when_decided_out_
     );
 }
 
-#[tokio::test]
-async fn a_skip_never_reaches_into_another_batch() {
-    let app = spawn_app().await;
+async fn a_skip_never_reaches_into_another_batch(app: TestApp) {
     submit(
         &app,
         batch("s", vec![call("a1", "t", "{}"), call("a2", "t", "{}")]),
@@ -150,9 +144,7 @@ async fn a_skip_never_reaches_into_another_batch() {
     ));
 }
 
-#[tokio::test]
-async fn calls_carry_their_batch_and_position() {
-    let app = spawn_app().await;
+async fn calls_carry_their_batch_and_position(app: TestApp) {
     let response = submit(
         &app,
         batch("s", vec![call("a", "t", "{}"), call("b", "t", "{}")]),
@@ -165,4 +157,12 @@ async fn calls_carry_their_batch_and_position() {
         assert_eq!(c.position, i as u32);
         assert_eq!(c.batch_size, 2);
     }
+}
+
+backend_tests! {
+    a_denial_skips_the_still_pending_rest_of_the_batch_by_default,
+    an_independent_batch_decides_each_call_on_its_own,
+    batch_complete_comes_once_after_the_last_outcome_even_when_decided_out_of_order,
+    a_skip_never_reaches_into_another_batch,
+    calls_carry_their_batch_and_position,
 }

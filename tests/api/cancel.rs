@@ -27,9 +27,9 @@ fn ids(outcomes: &[pb::Outcome]) -> Vec<&str> {
     outcomes.iter().map(|o| o.call_id.as_str()).collect()
 }
 
-#[tokio::test]
-async fn cancelling_named_calls_cancels_the_pending_ones_and_reports_the_decided_ones() {
-    let app = spawn_app().await;
+async fn cancelling_named_calls_cancels_the_pending_ones_and_reports_the_decided_ones(
+    app: TestApp,
+) {
     submit(
         &app,
         pb::BatchSpec {
@@ -75,9 +75,7 @@ async fn cancelling_named_calls_cancels_the_pending_ones_and_reports_the_decided
     );
 }
 
-#[tokio::test]
-async fn cancelling_a_batch_cancels_its_pending_calls_only() {
-    let app = spawn_app().await;
+async fn cancelling_a_batch_cancels_its_pending_calls_only(app: TestApp) {
     let first = submit(
         &app,
         batch("s", vec![call("a", "t", "{}"), call("b", "t", "{}")]),
@@ -107,9 +105,7 @@ async fn cancelling_a_batch_cancels_its_pending_calls_only() {
     assert_status(unknown, Code::NotFound, "no-such-batch");
 }
 
-#[tokio::test]
-async fn cancelling_a_session_cancels_every_pending_call_of_that_session_only() {
-    let app = spawn_app().await;
+async fn cancelling_a_session_cancels_every_pending_call_of_that_session_only(app: TestApp) {
     submit(&app, batch("s", vec![call("a", "t", "{}")])).await;
     submit(&app, batch("s", vec![call("b", "t", "{}")])).await;
     submit(&app, batch("other", vec![call("a", "t", "{}")])).await;
@@ -128,4 +124,10 @@ async fn cancelling_a_session_cancels_every_pending_call_of_that_session_only() 
         again.cancelled.is_empty(),
         "a second cancel changes nothing"
     );
+}
+
+backend_tests! {
+    cancelling_named_calls_cancels_the_pending_ones_and_reports_the_decided_ones,
+    cancelling_a_batch_cancels_its_pending_calls_only,
+    cancelling_a_session_cancels_every_pending_call_of_that_session_only,
 }

@@ -49,9 +49,7 @@ async fn wait_for_outcome(app: &TestApp, session: &str, call_id: &str) -> pb::Ou
     }
 }
 
-#[tokio::test]
-async fn a_call_expires_within_a_second_of_its_deadline() {
-    let app = spawn_app().await;
+async fn a_call_expires_within_a_second_of_its_deadline(app: TestApp) {
     submit(
         &app,
         batch(
@@ -84,9 +82,7 @@ async fn a_call_expires_within_a_second_of_its_deadline() {
     ));
 }
 
-#[tokio::test]
-async fn a_decision_before_the_deadline_stands_and_the_call_never_expires() {
-    let app = spawn_app().await;
+async fn a_decision_before_the_deadline_stands_and_the_call_never_expires(app: TestApp) {
     submit(
         &app,
         batch("s", vec![with_deadline("c1", Duration::from_millis(500))]),
@@ -100,9 +96,7 @@ async fn a_decision_before_the_deadline_stands_and_the_call_never_expires() {
     );
 }
 
-#[tokio::test]
-async fn the_configured_default_deadline_applies_to_calls_without_one() {
-    let app = spawn_app_with(|c| c.default_deadline = Some(Duration::from_millis(400))).await;
+async fn the_configured_default_deadline_applies_to_calls_without_one(app: TestApp) {
     submit(
         &app,
         batch(
@@ -131,9 +125,7 @@ async fn the_configured_default_deadline_applies_to_calls_without_one() {
     );
 }
 
-#[tokio::test]
-async fn calls_that_fell_due_while_the_broker_was_down_expire_at_start() {
-    let mut app = spawn_app().await;
+async fn calls_that_fell_due_while_the_broker_was_down_expire_at_start(mut app: TestApp) {
     submit(
         &app,
         batch("s", vec![with_deadline("c1", Duration::from_secs(2))]),
@@ -146,4 +138,11 @@ async fn calls_that_fell_due_while_the_broker_was_down_expire_at_start() {
     let outcome = outcome_of(&app, "s", "c1").await;
     assert_eq!(status_of(&outcome), CallStatus::Expired);
     assert_eq!(outcome.decided_by, "deadline");
+}
+
+backend_tests! {
+    a_call_expires_within_a_second_of_its_deadline,
+    a_decision_before_the_deadline_stands_and_the_call_never_expires,
+    the_configured_default_deadline_applies_to_calls_without_one => |c| c.default_deadline = Some(std::time::Duration::from_millis(400)),
+    calls_that_fell_due_while_the_broker_was_down_expire_at_start,
 }

@@ -8,9 +8,7 @@ use tonic::Code;
 
 use crate::helpers::*;
 
-#[tokio::test]
-async fn the_first_decision_wins_and_repeating_it_returns_the_stored_outcome() {
-    let app = spawn_app().await;
+async fn the_first_decision_wins_and_repeating_it_returns_the_stored_outcome(app: TestApp) {
     submit(&app, batch("s", vec![call("c1", "t", "{}")])).await;
     let first = approve(&app, "s", "c1").await;
     assert!(!first.replayed);
@@ -22,9 +20,7 @@ async fn the_first_decision_wins_and_repeating_it_returns_the_stored_outcome() {
     );
 }
 
-#[tokio::test]
-async fn a_conflicting_decision_is_refused_naming_the_outcome_that_stands() {
-    let app = spawn_app().await;
+async fn a_conflicting_decision_is_refused_naming_the_outcome_that_stands(app: TestApp) {
     submit(&app, batch("s", vec![call("c1", "t", "{}")])).await;
     approve(&app, "s", "c1").await;
     let result = app
@@ -43,9 +39,7 @@ async fn a_conflicting_decision_is_refused_naming_the_outcome_that_stands() {
     );
 }
 
-#[tokio::test]
-async fn deciding_an_unknown_call_is_not_found() {
-    let app = spawn_app().await;
+async fn deciding_an_unknown_call_is_not_found(app: TestApp) {
     let result = app
         .approver()
         .decide(decide_request("s", "nope", pb::Decision::Approve, ""))
@@ -53,9 +47,7 @@ async fn deciding_an_unknown_call_is_not_found() {
     assert_status(result, Code::NotFound, "nope");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_decisions_have_exactly_one_winner() {
-    let app = spawn_app().await;
+async fn concurrent_decisions_have_exactly_one_winner(app: TestApp) {
     let calls: Vec<_> = (0..20).map(|i| call(&format!("c{i}"), "t", "{}")).collect();
     let spec = pb::BatchSpec {
         on_deny: pb::OnDeny::Independent as i32,
@@ -116,9 +108,7 @@ async fn concurrent_decisions_have_exactly_one_winner() {
     assert_eq!(decided.len(), 20);
 }
 
-#[tokio::test]
-async fn a_denial_is_data_with_who_when_why_and_a_text_for_the_model() {
-    let app = spawn_app().await;
+async fn a_denial_is_data_with_who_when_why_and_a_text_for_the_model(app: TestApp) {
     let submitted = submit(&app, batch("s", vec![call("c1", "rm", r#"{"path":"/"}"#)])).await;
     let denied = deny(&app, "s", "c1", "never delete the root").await;
     let outcome = denied.outcome.expect("outcome");
@@ -134,9 +124,7 @@ async fn a_denial_is_data_with_who_when_why_and_a_text_for_the_model() {
     assert!(outcome.decided_at.is_some());
 }
 
-#[tokio::test]
-async fn an_approval_with_edited_input_runs_the_edit_and_keeps_the_original() {
-    let app = spawn_app().await;
+async fn an_approval_with_edited_input_runs_the_edit_and_keeps_the_original(app: TestApp) {
     submit(
         &app,
         batch(
@@ -191,13 +179,7 @@ async fn an_approval_with_edited_input_runs_the_edit_and_keeps_the_original() {
     );
 }
 
-#[tokio::test]
-async fn tool_result_texts_are_configurable() {
-    let app = spawn_app_with(|c| {
-        c.text_denied = Some("Refused by the operator.".into());
-        c.text_skipped = Some("Skipped.".into());
-    })
-    .await;
+async fn tool_result_texts_are_configurable(app: TestApp) {
     submit(
         &app,
         batch("s", vec![call("c1", "t", "{}"), call("c2", "t", "{}")]),
@@ -211,9 +193,7 @@ async fn tool_result_texts_are_configurable() {
     assert_eq!(denied.skipped[0].tool_result, "Skipped.");
 }
 
-#[tokio::test]
-async fn outcomes_never_change_once_written() {
-    let app = spawn_app().await;
+async fn outcomes_never_change_once_written(app: TestApp) {
     submit(
         &app,
         batch("s", vec![call("c1", "t", "{}"), call("c2", "t", "{}")]),
@@ -244,4 +224,18 @@ async fn outcomes_never_change_once_written() {
         .decide(decide_request("s", "c1", pb::Decision::Approve, ""))
         .await;
     assert_eq!(outcome_of(&app, "s", "c1").await, before);
+}
+
+backend_tests! {
+    tool_result_texts_are_configurable => |c| {
+        c.text_denied = Some("Refused by the operator.".into());
+        c.text_skipped = Some("Skipped.".into());
+    },
+    the_first_decision_wins_and_repeating_it_returns_the_stored_outcome,
+    a_conflicting_decision_is_refused_naming_the_outcome_that_stands,
+    deciding_an_unknown_call_is_not_found,
+    concurrent_decisions_have_exactly_one_winner,
+    a_denial_is_data_with_who_when_why_and_a_text_for_the_model,
+    an_approval_with_edited_input_runs_the_edit_and_keeps_the_original,
+    outcomes_never_change_once_written,
 }

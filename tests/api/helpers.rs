@@ -1,5 +1,10 @@
-//! `spawn_app()`: a real broker on port 0 with a fresh SQLite file, and small builders for the
+//! `spawn_app_on(backend, ...)`: a real broker on port 0 with a fresh database (a SQLite file, or
+//! a new schema of the Postgres database named by `APPROVALS_TEST_POSTGRES_URL`), the
+//! `backend_tests!` macro that runs one test body on each backend, and small builders for the
 //! requests the tests send.
+
+use std::io::Write as _;
+use std::sync::Once;
 
 use std::time::Duration;
 
@@ -21,29 +26,179 @@ pub use pb::approver_service_client::ApproverServiceClient;
 /// How long a test waits for something the broker should send before it fails.
 pub const PATIENCE: Duration = Duration::from_secs(10);
 
+/// The environment variable naming the Postgres database the Postgres variants run on, e.g.
+/// `postgres://postgres@127.0.0.1:5432/test`. Each test gets a schema of its own.
+pub const POSTGRES_URL_VAR: &str = "APPROVALS_TEST_POSTGRES_URL";
+
+/// Defines, for each named `async fn name(app: TestApp)` of the module, the tests
+/// `name::sqlite` and `name::postgres`: the same body against each backend. `name => |config|
+/// ...` adjusts the broker's configuration first.
+macro_rules! backend_tests {
+    ($($name:ident $(=> $configure:expr)?),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    let app = crate::helpers::spawn_app_on(
+                        crate::helpers::Backend::Sqlite,
+                        crate::helpers::backend_tests!(@configure $($configure)?),
+                    )
+                    .await;
+                    super::$name(app).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    let Some(backend) = crate::helpers::Backend::postgres() else {
+                        return;
+                    };
+                    let app = crate::helpers::spawn_app_on(
+                        backend,
+                        crate::helpers::backend_tests!(@configure $($configure)?),
+                    )
+                    .await;
+                    super::$name(app).await;
+                }
+            }
+        )*
+    };
+    (@configure $configure:expr) => { $configure };
+    (@configure) => { |_: &mut approval_broker::config::Config| {} };
+}
+
+pub(crate) use backend_tests;
+
+/// Where a test's broker keeps its state.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    Sqlite,
+    /// The URL of a Postgres database; the test creates a schema of its own in it.
+    Postgres(String),
+}
+
+impl Backend {
+    /// Postgres, if `APPROVALS_TEST_POSTGRES_URL` names a database; otherwise says once, on the
+    /// terminal, that the Postgres variants were not run.
+    pub fn postgres() -> Option<Backend> {
+        match std::env::var(POSTGRES_URL_VAR) {
+            Ok(url) if !url.is_empty() => Some(Backend::Postgres(url)),
+            _ => {
+                static NOTE: Once = Once::new();
+                NOTE.call_once(|| {
+                    // Straight to stderr: the test harness captures only print! output.
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "\nnote: {POSTGRES_URL_VAR} is not set: the Postgres variants of the \
+                         tests were NOT run (they pass without running)."
+                    );
+                });
+                None
+            }
+        }
+    }
+}
+
+/// A Postgres schema a test owns; dropped with it.
+struct Schema {
+    base_url: String,
+    name: String,
+}
+
+impl Schema {
+    async fn create(base_url: &str) -> Schema {
+        use sqlx::Connection as _;
+        let name = format!("test_{}", uuid::Uuid::new_v4().simple());
+        let mut conn = sqlx::PgConnection::connect(base_url)
+            .await
+            .unwrap_or_else(|e| panic!("{POSTGRES_URL_VAR}={base_url} is unreachable: {e}"));
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
+            .execute(&mut conn)
+            .await
+            .expect("create schema");
+        Schema {
+            base_url: base_url.to_owned(),
+            name,
+        }
+    }
+
+    /// The database URL with this schema first on the search path.
+    fn url(&self) -> String {
+        let sep = if self.base_url.contains('?') {
+            '&'
+        } else {
+            '?'
+        };
+        format!(
+            "{}{sep}options=-c%20search_path%3D{}",
+            self.base_url, self.name
+        )
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        let base_url = self.base_url.clone();
+        let sql = format!(
+            "SET lock_timeout = '5s'; DROP SCHEMA IF EXISTS {} CASCADE",
+            self.name
+        );
+        // Drop may run inside the test's runtime: do the async work on a thread of its own.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                use sqlx::Connection as _;
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&base_url).await {
+                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
 pub struct TestApp {
     pub channel: Channel,
     pub database_url: String,
-    /// Holds the database file; dropped with the app.
+    pub backend: Backend,
+    /// Holds the SQLite file; dropped with the app.
     pub dir: tempfile::TempDir,
+    schema: Option<std::sync::Arc<Schema>>,
     stop: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<approval_broker::Result<()>>>,
 }
 
+/// Starts a broker on SQLite with the default configuration.
 pub async fn spawn_app() -> TestApp {
-    spawn_app_with(|_| {}).await
+    spawn_app_on(Backend::Sqlite, |_| {}).await
 }
 
-/// Starts a broker with a fresh database, after `configure` adjusts the defaults.
-pub async fn spawn_app_with(configure: impl FnOnce(&mut Config)) -> TestApp {
+/// Starts a broker with a fresh database of `backend`, after `configure` adjusts the defaults.
+pub async fn spawn_app_on(backend: Backend, configure: impl FnOnce(&mut Config)) -> TestApp {
     let dir = tempfile::tempdir().expect("temp dir");
-    let url = format!("sqlite://{}", dir.path().join("approvals.db").display());
+    let schema = match &backend {
+        Backend::Sqlite => None,
+        Backend::Postgres(base) => Some(std::sync::Arc::new(Schema::create(base).await)),
+    };
+    let url = match &schema {
+        None => format!("sqlite://{}", dir.path().join("approvals.db").display()),
+        Some(schema) => schema.url(),
+    };
     let mut config = Config::with_database(url);
     configure(&mut config);
-    start(config, dir).await
+    start(config, dir, backend, schema).await
 }
 
-async fn start(config: Config, dir: tempfile::TempDir) -> TestApp {
+async fn start(
+    config: Config,
+    dir: tempfile::TempDir,
+    backend: Backend,
+    schema: Option<std::sync::Arc<Schema>>,
+) -> TestApp {
     if std::env::var_os("TEST_LOG").is_some() {
         telemetry::init("info,approval_broker=debug");
     }
@@ -60,7 +215,9 @@ async fn start(config: Config, dir: tempfile::TempDir) -> TestApp {
     let app = TestApp {
         channel,
         database_url,
+        backend,
         dir,
+        schema,
         stop: Some(stop),
         server: Some(server),
     };
@@ -132,7 +289,23 @@ impl TestApp {
         self.shut_down().await;
         let database_url = std::mem::take(&mut self.database_url);
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"));
-        start(Config::with_database(database_url), dir).await
+        let schema = self.schema.take();
+        start(
+            Config::with_database(database_url),
+            dir,
+            self.backend.clone(),
+            schema,
+        )
+        .await
+    }
+
+    /// Another broker process on the same database (Postgres replicas), configured by
+    /// `configure`.
+    pub async fn replica(&self, configure: impl FnOnce(&mut Config)) -> TestApp {
+        let mut config = Config::with_database(self.database_url.clone());
+        configure(&mut config);
+        let dir = tempfile::tempdir().expect("temp dir");
+        start(config, dir, self.backend.clone(), self.schema.clone()).await
     }
 }
 

@@ -23,9 +23,7 @@ async fn event_log(app: &TestApp) -> Vec<pb::ApproverEvent> {
     events
 }
 
-#[tokio::test]
-async fn resubmitting_a_call_is_a_duplicate_with_no_new_row_and_no_new_event() {
-    let app = spawn_app().await;
+async fn resubmitting_a_call_is_a_duplicate_with_no_new_row_and_no_new_event(app: TestApp) {
     let first = submit(
         &app,
         batch(
@@ -60,9 +58,7 @@ async fn resubmitting_a_call_is_a_duplicate_with_no_new_row_and_no_new_event() {
     assert_eq!(events.len(), 1, "one requested event only: {events:?}");
 }
 
-#[tokio::test]
-async fn a_resubmitted_decided_call_returns_its_outcome_at_once() {
-    let app = spawn_app().await;
+async fn a_resubmitted_decided_call_returns_its_outcome_at_once(app: TestApp) {
     submit(&app, batch("s", vec![call("c1", "t", r#"{"a":1}"#)])).await;
     deny(&app, "s", "c1", "not now").await;
     let again = submit(&app, batch("s", vec![call("c1", "t", r#"{"a":1}"#)])).await;
@@ -78,9 +74,7 @@ async fn a_resubmitted_decided_call_returns_its_outcome_at_once() {
     );
 }
 
-#[tokio::test]
-async fn the_same_call_id_with_another_tool_or_input_is_refused_for_that_call_alone() {
-    let app = spawn_app().await;
+async fn the_same_call_id_with_another_tool_or_input_is_refused_for_that_call_alone(app: TestApp) {
     submit(&app, batch("s", vec![call("c1", "t", r#"{"a":1}"#)])).await;
     let response = submit(
         &app,
@@ -115,9 +109,7 @@ async fn the_same_call_id_with_another_tool_or_input_is_refused_for_that_call_al
     assert_eq!(c1.tool, "t");
 }
 
-#[tokio::test]
-async fn the_same_call_id_in_two_sessions_is_two_calls() {
-    let app = spawn_app().await;
+async fn the_same_call_id_in_two_sessions_is_two_calls(app: TestApp) {
     submit(&app, batch("s1", vec![call("c1", "t", "{}")])).await;
     let other = submit(&app, batch("s2", vec![call("c1", "t", "{}")])).await;
     assert!(matches!(
@@ -125,4 +117,11 @@ async fn the_same_call_id_in_two_sessions_is_two_calls() {
         Some(pb::call_ack::Result::Accepted(_))
     ));
     assert_eq!(all_calls(&app).await.len(), 2);
+}
+
+backend_tests! {
+    resubmitting_a_call_is_a_duplicate_with_no_new_row_and_no_new_event,
+    a_resubmitted_decided_call_returns_its_outcome_at_once,
+    the_same_call_id_with_another_tool_or_input_is_refused_for_that_call_alone,
+    the_same_call_id_in_two_sessions_is_two_calls,
 }

@@ -5,9 +5,7 @@ use approval_broker::proto::v1 as pb;
 
 use crate::helpers::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acknowledged_calls_and_decisions_survive_a_crash() {
-    let app = spawn_app().await;
+async fn acknowledged_calls_and_decisions_survive_a_crash(app: TestApp) {
     for b in 0..10 {
         let calls = (0..5)
             .map(|i| call(&format!("b{b}c{i}"), "t", &format!(r#"{{"n":{i}}}"#)))
@@ -43,9 +41,7 @@ async fn acknowledged_calls_and_decisions_survive_a_crash() {
     approve(&app, "s", "after").await;
 }
 
-#[tokio::test]
-async fn a_subscriber_resumes_across_a_restart_with_no_gap_and_no_duplicate() {
-    let app = spawn_app().await;
+async fn a_subscriber_resumes_across_a_restart_with_no_gap_and_no_duplicate(app: TestApp) {
     submit(&app, batch("s", vec![call("a", "t", "{}")])).await;
     let mut sub = Subscription::open(&app, pb::CallFilter::default(), None).await;
     let (_, seen) = sub.snapshot().await;
@@ -67,9 +63,7 @@ async fn a_subscriber_resumes_across_a_restart_with_no_gap_and_no_duplicate() {
     );
 }
 
-#[tokio::test]
-async fn an_agent_gets_outcomes_decided_while_the_broker_restarted() {
-    let app = spawn_app().await;
+async fn an_agent_gets_outcomes_decided_while_the_broker_restarted(app: TestApp) {
     submit(
         &app,
         batch("s", vec![call("a", "t", "{}"), call("b", "t", "{}")]),
@@ -100,4 +94,10 @@ async fn an_agent_gets_outcomes_decided_while_the_broker_restarted() {
         pb::agent_response::Response::Resumed(done) => assert!(done.pending_call_ids.is_empty()),
         other => panic!("expected resumed, got {other:?}"),
     }
+}
+
+backend_tests! {
+    acknowledged_calls_and_decisions_survive_a_crash,
+    a_subscriber_resumes_across_a_restart_with_no_gap_and_no_duplicate,
+    an_agent_gets_outcomes_decided_while_the_broker_restarted,
 }

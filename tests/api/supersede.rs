@@ -19,9 +19,7 @@ fn keyed(call_id: &str, key: &str) -> pb::CallSpec {
     }
 }
 
-#[tokio::test]
-async fn a_newer_call_with_the_same_supersede_key_supersedes_the_pending_one() {
-    let app = spawn_app().await;
+async fn a_newer_call_with_the_same_supersede_key_supersedes_the_pending_one(app: TestApp) {
     let mut agent = AgentStream::open(&app).await;
     agent
         .submit("r1", batch("s", vec![keyed("q1", "ask")]))
@@ -51,9 +49,7 @@ async fn a_newer_call_with_the_same_supersede_key_supersedes_the_pending_one() {
     ));
 }
 
-#[tokio::test]
-async fn supersede_keys_are_per_session_and_per_key() {
-    let app = spawn_app().await;
+async fn supersede_keys_are_per_session_and_per_key(app: TestApp) {
     submit(&app, batch("s", vec![keyed("q1", "ask")])).await;
     submit(&app, batch("other", vec![keyed("q1", "ask")])).await;
     submit(&app, batch("s", vec![keyed("q2", "confirm")])).await;
@@ -65,9 +61,7 @@ async fn supersede_keys_are_per_session_and_per_key() {
     }
 }
 
-#[tokio::test]
-async fn a_submit_can_supersede_everything_pending_in_its_session() {
-    let app = spawn_app().await;
+async fn a_submit_can_supersede_everything_pending_in_its_session(app: TestApp) {
     submit(
         &app,
         batch("s", vec![call("old1", "t", "{}"), call("old2", "t", "{}")]),
@@ -111,9 +105,7 @@ async fn a_submit_can_supersede_everything_pending_in_its_session() {
     ));
 }
 
-#[tokio::test]
-async fn retrying_a_superseding_submit_does_not_supersede_itself() {
-    let app = spawn_app().await;
+async fn retrying_a_superseding_submit_does_not_supersede_itself(app: TestApp) {
     let spec = pb::BatchSpec {
         supersede_pending: true,
         ..batch("s", vec![call("c1", "t", "{}"), keyed("c2", "k")])
@@ -133,4 +125,11 @@ async fn retrying_a_superseding_submit_does_not_supersede_itself() {
             .iter()
             .all(|s| matches!(s.state, Some(pb::call_state::State::Pending(_))))
     );
+}
+
+backend_tests! {
+    a_newer_call_with_the_same_supersede_key_supersedes_the_pending_one,
+    supersede_keys_are_per_session_and_per_key,
+    a_submit_can_supersede_everything_pending_in_its_session,
+    retrying_a_superseding_submit_does_not_supersede_itself,
 }

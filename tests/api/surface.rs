@@ -8,9 +8,7 @@ use tonic_health::pb::health_client::HealthClient;
 
 use crate::helpers::*;
 
-#[tokio::test]
-async fn health_reports_serving_for_the_server_and_each_service() {
-    let app = spawn_app().await;
+async fn health_reports_serving_for_the_server_and_each_service(app: TestApp) {
     let mut health = HealthClient::new(app.channel.clone());
     for service in [
         "",
@@ -115,4 +113,8 @@ async fn reflection_v1_lists_every_service() {
     for expected in EXPECTED {
         assert!(names.contains(&expected), "{expected} in {names:?}");
     }
+}
+
+backend_tests! {
+    health_reports_serving_for_the_server_and_each_service,
 }

@@ -12,9 +12,7 @@ fn ack_error(ack: &pb::CallAck) -> Option<&pb::ItemError> {
     }
 }
 
-#[tokio::test]
-async fn batch_level_violations_refuse_the_batch_naming_the_field() {
-    let app = spawn_app().await;
+async fn batch_level_violations_refuse_the_batch_naming_the_field(app: TestApp) {
     let too_many: Vec<_> = (0..129)
         .map(|i| call(&format!("c{i}"), "t", "{}"))
         .collect();
@@ -57,9 +55,7 @@ async fn batch_level_violations_refuse_the_batch_naming_the_field() {
     );
 }
 
-#[tokio::test]
-async fn a_bad_call_is_refused_alone_naming_its_field_and_the_others_are_stored() {
-    let app = spawn_app_with(|c| c.max_input_bytes = 1024).await;
+async fn a_bad_call_is_refused_alone_naming_its_field_and_the_others_are_stored(app: TestApp) {
     let past = prost_types::Timestamp {
         seconds: 1,
         nanos: 0,
@@ -130,9 +126,7 @@ async fn a_bad_call_is_refused_alone_naming_its_field_and_the_others_are_stored(
     }
 }
 
-#[tokio::test]
-async fn decide_and_lookups_refuse_bad_requests_naming_the_field() {
-    let app = spawn_app().await;
+async fn decide_and_lookups_refuse_bad_requests_naming_the_field(app: TestApp) {
     submit(&app, batch("s", vec![call("c1", "t", "{}")])).await;
     let mut approver = app.approver();
     let cases: Vec<(pb::DecideRequest, &str)> = vec![
@@ -224,9 +218,7 @@ async fn decide_and_lookups_refuse_bad_requests_naming_the_field() {
     );
 }
 
-#[tokio::test]
-async fn paging_refuses_huge_pages_and_forged_tokens() {
-    let app = spawn_app().await;
+async fn paging_refuses_huge_pages_and_forged_tokens(app: TestApp) {
     let list = |size: u32, token: &str| pb::ListPendingRequest {
         filter: None,
         page_size: size,
@@ -258,9 +250,7 @@ async fn paging_refuses_huge_pages_and_forged_tokens() {
     );
 }
 
-#[tokio::test]
-async fn filters_full_of_quotes_and_wildcards_match_literally() {
-    let app = spawn_app().await;
+async fn filters_full_of_quotes_and_wildcards_match_literally(app: TestApp) {
     let tricky = "it's \"%_' OR '1'='1";
     submit(
         &app,
@@ -315,4 +305,12 @@ async fn filters_full_of_quotes_and_wildcards_match_literally() {
             .into_inner();
         assert_eq!(page.calls.len(), expected, "{filter:?}");
     }
+}
+
+backend_tests! {
+    batch_level_violations_refuse_the_batch_naming_the_field,
+    a_bad_call_is_refused_alone_naming_its_field_and_the_others_are_stored => |c| c.max_input_bytes = 1024,
+    decide_and_lookups_refuse_bad_requests_naming_the_field,
+    paging_refuses_huge_pages_and_forged_tokens,
+    filters_full_of_quotes_and_wildcards_match_literally,
 }

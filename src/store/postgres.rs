@@ -1,0 +1,611 @@
+//! The Postgres backend: any number of broker replicas on one database behave as one broker.
+//!
+//! Writers run concurrently, so the primitives lock what the rules in `writes.rs` need: the
+//! session (an advisory lock) for submits, the batch row for batch completion; outcomes are
+//! written by conditional updates, so the first decision wins across replicas.
+//!
+//! Event order: an event's `id` is taken when its transaction writes it, but transactions can
+//! commit out of `id` order, so `id` cannot be the sequence subscribers resume from (a reader
+//! that passed id 8 would skip id 7 committing later). Instead, the *sequencer* assigns `seq`
+//! to committed events, under an advisory lock so one sequencer runs at a time, each numbering
+//! after the last: `seq` follows commit order, and a reader that has seen `seq` N has seen every
+//! event numbered below N. Any replica may run it; after numbering it sends a NOTIFY, which the
+//! other replicas treat as a hint to read (a lost notification only delays an event: each replica
+//! also polls).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Postgres, QueryBuilder, Row};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use super::rows::{call_columns, call_from_row, event_from_row, select_calls};
+use super::writes::{self, Resolved, Stored, WriteTx};
+use super::{
+    CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, Store, SubmitReport,
+};
+use crate::domain::{
+    AgentId, BatchId, Call, CallId, CallKey, Decision, Event, EventKind, NewBatch, NewCall, OnDeny,
+    Outcome, SessionId, Timestamp, ToolInput, ToolResultTexts,
+};
+use crate::error::Result;
+
+const SELECT_CALLS: &str = select_calls!();
+
+/// How many events one sequencer run numbers at most.
+const SEQUENCER_CHUNK: i64 = 10_000;
+
+pub struct PostgresStore {
+    pool: PgPool,
+    texts: ToolResultTexts,
+    /// The NOTIFY channel of this database schema.
+    channel: String,
+    remote_commits: Arc<Notify>,
+    listener: JoinHandle<()>,
+}
+
+impl Drop for PostgresStore {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+impl PostgresStore {
+    /// Connects to `url` (`postgres://...`), applies the migrations under
+    /// `migrations/postgres` (serialised across replicas by sqlx's migration lock), and starts
+    /// listening for other replicas' commits.
+    pub async fn open(url: &str, max_connections: u32, texts: ToolResultTexts) -> Result<Self> {
+        let options: PgConnectOptions = url.parse()?;
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections.max(2))
+            .connect_with(options)
+            .await?;
+        sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        let schema: String = sqlx::query_scalar("SELECT current_schema()")
+            .fetch_one(&pool)
+            .await?;
+        let channel = format!("approvals_events_{schema}");
+        let remote_commits = Arc::new(Notify::new());
+        let listener = tokio::spawn(listen(
+            pool.clone(),
+            channel.clone(),
+            Arc::clone(&remote_commits),
+        ));
+        Ok(Self {
+            pool,
+            texts,
+            channel,
+            remote_commits,
+            listener,
+        })
+    }
+
+    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Postgres>> {
+        Ok(self.pool.begin().await?)
+    }
+}
+
+/// Wakes `remote_commits` on every notification of `channel`, and after every reconnection
+/// (notifications sent while the connection was down are lost, so assume there were some).
+async fn listen(pool: PgPool, channel: String, remote_commits: Arc<Notify>) {
+    loop {
+        let mut listener = match PgListener::connect_with(&pool).await {
+            Ok(listener) => listener,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot open the LISTEN connection; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        if let Err(err) = listener.listen(&channel).await {
+            tracing::warn!(error = %err, "LISTEN failed; retrying");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        remote_commits.notify_one();
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(_)) => remote_commits.notify_one(),
+                Ok(None) => {
+                    tracing::info!("the LISTEN connection was lost; reconnecting");
+                    remote_commits.notify_one();
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "the LISTEN connection failed; reconnecting");
+                    remote_commits.notify_one();
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
+        let mut tx = self.begin_write().await?;
+        let report = writes::submit(&mut tx, &batch, &self.texts, Timestamp::now()).await?;
+        tx.commit().await?;
+        Ok(report)
+    }
+
+    async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
+        let mut tx = self.begin_write().await?;
+        let report = writes::decide(&mut tx, key, decision, &self.texts, Timestamp::now()).await?;
+        tx.commit().await?;
+        Ok(report)
+    }
+
+    async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
+        let mut tx = self.begin_write().await?;
+        let report = writes::cancel(&mut tx, target, &self.texts, Timestamp::now()).await?;
+        tx.commit().await?;
+        Ok(report)
+    }
+
+    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
+        const CHUNK: i64 = 256;
+        let mut expired = Vec::new();
+        loop {
+            let mut tx = self.begin_write().await?;
+            let chunk = writes::expire_due(&mut tx, &self.texts, now, CHUNK).await?;
+            tx.commit().await?;
+            let done = (chunk.len() as i64) < CHUNK;
+            expired.extend(chunk);
+            if done {
+                return Ok(expired);
+            }
+        }
+    }
+
+    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
+        let next: Option<i64> = sqlx::query_scalar(
+            "SELECT MIN(deadline) FROM calls WHERE status = 1 AND deadline IS NOT NULL",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(next.map(Timestamp::from_micros))
+    }
+
+    async fn calls_by_id(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+        call_ids: &[CallId],
+    ) -> Result<Vec<Option<Call>>> {
+        if call_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<&str> = call_ids.iter().map(CallId::as_str).collect();
+        let rows = sqlx::query(select_calls!(
+            "WHERE c.agent = $1 AND c.session_id = $2 AND c.call_id = ANY($3)"
+        ))
+        .bind(agent.as_str())
+        .bind(session.as_str())
+        .bind(&ids)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut found: Vec<Call> = rows.iter().map(call_from_row).collect::<Result<_>>()?;
+        Ok(call_ids
+            .iter()
+            .map(|id| {
+                found
+                    .iter()
+                    .position(|c| &c.key.call_id == id)
+                    .map(|i| found.swap_remove(i))
+            })
+            .collect())
+    }
+
+    async fn session_calls(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+    ) -> Result<(Vec<Call>, u64)> {
+        // Number what is committed, then read both in one snapshot. Changes committed since
+        // the numbering show in the calls without a logged event; readers compare each
+        // outcome's own `seq` with the one returned.
+        self.sequence_events().await?;
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        let seq = latest_seq(&mut tx).await?;
+        let rows = sqlx::query(select_calls!(
+            "WHERE c.agent = $1 AND c.session_id = $2 ORDER BY c.id"
+        ))
+        .bind(agent.as_str())
+        .bind(session.as_str())
+        .fetch_all(&mut *tx)
+        .await?;
+        let calls = rows.iter().map(call_from_row).collect::<Result<_>>()?;
+        tx.commit().await?;
+        Ok((calls, seq))
+    }
+
+    async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
+        let rows = sqlx::query(select_calls!("WHERE c.batch_id = $1 ORDER BY c.position"))
+            .bind(batch.as_str())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(call_from_row).collect()
+    }
+
+    async fn list_calls(&self, q: &CallQuery) -> Result<CallPage> {
+        let mut query = QueryBuilder::<Postgres>::new(SELECT_CALLS);
+        query.push("WHERE TRUE");
+        if let Some(agent) = &q.agent {
+            query.push(" AND c.agent = ").push_bind(agent.as_str());
+        }
+        if let Some(session) = &q.session {
+            query
+                .push(" AND c.session_id = ")
+                .push_bind(session.as_str());
+        }
+        if let Some(workspace) = &q.workspace {
+            query
+                .push(" AND c.workspace = ")
+                .push_bind(workspace.as_str());
+        }
+        if let Some(tool) = &q.tool {
+            query.push(" AND c.tool = ").push_bind(tool.as_str());
+        }
+        if !q.statuses.is_empty() {
+            let codes: Vec<i64> = q.statuses.iter().map(|s| s.code()).collect();
+            query
+                .push(" AND c.status = ANY(")
+                .push_bind(codes)
+                .push(")");
+        }
+        if let Some(t) = q.created_after {
+            query.push(" AND c.created_at >= ").push_bind(t.as_micros());
+        }
+        if let Some(t) = q.created_before {
+            query.push(" AND c.created_at < ").push_bind(t.as_micros());
+        }
+        if let Some(seq) = q.requested_at_or_before {
+            // A call whose Requested event is not numbered yet reaches subscribers live.
+            query
+                .push(
+                    " AND EXISTS (SELECT 1 FROM events e WHERE e.call_rowid = c.id \
+                     AND e.kind = 1 AND e.seq <= ",
+                )
+                .push_bind(seq as i64)
+                .push(")");
+        }
+        if let Some(Cursor(after)) = q.after {
+            query.push(" AND c.id > ").push_bind(after);
+        }
+        query
+            .push(" ORDER BY c.id LIMIT ")
+            .push_bind(i64::from(q.limit) + 1);
+        let rows = query.build().fetch_all(&self.pool).await?;
+        let mut page = CallPage::default();
+        for row in rows.iter().take(q.limit as usize) {
+            page.calls.push(call_from_row(row)?);
+            page.next = Some(Cursor(row.try_get("id")?));
+        }
+        if rows.len() <= q.limit as usize {
+            page.next = None;
+        }
+        Ok(page)
+    }
+
+    async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
+        let rows = sqlx::query(concat!(
+            "SELECT e.seq, e.kind, e.batch_completed, ",
+            call_columns!(),
+            " FROM events e JOIN calls c ON c.id = e.call_rowid \
+             JOIN batches b ON b.batch_id = c.batch_id \
+             LEFT JOIN events r ON r.call_rowid = c.id AND r.kind = 2 \
+             WHERE e.seq > $1 ORDER BY e.seq LIMIT $2"
+        ))
+        .bind(after as i64)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(event_from_row).collect()
+    }
+
+    async fn latest_seq(&self) -> Result<u64> {
+        // Number what is committed first: "the latest event" must cover every commit so far.
+        self.sequence_events().await?;
+        let mut conn = self.pool.acquire().await?;
+        latest_seq(&mut conn).await
+    }
+
+    async fn sequence_events(&self) -> Result<u64> {
+        let mut tx = self.pool.begin().await?;
+        // One sequencer at a time, across every replica of this schema. Waiting (rather than
+        // skipping when another holds it) guarantees this run sees every event committed
+        // before it started.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':sequencer'))")
+            .execute(&mut *tx)
+            .await?;
+        let numbered = sqlx::query(
+            "WITH base AS (SELECT COALESCE(MAX(seq), 0) AS last FROM events), \
+             next AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM events \
+                      WHERE seq IS NULL ORDER BY id LIMIT $1) \
+             UPDATE events e SET seq = base.last + next.n FROM base, next WHERE e.id = next.id",
+        )
+        .bind(SEQUENCER_CHUNK)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if numbered > 0 {
+            sqlx::query("SELECT pg_notify($1, '')")
+                .bind(&self.channel)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(numbered)
+    }
+
+    fn remote_commits(&self) -> Option<Arc<Notify>> {
+        Some(Arc::clone(&self.remote_commits))
+    }
+}
+
+async fn latest_seq(conn: &mut sqlx::PgConnection) -> Result<u64> {
+    let seq: Option<i64> = sqlx::query_scalar("SELECT MAX(seq) FROM events")
+        .fetch_one(conn)
+        .await?;
+    Ok(seq.unwrap_or(0) as u64)
+}
+
+/// Postgres's write transaction: READ COMMITTED, with the locks the rules need.
+#[async_trait]
+impl WriteTx for sqlx::Transaction<'static, Postgres> {
+    async fn lock_session(&mut self, agent: &AgentId, session: &SessionId) -> Result<()> {
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':session'), \
+             hashtext($1 || chr(31) || $2))",
+        )
+        .bind(agent.as_str())
+        .bind(session.as_str())
+        .execute(&mut **self)
+        .await?;
+        Ok(())
+    }
+
+    async fn find_call(&mut self, key: &CallKey) -> Result<Option<Stored>> {
+        let row = sqlx::query(select_calls!(
+            "WHERE c.agent = $1 AND c.session_id = $2 AND c.call_id = $3"
+        ))
+        .bind(key.agent.as_str())
+        .bind(key.session.as_str())
+        .bind(key.call_id.as_str())
+        .fetch_optional(&mut **self)
+        .await?;
+        row.as_ref().map(stored).transpose()
+    }
+
+    async fn load_call(&mut self, rowid: i64) -> Result<Call> {
+        let row = sqlx::query(select_calls!("WHERE c.id = $1"))
+            .bind(rowid)
+            .fetch_one(&mut **self)
+            .await?;
+        call_from_row(&row)
+    }
+
+    async fn insert_batch(
+        &mut self,
+        batch_id: &BatchId,
+        batch: &NewBatch,
+        size: usize,
+        now: Timestamp,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO batches (batch_id, agent, session_id, on_deny, size, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(batch_id.as_str())
+        .bind(batch.agent.as_str())
+        .bind(batch.session.as_str())
+        .bind(batch.on_deny.as_i64())
+        .bind(size as i64)
+        .bind(now.as_micros())
+        .execute(&mut **self)
+        .await?;
+        Ok(())
+    }
+
+    async fn resize_batch(&mut self, batch_id: &BatchId, size: usize) -> Result<()> {
+        let query = if size == 0 {
+            sqlx::query("DELETE FROM batches WHERE batch_id = $1").bind(batch_id.as_str())
+        } else {
+            sqlx::query("UPDATE batches SET size = $2 WHERE batch_id = $1")
+                .bind(batch_id.as_str())
+                .bind(size as i64)
+        };
+        query.execute(&mut **self).await?;
+        Ok(())
+    }
+
+    async fn insert_call(
+        &mut self,
+        batch: &NewBatch,
+        batch_id: &BatchId,
+        position: usize,
+        call: &NewCall,
+        now: Timestamp,
+    ) -> Result<Option<i64>> {
+        let rowid: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, \
+             title, message, workspace, supersede_key, deadline, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+             ON CONFLICT (agent, session_id, call_id) DO NOTHING RETURNING id",
+        )
+        .bind(batch.agent.as_str())
+        .bind(batch.session.as_str())
+        .bind(call.call_id.as_str())
+        .bind(batch_id.as_str())
+        .bind(position as i64)
+        .bind(call.tool.as_str())
+        .bind(call.input.as_str())
+        .bind(&call.title)
+        .bind(&call.message)
+        .bind(&call.workspace)
+        .bind(call.supersede_key.as_deref())
+        .bind(call.deadline.map(Timestamp::as_micros))
+        .bind(now.as_micros())
+        .fetch_optional(&mut **self)
+        .await?;
+        let Some(rowid) = rowid else {
+            return Ok(None);
+        };
+        append_event(self, EventKind::Requested, rowid, now).await?;
+        Ok(Some(rowid))
+    }
+
+    async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>> {
+        let batch_id: Option<String> = sqlx::query_scalar(
+            "UPDATE calls SET status = $1, decided_at = $2, decided_by = $3, reason = $4, \
+             tool_result = $5, run_input = $6, input_edited = $7 \
+             WHERE id = $8 AND status = 1 RETURNING batch_id",
+        )
+        .bind(outcome.kind.code())
+        .bind(outcome.decided_at.as_micros())
+        .bind(outcome.decided_by.to_string())
+        .bind(&outcome.reason)
+        .bind(&outcome.tool_result)
+        .bind(outcome.run_input.as_ref().map(ToolInput::as_str))
+        .bind(outcome.input_edited)
+        .bind(rowid)
+        .fetch_optional(&mut **self)
+        .await?;
+        let Some(batch_id) = batch_id else {
+            return Ok(None);
+        };
+        let event = append_event(self, EventKind::Resolved, rowid, outcome.decided_at).await?;
+        Ok(Some(Resolved {
+            rowid,
+            batch_id,
+            event,
+        }))
+    }
+
+    async fn pending_in_session(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+    ) -> Result<Vec<Stored>> {
+        let rows = sqlx::query(select_calls!(
+            "WHERE c.agent = $1 AND c.session_id = $2 AND c.status = 1 ORDER BY c.id"
+        ))
+        .bind(agent.as_str())
+        .bind(session.as_str())
+        .fetch_all(&mut **self)
+        .await?;
+        rows.iter().map(stored).collect()
+    }
+
+    async fn pending_with_key(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+        key: &str,
+    ) -> Result<Vec<i64>> {
+        Ok(sqlx::query_scalar(
+            "SELECT id FROM calls WHERE agent = $1 AND session_id = $2 AND supersede_key = $3 \
+             AND status = 1 ORDER BY id",
+        )
+        .bind(agent.as_str())
+        .bind(session.as_str())
+        .bind(key)
+        .fetch_all(&mut **self)
+        .await?)
+    }
+
+    async fn pending_in_batch(&mut self, batch: &BatchId) -> Result<Vec<i64>> {
+        Ok(sqlx::query_scalar(
+            "SELECT id FROM calls WHERE batch_id = $1 AND status = 1 ORDER BY position",
+        )
+        .bind(batch.as_str())
+        .fetch_all(&mut **self)
+        .await?)
+    }
+
+    async fn calls_of_batch(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+        batch: &BatchId,
+    ) -> Result<Vec<Stored>> {
+        let rows = sqlx::query(select_calls!(
+            "WHERE c.batch_id = $1 AND c.agent = $2 AND c.session_id = $3 ORDER BY c.position"
+        ))
+        .bind(batch.as_str())
+        .bind(agent.as_str())
+        .bind(session.as_str())
+        .fetch_all(&mut **self)
+        .await?;
+        rows.iter().map(stored).collect()
+    }
+
+    async fn on_deny(&mut self, batch: &BatchId) -> Result<OnDeny> {
+        let on_deny: i64 = sqlx::query_scalar("SELECT on_deny FROM batches WHERE batch_id = $1")
+            .bind(batch.as_str())
+            .fetch_one(&mut **self)
+            .await?;
+        Ok(OnDeny::from_i64(on_deny))
+    }
+
+    async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<i64>> {
+        // Another replica expiring the same calls holds their rows: leave them to it.
+        Ok(sqlx::query_scalar(
+            "SELECT id FROM calls WHERE status = 1 AND deadline IS NOT NULL AND deadline <= $1 \
+             ORDER BY deadline LIMIT $2 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(now.as_micros())
+        .bind(limit)
+        .fetch_all(&mut **self)
+        .await?)
+    }
+
+    async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()> {
+        // The batch row's lock orders the transactions resolving calls of this batch; the
+        // update's snapshot, taken after the lock, sees every one that committed before.
+        sqlx::query("SELECT 1 FROM batches WHERE batch_id = $1 FOR NO KEY UPDATE")
+            .bind(batch_id)
+            .execute(&mut **self)
+            .await?;
+        sqlx::query(
+            "UPDATE events SET batch_completed = TRUE WHERE id = $1 AND NOT EXISTS \
+             (SELECT 1 FROM calls WHERE batch_id = $2 AND status = 1)",
+        )
+        .bind(event)
+        .bind(batch_id)
+        .execute(&mut **self)
+        .await?;
+        Ok(())
+    }
+}
+
+async fn append_event(
+    conn: &mut sqlx::PgConnection,
+    kind: EventKind,
+    rowid: i64,
+    now: Timestamp,
+) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "INSERT INTO events (kind, call_rowid, created_at) VALUES ($1, $2, $3) RETURNING id",
+    )
+    .bind(kind.code())
+    .bind(rowid)
+    .bind(now.as_micros())
+    .fetch_one(conn)
+    .await?)
+}
+
+fn stored(row: &PgRow) -> Result<Stored> {
+    Ok(Stored {
+        rowid: row.try_get("id")?,
+        call: call_from_row(row)?,
+    })
+}

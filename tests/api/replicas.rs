@@ -1,0 +1,532 @@
+//! Several broker processes on one Postgres database are one broker: outcomes decided through one
+//! replica reach agents on another, every subscriber on every replica sees every event once and
+//! in order, the first decision wins across replicas, and a transaction that commits late never
+//! makes a reader skip its event. Postgres only (these pass without running when
+//! `APPROVALS_TEST_POSTGRES_URL` is not set).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use approval_broker::proto::v1 as pb;
+use sqlx::Connection as _;
+use tokio::sync::Mutex;
+use tokio_stream::StreamExt;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::helpers::*;
+
+/// Three brokers on one fresh schema, or `None` without Postgres.
+async fn three_replicas() -> Option<[TestApp; 3]> {
+    let backend = Backend::postgres()?;
+    let a = spawn_app_on(backend, |_| {}).await;
+    let b = a.replica(|_| {}).await;
+    let c = a.replica(|_| {}).await;
+    Some([a, b, c])
+}
+
+fn agent(channel: &Channel) -> AgentServiceClient<Channel> {
+    AgentServiceClient::new(channel.clone())
+}
+
+fn approver(channel: &Channel) -> ApproverServiceClient<Channel> {
+    ApproverServiceClient::new(channel.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_decided_through_one_replica_reaches_the_agent_and_subscribers_on_others() {
+    let Some([a, b, c]) = three_replicas().await else {
+        return;
+    };
+    let mut agent_stream = AgentStream::open(&a).await;
+    let mut subscriber = Subscription::open(&b, pb::CallFilter::default(), None).await;
+    let (snapshot, _) = subscriber.snapshot().await;
+    assert!(snapshot.is_empty());
+
+    agent_stream
+        .submit(
+            "r1",
+            batch("s", vec![call("c1", "deploy", r#"{"env":"prod"}"#)]),
+        )
+        .await;
+    agent_stream.next_submitted().await;
+    let requested = subscriber.next().await;
+    assert!(
+        matches!(requested.event, Some(pb::approver_event::Event::Requested(ref call)) if call.call_id == "c1"),
+        "{requested:?}"
+    );
+
+    approve(&c, "s", "c1").await;
+    let outcome = agent_stream.next_outcome().await;
+    assert_eq!(
+        (outcome.call_id.as_str(), status_of(&outcome)),
+        ("c1", CallStatus::Approved)
+    );
+    assert_eq!(agent_stream.next_batch_complete().await.outcomes.len(), 1);
+    let resolved = subscriber.next().await;
+    assert!(resolved.seq > requested.seq);
+    assert!(
+        matches!(resolved.event, Some(pb::approver_event::Event::Resolved(ref o)) if o.call_id == "c1"),
+        "{resolved:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_call_decided_through_two_replicas_at_once_has_exactly_one_winner() {
+    let Some([a, b, _c]) = three_replicas().await else {
+        return;
+    };
+    const CALLS: usize = 200;
+    for chunk in 0..CALLS / 100 {
+        let calls = (0..100)
+            .map(|i| call(&format!("c{}", chunk * 100 + i), "t", "{}"))
+            .collect();
+        submit(
+            &a,
+            pb::BatchSpec {
+                on_deny: pb::OnDeny::Independent as i32,
+                ..batch("s", calls)
+            },
+        )
+        .await;
+    }
+    for i in 0..CALLS {
+        let call_id = format!("c{i}");
+        let mut through_a = approver(&a.channel);
+        let mut through_b = approver(&b.channel);
+        let approve = decide_request("s", &call_id, pb::Decision::Approve, "");
+        let deny = decide_request("s", &call_id, pb::Decision::Deny, "");
+        let (ra, rb) = tokio::join!(through_a.decide(approve), through_b.decide(deny));
+        let (winner, loser) = match (ra, rb) {
+            (Ok(w), Err(l)) => (w.into_inner(), l),
+            (Err(l), Ok(w)) => (w.into_inner(), l),
+            other => panic!("{call_id}: exactly one decision must win, got {other:?}"),
+        };
+        assert!(!winner.replayed);
+        let standing = winner.outcome.expect("outcome");
+        assert_eq!(
+            loser.code(),
+            Code::FailedPrecondition,
+            "{}",
+            loser.message()
+        );
+        let name = if status_of(&standing) == CallStatus::Approved {
+            "APPROVED"
+        } else {
+            "DENIED"
+        };
+        assert!(loser.message().contains(name), "{}", loser.message());
+        assert_eq!(outcome_of(&a, "s", &call_id).await, standing);
+    }
+}
+
+/// What one agent saw on its stream.
+#[derive(Default)]
+struct AgentLog {
+    accepted: Vec<String>,
+    outcomes: HashMap<String, usize>,
+}
+
+/// Collects every event a subscriber receives, from the start of the log.
+fn collect_events(channel: Channel, into: Arc<Mutex<Vec<pb::ApproverEvent>>>) {
+    tokio::spawn(async move {
+        let mut stream = approver(&channel)
+            .subscribe(pb::SubscribeRequest {
+                filter: None,
+                after_seq: Some(0),
+            })
+            .await
+            .expect("subscribe")
+            .into_inner();
+        while let Some(Ok(event)) = stream.next().await {
+            into.lock().await.push(event);
+        }
+    });
+}
+
+/// Decides every call requested, through the replica after the one it watches: approve most,
+/// deny some. Calls already superseded, skipped or cancelled are refused; that is expected.
+fn decide_everything(watch: Channel, decide_through: Channel, decided: Arc<AtomicUsize>) {
+    tokio::spawn(async move {
+        let mut stream = approver(&watch)
+            .subscribe(pb::SubscribeRequest {
+                filter: None,
+                after_seq: None,
+            })
+            .await
+            .expect("subscribe")
+            .into_inner();
+        let mut client = approver(&decide_through);
+        while let Some(Ok(event)) = stream.next().await {
+            let call = match event.event {
+                Some(pb::approver_event::Event::Requested(call))
+                | Some(pb::approver_event::Event::Snapshot(call)) => call,
+                _ => continue,
+            };
+            let verdict = if call.call_id.ends_with("-3") && call.batch_id.as_bytes()[0] % 3 == 0 {
+                pb::Decision::Deny
+            } else {
+                pb::Decision::Approve
+            };
+            let mut request = decide_request(&call.session_id, &call.call_id, verdict, "load");
+            request.approver = "load-approver".into();
+            if client.decide(request).await.is_ok() {
+                decided.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+}
+
+/// 2,000 calls submitted across three replicas by six agents, decided through other replicas,
+/// with supersedes and cancels; optionally with the LISTEN connections killed throughout.
+async fn load_across_replicas(kill_listeners: bool) {
+    let Some(replicas) = three_replicas().await else {
+        return;
+    };
+    let channels: Vec<Channel> = replicas.iter().map(|r| r.channel.clone()).collect();
+    let logs: Vec<Arc<Mutex<Vec<pb::ApproverEvent>>>> =
+        (0..3).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
+    for (channel, log) in channels.iter().zip(&logs) {
+        collect_events(channel.clone(), Arc::clone(log));
+    }
+    let decided = Arc::new(AtomicUsize::new(0));
+    for i in 0..3 {
+        decide_everything(
+            channels[i].clone(),
+            channels[(i + 1) % 3].clone(),
+            Arc::clone(&decided),
+        );
+    }
+
+    let kills = Arc::new(AtomicUsize::new(0));
+    let killer = kill_listeners.then(|| {
+        let url = replicas[0].database_url.clone();
+        let kills = Arc::clone(&kills);
+        tokio::spawn(async move {
+            let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+            loop {
+                let killed: Vec<bool> = sqlx::query_scalar(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE query LIKE 'LISTEN%' \
+                     AND query LIKE '%' || current_schema() || '%'",
+                )
+                .fetch_all(&mut conn)
+                .await
+                .expect("terminate listeners");
+                kills.fetch_add(killed.len(), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    });
+
+    const AGENTS: usize = 6;
+    const BATCHES: usize = 400;
+    const CALLS_PER_BATCH: usize = 5;
+    let mut agents = Vec::new();
+    for agent_no in 0..AGENTS {
+        let channel = channels[agent_no % 3].clone();
+        agents.push(tokio::spawn(async move {
+            let session = format!("agent{agent_no}");
+            let (requests, rx) = tokio::sync::mpsc::channel(16);
+            let mut responses = agent(&channel)
+                .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await
+                .expect("connect")
+                .into_inner();
+            let mut log = AgentLog::default();
+            let mut awaiting_acks = 0usize;
+            for b in (agent_no..BATCHES).step_by(AGENTS) {
+                let calls = (0..CALLS_PER_BATCH)
+                    .map(|k| pb::CallSpec {
+                        // One call in each batch asks the user; a newer question supersedes it.
+                        supersede_key: if k == 4 { "ask".into() } else { String::new() },
+                        ..call(
+                            &format!("b{b}-{k}"),
+                            "tool",
+                            &format!(r#"{{"b":{b},"k":{k}}}"#),
+                        )
+                    })
+                    .collect();
+                let on_deny = if b % 2 == 0 {
+                    pb::OnDeny::SkipRest
+                } else {
+                    pb::OnDeny::Independent
+                };
+                let spec = pb::BatchSpec {
+                    on_deny: on_deny as i32,
+                    ..batch(&session, calls)
+                };
+                let submit = pb::agent_request::Request::Submit(spec);
+                requests
+                    .send(pb::AgentRequest {
+                        request_id: format!("b{b}"),
+                        request: Some(submit),
+                    })
+                    .await
+                    .expect("send");
+                awaiting_acks += 1;
+                // Every tenth batch is cancelled as soon as it is acknowledged.
+                while awaiting_acks > 0 {
+                    let message =
+                        tokio::time::timeout(Duration::from_secs(60), responses.message())
+                            .await
+                            .expect("a response in time")
+                            .expect("healthy")
+                            .expect("open");
+                    match message.response.expect("response") {
+                        pb::agent_response::Response::Submitted(acks) => {
+                            awaiting_acks -= 1;
+                            for ack in acks.acks {
+                                assert!(
+                                    matches!(ack.result, Some(pb::call_ack::Result::Accepted(_))),
+                                    "{ack:?}"
+                                );
+                                log.accepted.push(ack.call_id);
+                            }
+                            if b % 10 == 0 {
+                                let cancel = pb::agent_request::Request::Cancel(pb::CancelTarget {
+                                    session_id: session.clone(),
+                                    target: Some(pb::cancel_target::Target::BatchId(acks.batch_id)),
+                                    reason: "changed plans".into(),
+                                });
+                                requests
+                                    .send(pb::AgentRequest {
+                                        request_id: format!("cancel{b}"),
+                                        request: Some(cancel),
+                                    })
+                                    .await
+                                    .expect("send");
+                            }
+                        }
+                        pb::agent_response::Response::Outcome(outcome) => {
+                            *log.outcomes.entry(outcome.call_id).or_default() += 1;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            // Every accepted call gets its outcome on this stream.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+            while log.accepted.iter().any(|id| !log.outcomes.contains_key(id)) {
+                let message = tokio::time::timeout_at(deadline, responses.message())
+                    .await
+                    .unwrap_or_else(|_| {
+                        let missing = log
+                            .accepted
+                            .iter()
+                            .filter(|id| !log.outcomes.contains_key(*id))
+                            .count();
+                        panic!("{session}: {missing} outcomes never arrived")
+                    })
+                    .expect("healthy")
+                    .expect("open");
+                if let Some(pb::agent_response::Response::Outcome(outcome)) = message.response {
+                    *log.outcomes.entry(outcome.call_id).or_default() += 1;
+                }
+            }
+            // Anything further would be a duplicate: give it a moment to show.
+            while let Ok(Ok(Some(message))) =
+                tokio::time::timeout(Duration::from_millis(500), responses.message()).await
+            {
+                if let Some(pb::agent_response::Response::Outcome(outcome)) = message.response {
+                    *log.outcomes.entry(outcome.call_id).or_default() += 1;
+                }
+            }
+            log
+        }));
+    }
+    let mut accepted = 0;
+    for agent in agents {
+        let log = agent.await.expect("agent");
+        accepted += log.accepted.len();
+        for (call_id, count) in &log.outcomes {
+            assert_eq!(
+                *count, 1,
+                "{call_id}: each outcome reaches its agent exactly once"
+            );
+        }
+        assert_eq!(log.outcomes.len(), log.accepted.len());
+    }
+    assert_eq!(accepted, BATCHES * CALLS_PER_BATCH);
+    if let Some(killer) = killer {
+        killer.abort();
+        assert!(
+            kills.load(Ordering::Relaxed) > 0,
+            "the listeners were really killed"
+        );
+    }
+
+    // Every subscriber, on every replica, saw the whole log: each event once, in order.
+    let last_seq = {
+        let mut sub = Subscription::open(&replicas[0], pb::CallFilter::default(), None).await;
+        sub.snapshot().await.1
+    };
+    let expected_events = 2 * BATCHES * CALLS_PER_BATCH;
+    assert_eq!(
+        last_seq as usize, expected_events,
+        "one requested and one resolved event per call"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    for (i, log) in logs.iter().enumerate() {
+        loop {
+            let seen = log.lock().await.len();
+            if seen >= expected_events {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "replica {i}'s subscriber has {seen} events"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let log = log.lock().await;
+        let seqs: Vec<u64> = log.iter().map(|e| e.seq).collect();
+        assert_eq!(
+            seqs,
+            (1..=last_seq).collect::<Vec<_>>(),
+            "replica {i}: every event once, in order"
+        );
+        let mut resolved_per_call: BTreeMap<(String, String), usize> = BTreeMap::new();
+        for event in log.iter() {
+            if let Some(pb::approver_event::Event::Resolved(o)) = &event.event {
+                *resolved_per_call
+                    .entry((o.session_id.clone(), o.call_id.clone()))
+                    .or_default() += 1;
+            }
+        }
+        assert_eq!(resolved_per_call.len(), BATCHES * CALLS_PER_BATCH);
+        assert!(resolved_per_call.values().all(|n| *n == 1));
+    }
+    // The outcomes themselves: a mix of every kind the load produces.
+    let calls = all_calls(&replicas[1]).await;
+    let mut kinds: BTreeMap<i32, usize> = BTreeMap::new();
+    for c in &calls {
+        *kinds.entry(c.status).or_default() += 1;
+    }
+    for kind in [
+        CallStatus::Approved,
+        CallStatus::Superseded,
+        CallStatus::Cancelled,
+    ] {
+        assert!(
+            kinds.get(&(kind as i32)).copied().unwrap_or(0) > 0,
+            "{kind:?} in {kinds:?}"
+        );
+    }
+    assert!(
+        !kinds.contains_key(&(CallStatus::Pending as i32)),
+        "{kinds:?}"
+    );
+    assert!(decided.load(Ordering::Relaxed) > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn under_load_across_replicas_every_outcome_and_every_event_arrives_exactly_once() {
+    load_across_replicas(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_the_listen_connections_under_load_loses_nothing() {
+    load_across_replicas(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_whose_transaction_commits_late_is_not_skipped() {
+    let Some([a, b, c]) = three_replicas().await else {
+        return;
+    };
+    let slow = submit(&a, batch("s", vec![call("slow", "t", "{}")])).await;
+    submit(&a, batch("s", vec![call("fast", "t", "{}")])).await;
+    let mut subscriber = Subscription::open(&c, pb::CallFilter::default(), None).await;
+    let (pending, _) = subscriber.snapshot().await;
+    assert_eq!(pending.len(), 2);
+
+    // Hold the slow call's batch row: a decision on it writes its event (taking an event id),
+    // then waits for this lock before it can commit.
+    let mut blocker = sqlx::PgConnection::connect(&a.database_url)
+        .await
+        .expect("connect");
+    let mut hold = blocker.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM batches WHERE batch_id = $1 FOR UPDATE")
+        .bind(&slow.batch_id)
+        .execute(&mut *hold)
+        .await
+        .expect("lock the batch");
+    let slow_decision = {
+        let mut client = approver(&a.channel);
+        tokio::spawn(async move {
+            client
+                .decide(decide_request("s", "slow", pb::Decision::Approve, ""))
+                .await
+        })
+    };
+    // Wait until the slow transaction has written its event and is blocked.
+    let mut probe = sqlx::PgConnection::connect(&a.database_url)
+        .await
+        .expect("connect");
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND query LIKE '%FOR NO KEY UPDATE%'",
+        )
+        .fetch_one(&mut probe)
+        .await
+        .expect("probe");
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            !slow_decision.is_finished(),
+            "the slow decision should be blocked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A later transaction, with a higher event id, commits first: subscribers see its event.
+    approve(&b, "s", "fast").await;
+    let fast_event = subscriber.next().await;
+    assert!(
+        matches!(fast_event.event, Some(pb::approver_event::Event::Resolved(ref o)) if o.call_id == "fast"),
+        "{fast_event:?}"
+    );
+
+    // The slow transaction commits now. Its event was written first but must come after.
+    hold.commit().await.expect("release");
+    let decided = slow_decision
+        .await
+        .expect("join")
+        .expect("the slow decision commits");
+    assert_eq!(
+        status_of(&decided.into_inner().outcome.unwrap()),
+        CallStatus::Approved
+    );
+    let slow_event = subscriber.next().await;
+    assert!(
+        matches!(slow_event.event, Some(pb::approver_event::Event::Resolved(ref o)) if o.call_id == "slow"),
+        "the late commit's event is delivered, not skipped: {slow_event:?}"
+    );
+    assert!(slow_event.seq > fast_event.seq);
+
+    // The interleaving really happened: the slow event holds the lower id, the higher seq.
+    let ids: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT e.id, e.seq FROM events e JOIN calls c ON c.id = e.call_rowid \
+         WHERE e.kind = 2 AND c.call_id IN ('slow', 'fast') ORDER BY c.call_id = 'slow'",
+    )
+    .fetch_all(&mut probe)
+    .await
+    .expect("events");
+    let (fast, slow) = (ids[0], ids[1]);
+    assert!(
+        slow.0 < fast.0,
+        "the slow transaction took its event id first: {ids:?}"
+    );
+    assert!(slow.1 > fast.1, "but its event is numbered after: {ids:?}");
+
+    // A subscriber resuming from before both sees both, in the same order.
+    let mut resumed =
+        Subscription::open(&a, pb::CallFilter::default(), Some(fast_event.seq - 1)).await;
+    assert_eq!(resumed.next().await.seq, fast_event.seq);
+    assert_eq!(resumed.next().await.seq, slow_event.seq);
+}
