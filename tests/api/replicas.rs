@@ -530,3 +530,236 @@ async fn an_event_whose_transaction_commits_late_is_not_skipped() {
     assert_eq!(resumed.next().await.seq, fast_event.seq);
     assert_eq!(resumed.next().await.seq, slow_event.seq);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_sweeps_deadlines_and_each_call_expires_exactly_once() {
+    let Some([a, b, c]) = three_replicas().await else {
+        return;
+    };
+    let deadline = {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            + Duration::from_millis(800);
+        prost_types::Timestamp {
+            seconds: t.as_secs() as i64,
+            nanos: t.subsec_nanos() as i32,
+        }
+    };
+    let calls = (0..100)
+        .map(|i| pb::CallSpec {
+            deadline: Some(deadline),
+            ..call(&format!("c{i}"), "t", "{}")
+        })
+        .collect();
+    submit(
+        &b,
+        pb::BatchSpec {
+            on_deny: pb::OnDeny::Independent as i32,
+            ..batch("s", calls)
+        },
+    )
+    .await;
+    let mut log = Subscription::open(&c, pb::CallFilter::default(), Some(0)).await;
+    let mut resolved: BTreeMap<String, usize> = BTreeMap::new();
+    let mut batch_completions = 0;
+    let mut watch = agent(&a.channel)
+        .watch_outcomes(pb::WatchOutcomesRequest {
+            session_id: "s".into(),
+            call_ids: vec![],
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    while resolved.len() < 100 {
+        if let Some(pb::approver_event::Event::Resolved(o)) = log.next().await.event {
+            assert_eq!(status_of(&o), CallStatus::Expired);
+            assert_eq!(o.decided_by, "deadline");
+            *resolved.entry(o.call_id).or_default() += 1;
+        }
+    }
+    // Nothing more comes: no call expired twice.
+    let more = tokio::time::timeout(Duration::from_millis(1500), log.stream.message()).await;
+    assert!(more.is_err(), "an extra event: {more:?}");
+    assert!(resolved.values().all(|n| *n == 1));
+    while let Ok(Some(Ok(message))) =
+        tokio::time::timeout(Duration::from_millis(500), watch.next()).await
+    {
+        if let Some(pb::watch_outcomes_response::Event::BatchComplete(_)) = message.event {
+            batch_completions += 1;
+        }
+    }
+    assert_eq!(batch_completions, 1, "the batch completes exactly once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_skips_the_rest_of_its_batch_atomically_across_replicas() {
+    let Some([a, b, c]) = three_replicas().await else {
+        return;
+    };
+    let mut watch = agent(&c.channel)
+        .watch_outcomes(pb::WatchOutcomesRequest {
+            session_id: "s".into(),
+            call_ids: vec![],
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    const ROUNDS: usize = 50;
+    for round in 0..ROUNDS {
+        let (x, y) = (format!("x{round}"), format!("y{round}"));
+        submit(
+            &a,
+            batch("s", vec![call(&x, "t", "{}"), call(&y, "t", "{}")]),
+        )
+        .await;
+        // Deny x through A while y is approved through B.
+        let mut through_a = approver(&a.channel);
+        let mut through_b = approver(&b.channel);
+        let (denied, approved) = tokio::join!(
+            through_a.decide(decide_request("s", &x, pb::Decision::Deny, "")),
+            through_b.decide(decide_request("s", &y, pb::Decision::Approve, "")),
+        );
+        assert!(
+            denied.is_ok(),
+            "the denial of a pending call stands: {denied:?}"
+        );
+        let x_outcome = outcome_of(&c, "s", &x).await;
+        let y_outcome = outcome_of(&c, "s", &y).await;
+        assert_eq!(status_of(&x_outcome), CallStatus::Denied);
+        match approved {
+            // The approval came first: it stands, nothing was skipped.
+            Ok(_) => assert_eq!(status_of(&y_outcome), CallStatus::Approved),
+            // The denial came first and skipped y: the approval was refused, naming SKIPPED.
+            Err(status) => {
+                assert_eq!(status.code(), Code::FailedPrecondition);
+                assert!(status.message().contains("SKIPPED"), "{}", status.message());
+                assert_eq!(status_of(&y_outcome), CallStatus::Skipped);
+            }
+        }
+    }
+    // Every batch completed exactly once, with both outcomes.
+    let mut completions = 0;
+    while completions < ROUNDS {
+        let message = tokio::time::timeout(PATIENCE, watch.next())
+            .await
+            .expect("in time")
+            .expect("open")
+            .expect("healthy");
+        if let Some(pb::watch_outcomes_response::Event::BatchComplete(done)) = message.event {
+            assert_eq!(done.outcomes.len(), 2);
+            completions += 1;
+        }
+    }
+    let extra = tokio::time::timeout(Duration::from_millis(1500), async {
+        loop {
+            match watch.next().await {
+                Some(Ok(m))
+                    if matches!(
+                        m.event,
+                        Some(pb::watch_outcomes_response::Event::BatchComplete(_))
+                    ) =>
+                {
+                    return m;
+                }
+                Some(Ok(_)) => continue,
+                _ => std::future::pending().await,
+            }
+        }
+    })
+    .await;
+    assert!(extra.is_err(), "a batch completed twice: {extra:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_supersedes_through_two_replicas_leave_one_pending_question() {
+    let Some([a, b, c]) = three_replicas().await else {
+        return;
+    };
+    let ask = |id: String| pb::CallSpec {
+        supersede_key: "ask".into(),
+        ..call(&id, "ask_user", "{}")
+    };
+    for round in 0..50 {
+        let mut through_a = agent(&a.channel);
+        let mut through_b = agent(&b.channel);
+        let first = pb::SubmitRequest {
+            batch: Some(batch("s", vec![ask(format!("a{round}"))])),
+        };
+        let second = pb::SubmitRequest {
+            batch: Some(batch("s", vec![ask(format!("b{round}"))])),
+        };
+        let (r1, r2) = tokio::join!(through_a.submit(first), through_b.submit(second));
+        r1.expect("submit through A");
+        r2.expect("submit through B");
+        let pending = c
+            .approver()
+            .list_pending(pb::ListPendingRequest {
+                filter: Some(pb::CallFilter {
+                    session_id: "s".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .expect("list")
+            .into_inner()
+            .calls;
+        assert_eq!(
+            pending.len(),
+            1,
+            "round {round}: one question stands: {pending:?}"
+        );
+    }
+    let calls = all_calls(&c).await;
+    let superseded = calls
+        .iter()
+        .filter(|c| c.status == CallStatus::Superseded as i32)
+        .count();
+    assert_eq!(superseded, 99, "every question but the last was superseded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_decided_through_two_replicas_at_once_completes_exactly_once() {
+    let Some([a, b, c]) = three_replicas().await else {
+        return;
+    };
+    let mut watch = agent(&c.channel)
+        .watch_outcomes(pb::WatchOutcomesRequest {
+            session_id: "s".into(),
+            call_ids: vec![],
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    const ROUNDS: usize = 50;
+    for round in 0..ROUNDS {
+        let (x, y) = (format!("x{round}"), format!("y{round}"));
+        let spec = pb::BatchSpec {
+            on_deny: pb::OnDeny::Independent as i32,
+            ..batch("s", vec![call(&x, "t", "{}"), call(&y, "t", "{}")])
+        };
+        submit(&a, spec).await;
+        // Each replica decides one call of the batch; neither touches the other's call.
+        let mut through_a = approver(&a.channel);
+        let mut through_b = approver(&b.channel);
+        let (rx, ry) = tokio::join!(
+            through_a.decide(decide_request("s", &x, pb::Decision::Approve, "")),
+            through_b.decide(decide_request("s", &y, pb::Decision::Deny, "")),
+        );
+        rx.expect("approve x");
+        ry.expect("deny y");
+    }
+    let mut completed = std::collections::BTreeSet::new();
+    while completed.len() < ROUNDS {
+        let message = tokio::time::timeout(PATIENCE, watch.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {ROUNDS} batches completed", completed.len()))
+            .expect("open")
+            .expect("healthy");
+        if let Some(pb::watch_outcomes_response::Event::BatchComplete(done)) = message.event {
+            assert_eq!(done.outcomes.len(), 2);
+            assert!(completed.insert(done.batch_id), "a batch completed twice");
+        }
+    }
+}
