@@ -5,5 +5,5 @@
 pub mod admin;
 pub mod agent;
 pub mod approver;
-mod parse;
+pub mod parse;
 mod render;

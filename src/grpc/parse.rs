@@ -1,4 +1,5 @@
-//! Protobuf requests become validated domain values here, and only here. Every error names the
+//! Protobuf requests become validated domain values here, and only here (public so the fuzz
+//! tests can drive it directly). Every error names the
 //! field at fault, with its path in the request (`batch.calls[2].input_json`).
 
 use std::collections::HashSet;
