@@ -8,9 +8,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::domain::{CallKey, Decision, NewBatch, Timestamp};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
+use crate::limits::{Slot, StreamSlots};
 use crate::store::{CancelReport, CancelTarget, DecideReport, Store, SubmitReport};
 
 /// Limits and defaults the broker applies to what clients send.
@@ -22,6 +23,10 @@ pub struct Limits {
     pub default_deadline: Option<Duration>,
     /// How many undelivered events a subscriber may have queued before its stream is ended.
     pub subscriber_buffer: usize,
+    /// The most agent streams (`Connect`, `WatchOutcomes`) open at once.
+    pub max_agent_streams: usize,
+    /// The most `Subscribe` streams open at once.
+    pub max_subscribers: usize,
 }
 
 pub struct Broker {
@@ -29,6 +34,8 @@ pub struct Broker {
     bus: Arc<EventBus>,
     sweeper: Arc<DeadlineSweeper>,
     limits: Limits,
+    agent_streams: Arc<StreamSlots>,
+    subscribers: Arc<StreamSlots>,
     stopping: watch::Receiver<bool>,
 }
 
@@ -41,12 +48,43 @@ impl Broker {
         stopping: watch::Receiver<bool>,
     ) -> Self {
         Self {
+            agent_streams: StreamSlots::new(
+                "agent streams",
+                "--max-agent-streams",
+                limits.max_agent_streams,
+            ),
+            subscribers: StreamSlots::new(
+                "subscribers",
+                "--max-subscribers",
+                limits.max_subscribers,
+            ),
             store,
             bus,
             sweeper,
             limits,
             stopping,
         }
+    }
+
+    /// A slot for a new agent stream; refused while draining or when all are taken.
+    pub fn open_agent_stream(&self) -> Result<Slot> {
+        self.refuse_if_stopping()?;
+        self.agent_streams.take()
+    }
+
+    /// A slot for a new subscriber; refused while draining or when all are taken.
+    pub fn open_subscriber(&self) -> Result<Slot> {
+        self.refuse_if_stopping()?;
+        self.subscribers.take()
+    }
+
+    fn refuse_if_stopping(&self) -> Result<()> {
+        if *self.stopping.borrow() {
+            return Err(Error::Unavailable(
+                "the broker is shutting down; connect to another replica or retry".into(),
+            ));
+        }
+        Ok(())
     }
 
     pub fn store(&self) -> &dyn Store {
@@ -99,5 +137,43 @@ impl Broker {
             self.bus.notify_committed();
         }
         Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::ToolResultTexts;
+    use crate::store::{StoreOptions, Synchronous};
+
+    #[tokio::test]
+    async fn new_streams_are_refused_while_draining() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::open(&StoreOptions {
+            database_url: format!("sqlite://{}", dir.path().join("a.db").display()),
+            synchronous: Synchronous::Full,
+            max_connections: 2,
+            texts: ToolResultTexts::default(),
+        })
+        .await
+        .unwrap();
+        let bus = EventBus::new(Arc::clone(&store), 16).await.unwrap();
+        let sweeper = DeadlineSweeper::new(Arc::clone(&store), Arc::clone(&bus));
+        let limits = Limits {
+            max_input_bytes: 1024,
+            default_deadline: None,
+            subscriber_buffer: 4,
+            max_agent_streams: 4,
+            max_subscribers: 4,
+        };
+        let (stop, stopping) = watch::channel(false);
+        let broker = Broker::new(store, bus, sweeper, limits, stopping);
+        let open = broker.open_subscriber().unwrap();
+        stop.send(true).unwrap();
+        for refused in [broker.open_subscriber(), broker.open_agent_stream()] {
+            let err = refused.unwrap_err();
+            assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
+        }
+        drop(open);
     }
 }

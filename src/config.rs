@@ -69,6 +69,51 @@ pub struct Config {
     #[arg(long, env = "APPROVALS_EVENT_BUFFER", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..))]
     pub event_buffer: u32,
 
+    /// A file of bearer tokens, one per line: `ROLE IDENTITY sha256:HEX` (role agent, approver
+    /// or admin; hash from `approval-broker hash-token`). With no tokens at all, auth is off.
+    #[arg(long, env = "APPROVALS_TOKENS_FILE")]
+    pub tokens_file: Option<std::path::PathBuf>,
+
+    /// Bearer tokens inline, in the same form, entries separated by `;` or new lines.
+    #[arg(long, env = "APPROVALS_TOKENS", hide_env_values = true)]
+    pub tokens: Option<String>,
+
+    /// A PEM certificate chain to serve TLS with (needs --tls-key).
+    #[arg(long, env = "APPROVALS_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "APPROVALS_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+
+    /// A PEM CA certificate: clients must present a certificate it signed (mutual TLS).
+    #[arg(long, env = "APPROVALS_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<std::path::PathBuf>,
+
+    /// On SIGTERM, how long open requests and commits get to finish before the broker exits.
+    #[arg(long, env = "APPROVALS_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// The most `Connect` and `WatchOutcomes` streams open at once.
+    #[arg(long, env = "APPROVALS_MAX_AGENT_STREAMS", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_agent_streams: u32,
+
+    /// The most `Subscribe` streams open at once.
+    #[arg(long, env = "APPROVALS_MAX_SUBSCRIBERS", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_subscribers: u32,
+
+    /// The most concurrent HTTP/2 streams (RPCs) one client connection may open.
+    #[arg(long, env = "APPROVALS_MAX_CONCURRENT_STREAMS", default_value_t = 1_024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_streams: u32,
+
+    /// How often to ping an idle client connection (HTTP/2 keepalive), so dead clients are noticed.
+    #[arg(long, env = "APPROVALS_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub keepalive_interval: Duration,
+
+    /// How long a ping may go unanswered before the connection is closed.
+    #[arg(long, env = "APPROVALS_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub keepalive_timeout: Duration,
+
     /// The tool-result text for DENIED (a reason is appended as " Reason: ...").
     #[arg(long, env = "APPROVALS_TEXT_DENIED")]
     pub text_denied: Option<String>,
@@ -91,6 +136,12 @@ pub struct Config {
 pub enum Command {
     /// Apply the database migrations and exit (for operators who migrate before a rollout).
     Migrate,
+    /// Print the `sha256:...` hash to configure a bearer token with (reads the token from
+    /// standard input when none is given), e.g. `agent build-bot sha256:...`.
+    HashToken {
+        /// The token; omit it to read it from standard input (keeps it out of shell history).
+        token: Option<String>,
+    },
 }
 
 impl Config {
@@ -127,7 +178,31 @@ impl Config {
             max_input_bytes: self.max_input_bytes,
             default_deadline: self.default_deadline,
             subscriber_buffer: self.subscriber_buffer as usize,
+            max_agent_streams: self.max_agent_streams as usize,
+            max_subscribers: self.max_subscribers as usize,
         }
+    }
+
+    /// The configured bearer tokens (file and inline together); `None` when there are none,
+    /// which turns auth off.
+    pub fn tokens(&self) -> crate::Result<Option<crate::auth::Tokens>> {
+        let mut text = String::new();
+        if let Some(path) = &self.tokens_file {
+            text = std::fs::read_to_string(path).map_err(|e| {
+                crate::Error::invalid(
+                    "--tokens-file",
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?;
+            crate::auth::Tokens::parse(&text, "--tokens-file")?;
+            text.push('\n');
+        }
+        if let Some(inline) = &self.tokens {
+            crate::auth::Tokens::parse(inline, "--tokens / APPROVALS_TOKENS")?;
+            text.push_str(inline);
+        }
+        let tokens = crate::auth::Tokens::parse(&text, "tokens")?;
+        Ok((!tokens.is_empty()).then_some(tokens))
     }
 }
 

@@ -22,6 +22,9 @@ pub enum Error {
     FailedPrecondition(String),
     #[error("{0}")]
     ResourceExhausted(String),
+    /// The broker cannot take this now (shutting down); the client should retry elsewhere.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("storage error: {0}")]
     Storage(#[from] sqlx::Error),
     #[error("migration error: {0}")]
@@ -46,6 +49,7 @@ impl Error {
             Error::AlreadyExists(_) => Code::AlreadyExists,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
+            Error::Unavailable(_) => Code::Unavailable,
             Error::Storage(_) | Error::Migrate(_) | Error::Internal(_) => Code::Internal,
         }
     }

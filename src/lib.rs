@@ -2,6 +2,7 @@
 //! calls. `main.rs` only wires configuration to [`startup::run`]; everything else lives here so
 //! the black-box tests in `tests/` can start the real server on port 0.
 
+pub mod auth;
 pub mod broker;
 pub mod config;
 pub mod domain;
@@ -9,6 +10,7 @@ pub mod error;
 pub mod events;
 pub mod expiry;
 pub mod grpc;
+pub mod limits;
 pub mod proto;
 pub mod startup;
 pub mod store;

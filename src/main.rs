@@ -12,14 +12,18 @@ use tokio::net::TcpListener;
 async fn main() -> ExitCode {
     let config = Config::parse();
     telemetry::init("info");
-    if let Some(Command::Migrate) = config.command {
-        return match startup::migrate(&config).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(err) => {
-                tracing::error!(error = %err, "migration failed");
-                ExitCode::FAILURE
-            }
-        };
+    match &config.command {
+        Some(Command::Migrate) => {
+            return match startup::migrate(&config).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    tracing::error!(error = %err, "migration failed");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Some(Command::HashToken { token }) => return hash_token(token.clone()),
+        None => {}
     }
     let listener = match TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
@@ -58,4 +62,25 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// `approval-broker hash-token [TOKEN]`: prints the hash to configure the token with.
+fn hash_token(token: Option<String>) -> ExitCode {
+    let token = match token {
+        Some(token) => token,
+        None => {
+            let mut line = String::new();
+            if std::io::stdin().read_line(&mut line).is_err() {
+                eprintln!("cannot read the token from standard input");
+                return ExitCode::FAILURE;
+            }
+            line.trim_end_matches(['\r', '\n']).to_owned()
+        }
+    };
+    if token.is_empty() {
+        eprintln!("the token is empty");
+        return ExitCode::FAILURE;
+    }
+    println!("{}", approval_broker::auth::hash_token(&token));
+    ExitCode::SUCCESS
 }

@@ -8,8 +8,11 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::Server;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic_health::ServingStatus;
 
+use crate::auth::{Gate, Role};
 use crate::broker::Broker;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -23,8 +26,10 @@ use pb::admin_service_server::AdminServiceServer;
 use pb::agent_service_server::AgentServiceServer;
 use pb::approver_service_server::ApproverServiceServer;
 
-/// Serves the broker on `listener` until `shutdown` resolves. Open streams are then ended with
-/// UNAVAILABLE (clients reconnect and resume) and the server stops.
+/// Serves the broker on `listener` until `shutdown` resolves. Then it drains: health turns
+/// NOT_SERVING, new streams are refused, open streams end with UNAVAILABLE (clients reconnect
+/// elsewhere and resume), requests in flight finish (their commits included), and the server
+/// stops, at the latest `--drain-timeout` after the signal.
 pub async fn run(
     listener: TcpListener,
     config: Config,
@@ -43,23 +48,41 @@ pub async fn run(
     let (stop, stopping) = watch::channel(false);
     let broker = Arc::new(Broker::new(store, bus, sweeper, config.limits(), stopping));
 
+    let tokens = config.tokens()?.map(Arc::new);
+    match &tokens {
+        None => tracing::warn!(
+            "authentication is OFF: no tokens are configured (--tokens-file, APPROVALS_TOKENS), \
+             so anyone who reaches this port may act as any agent, approver or admin"
+        ),
+        Some(tokens) => tracing::info!(tokens = tokens.len(), "bearer-token authentication on"),
+    }
+    let gate = |role| Gate::new(tokens.clone(), role);
     let max = config.max_message_bytes;
-    let agent = AgentServiceServer::new(AgentApi::new(Arc::clone(&broker)))
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(max);
-    let approver = ApproverServiceServer::new(ApproverApi::new(Arc::clone(&broker)))
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(max);
-    let admin = AdminServiceServer::new(AdminApi::new(Arc::clone(&broker)))
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(max);
+    let agent = InterceptedService::new(
+        AgentServiceServer::new(AgentApi::new(Arc::clone(&broker)))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max),
+        gate(Role::Agent),
+    );
+    let approver = InterceptedService::new(
+        ApproverServiceServer::new(ApproverApi::new(Arc::clone(&broker)))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max),
+        gate(Role::Approver),
+    );
+    let admin = InterceptedService::new(
+        AdminServiceServer::new(AdminApi::new(Arc::clone(&broker)))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max),
+        gate(Role::Admin),
+    );
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<AgentServiceServer<AgentApi>>().await;
-    health
-        .set_serving::<ApproverServiceServer<ApproverApi>>()
-        .await;
-    health.set_serving::<AdminServiceServer<AdminApi>>().await;
+    for service in SERVICES {
+        health
+            .set_service_status(service, ServingStatus::Serving)
+            .await;
+    }
 
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -73,30 +96,94 @@ pub async fn run(
         .build_v1alpha()
         .map_err(|e| Error::Internal(format!("reflection: {e}")))?;
 
-    let local = listener.local_addr().ok();
-    tracing::info!(address = ?local, backend = backend_name(&config), "approval broker serving");
+    let mut server = Server::builder()
+        .max_concurrent_streams(config.max_concurrent_streams)
+        .http2_keepalive_interval(Some(config.keepalive_interval))
+        .http2_keepalive_timeout(Some(config.keepalive_timeout));
+    if let Some(tls) = tls_config(&config)? {
+        server = server
+            .tls_config(tls)
+            .map_err(|e| Error::invalid("--tls-cert", format!("cannot serve TLS: {e}")))?;
+    }
 
+    let local = listener.local_addr().ok();
+    tracing::info!(
+        address = ?local,
+        backend = backend_name(&config),
+        tls = config.tls_cert.is_some(),
+        mutual_tls = config.tls_client_ca.is_some(),
+        "approval broker serving"
+    );
+
+    let (draining, drain_started) = tokio::sync::oneshot::channel::<()>();
     let drain = async move {
         shutdown.await;
-        tracing::info!("shutting down: ending open streams");
-        health
-            .set_service_status("", tonic_health::ServingStatus::NotServing)
-            .await;
+        tracing::info!("shutting down: no new streams, ending open ones, finishing requests");
+        for service in SERVICES {
+            health
+                .set_service_status(service, ServingStatus::NotServing)
+                .await;
+        }
         let _ = stop.send(true);
+        let _ = draining.send(());
     };
-    let served = Server::builder()
+    let serve = server
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(agent)
         .add_service(approver)
         .add_service(admin)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), drain)
-        .await;
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), drain);
+    let drain_timeout = config.drain_timeout;
+    let served = tokio::select! {
+        served = serve => served.map_err(|e| Error::Internal(format!("server: {e}"))),
+        _ = async {
+            if drain_started.await.is_ok() {
+                tokio::time::sleep(drain_timeout).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        } => {
+            tracing::warn!(?drain_timeout, "requests still open after the drain timeout; stopping anyway");
+            Ok(())
+        }
+    };
     for task in background {
         task.abort();
     }
-    served.map_err(|e| Error::Internal(format!("server: {e}")))
+    if served.is_ok() {
+        tracing::info!("stopped");
+    }
+    served
+}
+
+/// The health service names the broker reports: the server as a whole and each service.
+const SERVICES: [&str; 4] = [
+    "",
+    <AgentServiceServer<AgentApi> as tonic::server::NamedService>::NAME,
+    <ApproverServiceServer<ApproverApi> as tonic::server::NamedService>::NAME,
+    <AdminServiceServer<AdminApi> as tonic::server::NamedService>::NAME,
+];
+
+/// TLS from --tls-cert and --tls-key, with client certificates required when --tls-client-ca
+/// is set.
+fn tls_config(config: &Config) -> Result<Option<ServerTlsConfig>> {
+    let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) else {
+        return Ok(None);
+    };
+    let read = |setting: &str, path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|e| Error::invalid(setting, format!("cannot read {}: {e}", path.display())))
+    };
+    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(
+        read("--tls-cert", cert)?,
+        read("--tls-key", key)?,
+    ));
+    if let Some(ca) = &config.tls_client_ca {
+        tls = tls.client_ca_root(Certificate::from_pem(read("--tls-client-ca", ca)?));
+    }
+    Ok(Some(tls))
 }
 
 fn backend_name(config: &Config) -> &'static str {

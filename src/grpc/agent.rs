@@ -13,10 +13,12 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{parse, render};
+use crate::auth::Caller;
 use crate::broker::Broker;
 use crate::domain::{AgentId, BatchId, Call, CallId, Event, EventKind, SessionId};
 use crate::error::Result;
 use crate::events::Feed;
+use crate::limits::Slot;
 use crate::proto::v1 as pb;
 use crate::proto::v1::agent_response::Response as Reply;
 use crate::store::{SubmitReport, SubmitResult};
@@ -48,12 +50,15 @@ impl pb::agent_service_server::AgentService for AgentApi {
         &self,
         request: Request<Streaming<pb::AgentRequest>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
+        let agent = Caller::of(&request).agent()?;
+        let slot = self.broker.open_agent_stream()?;
         let (out, rx) = mpsc::channel(OUTBOUND);
         let connection = AgentConnection {
             broker: Arc::clone(&self.broker),
-            agent: AgentId::default_owner(),
+            agent,
             out,
             watched: HashMap::new(),
+            _slot: slot,
         };
         let feed = self.broker.bus().feed_live();
         tokio::spawn(connection.run(request.into_inner(), feed));
@@ -64,10 +69,12 @@ impl pb::agent_service_server::AgentService for AgentApi {
         &self,
         request: Request<pb::SubmitRequest>,
     ) -> Result<Response<pb::SubmitResponse>, Status> {
-        let parsed = parse::batch(
+        let agent = Caller::of(&request).agent()?;
+        let mut parsed = parse::batch(
             request.into_inner().batch,
             self.broker.limits().max_input_bytes,
         )?;
+        parsed.batch.agent = agent;
         let session = parsed.batch.session.to_string();
         let report = self.broker.submit(parsed.batch).await?;
         Ok(Response::new(render::submit_response(
@@ -81,11 +88,12 @@ impl pb::agent_service_server::AgentService for AgentApi {
         &self,
         request: Request<pb::WatchOutcomesRequest>,
     ) -> Result<Response<Self::WatchOutcomesStream>, Status> {
+        let agent = Caller::of(&request).agent()?;
+        let slot = self.broker.open_agent_stream()?;
         let req = request.into_inner();
         let session = parse::session("session_id", req.session_id)?;
         let named = parse::call_ids("call_ids", req.call_ids, true)?;
         let wanted = (!named.is_empty()).then(|| named.into_iter().collect::<HashSet<_>>());
-        let agent = AgentId::default_owner();
         let (calls, seq) = self.broker.store().session_calls(&agent, &session).await?;
         let (out, rx) = mpsc::channel(OUTBOUND);
         let watch = OutcomeWatch {
@@ -94,6 +102,7 @@ impl pb::agent_service_server::AgentService for AgentApi {
             session,
             wanted,
             out,
+            _slot: slot,
         };
         tokio::spawn(watch.run(calls, seq));
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -103,10 +112,10 @@ impl pb::agent_service_server::AgentService for AgentApi {
         &self,
         request: Request<pb::GetOutcomesRequest>,
     ) -> Result<Response<pb::GetOutcomesResponse>, Status> {
+        let agent = Caller::of(&request).agent()?;
         let req = request.into_inner();
         let session = parse::session("session_id", req.session_id)?;
         let ids = parse::call_ids("call_ids", req.call_ids, false)?;
-        let agent = AgentId::default_owner();
         let found = self
             .broker
             .store()
@@ -133,7 +142,9 @@ impl pb::agent_service_server::AgentService for AgentApi {
         &self,
         request: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::CancelResponse>, Status> {
-        let target = parse::cancel(request.into_inner().target, "target")?;
+        let agent = Caller::of(&request).agent()?;
+        let mut target = parse::cancel(request.into_inner().target, "target")?;
+        target.agent = agent;
         let report = self.broker.cancel(&target).await?;
         Ok(Response::new(pb::CancelResponse {
             result: Some(render::cancel_result(&report)),
@@ -213,6 +224,7 @@ struct AgentConnection {
     /// The sessions this stream follows, each with the sequence number up to which its
     /// outcomes were sent (by a resume) or are not wanted (committed before it followed).
     watched: HashMap<SessionId, u64>,
+    _slot: Slot,
 }
 
 impl AgentConnection {
@@ -284,7 +296,8 @@ impl AgentConnection {
 
     /// `Err` refuses the request as a whole; `Ok(Err(Gone))` means the client went away.
     async fn submit(&mut self, id: &str, spec: pb::BatchSpec) -> Result<Result<(), Gone>> {
-        let parsed = parse::batch(Some(spec), self.broker.limits().max_input_bytes)?;
+        let mut parsed = parse::batch(Some(spec), self.broker.limits().max_input_bytes)?;
+        parsed.batch.agent = self.agent.clone();
         let session = parsed.batch.session.clone();
         self.follow(&session).await?;
         let report = self.broker.submit(parsed.batch).await?;
@@ -348,7 +361,8 @@ impl AgentConnection {
     }
 
     async fn cancel(&mut self, id: &str, target: pb::CancelTarget) -> Result<Result<(), Gone>> {
-        let target = parse::cancel(Some(target), "cancel")?;
+        let mut target = parse::cancel(Some(target), "cancel")?;
+        target.agent = self.agent.clone();
         self.follow(&target.session).await?;
         let report = self.broker.cancel(&target).await?;
         Ok(self
@@ -422,6 +436,7 @@ struct OutcomeWatch {
     session: SessionId,
     wanted: Option<HashSet<CallId>>,
     out: Outbound<pb::WatchOutcomesResponse>,
+    _slot: Slot,
 }
 
 impl OutcomeWatch {

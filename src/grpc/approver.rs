@@ -16,10 +16,12 @@ use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
 use super::{parse, render};
+use crate::auth::Caller;
 use crate::broker::Broker;
 use crate::domain::{EventKind, Status as CallStatus};
 use crate::error::{Error, Result};
 use crate::events::Feed;
+use crate::limits::Slot;
 use crate::proto::v1 as pb;
 use crate::proto::v1::approver_event::Event as E;
 use crate::store::CallQuery;
@@ -45,6 +47,7 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         &self,
         request: Request<pb::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let slot = self.broker.open_subscriber()?;
         let req = request.into_inner();
         let filter = parse::filter(req.filter)?;
         let latest = self.broker.store().latest_seq().await?;
@@ -63,6 +66,7 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
             filter,
             out,
             last_queued: req.after_seq.unwrap_or(latest),
+            _slot: slot,
         };
         tokio::spawn(subscriber.run(req.after_seq.is_none()));
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -72,8 +76,11 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         &self,
         request: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
-        let (key, decision) =
+        let caller = Caller::of(&request);
+        let (key, mut decision) =
             parse::decide(request.into_inner(), self.broker.limits().max_input_bytes)?;
+        // With auth on, the token says who decides; the request cannot.
+        decision.approver = caller.approver(decision.approver)?;
         let report = self.broker.decide(&key, &decision).await?;
         Ok(Response::new(pb::DecideResponse {
             outcome: render::outcome(&report.call),
@@ -107,6 +114,7 @@ struct Subscriber {
     out: mpsc::Sender<Result<pb::ApproverEvent, Status>>,
     /// The sequence number of the last event queued for the client.
     last_queued: u64,
+    _slot: Slot,
 }
 
 impl Subscriber {

@@ -80,6 +80,68 @@ fn an_invalid_setting_stops_the_broker_naming_it() {
     );
 }
 
+#[test]
+fn hash_token_prints_the_line_to_configure_a_token_with() {
+    let output = broker()
+        .args(["hash-token", "s3cret"])
+        .output()
+        .expect("run");
+    assert!(output.status.success());
+    let printed = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    assert_eq!(printed, approval_broker::auth::hash_token("s3cret"));
+    assert!(printed.starts_with("sha256:") && printed.len() == 7 + 64);
+
+    let mut child = broker()
+        .arg("hash-token")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run");
+    use std::io::Write as _;
+    writeln!(child.stdin.take().expect("stdin"), "s3cret").expect("write");
+    let output = child.wait_with_output().expect("wait");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        printed,
+        "from standard input"
+    );
+}
+
+#[test]
+fn with_no_tokens_the_broker_warns_at_start_that_auth_is_off() {
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().expect("dir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let mut child = broker()
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args([
+            "--database-url",
+            &format!("sqlite://{}", dir.path().join("a.db").display()),
+        ])
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut warned = false;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.expect("line");
+        if line.contains("authentication is OFF") {
+            warned = line.contains("WARN");
+            break;
+        }
+        if line.contains("serving") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(warned, "a warning that authentication is off");
+}
+
 backend_tests! {
     the_migrate_subcommand_applies_the_migrations_and_exits,
 }

@@ -1,0 +1,289 @@
+//! Who may call what: bearer tokens with a role (`agent`, `approver`, `admin`) and an identity.
+//!
+//! Tokens are configured as SHA-256 hashes, never in clear, and a presented token is compared
+//! against every configured hash in constant time. Each service is wrapped in a [`Gate`] that
+//! admits its role (and `admin`, which may call everything) and hands the handler a [`Caller`].
+//! With auth on, an agent's identity owns its sessions (calls are keyed by it), and the approver
+//! recorded in an outcome is the token's identity, never a field of the request. With no tokens
+//! configured, auth is off: every caller is [`Caller::Anonymous`] (the laptop default).
+
+use std::fmt;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use tonic::service::Interceptor;
+use tonic::{Request, Status};
+
+use crate::domain::AgentId;
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Agent,
+    Approver,
+    Admin,
+}
+
+impl Role {
+    fn parse(s: &str) -> Option<Role> {
+        match s {
+            "agent" => Some(Role::Agent),
+            "approver" => Some(Role::Approver),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+
+    /// Whether a caller with this role may call a service that requires `required`.
+    fn admits(self, required: Role) -> bool {
+        self == required || self == Role::Admin
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Agent => "agent",
+            Role::Approver => "approver",
+            Role::Admin => "admin",
+        })
+    }
+}
+
+/// One configured token: its hash, role and identity.
+#[derive(Debug)]
+struct Entry {
+    hash: [u8; 32],
+    role: Role,
+    identity: String,
+}
+
+/// The configured tokens.
+#[derive(Debug, Default)]
+pub struct Tokens {
+    entries: Vec<Entry>,
+}
+
+/// The line to configure `token` with: `sha256:<hex>`.
+pub fn hash_token(token: &str) -> String {
+    let digest = Sha256::digest(token.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+impl Tokens {
+    /// Parses token lines `ROLE IDENTITY sha256:HEX` (blank lines and `#` comments ignored;
+    /// `;` also separates entries, for environment variables). `source` names where they came
+    /// from in errors.
+    pub fn parse(text: &str, source: &str) -> Result<Tokens> {
+        let mut tokens = Tokens::default();
+        for (n, line) in text.split(['\n', ';']).enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let bad = |why: &str| {
+                Error::invalid(
+                    source,
+                    format!(
+                        "entry {}: {why} (expected `ROLE IDENTITY sha256:HEX`)",
+                        n + 1
+                    ),
+                )
+            };
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [role, identity, hash] = fields[..] else {
+                return Err(bad("wrong number of fields"));
+            };
+            let role =
+                Role::parse(role).ok_or_else(|| bad("role must be agent, approver or admin"))?;
+            let hash = hash
+                .strip_prefix("sha256:")
+                .and_then(decode_hex)
+                .ok_or_else(|| bad("the hash must be sha256: and 64 hex digits"))?;
+            if identity.len() > 256 || identity.chars().any(char::is_control) {
+                return Err(bad(
+                    "the identity must be at most 256 bytes, no control characters",
+                ));
+            }
+            tokens.entries.push(Entry {
+                hash,
+                role,
+                identity: identity.to_owned(),
+            });
+        }
+        Ok(tokens)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The entry `token` hashes to. Every entry is compared, in constant time, whatever matches.
+    fn authenticate(&self, token: &str) -> Option<&Entry> {
+        let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let mut found = None;
+        for entry in &self.entries {
+            let diff = entry
+                .hash
+                .iter()
+                .zip(presented.iter())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+            if diff == 0 {
+                found = Some(entry);
+            }
+        }
+        found
+    }
+}
+
+fn decode_hex(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The caller of an RPC, as the gate admitted it.
+#[derive(Debug, Clone)]
+pub enum Caller {
+    /// Auth is off.
+    Anonymous,
+    Authenticated {
+        role: Role,
+        identity: Arc<str>,
+    },
+}
+
+impl Caller {
+    /// The caller of `request` (anonymous if no gate ran, as for tests of a handler alone).
+    pub fn of<T>(request: &Request<T>) -> Caller {
+        request
+            .extensions()
+            .get::<Caller>()
+            .cloned()
+            .unwrap_or(Caller::Anonymous)
+    }
+
+    /// The agent that owns the sessions this caller submits to: its token's identity, or the
+    /// default owner while auth is off.
+    pub fn agent(&self) -> Result<AgentId> {
+        match self {
+            Caller::Anonymous => Ok(AgentId::default_owner()),
+            Caller::Authenticated { identity, .. } => AgentId::parse("token identity", &**identity),
+        }
+    }
+
+    /// Who decides: the token's identity; while auth is off, the request's `approver` field,
+    /// which is then required.
+    pub fn approver(&self, from_request: String) -> Result<String> {
+        match self {
+            Caller::Authenticated { identity, .. } => Ok(identity.to_string()),
+            Caller::Anonymous if from_request.is_empty() => {
+                Err(Error::invalid("approver", "must name who decides"))
+            }
+            Caller::Anonymous => Ok(from_request),
+        }
+    }
+}
+
+/// Admits the callers of one service: a valid bearer token whose role is `required` or `admin`.
+#[derive(Clone)]
+pub struct Gate {
+    tokens: Option<Arc<Tokens>>,
+    required: Role,
+}
+
+impl Gate {
+    /// `tokens: None` means auth is off and everyone is admitted anonymously.
+    pub fn new(tokens: Option<Arc<Tokens>>, required: Role) -> Self {
+        Self { tokens, required }
+    }
+}
+
+impl Interceptor for Gate {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let Some(tokens) = &self.tokens else {
+            request.extensions_mut().insert(Caller::Anonymous);
+            return Ok(request);
+        };
+        let header = request
+            .metadata()
+            .get("authorization")
+            .ok_or_else(|| Status::unauthenticated("missing `authorization: Bearer <token>`"))?;
+        let token = header
+            .to_str()
+            .ok()
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .map(str::trim)
+            .ok_or_else(|| Status::unauthenticated("`authorization` must be `Bearer <token>`"))?;
+        let entry = tokens
+            .authenticate(token)
+            .ok_or_else(|| Status::unauthenticated("unknown token"))?;
+        if !entry.role.admits(self.required) {
+            return Err(Status::permission_denied(format!(
+                "a token with role `{}` may not call this service (it needs `{}`)",
+                entry.role, self.required
+            )));
+        }
+        request.extensions_mut().insert(Caller::Authenticated {
+            role: entry.role,
+            identity: Arc::from(entry.identity.as_str()),
+        });
+        Ok(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_configured_as_hashes_and_matched_by_hash() {
+        let line = format!("agent build-bot {}", hash_token("s3cret"));
+        let tokens = Tokens::parse(&format!("# comment\n{line}\n"), "tokens").unwrap();
+        assert_eq!(tokens.len(), 1);
+        let entry = tokens.authenticate("s3cret").expect("matches");
+        assert_eq!(
+            (entry.role, entry.identity.as_str()),
+            (Role::Agent, "build-bot")
+        );
+        assert!(tokens.authenticate("s3cret ").is_none());
+        assert!(tokens.authenticate("").is_none());
+    }
+
+    #[test]
+    fn malformed_token_lines_are_refused_naming_the_source() {
+        for bad in [
+            "agent only-two",
+            "root someone sha256:00",
+            "agent a md5:0123",
+            &format!("agent a sha256:{}", "z".repeat(64)),
+        ] {
+            let err = Tokens::parse(bad, "APPROVALS_TOKENS")
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with("APPROVALS_TOKENS: entry 1"), "{err}");
+        }
+    }
+
+    #[test]
+    fn admin_is_admitted_everywhere_and_other_roles_only_to_their_service() {
+        assert!(Role::Admin.admits(Role::Agent));
+        assert!(Role::Admin.admits(Role::Approver));
+        assert!(Role::Agent.admits(Role::Agent));
+        assert!(!Role::Agent.admits(Role::Approver));
+        assert!(!Role::Approver.admits(Role::Admin));
+    }
+}

@@ -1,0 +1,202 @@
+//! Graceful drain: on SIGTERM, health turns NOT_SERVING, open streams end with UNAVAILABLE so
+//! clients reconnect elsewhere, requests in flight finish, the process exits 0 within the drain
+//! time, and nothing acknowledged is lost. Runs the real binary.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use approval_broker::proto::v1 as pb;
+use tokio_stream::StreamExt;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use crate::helpers::*;
+
+struct Broker {
+    child: Child,
+    channel: Channel,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start_binary(database_url: &str, drain: &str) -> Broker {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let child = Command::new(env!("CARGO_BIN_EXE_approval-broker"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--database-url", database_url, "--drain-timeout", drain])
+        .env_remove("DATABASE_URL")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the broker");
+    let channel = Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .expect("endpoint")
+        .connect_lazy();
+    // Owned from here on, so the process is killed and reaped even if the test fails.
+    let broker = Broker { child, channel };
+    let mut health = HealthClient::new(broker.channel.clone());
+    for _ in 0..300 {
+        if health
+            .check(tonic_health::pb::HealthCheckRequest::default())
+            .await
+            .is_ok()
+        {
+            return broker;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the broker did not start");
+}
+
+async fn on_sigterm_the_broker_drains_and_loses_nothing_acknowledged(mut app: TestApp) {
+    app.shut_down().await;
+    let mut broker = start_binary(&app.database_url, "5s").await;
+
+    let mut health = HealthClient::new(broker.channel.clone())
+        .watch(tonic_health::pb::HealthCheckRequest::default())
+        .await
+        .expect("watch health")
+        .into_inner();
+    let first = health.next().await.expect("a status").expect("ok");
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+
+    let mut subscriber = ApproverServiceClient::new(broker.channel.clone())
+        .subscribe(pb::SubscribeRequest {
+            filter: None,
+            after_seq: None,
+        })
+        .await
+        .expect("subscribe")
+        .into_inner();
+    let (requests, rx) = tokio::sync::mpsc::channel(8);
+    let mut agent_stream = AgentServiceClient::new(broker.channel.clone())
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("connect")
+        .into_inner();
+    requests
+        .send(pb::AgentRequest {
+            request_id: "r".into(),
+            request: Some(pb::agent_request::Request::Submit(batch(
+                "stream",
+                vec![call("s1", "t", "{}")],
+            ))),
+        })
+        .await
+        .expect("send");
+    let acked_on_stream = agent_stream
+        .message()
+        .await
+        .expect("healthy")
+        .expect("a response");
+    assert!(matches!(
+        acked_on_stream.response,
+        Some(pb::agent_response::Response::Submitted(_))
+    ));
+
+    // A steady load of submits, recording every acknowledged call.
+    let acknowledged = Arc::new(Mutex::new(vec!["s1".to_string()]));
+    let load = {
+        let channel = broker.channel.clone();
+        let acknowledged = Arc::clone(&acknowledged);
+        tokio::spawn(async move {
+            let mut client = AgentServiceClient::new(channel);
+            for i in 0.. {
+                let id = format!("load{i}");
+                let request = pb::SubmitRequest {
+                    batch: Some(batch("load", vec![call(&id, "t", "{}")])),
+                };
+                match client.submit(request).await {
+                    Ok(_) => acknowledged.lock().unwrap().push(id),
+                    Err(_) => return i,
+                }
+            }
+            unreachable!()
+        })
+    };
+    while acknowledged.lock().unwrap().len() < 20 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let signalled = Instant::now();
+    let killed = Command::new("kill")
+        .args(["-TERM", &broker.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+
+    // Health says NOT_SERVING; open streams end with UNAVAILABLE.
+    let mut saw_not_serving = false;
+    while let Some(Ok(update)) = health.next().await {
+        if update.status == ServingStatus::NotServing as i32 {
+            saw_not_serving = true;
+            break;
+        }
+    }
+    assert!(saw_not_serving, "health turned NOT_SERVING");
+    drop(health);
+    let ended = loop {
+        match agent_stream.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the agent stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
+    let ended = loop {
+        match subscriber.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the subscriber ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
+    assert!(ended.message().contains("after_seq"), "{}", ended.message());
+    drop(requests);
+
+    // The process exits 0, within the drain time.
+    let status = loop {
+        if let Some(status) = broker.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(10),
+            "the broker did not exit in time"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "exit status {status:?}");
+    let submitted = load.await.expect("load");
+    assert!(submitted >= 20);
+
+    // Nothing acknowledged was lost.
+    drop(broker);
+    let app = app.start_again().await;
+    let acknowledged = acknowledged.lock().unwrap().clone();
+    let (stream_ids, load_ids): (Vec<_>, Vec<_>) =
+        acknowledged.iter().partition(|id| id.starts_with('s'));
+    for (session, ids) in [("stream", stream_ids), ("load", load_ids)] {
+        let ids: Vec<&str> = ids.iter().map(|s| s.as_str()).collect();
+        for state in states(&app, session, &ids).await {
+            assert!(
+                matches!(state.state, Some(pb::call_state::State::Pending(_))),
+                "{}: acknowledged before the drain, so stored: {state:?}",
+                state.call_id
+            );
+        }
+    }
+}
+
+backend_tests! {
+    on_sigterm_the_broker_drains_and_loses_nothing_acknowledged,
+}

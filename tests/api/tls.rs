@@ -1,0 +1,153 @@
+//! TLS (rustls) and mutual TLS: with a certificate the broker serves only TLS; with a client CA
+//! it serves only clients presenting a certificate that CA signed. The certificates are made
+//! here, for each test.
+
+use std::path::Path;
+use std::time::Duration;
+
+use approval_broker::config::Config;
+use approval_broker::proto::v1 as pb;
+use approval_broker::startup;
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use tokio::net::TcpListener;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::helpers::*;
+
+/// A certificate authority that signs server and client certificates.
+struct Authority(CertifiedIssuer<'static, KeyPair>);
+
+impl Authority {
+    fn new(name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        Self(CertifiedIssuer::self_signed(params, KeyPair::generate().expect("key")).expect("ca"))
+    }
+
+    fn pem(&self) -> String {
+        self.0.pem()
+    }
+
+    /// A certificate for `names` and its private key, both PEM.
+    fn issue(&self, names: &[&str]) -> (String, String) {
+        let key = KeyPair::generate().expect("key");
+        let params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .expect("params");
+        let cert = params.signed_by(&key, &self.0).expect("sign");
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+/// Starts a broker serving TLS with a certificate from `ca` (and requiring client certificates
+/// signed by `client_ca`, if given). Returns its address.
+async fn serve_tls(
+    dir: &Path,
+    ca: &Authority,
+    client_ca: Option<&Authority>,
+) -> std::net::SocketAddr {
+    let (cert, key) = ca.issue(&["localhost"]);
+    std::fs::write(dir.join("server.pem"), cert).expect("write");
+    std::fs::write(dir.join("server.key"), key).expect("write");
+    let mut config = Config::with_database(format!("sqlite://{}", dir.join("a.db").display()));
+    config.tls_cert = Some(dir.join("server.pem"));
+    config.tls_key = Some(dir.join("server.key"));
+    if let Some(client_ca) = client_ca {
+        std::fs::write(dir.join("clients.pem"), client_ca.pem()).expect("write");
+        config.tls_client_ca = Some(dir.join("clients.pem"));
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(startup::run(listener, config, std::future::pending()));
+    address
+}
+
+async fn channel(
+    address: std::net::SocketAddr,
+    tls: Option<ClientTlsConfig>,
+) -> Result<Channel, tonic::transport::Error> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://localhost:{}", address.port()))
+        .expect("endpoint")
+        .connect_timeout(Duration::from_secs(5));
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls)?;
+    }
+    // The broker may still be starting: retry the connection for a while.
+    let mut last = None;
+    for _ in 0..100 {
+        match endpoint.connect().await {
+            Ok(channel) => return Ok(channel),
+            Err(err) => last = Some(err),
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    Err(last.expect("an error"))
+}
+
+/// Whether a ListPending through `channel` succeeds.
+async fn serves(channel: Result<Channel, tonic::transport::Error>) -> bool {
+    let Ok(channel) = channel else {
+        return false;
+    };
+    ApproverServiceClient::new(channel)
+        .list_pending(pb::ListPendingRequest::default())
+        .await
+        .is_ok()
+}
+
+fn trusting(ca: &Authority) -> ClientTlsConfig {
+    ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca.pem()))
+        .domain_name("localhost")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_certificate_the_broker_serves_tls_and_refuses_plaintext() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ca = Authority::new("server CA");
+    let address = serve_tls(dir.path(), &ca, None).await;
+    assert!(
+        serves(channel(address, Some(trusting(&ca))).await).await,
+        "a TLS client is served"
+    );
+    assert!(
+        !serves(channel(address, None).await).await,
+        "a plaintext client is not"
+    );
+    let stranger = Authority::new("someone else");
+    assert!(
+        !serves(channel(address, Some(trusting(&stranger))).await).await,
+        "a client that does not trust the server's CA does not connect"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_client_ca_only_clients_with_a_certificate_it_signed_are_served() {
+    let dir = tempfile::tempdir().expect("dir");
+    let server_ca = Authority::new("server CA");
+    let client_ca = Authority::new("client CA");
+    let address = serve_tls(dir.path(), &server_ca, Some(&client_ca)).await;
+
+    let (cert, key) = client_ca.issue(&["agent-1"]);
+    let with_cert = trusting(&server_ca).identity(Identity::from_pem(cert, key));
+    assert!(
+        serves(channel(address, Some(with_cert)).await).await,
+        "a client with a signed certificate is served"
+    );
+
+    assert!(
+        !serves(channel(address, Some(trusting(&server_ca))).await).await,
+        "a client without a certificate is not"
+    );
+    let rogue = Authority::new("rogue CA");
+    let (cert, key) = rogue.issue(&["agent-1"]);
+    let with_rogue_cert = trusting(&server_ca).identity(Identity::from_pem(cert, key));
+    assert!(
+        !serves(channel(address, Some(with_rogue_cert)).await).await,
+        "a client whose certificate another CA signed is not"
+    );
+}
