@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::rows::{call_columns, call_from_row, event_from_row, select_calls};
-use super::writes::{self, Resolved, Stored, WriteTx};
+use super::writes::{self, Resolved, Stored, WriteTx, Writer};
 use super::{
     CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, Store, SubmitReport,
 };
@@ -82,10 +82,6 @@ impl PostgresStore {
             listener,
         })
     }
-
-    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Postgres>> {
-        Ok(self.pool.begin().await?)
-    }
 }
 
 /// Wakes `remote_commits` on every notification of `channel`, and after every reconnection
@@ -125,41 +121,30 @@ async fn listen(pool: PgPool, channel: String, remote_commits: Arc<Notify>) {
 }
 
 #[async_trait]
+impl Writer for PostgresStore {
+    type Tx = sqlx::Transaction<'static, Postgres>;
+
+    async fn begin_write(&self) -> Result<Self::Tx> {
+        Ok(self.pool.begin().await?)
+    }
+}
+
+#[async_trait]
 impl Store for PostgresStore {
     async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
-        let mut tx = self.begin_write().await?;
-        let report = writes::submit(&mut tx, &batch, &self.texts, Timestamp::now()).await?;
-        tx.commit().await?;
-        Ok(report)
+        writes::submit(self.begin_write().await?, &batch, &self.texts).await
     }
 
     async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
-        let mut tx = self.begin_write().await?;
-        let report = writes::decide(&mut tx, key, decision, &self.texts, Timestamp::now()).await?;
-        tx.commit().await?;
-        Ok(report)
+        writes::decide(self.begin_write().await?, key, decision, &self.texts).await
     }
 
     async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
-        let mut tx = self.begin_write().await?;
-        let report = writes::cancel(&mut tx, target, &self.texts, Timestamp::now()).await?;
-        tx.commit().await?;
-        Ok(report)
+        writes::cancel(self.begin_write().await?, target, &self.texts).await
     }
 
     async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
-        const CHUNK: i64 = 256;
-        let mut expired = Vec::new();
-        loop {
-            let mut tx = self.begin_write().await?;
-            let chunk = writes::expire_due(&mut tx, &self.texts, now, CHUNK).await?;
-            tx.commit().await?;
-            let done = (chunk.len() as i64) < CHUNK;
-            expired.extend(chunk);
-            if done {
-                return Ok(expired);
-            }
-        }
+        writes::expire_due(self, &self.texts, now).await
     }
 
     async fn next_deadline(&self) -> Result<Option<Timestamp>> {
@@ -584,6 +569,10 @@ impl WriteTx for sqlx::Transaction<'static, Postgres> {
         .execute(&mut **self)
         .await?;
         Ok(())
+    }
+
+    async fn commit(self) -> Result<()> {
+        Ok(sqlx::Transaction::commit(self).await?)
     }
 }
 

@@ -17,7 +17,7 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite};
 
 use super::rows::{call_columns, call_from_row, event_from_row, select_calls};
-use super::writes::{self, Resolved, Stored, WriteTx};
+use super::writes::{self, Resolved, Stored, WriteTx, Writer};
 use super::{
     CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, Store, SubmitReport,
 };
@@ -99,8 +99,13 @@ impl SqliteStore {
             texts,
         })
     }
+}
 
-    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Sqlite>> {
+#[async_trait]
+impl Writer for SqliteStore {
+    type Tx = sqlx::Transaction<'static, Sqlite>;
+
+    async fn begin_write(&self) -> Result<Self::Tx> {
         Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
     }
 }
@@ -108,39 +113,19 @@ impl SqliteStore {
 #[async_trait]
 impl Store for SqliteStore {
     async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
-        let mut tx = self.begin_write().await?;
-        let report = writes::submit(&mut tx, &batch, &self.texts, Timestamp::now()).await?;
-        tx.commit().await?;
-        Ok(report)
+        writes::submit(self.begin_write().await?, &batch, &self.texts).await
     }
 
     async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
-        let mut tx = self.begin_write().await?;
-        let report = writes::decide(&mut tx, key, decision, &self.texts, Timestamp::now()).await?;
-        tx.commit().await?;
-        Ok(report)
+        writes::decide(self.begin_write().await?, key, decision, &self.texts).await
     }
 
     async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
-        let mut tx = self.begin_write().await?;
-        let report = writes::cancel(&mut tx, target, &self.texts, Timestamp::now()).await?;
-        tx.commit().await?;
-        Ok(report)
+        writes::cancel(self.begin_write().await?, target, &self.texts).await
     }
 
     async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
-        const CHUNK: i64 = 256;
-        let mut expired = Vec::new();
-        loop {
-            let mut tx = self.begin_write().await?;
-            let chunk = writes::expire_due(&mut tx, &self.texts, now, CHUNK).await?;
-            tx.commit().await?;
-            let done = (chunk.len() as i64) < CHUNK;
-            expired.extend(chunk);
-            if done {
-                return Ok(expired);
-            }
-        }
+        writes::expire_due(self, &self.texts, now).await
     }
 
     async fn next_deadline(&self) -> Result<Option<Timestamp>> {
@@ -507,6 +492,10 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
         .execute(&mut **self)
         .await?;
         Ok(())
+    }
+
+    async fn commit(self) -> Result<()> {
+        Ok(sqlx::Transaction::commit(self).await?)
     }
 }
 

@@ -93,10 +93,22 @@ pub trait WriteTx: Send {
     async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<i64>>;
     /// Under the batch's lock: if no call of it is pending, flags `event` as completing it.
     async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()>;
+    /// Commits the transaction: only then may its changes be acknowledged.
+    async fn commit(self) -> Result<()>;
 }
 
-/// Stores a batch. See [`super::Store::submit`].
+/// Stores a batch and commits. See [`super::Store::submit`].
 pub async fn submit(
+    mut tx: impl WriteTx,
+    batch: &NewBatch,
+    texts: &ToolResultTexts,
+) -> Result<SubmitReport> {
+    let report = submit_in(&mut tx, batch, texts, Timestamp::now()).await?;
+    tx.commit().await?;
+    Ok(report)
+}
+
+async fn submit_in(
     tx: &mut impl WriteTx,
     batch: &NewBatch,
     texts: &ToolResultTexts,
@@ -207,8 +219,19 @@ fn existing(batch: &NewBatch, call: &NewCall, stored: Call) -> SubmitItem {
     }
 }
 
-/// Writes an approver's decision. See [`super::Store::decide`].
+/// Writes an approver's decision and commits. See [`super::Store::decide`].
 pub async fn decide(
+    mut tx: impl WriteTx,
+    key: &CallKey,
+    decision: &Decision,
+    texts: &ToolResultTexts,
+) -> Result<DecideReport> {
+    let report = decide_in(&mut tx, key, decision, texts, Timestamp::now()).await?;
+    tx.commit().await?;
+    Ok(report)
+}
+
+async fn decide_in(
     tx: &mut impl WriteTx,
     key: &CallKey,
     decision: &Decision,
@@ -284,8 +307,18 @@ pub async fn decide(
     Ok(report)
 }
 
-/// Cancels what `target` names. See [`super::Store::cancel`].
+/// Cancels what `target` names and commits. See [`super::Store::cancel`].
 pub async fn cancel(
+    mut tx: impl WriteTx,
+    target: &CancelTarget,
+    texts: &ToolResultTexts,
+) -> Result<CancelReport> {
+    let report = cancel_in(&mut tx, target, texts, Timestamp::now()).await?;
+    tx.commit().await?;
+    Ok(report)
+}
+
+async fn cancel_in(
     tx: &mut impl WriteTx,
     target: &CancelTarget,
     texts: &ToolResultTexts,
@@ -352,8 +385,35 @@ pub async fn cancel(
     Ok(report)
 }
 
-/// Expires up to `limit` due calls. Returns them, decided.
+/// A backend that opens write transactions.
+#[async_trait]
+pub trait Writer: Sync {
+    type Tx: WriteTx;
+    async fn begin_write(&self) -> Result<Self::Tx>;
+}
+
+/// Expires every call due at `now`, a chunk per transaction. Returns them, decided.
 pub async fn expire_due(
+    writer: &impl Writer,
+    texts: &ToolResultTexts,
+    now: Timestamp,
+) -> Result<Vec<Call>> {
+    const CHUNK: i64 = 256;
+    let mut expired = Vec::new();
+    loop {
+        let mut tx = writer.begin_write().await?;
+        let chunk = expire_chunk(&mut tx, texts, now, CHUNK).await?;
+        tx.commit().await?;
+        let done = (chunk.len() as i64) < CHUNK;
+        expired.extend(chunk);
+        if done {
+            return Ok(expired);
+        }
+    }
+}
+
+/// Expires up to `limit` due calls. Returns them, decided.
+async fn expire_chunk(
     tx: &mut impl WriteTx,
     texts: &ToolResultTexts,
     now: Timestamp,
