@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
+use crate::grpc::oversize::MessageLimitStatus;
 use crate::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi};
 use crate::proto::{self, v1 as pb};
 use crate::store;
@@ -97,6 +98,7 @@ pub async fn run(
         .map_err(|e| Error::Internal(format!("reflection: {e}")))?;
 
     let mut server = Server::builder()
+        .layer(MessageLimitStatus)
         .max_concurrent_streams(config.max_concurrent_streams)
         .http2_keepalive_interval(Some(config.keepalive_interval))
         .http2_keepalive_timeout(Some(config.keepalive_timeout));

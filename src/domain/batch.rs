@@ -1,25 +1,14 @@
 //! Batches: the calls of one model turn, submitted together and answered in their order.
 
-use super::{AgentId, NewCall, SessionId};
+use super::{AgentId, BatchId, NewCall, SessionId};
 
 /// At most this many calls in one batch.
 pub const MAX_BATCH_CALLS: usize = 128;
 
-/// Assigned by the broker when a batch is stored.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct BatchId(String);
-
 impl BatchId {
+    /// A new batch id (assigned by the broker when a batch is stored).
     pub fn generate() -> Self {
-        Self(uuid::Uuid::new_v4().to_string())
-    }
-
-    pub fn from_stored(value: String) -> Self {
-        Self(value)
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
+        Self::from_stored(uuid::Uuid::new_v4().to_string())
     }
 }
 

@@ -71,6 +71,11 @@ text_id!(
     MAX_TOOL_BYTES
 );
 text_id!(
+    /// A batch: the calls of one submit. Assigned by the broker; clients name it to cancel.
+    BatchId,
+    MAX_ID_BYTES
+);
+text_id!(
     /// The agent that owns a session. Until authentication exists every call has the owner
     /// [`AgentId::default_owner`].
     AgentId,

@@ -71,7 +71,10 @@ mod tests {
             r#"{"big":1e+15,"id":12345678901234567890123,"neg":-0,"x":1.10}"#
         );
         let again = ToolInput::parse("input", input.as_str(), input.as_str().len()).unwrap();
-        assert_eq!(again, input, "the canonical form is a fixed point within its own size");
+        assert_eq!(
+            again, input,
+            "the canonical form is a fixed point within its own size"
+        );
         // `{"a":1e15}` is 10 bytes, 11 in canonical form: the limit holds for both.
         assert!(ToolInput::parse("input", r#"{"a":1e15}"#, 11).is_ok());
         let err = ToolInput::parse("input", r#"{"a":1e15}"#, 10).unwrap_err();

@@ -10,10 +10,10 @@ mod input;
 mod outcome;
 mod time;
 
-pub use batch::{BatchId, MAX_BATCH_CALLS, NewBatch, OnDeny};
+pub use batch::{MAX_BATCH_CALLS, NewBatch, OnDeny};
 pub use call::{Call, CallKey, NewCall, Status};
 pub use event::{Event, EventKind};
-pub use ids::{AgentId, CallId, SessionId, ToolName};
+pub use ids::{AgentId, BatchId, CallId, SessionId, ToolName};
 pub use input::{DEFAULT_MAX_INPUT_BYTES, ToolInput};
 pub use outcome::{DecidedBy, Decision, Outcome, OutcomeKind, ToolResultTexts, Verdict};
 pub use time::Timestamp;

@@ -26,12 +26,15 @@ impl pb::admin_service_server::AdminService for AdminApi {
         request: Request<pb::ListCallsRequest>,
     ) -> Result<Response<pb::ListCallsResponse>, Status> {
         let req = request.into_inner();
-        let mut query = parse::filter(Some(pb::CallFilter {
-            session_id: req.session_id,
-            workspace: String::new(),
-            tool: req.tool,
-            agent: req.agent,
-        }))?;
+        let mut query = parse::filter(
+            "",
+            Some(pb::CallFilter {
+                session_id: req.session_id,
+                workspace: String::new(),
+                tool: req.tool,
+                agent: req.agent,
+            }),
+        )?;
         query.statuses = parse::statuses("statuses", req.statuses)?;
         query.created_after = parse::time_bound("created_after", req.created_after)?;
         query.created_before = parse::time_bound("created_before", req.created_before)?;

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{parse, render};
+use super::{oversize, parse, render};
 use crate::auth::Caller;
 use crate::broker::Broker;
 use crate::domain::{AgentId, BatchId, Call, CallId, Event, EventKind, SessionId};
@@ -71,6 +71,7 @@ impl pb::agent_service_server::AgentService for AgentApi {
     ) -> Result<Response<pb::SubmitResponse>, Status> {
         let agent = Caller::of(&request).agent()?;
         let mut parsed = parse::batch(
+            "batch",
             request.into_inner().batch,
             self.broker.limits().max_input_bytes,
         )?;
@@ -242,7 +243,11 @@ impl AgentConnection {
                         Ok(())
                     }
                     Err(status) => {
-                        tracing::debug!(%status, "agent stream ended by the client");
+                        // A message the stream could not take (too large, undecodable): say
+                        // why, rather than end as if all were well. If the client is gone,
+                        // the send fails and nothing is lost.
+                        tracing::debug!(%status, "agent stream broken");
+                        let _ = out.send(Err(oversize::map_status(status))).await;
                         return;
                     }
                 },
@@ -296,7 +301,7 @@ impl AgentConnection {
 
     /// `Err` refuses the request as a whole; `Ok(Err(Gone))` means the client went away.
     async fn submit(&mut self, id: &str, spec: pb::BatchSpec) -> Result<Result<(), Gone>> {
-        let mut parsed = parse::batch(Some(spec), self.broker.limits().max_input_bytes)?;
+        let mut parsed = parse::batch("submit", Some(spec), self.broker.limits().max_input_bytes)?;
         parsed.batch.agent = self.agent.clone();
         let session = parsed.batch.session.clone();
         self.follow(&session).await?;

@@ -49,7 +49,7 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let slot = self.broker.open_subscriber()?;
         let req = request.into_inner();
-        let filter = parse::filter(req.filter)?;
+        let filter = parse::filter("filter.", req.filter)?;
         let latest = self.broker.store().latest_seq().await?;
         if let Some(after) = req.after_seq
             && after > latest
@@ -94,7 +94,7 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         request: Request<pb::ListPendingRequest>,
     ) -> Result<Response<pb::ListPendingResponse>, Status> {
         let req = request.into_inner();
-        let mut query = parse::filter(req.filter)?;
+        let mut query = parse::filter("filter.", req.filter)?;
         parse::page(&mut query, req.page_size, &req.page_token)?;
         query.statuses = vec![CallStatus::Pending];
         let page = self.broker.store().list_calls(&query).await?;

@@ -5,5 +5,6 @@
 pub mod admin;
 pub mod agent;
 pub mod approver;
+pub mod oversize;
 pub mod parse;
 mod render;

@@ -29,14 +29,19 @@ pub struct ParsedBatch {
     pub refused: Vec<(u32, String, Error)>,
 }
 
-/// Parses a batch. Batch-level problems (session, size, duplicate ids) refuse the whole batch;
-/// a bad call is refused alone and the others go on.
-pub fn batch(spec: Option<pb::BatchSpec>, max_input_bytes: usize) -> Result<ParsedBatch> {
-    let spec = spec.ok_or_else(|| Error::invalid("batch", "is required"))?;
-    let session = SessionId::parse("batch.session_id", spec.session_id)?;
+/// Parses a batch found at `field` of the request (`batch` in Submit, `submit` on Connect).
+/// Batch-level problems (session, size, duplicate ids) refuse the whole batch; a bad call is
+/// refused alone and the others go on.
+pub fn batch(
+    field: &str,
+    spec: Option<pb::BatchSpec>,
+    max_input_bytes: usize,
+) -> Result<ParsedBatch> {
+    let spec = spec.ok_or_else(|| Error::invalid(field, "is required"))?;
+    let session = SessionId::parse(&format!("{field}.session_id"), spec.session_id)?;
     if spec.calls.is_empty() || spec.calls.len() > MAX_BATCH_CALLS {
         return Err(Error::invalid(
-            "batch.calls",
+            format!("{field}.calls"),
             format!(
                 "must hold 1 to {MAX_BATCH_CALLS} calls, got {}",
                 spec.calls.len()
@@ -48,7 +53,7 @@ pub fn batch(spec: Option<pb::BatchSpec>, max_input_bytes: usize) -> Result<Pars
         Ok(pb::OnDeny::Independent) => OnDeny::Independent,
         Err(_) => {
             return Err(Error::invalid(
-                "batch.on_deny",
+                format!("{field}.on_deny"),
                 format!("unknown value {}", spec.on_deny),
             ));
         }
@@ -57,7 +62,7 @@ pub fn batch(spec: Option<pb::BatchSpec>, max_input_bytes: usize) -> Result<Pars
     for (i, call) in spec.calls.iter().enumerate() {
         if !seen.insert(call.call_id.as_str()) {
             return Err(Error::invalid(
-                format!("batch.calls[{i}].call_id"),
+                format!("{field}.calls[{i}].call_id"),
                 format!("`{}` appears twice in the batch", call.call_id),
             ));
         }
@@ -67,7 +72,7 @@ pub fn batch(spec: Option<pb::BatchSpec>, max_input_bytes: usize) -> Result<Pars
     let mut refused = Vec::new();
     for (i, call) in spec.calls.into_iter().enumerate() {
         let call_id = call.call_id.clone();
-        match new_call(i as u32, call, max_input_bytes, now) {
+        match new_call(field, i as u32, call, max_input_bytes, now) {
             Ok(call) => calls.push(call),
             Err(err) => refused.push((i as u32, call_id, err)),
         }
@@ -85,12 +90,13 @@ pub fn batch(spec: Option<pb::BatchSpec>, max_input_bytes: usize) -> Result<Pars
 }
 
 fn new_call(
+    batch: &str,
     index: u32,
     spec: pb::CallSpec,
     max_input_bytes: usize,
     now: Timestamp,
 ) -> Result<NewCall> {
-    let field = |name: &str| format!("batch.calls[{index}].{name}");
+    let field = |name: &str| format!("{batch}.calls[{index}].{name}");
     let deadline = spec
         .deadline
         .map(|t| timestamp(&field("deadline"), t))
@@ -182,14 +188,8 @@ pub fn cancel(target: Option<pb::CancelTarget>, field: &str) -> Result<CancelTar
             ids.call_ids,
             false,
         )?),
-        Some(pb::cancel_target::Target::BatchId(id)) if !id.is_empty() => {
-            CancelScope::Batch(BatchId::from_stored(id))
-        }
-        Some(pb::cancel_target::Target::BatchId(_)) => {
-            return Err(Error::invalid(
-                format!("{field}.batch_id"),
-                "must not be empty",
-            ));
+        Some(pb::cancel_target::Target::BatchId(id)) => {
+            CancelScope::Batch(BatchId::parse(&format!("{field}.batch_id"), id)?)
         }
         Some(pb::cancel_target::Target::WholeSession(true)) => CancelScope::Session,
         Some(pb::cancel_target::Target::WholeSession(false)) | None => {
@@ -256,19 +256,21 @@ pub fn decide(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey
     ))
 }
 
-/// A filter's fields: empty matches everything; non-empty must be a valid value.
-pub fn filter(filter: Option<pb::CallFilter>) -> Result<CallQuery> {
+/// A filter's fields: empty matches everything; non-empty must be a valid value. `prefix` is
+/// where they sit in the request (`filter.` in Subscribe, nothing in ListCalls).
+pub fn filter(prefix: &str, filter: Option<pb::CallFilter>) -> Result<CallQuery> {
     let f = filter.unwrap_or_default();
+    let field = |name: &str| format!("{prefix}{name}");
     Ok(CallQuery {
-        agent: non_empty(f.agent, |v| AgentId::parse("filter.agent", v))?,
+        agent: non_empty(f.agent, |v| AgentId::parse(&field("agent"), v))?,
         session: non_empty(f.session_id, |v| {
-            SessionId::parse("filter.session_id", v).map(|s| s.as_str().to_owned())
+            SessionId::parse(&field("session_id"), v).map(|s| s.as_str().to_owned())
         })?,
         workspace: non_empty(f.workspace, |v| {
-            line("filter.workspace", v, MAX_WORKSPACE_BYTES)
+            line(&field("workspace"), v, MAX_WORKSPACE_BYTES)
         })?,
         tool: non_empty(f.tool, |v| {
-            ToolName::parse("filter.tool", v).map(|t| t.as_str().to_owned())
+            ToolName::parse(&field("tool"), v).map(|t| t.as_str().to_owned())
         })?,
         ..CallQuery::default()
     })

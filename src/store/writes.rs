@@ -207,9 +207,8 @@ fn existing(batch: &NewBatch, call: &NewCall, stored: Call) -> SubmitItem {
         SubmitResult::Duplicate(stored)
     } else {
         SubmitResult::Refused(Error::AlreadyExists(format!(
-            "batch.calls[{}].call_id: call `{}` already exists in session `{}` with a \
-             different tool or input",
-            call.index, call.call_id, batch.session
+            "call_id: call `{}` already exists in session `{}` with a different tool or input",
+            call.call_id, batch.session
         )))
     };
     SubmitItem {

@@ -8,6 +8,7 @@ mod admin;
 mod agent_stream;
 mod approver_stream;
 mod auth;
+mod bad_input;
 mod batches;
 mod cancel;
 mod cli;
