@@ -358,6 +358,20 @@ impl WriteTx for sqlx::Transaction<'static, Postgres> {
         Ok(())
     }
 
+    async fn lock_batches(&mut self, batches: &[&str]) -> Result<()> {
+        if batches.is_empty() {
+            return Ok(());
+        }
+        // The sort below the lock makes rows lock in batch id order.
+        sqlx::query(
+            "SELECT 1 FROM batches WHERE batch_id = ANY($1) ORDER BY batch_id FOR NO KEY UPDATE",
+        )
+        .bind(batches)
+        .execute(&mut **self)
+        .await?;
+        Ok(())
+    }
+
     async fn find_call(&mut self, key: &CallKey) -> Result<Option<Stored>> {
         let row = sqlx::query(select_calls!(
             "WHERE c.agent = $1 AND c.session_id = $2 AND c.call_id = $3"
@@ -541,11 +555,12 @@ impl WriteTx for sqlx::Transaction<'static, Postgres> {
         Ok(OnDeny::from_i64(on_deny))
     }
 
-    async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<i64>> {
-        // Another replica expiring the same calls holds their rows: leave them to it.
-        Ok(sqlx::query_scalar(
-            "SELECT id FROM calls WHERE status = 1 AND deadline IS NOT NULL AND deadline <= $1 \
-             ORDER BY deadline LIMIT $2 FOR UPDATE SKIP LOCKED",
+    async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(i64, String)>> {
+        // No row lock here: batches are locked first (see `writes`), and the conditional update
+        // leaves a call another replica expired first alone.
+        Ok(sqlx::query_as(
+            "SELECT id, batch_id FROM calls WHERE status = 1 AND deadline IS NOT NULL \
+             AND deadline <= $1 ORDER BY deadline LIMIT $2",
         )
         .bind(now.as_micros())
         .bind(limit)

@@ -283,6 +283,10 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
         Ok(())
     }
 
+    async fn lock_batches(&mut self, _batches: &[&str]) -> Result<()> {
+        Ok(())
+    }
+
     async fn find_call(&mut self, key: &CallKey) -> Result<Option<Stored>> {
         let row = sqlx::query(select_calls!(
             "WHERE c.agent = ? AND c.session_id = ? AND c.call_id = ?"
@@ -471,10 +475,10 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
         Ok(OnDeny::from_i64(on_deny))
     }
 
-    async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<i64>> {
-        Ok(sqlx::query_scalar(
-            "SELECT id FROM calls WHERE status = 1 AND deadline IS NOT NULL AND deadline <= ? \
-             ORDER BY deadline LIMIT ?",
+    async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(i64, String)>> {
+        Ok(sqlx::query_as(
+            "SELECT id, batch_id FROM calls WHERE status = 1 AND deadline IS NOT NULL \
+             AND deadline <= ? ORDER BY deadline LIMIT ?",
         )
         .bind(now.as_micros())
         .bind(limit)

@@ -8,6 +8,9 @@
 //!   submit is recognised, not doubled;
 //! - a submit first locks its session (`lock_session`), so supersede-by-key and
 //!   supersede-pending see every earlier submit of the session;
+//! - before it touches any call, a transaction locks the rows of the batches it will resolve
+//!   calls in, all at once and in one order (`lock_batches`): every writer takes its locks in
+//!   the order session, batches, calls, so two writers can never wait for each other in a cycle;
 //! - batch completion is decided under the batch's lock (`complete_batch_if_done`), so exactly
 //!   one transaction flags the event that completes a batch.
 
@@ -43,6 +46,9 @@ pub trait WriteTx: Send {
     /// Serialises writers of one session until this transaction ends (a no-op where all writers
     /// are serialised anyway).
     async fn lock_session(&mut self, agent: &AgentId, session: &SessionId) -> Result<()>;
+    /// Locks these batches until this transaction ends, in one statement and in sorted order.
+    /// Called once, before any call of them is resolved.
+    async fn lock_batches(&mut self, batches: &[&str]) -> Result<()>;
     async fn find_call(&mut self, key: &CallKey) -> Result<Option<Stored>>;
     async fn load_call(&mut self, rowid: i64) -> Result<Call>;
     async fn insert_batch(
@@ -89,8 +95,8 @@ pub trait WriteTx: Send {
         batch: &BatchId,
     ) -> Result<Vec<Stored>>;
     async fn on_deny(&mut self, batch: &BatchId) -> Result<OnDeny>;
-    /// Pending calls due at `now`, at most `limit`, skipping any another transaction holds.
-    async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<i64>>;
+    /// Pending calls due at `now`, at most `limit`, with their batches.
+    async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(i64, String)>>;
     /// Under the batch's lock: if no call of it is pending, flags `event` as completing it.
     async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()>;
     /// Commits the transaction: only then may its changes be acknowledged.
@@ -126,9 +132,18 @@ async fn submit_in(
         }
     }
 
+    let supersedes = batch.supersede_pending || fresh.iter().any(|c| c.supersede_key.is_some());
+    let pending = if supersedes {
+        tx.pending_in_session(&batch.agent, &batch.session).await?
+    } else {
+        Vec::new()
+    };
+    tx.lock_batches(&batches_of(pending.iter().map(|p| &p.call)))
+        .await?;
+
     if batch.supersede_pending {
         let superseded = texts.outcome(OutcomeKind::Superseded, DecidedBy::Broker, "", now);
-        for pending in tx.pending_in_session(&batch.agent, &batch.session).await? {
+        for pending in pending {
             if !batch
                 .calls
                 .iter()
@@ -268,7 +283,10 @@ async fn decide_in(
     };
     let won = match &call.outcome {
         Some(_) => None,
-        None => tx.resolve(rowid, &outcome).await?,
+        None => {
+            tx.lock_batches(&[call.batch_id.as_str()]).await?;
+            tx.resolve(rowid, &outcome).await?
+        }
     };
     let Some(won) = won else {
         // Decided before (or by a transaction that committed while this one waited).
@@ -365,6 +383,13 @@ async fn cancel_in(
         }
     };
 
+    tx.lock_batches(&batches_of(
+        candidates
+            .iter()
+            .map(|c| &c.call)
+            .filter(|c| c.outcome.is_none()),
+    ))
+    .await?;
     let mut resolved = Vec::new();
     for Stored { rowid, call } in candidates {
         let won = match call.outcome {
@@ -419,9 +444,15 @@ async fn expire_chunk(
     limit: i64,
 ) -> Result<Vec<Call>> {
     let outcome = texts.outcome(OutcomeKind::Expired, DecidedBy::Deadline, "", now);
+    let due = tx.due_calls(now, limit).await?;
+    let mut batches: Vec<&str> = due.iter().map(|(_, batch)| batch.as_str()).collect();
+    batches.sort_unstable();
+    batches.dedup();
+    tx.lock_batches(&batches).await?;
     let mut resolved = Vec::new();
-    for rowid in tx.due_calls(now, limit).await? {
-        resolved.extend(tx.resolve(rowid, &outcome).await?);
+    for (rowid, _) in &due {
+        // Conditional: a call decided meanwhile (by another replica) keeps its outcome.
+        resolved.extend(tx.resolve(*rowid, &outcome).await?);
     }
     complete_batches(tx, &resolved).await?;
     let mut expired = Vec::with_capacity(resolved.len());
@@ -429,6 +460,14 @@ async fn expire_chunk(
         expired.push(tx.load_call(r.rowid).await?);
     }
     Ok(expired)
+}
+
+/// The distinct batches of `calls`, sorted: the order every writer locks batches in.
+fn batches_of<'a>(calls: impl Iterator<Item = &'a Call>) -> Vec<&'a str> {
+    let mut batches: Vec<&str> = calls.map(|c| c.batch_id.as_str()).collect();
+    batches.sort_unstable();
+    batches.dedup();
+    batches
 }
 
 /// For each batch touched, flags this transaction's last event in it if the batch is now

@@ -437,52 +437,39 @@ async fn an_event_whose_transaction_commits_late_is_not_skipped() {
     let Some([a, b, c]) = three_replicas().await else {
         return;
     };
-    let slow = submit(&a, batch("s", vec![call("slow", "t", "{}")])).await;
     submit(&a, batch("s", vec![call("fast", "t", "{}")])).await;
     let mut subscriber = Subscription::open(&c, pb::CallFilter::default(), None).await;
     let (pending, _) = subscriber.snapshot().await;
-    assert_eq!(pending.len(), 2);
+    assert_eq!(pending.len(), 1);
 
-    // Hold the slow call's batch row: a decision on it writes its event (taking an event id),
-    // then waits for this lock before it can commit.
-    let mut blocker = sqlx::PgConnection::connect(&a.database_url)
+    // A slow writer: a transaction that stores a call and its Requested event, as a broker's
+    // submit does, taking an event id now, and commits only at the end of the test.
+    let mut slow_conn = sqlx::PgConnection::connect(&a.database_url)
         .await
         .expect("connect");
-    let mut hold = blocker.begin().await.expect("begin");
-    sqlx::query("SELECT 1 FROM batches WHERE batch_id = $1 FOR UPDATE")
-        .bind(&slow.batch_id)
-        .execute(&mut *hold)
-        .await
-        .expect("lock the batch");
-    let slow_decision = {
-        let mut client = approver(&a.channel);
-        tokio::spawn(async move {
-            client
-                .decide(decide_request("s", "slow", pb::Decision::Approve, ""))
-                .await
-        })
-    };
-    // Wait until the slow transaction has written its event and is blocked.
-    let mut probe = sqlx::PgConnection::connect(&a.database_url)
-        .await
-        .expect("connect");
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-             AND query LIKE '%FOR NO KEY UPDATE%'",
-        )
-        .fetch_one(&mut probe)
-        .await
-        .expect("probe");
-        if waiting > 0 {
-            break;
-        }
-        assert!(
-            !slow_decision.is_finished(),
-            "the slow decision should be blocked"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let mut slow = slow_conn.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO batches (batch_id, agent, session_id, on_deny, size, created_at) \
+         VALUES ('slow-batch', 'default', 's', 1, 1, 0)",
+    )
+    .execute(&mut *slow)
+    .await
+    .expect("batch");
+    let slow_call: i64 = sqlx::query_scalar(
+        "INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, title, \
+         message, workspace, created_at) \
+         VALUES ('default', 's', 'slow', 'slow-batch', 0, 't', '{}', '', '', '', 0) RETURNING id",
+    )
+    .fetch_one(&mut *slow)
+    .await
+    .expect("call");
+    let slow_event: i64 = sqlx::query_scalar(
+        "INSERT INTO events (kind, call_rowid, created_at) VALUES (1, $1, 0) RETURNING id",
+    )
+    .bind(slow_call)
+    .fetch_one(&mut *slow)
+    .await
+    .expect("event");
 
     // A later transaction, with a higher event id, commits first: subscribers see its event.
     approve(&b, "s", "fast").await;
@@ -493,42 +480,43 @@ async fn an_event_whose_transaction_commits_late_is_not_skipped() {
     );
 
     // The slow transaction commits now. Its event was written first but must come after.
-    hold.commit().await.expect("release");
-    let decided = slow_decision
-        .await
-        .expect("join")
-        .expect("the slow decision commits");
-    assert_eq!(
-        status_of(&decided.into_inner().outcome.unwrap()),
-        CallStatus::Approved
-    );
-    let slow_event = subscriber.next().await;
+    slow.commit().await.expect("commit");
+    let slow_seen = subscriber.next().await;
     assert!(
-        matches!(slow_event.event, Some(pb::approver_event::Event::Resolved(ref o)) if o.call_id == "slow"),
-        "the late commit's event is delivered, not skipped: {slow_event:?}"
+        matches!(slow_seen.event, Some(pb::approver_event::Event::Requested(ref c)) if c.call_id == "slow"),
+        "the late commit's event is delivered, not skipped: {slow_seen:?}"
     );
-    assert!(slow_event.seq > fast_event.seq);
+    assert!(slow_seen.seq > fast_event.seq);
 
     // The interleaving really happened: the slow event holds the lower id, the higher seq.
-    let ids: Vec<(i64, i64)> = sqlx::query_as(
+    let mut probe = sqlx::PgConnection::connect(&a.database_url)
+        .await
+        .expect("connect");
+    let fast_row: (i64, i64) = sqlx::query_as(
         "SELECT e.id, e.seq FROM events e JOIN calls c ON c.id = e.call_rowid \
-         WHERE e.kind = 2 AND c.call_id IN ('slow', 'fast') ORDER BY c.call_id = 'slow'",
+         WHERE e.kind = 2 AND c.call_id = 'fast'",
     )
-    .fetch_all(&mut probe)
+    .fetch_one(&mut probe)
     .await
-    .expect("events");
-    let (fast, slow) = (ids[0], ids[1]);
+    .expect("fast event");
+    let slow_seq: i64 = sqlx::query_scalar("SELECT seq FROM events WHERE id = $1")
+        .bind(slow_event)
+        .fetch_one(&mut probe)
+        .await
+        .expect("slow event");
     assert!(
-        slow.0 < fast.0,
-        "the slow transaction took its event id first: {ids:?}"
+        slow_event < fast_row.0,
+        "the slow transaction took its event id first"
     );
-    assert!(slow.1 > fast.1, "but its event is numbered after: {ids:?}");
+    assert!(slow_seq > fast_row.1, "but its event is numbered after");
 
-    // A subscriber resuming from before both sees both, in the same order.
+    // A subscriber resuming from before both sees both, in the same order; the broker treats
+    // the slow call as any other.
     let mut resumed =
         Subscription::open(&a, pb::CallFilter::default(), Some(fast_event.seq - 1)).await;
     assert_eq!(resumed.next().await.seq, fast_event.seq);
-    assert_eq!(resumed.next().await.seq, slow_event.seq);
+    assert_eq!(resumed.next().await.seq, slow_seen.seq);
+    approve(&a, "s", "slow").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -762,4 +750,66 @@ async fn a_batch_decided_through_two_replicas_at_once_completes_exactly_once() {
             assert!(completed.insert(done.batch_id), "a batch completed twice");
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_racing_on_one_batch_never_deadlock() {
+    let Some([a, b, _c]) = three_replicas().await else {
+        return;
+    };
+    const ROUNDS: usize = 60;
+    let mut failures = Vec::new();
+    for round in 0..ROUNDS {
+        let session = format!("s{round}");
+        let calls = (0..3).map(|i| call(&format!("c{i}"), "t", "{}")).collect();
+        let submitted = submit(&a, batch(&session, calls)).await;
+        // Deny the last call (skipping its siblings) through A while B cancels the batch, or
+        // supersedes everything pending in the session.
+        let mut approver_a = approver(&a.channel);
+        let mut agent_b = agent(&b.channel);
+        let deny = decide_request(&session, "c2", pb::Decision::Deny, "");
+        let (decided, other) = if round % 2 == 0 {
+            let cancel = pb::CancelRequest {
+                target: Some(pb::CancelTarget {
+                    session_id: session.clone(),
+                    target: Some(pb::cancel_target::Target::BatchId(submitted.batch_id)),
+                    reason: String::new(),
+                }),
+            };
+            let (d, c) = tokio::join!(approver_a.decide(deny), agent_b.cancel(cancel));
+            (d.map(|_| ()), c.map(|_| ()))
+        } else {
+            let newer = pb::SubmitRequest {
+                batch: Some(pb::BatchSpec {
+                    supersede_pending: true,
+                    ..batch(&session, vec![call("newer", "t", "{}")])
+                }),
+            };
+            let (d, s) = tokio::join!(approver_a.decide(deny), agent_b.submit(newer));
+            (d.map(|_| ()), s.map(|_| ()))
+        };
+        for result in [decided, other] {
+            if let Err(status) = result
+                && status.code() != Code::FailedPrecondition
+            {
+                failures.push(format!("round {round}: {status:?}"));
+            }
+        }
+        // Whatever the order, the batch ended whole: every call decided, once.
+        for id in ["c0", "c1", "c2"] {
+            assert!(
+                matches!(
+                    states(&a, &session, &[id]).await[0].state,
+                    Some(pb::call_state::State::Outcome(_))
+                ),
+                "round {round}: {id} decided"
+            );
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} refusals:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -175,8 +175,11 @@ async fn run(database: Database) {
     );
     eprintln!("{figures}");
 
+    // An INTERNAL answer is a broker fault even when nothing is lost (Postgres writers once
+    // deadlocked on each other's rows): it fails the run too.
     let healthy = figures.lost() == 0
         && figures.duplicated() == 0
+        && figures.internal_refusals == 0
         && figures.errors.is_empty()
         && figures.agents_unfinished == 0
         && figures.subscriber_caught_up
@@ -187,11 +190,12 @@ async fn run(database: Database) {
         drop(broker);
         let kept = database.keep();
         panic!(
-            "crash[{}] seed={seed}: lost={} duplicated={} errors={} (the database and the \
-             broker's log {} are kept in {})",
+            "crash[{}] seed={seed}: lost={} duplicated={} internal_refusals={} errors={} (the \
+             database and the broker's log {} are kept in {})",
             figures.backend,
             figures.lost(),
             figures.duplicated(),
+            figures.internal_refusals,
             figures.errors.len(),
             log.display(),
             kept.display()
