@@ -162,6 +162,7 @@ impl Drop for Schema {
 }
 
 pub struct TestApp {
+    pub address: std::net::SocketAddr,
     pub channel: Channel,
     pub database_url: String,
     pub backend: Backend,
@@ -213,6 +214,7 @@ async fn start(
         .expect("endpoint")
         .connect_lazy();
     let app = TestApp {
+        address,
         channel,
         database_url,
         backend,

@@ -98,7 +98,109 @@ async fn past_the_agent_stream_cap_a_new_stream_is_refused_and_the_others_are_se
     assert_eq!(first.next_outcome().await.call_id, "c1");
 }
 
+/// A TCP relay between a client and the broker that can freeze: it keeps both connections open
+/// but passes no more bytes either way, like a client whose host vanished.
+struct Relay {
+    address: std::net::SocketAddr,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Relay {
+    async fn to(broker: std::net::SocketAddr) -> Relay {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        let frozen = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&frozen);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(broker)
+                    .await
+                    .expect("connect");
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                for (mut from, mut to) in [(client_read, server_write), (server_read, client_write)]
+                {
+                    let frozen = std::sync::Arc::clone(&flag);
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match from.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if frozen.load(Ordering::SeqCst) {
+                                // Hold both sockets open and answer nothing, ever.
+                                std::future::pending::<()>().await;
+                            }
+                            if to.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Relay { address, frozen }
+    }
+
+    fn freeze(&self) {
+        self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+async fn a_client_that_stops_answering_is_noticed_and_its_stream_released(app: TestApp) {
+    let relay = Relay::to(app.address).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", relay.address))
+        .expect("endpoint")
+        .connect_lazy();
+    let mut through_relay = ApproverServiceClient::new(channel)
+        .subscribe(pb::SubscribeRequest {
+            filter: None,
+            after_seq: None,
+        })
+        .await
+        .expect("subscribe")
+        .into_inner();
+    through_relay
+        .message()
+        .await
+        .expect("healthy")
+        .expect("the snapshot marker");
+    let refused = subscribe(&app)
+        .await
+        .err()
+        .expect("the only place is taken");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+
+    // The client's host vanishes: keepalive pings go unanswered, the broker closes the
+    // connection, and the subscriber's place is free again.
+    relay.freeze();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        match subscribe(&app).await {
+            Ok(_) => break,
+            Err(status) if status.code() == Code::ResourceExhausted => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the dead client's stream was never released"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(status) => panic!("{status:?}"),
+        }
+    }
+}
+
 backend_tests! {
+    a_client_that_stops_answering_is_noticed_and_its_stream_released => |c| {
+        c.max_subscribers = 1;
+        c.keepalive_interval = std::time::Duration::from_millis(300);
+        c.keepalive_timeout = std::time::Duration::from_millis(300);
+    },
     past_the_subscriber_cap_a_new_subscriber_is_refused_and_the_others_are_served => |c| c.max_subscribers = 2,
     past_the_agent_stream_cap_a_new_stream_is_refused_and_the_others_are_served => |c| c.max_agent_streams = 2,
 }
