@@ -256,7 +256,7 @@ async fn per_call_and_per_request_problems_are_reported_for_that_item_and_the_st
     let bad = ack_error(&mixed.acks[1]);
     assert_eq!(bad.code, tonic::Code::InvalidArgument as i32);
     assert!(
-        bad.message.contains("batch.calls[1].input_json"),
+        bad.message.contains("submit.calls[1].input_json"),
         "{}",
         bad.message
     );
@@ -291,7 +291,7 @@ async fn per_call_and_per_request_problems_are_reported_for_that_item_and_the_st
     match next_answer(&mut stream, "empty").await {
         Reply::Error(err) => {
             assert_eq!(err.code, tonic::Code::InvalidArgument as i32, "{err:?}");
-            assert!(err.message.contains("batch.calls"), "{}", err.message);
+            assert!(err.message.contains("submit.calls"), "{}", err.message);
         }
         other => panic!("expected an error, got {other:?}"),
     }
