@@ -145,15 +145,25 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// Checks a decision against the outcome that already stands: the same verdict is a
-    /// harmless repeat (`Ok`); anything else is refused, naming the outcome that stands.
-    pub fn check_against(&self, standing: &Outcome) -> Result<()> {
-        if standing.kind == self.verdict.kind() {
+    /// Checks a decision against the outcome that already stands: the same verdict, running
+    /// the same input, is a harmless repeat (`Ok`); anything else is refused, naming the outcome
+    /// that stands. `submitted` is the call's own input.
+    pub fn check_against(&self, standing: &Outcome, submitted: &ToolInput) -> Result<()> {
+        let same_verdict = standing.kind == self.verdict.kind();
+        let would_run = self.edited_input.as_ref().unwrap_or(submitted);
+        let same_input =
+            self.verdict == Verdict::Deny || standing.run_input.as_ref() == Some(would_run);
+        if same_verdict && same_input {
             return Ok(());
         }
+        let what = if same_verdict {
+            format!("{} with another input", standing.kind)
+        } else {
+            standing.kind.to_string()
+        };
         Err(Error::FailedPrecondition(format!(
-            "the call is already {} (decided by {}); that outcome stands",
-            standing.kind, standing.decided_by
+            "the call is already {what} (decided by {}); that outcome stands",
+            standing.decided_by
         )))
     }
 }

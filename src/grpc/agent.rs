@@ -26,6 +26,9 @@ use crate::store::{SubmitReport, SubmitResult};
 /// Responses queued for one agent stream before the task waits for the client to read.
 const OUTBOUND: usize = 256;
 
+/// The most sessions one agent stream follows.
+pub const MAX_FOLLOWED_SESSIONS: usize = 1024;
+
 pub struct AgentApi {
     broker: Arc<Broker>,
 }
@@ -182,14 +185,17 @@ impl Replay {
                 None => pending.push(call.key.call_id.clone()),
             }
         }
+        let mut by_batch: HashMap<&BatchId, Vec<&Call>> = HashMap::new();
+        for call in calls {
+            by_batch.entry(&call.batch_id).or_default().push(call);
+        }
         let batches = touched
             .into_iter()
             .filter_map(|batch| {
-                let mut members: Vec<Call> = calls
-                    .iter()
-                    .filter(|c| &c.batch_id == batch)
-                    .cloned()
-                    .collect();
+                let mut members: Vec<Call> = by_batch
+                    .get(batch)
+                    .map(|m| m.iter().map(|c| (*c).clone()).collect())
+                    .unwrap_or_default();
                 members.sort_by_key(|c| c.position);
                 members
                     .iter()
@@ -198,13 +204,11 @@ impl Replay {
                     .flatten()
             })
             .collect();
+        let known: HashSet<&CallId> = calls.iter().map(|c| &c.key.call_id).collect();
         let unknown = wanted
             .map(|w| {
-                let mut unknown: Vec<CallId> = w
-                    .iter()
-                    .filter(|id| !calls.iter().any(|c| &c.key.call_id == *id))
-                    .cloned()
-                    .collect();
+                let mut unknown: Vec<CallId> =
+                    w.iter().filter(|id| !known.contains(id)).cloned().collect();
                 unknown.sort();
                 unknown
             })
@@ -319,8 +323,20 @@ impl AgentConnection {
     /// not pushed (a resume or a resubmit sends them explicitly); everything after is.
     async fn follow(&mut self, session: &SessionId) -> Result<()> {
         if !self.watched.contains_key(session) {
+            self.check_room_to_follow()?;
             let committed = self.broker.store().latest_seq().await?;
             self.watched.insert(session.clone(), committed);
+        }
+        Ok(())
+    }
+
+    /// Refuses to follow one more session past [`MAX_FOLLOWED_SESSIONS`]: one stream's memory
+    /// stays bounded whatever its client sends.
+    fn check_room_to_follow(&self) -> Result<()> {
+        if self.watched.len() >= MAX_FOLLOWED_SESSIONS {
+            return Err(crate::Error::ResourceExhausted(format!(
+                "this stream already follows {MAX_FOLLOWED_SESSIONS} sessions; open another stream"
+            )));
         }
         Ok(())
     }
@@ -384,8 +400,19 @@ impl AgentConnection {
             .store()
             .session_calls(&self.agent, &session)
             .await?;
-        // Outcomes up to `seq` are sent now; the feed sends those after it.
-        self.watched.insert(session.clone(), seq);
+        // A whole-session resume sends every outcome up to `seq`, so the feed takes over after
+        // it. A resume of named calls sends only those: a session the stream already follows
+        // keeps its watermark, so the feed still pushes the other calls' outcomes.
+        let followed = self.watched.get(&session).copied();
+        let from = match (&wanted, followed) {
+            (None, Some(old)) => old.max(seq),
+            (Some(_), Some(old)) => old,
+            (_, None) => {
+                self.check_room_to_follow()?;
+                seq
+            }
+        };
+        self.watched.insert(session.clone(), from);
         let replay = Replay::of(&calls, wanted.as_ref(), seq);
         for outcome in replay.outcomes {
             if self.send("", Reply::Outcome(outcome)).await.is_err() {

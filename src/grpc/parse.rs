@@ -183,11 +183,13 @@ pub fn cancel(target: Option<pb::CancelTarget>, field: &str) -> Result<CancelTar
     let target = target.ok_or_else(|| Error::invalid(field, "is required"))?;
     let session = SessionId::parse(&format!("{field}.session_id"), target.session_id)?;
     let scope = match target.target {
-        Some(pb::cancel_target::Target::Calls(ids)) => CancelScope::Calls(call_ids(
-            &format!("{field}.calls.call_ids"),
-            ids.call_ids,
-            false,
-        )?),
+        Some(pb::cancel_target::Target::Calls(ids)) => {
+            let mut ids = call_ids(&format!("{field}.calls.call_ids"), ids.call_ids, false)?;
+            // A call named twice is cancelled (or reported) once.
+            let mut seen = HashSet::new();
+            ids.retain(|id| seen.insert(id.clone()));
+            CancelScope::Calls(ids)
+        }
         Some(pb::cancel_target::Target::BatchId(id)) => {
             CancelScope::Batch(BatchId::parse(&format!("{field}.batch_id"), id)?)
         }

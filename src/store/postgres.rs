@@ -174,16 +174,13 @@ impl Store for PostgresStore {
         .bind(&ids)
         .fetch_all(&self.pool)
         .await?;
-        let mut found: Vec<Call> = rows.iter().map(call_from_row).collect::<Result<_>>()?;
-        Ok(call_ids
-            .iter()
-            .map(|id| {
-                found
-                    .iter()
-                    .position(|c| &c.key.call_id == id)
-                    .map(|i| found.swap_remove(i))
-            })
-            .collect())
+        let mut by_id = std::collections::HashMap::new();
+        for row in &rows {
+            let call = call_from_row(row)?;
+            by_id.insert(call.key.call_id.clone(), call);
+        }
+        // A repeated id gets the same answer each time.
+        Ok(call_ids.iter().map(|id| by_id.get(id).cloned()).collect())
     }
 
     async fn session_calls(

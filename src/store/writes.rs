@@ -132,7 +132,9 @@ async fn submit_in(
         }
     }
 
-    let supersedes = batch.supersede_pending || fresh.iter().any(|c| c.supersede_key.is_some());
+    // A batch whose every call was refused replaces nothing: it supersedes nothing either.
+    let supersede_pending = batch.supersede_pending && !batch.calls.is_empty();
+    let supersedes = supersede_pending || fresh.iter().any(|c| c.supersede_key.is_some());
     let pending = if supersedes {
         tx.pending_in_session(&batch.agent, &batch.session).await?
     } else {
@@ -141,7 +143,7 @@ async fn submit_in(
     tx.lock_batches(&batches_of(pending.iter().map(|p| &p.call)))
         .await?;
 
-    if batch.supersede_pending {
+    if supersede_pending {
         let superseded = texts.outcome(OutcomeKind::Superseded, DecidedBy::Broker, "", now);
         for pending in pending {
             if !batch
@@ -281,6 +283,16 @@ async fn decide_in(
             now,
         ),
     };
+    if call.outcome.is_none()
+        && let Some(deadline) = call.deadline
+        && deadline <= now
+    {
+        // Too late: the call expires (the sweeper writes that within a second), and no
+        // decision may win the race against its deadline.
+        return Err(Error::FailedPrecondition(
+            "the call's deadline has passed; it is EXPIRED (decided by deadline)".into(),
+        ));
+    }
     let won = match &call.outcome {
         Some(_) => None,
         None => {
@@ -292,7 +304,7 @@ async fn decide_in(
         // Decided before (or by a transaction that committed while this one waited).
         let standing = tx.load_call(rowid).await?;
         if let Some(outcome) = &standing.outcome {
-            decision.check_against(outcome)?;
+            decision.check_against(outcome, &standing.input)?;
         }
         return Ok(DecideReport {
             call: standing,

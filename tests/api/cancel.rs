@@ -126,7 +126,23 @@ async fn cancelling_a_session_cancels_every_pending_call_of_that_session_only(ap
     );
 }
 
+async fn a_call_named_twice_is_cancelled_once(app: TestApp) {
+    submit(&app, batch("s", vec![call("x", "t", "{}")])).await;
+    let result = cancel(
+        &app,
+        "s",
+        pb::cancel_target::Target::Calls(pb::CallIds {
+            call_ids: vec!["x".into(), "x".into()],
+        }),
+    )
+    .await
+    .expect("cancel");
+    assert_eq!(ids(&result.cancelled), ["x"]);
+    assert!(result.already_decided.is_empty(), "{result:?}");
+}
+
 backend_tests! {
+    a_call_named_twice_is_cancelled_once,
     cancelling_named_calls_cancels_the_pending_ones_and_reports_the_decided_ones,
     cancelling_a_batch_cancels_its_pending_calls_only,
     cancelling_a_session_cancels_every_pending_call_of_that_session_only,

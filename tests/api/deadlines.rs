@@ -140,7 +140,27 @@ async fn calls_that_fell_due_while_the_broker_was_down_expire_at_start(mut app: 
     assert_eq!(outcome.decided_by, "deadline");
 }
 
+async fn a_decision_after_the_deadline_loses_to_it(app: TestApp) {
+    submit(
+        &app,
+        batch("s", vec![with_deadline("c1", Duration::from_millis(300))]),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Whether or not the sweeper got there first, the deadline wins.
+    let late = app
+        .approver()
+        .decide(decide_request("s", "c1", pb::Decision::Approve, ""))
+        .await;
+    assert_status(late, tonic::Code::FailedPrecondition, "EXPIRED");
+    assert_eq!(
+        status_of(&wait_for_outcome(&app, "s", "c1").await),
+        CallStatus::Expired
+    );
+}
+
 backend_tests! {
+    a_decision_after_the_deadline_loses_to_it,
     a_call_expires_within_a_second_of_its_deadline,
     a_decision_before_the_deadline_stands_and_the_call_never_expires,
     the_configured_default_deadline_applies_to_calls_without_one => |c| c.default_deadline = Some(std::time::Duration::from_millis(400)),

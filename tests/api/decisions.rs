@@ -226,7 +226,42 @@ async fn outcomes_never_change_once_written(app: TestApp) {
     assert_eq!(outcome_of(&app, "s", "c1").await, before);
 }
 
+async fn an_approval_running_another_input_conflicts_with_the_one_that_stands(app: TestApp) {
+    submit(
+        &app,
+        batch("s", vec![call("c1", "shell", r#"{"cmd":"ls"}"#)]),
+    )
+    .await;
+    let mut first = decide_request("s", "c1", pb::Decision::Approve, "");
+    first.edited_input_json = r#"{"cmd":"ls -l"}"#.into();
+    app.approver().decide(first.clone()).await.expect("approve");
+    // The same edit again is a repeat; another edit, or none, would run something else.
+    let repeat = app
+        .approver()
+        .decide(first)
+        .await
+        .expect("repeat")
+        .into_inner();
+    assert!(repeat.replayed);
+    let mut other = decide_request("s", "c1", pb::Decision::Approve, "");
+    other.edited_input_json = r#"{"cmd":"rm -rf /"}"#.into();
+    assert_status(
+        app.approver().decide(other).await,
+        Code::FailedPrecondition,
+        "another input",
+    );
+    let unedited = decide_request("s", "c1", pb::Decision::Approve, "");
+    assert_status(
+        app.approver().decide(unedited).await,
+        Code::FailedPrecondition,
+        "another input",
+    );
+    let stored = outcome_of(&app, "s", "c1").await;
+    assert_eq!(stored.input_json, r#"{"cmd":"ls -l"}"#);
+}
+
 backend_tests! {
+    an_approval_running_another_input_conflicts_with_the_one_that_stands,
     tool_result_texts_are_configurable => |c| {
         c.text_denied = Some("Refused by the operator.".into());
         c.text_skipped = Some("Skipped.".into());

@@ -119,7 +119,23 @@ async fn the_same_call_id_in_two_sessions_is_two_calls(app: TestApp) {
     assert_eq!(all_calls(&app).await.len(), 2);
 }
 
+async fn a_lookup_naming_a_call_twice_answers_both(app: TestApp) {
+    submit(&app, batch("s", vec![call("c1", "t", "{}")])).await;
+    deny(&app, "s", "c1", "").await;
+    let answers = states(&app, "s", &["c1", "c1", "nope"]).await;
+    assert!(matches!(
+        answers[0].state,
+        Some(pb::call_state::State::Outcome(_))
+    ));
+    assert_eq!(answers[0].state, answers[1].state);
+    assert!(matches!(
+        answers[2].state,
+        Some(pb::call_state::State::Unknown(_))
+    ));
+}
+
 backend_tests! {
+    a_lookup_naming_a_call_twice_answers_both,
     resubmitting_a_call_is_a_duplicate_with_no_new_row_and_no_new_event,
     a_resubmitted_decided_call_returns_its_outcome_at_once,
     the_same_call_id_with_another_tool_or_input_is_refused_for_that_call_alone,

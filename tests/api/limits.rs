@@ -195,7 +195,32 @@ async fn a_client_that_stops_answering_is_noticed_and_its_stream_released(app: T
     }
 }
 
+async fn one_agent_stream_follows_a_bounded_number_of_sessions(app: TestApp) {
+    let mut stream = AgentStream::open(&app).await;
+    let max = approval_broker::grpc::agent::MAX_FOLLOWED_SESSIONS;
+    for i in 0..=max {
+        let resume = pb::agent_request::Request::Resume(pb::ResumeRequest {
+            session_id: format!("s{i}"),
+            call_ids: vec![],
+        });
+        stream.send(&format!("r{i}"), resume).await;
+        match stream.next().await {
+            pb::agent_response::Response::Resumed(_) if i < max => {}
+            pb::agent_response::Response::Error(e) if i == max => {
+                assert_eq!(e.code, Code::ResourceExhausted as i32, "{}", e.message);
+            }
+            other => panic!("resume {i}: {other:?}"),
+        }
+    }
+    // The stream goes on for the sessions it follows.
+    stream
+        .submit("last", batch("s0", vec![call("c", "t", "{}")]))
+        .await;
+    stream.next_submitted().await;
+}
+
 backend_tests! {
+    one_agent_stream_follows_a_bounded_number_of_sessions,
     a_client_that_stops_answering_is_noticed_and_its_stream_released => |c| {
         c.max_subscribers = 1;
         c.keepalive_interval = std::time::Duration::from_millis(300);

@@ -813,3 +813,36 @@ async fn writers_racing_on_one_batch_never_deadlock() {
         failures.join("\n")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_of_named_calls_never_hides_another_outcome_of_a_followed_session() {
+    let Some([a, b, _c]) = three_replicas().await else {
+        return;
+    };
+    for round in 0..20 {
+        let session = format!("s{round}");
+        let mut stream = AgentStream::open(&a).await;
+        let spec = pb::BatchSpec {
+            on_deny: pb::OnDeny::Independent as i32,
+            ..batch(&session, vec![call("a", "t", "{}"), call("b", "t", "{}")])
+        };
+        stream.submit("r", spec).await;
+        stream.next_submitted().await;
+        // b is decided on another replica while the agent asks again for a alone.
+        approve(&b, &session, "b").await;
+        let resume = pb::agent_request::Request::Resume(pb::ResumeRequest {
+            session_id: session.clone(),
+            call_ids: vec!["a".into()],
+        });
+        stream.send("resume", resume).await;
+        let mut b_pushed = false;
+        let mut resumed = false;
+        while !(b_pushed && resumed) {
+            match stream.next().await {
+                pb::agent_response::Response::Outcome(o) if o.call_id == "b" => b_pushed = true,
+                pb::agent_response::Response::Resumed(_) => resumed = true,
+                _ => {}
+            }
+        }
+    }
+}

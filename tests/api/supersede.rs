@@ -127,7 +127,29 @@ async fn retrying_a_superseding_submit_does_not_supersede_itself(app: TestApp) {
     );
 }
 
+async fn a_superseding_batch_whose_every_call_is_refused_supersedes_nothing(app: TestApp) {
+    submit(&app, batch("s", vec![call("old", "t", "{}")])).await;
+    let response = submit(
+        &app,
+        pb::BatchSpec {
+            supersede_pending: true,
+            ..batch("s", vec![call("new", "t", "not json")])
+        },
+    )
+    .await;
+    assert!(matches!(
+        response.acks[0].result,
+        Some(pb::call_ack::Result::Error(_))
+    ));
+    assert!(response.superseded.is_empty());
+    assert!(matches!(
+        states(&app, "s", &["old"]).await[0].state,
+        Some(pb::call_state::State::Pending(_))
+    ));
+}
+
 backend_tests! {
+    a_superseding_batch_whose_every_call_is_refused_supersedes_nothing,
     a_newer_call_with_the_same_supersede_key_supersedes_the_pending_one,
     supersede_keys_are_per_session_and_per_key,
     a_submit_can_supersede_everything_pending_in_its_session,
