@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 
@@ -136,7 +136,7 @@ pub async fn run(
         .add_service(agent)
         .add_service(approver)
         .add_service(admin)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), drain);
+        .serve_with_incoming_shutdown(incoming(listener), drain);
     let drain_timeout = config.drain_timeout;
     let served = tokio::select! {
         served = serve => served.map_err(|e| Error::Internal(format!("server: {e}"))),
@@ -158,6 +158,12 @@ pub async fn run(
         tracing::info!("stopped");
     }
     served
+}
+
+/// Accepted connections with Nagle's algorithm off: a reply is a small write that must leave at
+/// once, not wait up to 40 ms for the peer's delayed ACK.
+fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// The health service names the broker reports: the server as a whole and each service.
