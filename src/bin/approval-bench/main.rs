@@ -1,0 +1,666 @@
+//! `approval-bench`: the approval broker's benchmark (issue 5). One command:
+//!
+//! ```sh
+//! cargo run --release --bin approval-bench -- --agents 64 --duration 10
+//! ```
+//!
+//! builds both binaries, starts `approval-broker` (from the same `target/<profile>/` directory)
+//! as a child process on a free port with a fresh temp SQLite file (`synchronous=FULL`, every
+//! setting at its default), and runs A agents (`--agents`), each with a `Connect` stream
+//! submitting batches (`--batch-size`) of calls with 1 KiB JSON inputs, S subscribers
+//! (`--subscribers`) and D approvers (`--approvers`) approving what their subscription shows, for
+//! `--duration` seconds after `--warmup` seconds. `--rate` caps the overall submit rate (calls/s).
+//! `--database-url postgres://...` runs the broker on a fresh schema of that database (created
+//! and dropped here); `--target http://host:port` drives a running broker instead (no CPU or
+//! memory figures then).
+//!
+//! It prints full approval cycles/s (submit → acknowledged → seen by a subscriber → decided →
+//! outcome at the agent), latency percentiles of submit→ack, submit→seen (the first subscriber
+//! to see the call), decide→outcome at the agent and the full cycle, the broker's CPU seconds
+//! during the measured window and its peak RSS; then the raw storage limit measured in the same
+//! run (the broker's durable writes per cycle done directly through sqlx, same database kind
+//! and settings, one transaction per write and 100 cycles per transaction) and the broker's
+//! ratio to each. `--json PATH` writes the figures as JSON.
+//!
+//! `--check` is the CI smoke mode: a short run (2 s, 0.5 s warm-up, 4 agents unless given)
+//! that fails (exit 1) unless every submitted call was acknowledged, shown to every subscriber,
+//! decided, and its outcome received by its agent. Speed is never asserted.
+
+mod broker;
+mod load;
+mod stats;
+mod storage;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+
+use broker::{BrokerProcess, Schema, TempDir};
+use load::{CallRecord, LoadConfig, Shared};
+use stats::{Percentiles, ms};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "approval-bench",
+    about = "Benchmarks the approval broker: full approval cycles/s, latencies, CPU and memory, \
+             against the raw storage limit."
+)]
+struct Args {
+    /// Concurrent agents, each with its own connection and `Connect` stream.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    agents: u32,
+    /// Calls per submitted batch (one model turn).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=128))]
+    batch_size: u32,
+    /// `Subscribe` streams that only watch (submit→seen is measured on them).
+    #[arg(long, default_value_t = 1)]
+    subscribers: u32,
+    /// Approvers: each subscribes and approves its share of what it is shown.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    approvers: u32,
+    /// Decisions each approver may have in flight at once.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    approver_concurrency: u32,
+    /// Seconds measured, after the warm-up.
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Seconds of load before measuring.
+    #[arg(long)]
+    warmup: Option<f64>,
+    /// Cap on submitted calls per second, over all agents (e.g. half the peak rate).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Size of each call's JSON input, in bytes.
+    #[arg(long, default_value_t = 1024)]
+    input_bytes: usize,
+    /// Run the broker on a fresh schema of this Postgres database (`postgres://...`) instead of
+    /// a temp SQLite file.
+    #[arg(long)]
+    database_url: Option<String>,
+    /// Drive a running broker at this address (without auth) instead of starting one; no CPU,
+    /// memory or raw storage figures then.
+    #[arg(long, conflicts_with = "database_url")]
+    target: Option<String>,
+    /// Extra arguments for the started broker, e.g. `--broker-arg=--sqlite-synchronous=normal`.
+    #[arg(long, allow_hyphen_values = true)]
+    broker_arg: Vec<String>,
+    /// Seconds each raw storage measurement runs (0 skips them).
+    #[arg(long)]
+    storage_duration: Option<f64>,
+    /// Seconds an agent waits for a batch's outcomes after the run before giving up on it.
+    #[arg(long, default_value_t = 30.0)]
+    drain: f64,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Smoke mode for CI: a short run that verifies every submitted call is accounted for.
+    #[arg(long)]
+    check: bool,
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    match run(args).await {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(message) => {
+            eprintln!("approval-bench: {message}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// The broker process (if started here), its database and where to reach it.
+struct Setup {
+    address: String,
+    backend: &'static str,
+    broker: Option<BrokerProcess>,
+    schema: Option<Schema>,
+    dir: TempDir,
+}
+
+async fn run(mut args: Args) -> Result<bool, String> {
+    if args.check {
+        args.duration.get_or_insert(2.0);
+        args.warmup.get_or_insert(0.5);
+        args.storage_duration.get_or_insert(0.5);
+        if !std::env::args().any(|a| a == "--agents" || a.starts_with("--agents=")) {
+            args.agents = 4;
+        }
+    }
+    let duration = secs(args.duration.unwrap_or(10.0), "--duration")?;
+    let warmup = secs(args.warmup.unwrap_or(2.0), "--warmup")?;
+    let storage_duration = secs(args.storage_duration.unwrap_or(3.0), "--storage-duration")?;
+    let drain = secs(args.drain, "--drain")?;
+    if duration.is_zero() {
+        return Err("--duration must be greater than zero".into());
+    }
+    if args.rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
+        return Err("--rate must be greater than zero".into());
+    }
+
+    let setup = setup(&args).await?;
+    let result = measure(&args, &setup, duration, warmup, storage_duration, drain).await;
+    let Setup {
+        broker,
+        schema,
+        dir,
+        ..
+    } = setup;
+    drop(broker);
+    if let Some(schema) = schema {
+        schema.drop_now().await;
+    }
+    drop(dir);
+    result
+}
+
+fn secs(value: f64, name: &str) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(value).map_err(|_| format!("{name}: not a number of seconds"))
+}
+
+async fn setup(args: &Args) -> Result<Setup, String> {
+    let dir = TempDir::new().map_err(|e| format!("temp dir: {e}"))?;
+    if let Some(target) = &args.target {
+        return Ok(Setup {
+            address: target.clone(),
+            backend: "target",
+            broker: None,
+            schema: None,
+            dir,
+        });
+    }
+    let (url, backend, schema) = match &args.database_url {
+        Some(base) if base.starts_with("postgres") => {
+            let schema = Schema::create(base, "bench").await?;
+            (schema.url(), "postgres", Some(schema))
+        }
+        Some(other) => {
+            return Err(format!(
+                "--database-url: expected postgres://..., got {other}"
+            ));
+        }
+        None => (
+            format!("sqlite://{}", dir.0.join("approvals.db").display()),
+            "sqlite",
+            None,
+        ),
+    };
+    let broker = BrokerProcess::start(&url, &dir.0.join("broker.log"), &args.broker_arg).await?;
+    Ok(Setup {
+        address: broker.address.clone(),
+        backend,
+        broker: Some(broker),
+        schema,
+        dir,
+    })
+}
+
+async fn measure(
+    args: &Args,
+    setup: &Setup,
+    duration: Duration,
+    warmup: Duration,
+    storage_duration: Duration,
+    drain: Duration,
+) -> Result<bool, String> {
+    let pid = setup.broker.as_ref().map(|b| b.pid().to_string());
+    let agent_channels = load::channels(&setup.address, args.agents).await?;
+    let watcher_channels =
+        load::channels(&setup.address, args.subscribers + args.approvers).await?;
+
+    let started = Instant::now();
+    let config = Arc::new(LoadConfig {
+        batch_size: args.batch_size,
+        approver_concurrency: args.approver_concurrency,
+        rate: args.rate,
+        input_bytes: args.input_bytes,
+        run_id: format!("bench-{}", uuid::Uuid::new_v4().simple()),
+        measure_start: started + warmup,
+        measure_end: started + warmup + duration,
+        patience: drain,
+    });
+    let shared = Arc::new(Shared::new(args.subscribers));
+
+    // Watchers first, so they see every call from the first one.
+    let mut watchers = Vec::new();
+    for (i, channel) in watcher_channels.into_iter().enumerate() {
+        let i = i as u32;
+        let (subscriber, approver) = if i < args.subscribers {
+            (Some(i as usize), None)
+        } else {
+            (None, Some((i - args.subscribers, args.approvers)))
+        };
+        watchers.push(tokio::spawn(load::watcher(
+            config.clone(),
+            shared.clone(),
+            subscriber,
+            approver,
+            channel,
+        )));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The clock starts with the agents.
+    let started = Instant::now();
+    let config = Arc::new(LoadConfig {
+        run_id: config.run_id.clone(),
+        measure_start: started + warmup,
+        measure_end: started + warmup + duration,
+        ..*config
+    });
+    let mut agents = Vec::new();
+    for (i, channel) in agent_channels.into_iter().enumerate() {
+        agents.push(tokio::spawn(load::agent(
+            config.clone(),
+            shared.clone(),
+            i as u32,
+            channel,
+        )));
+    }
+
+    let self_pid = "self".to_string();
+    tokio::time::sleep_until(config.measure_start.into()).await;
+    let cpu_start = pid.as_deref().and_then(broker::cpu_seconds);
+    let own_cpu_start = broker::cpu_seconds(&self_pid);
+    tokio::time::sleep_until(config.measure_end.into()).await;
+    let cpu_end = pid.as_deref().and_then(broker::cpu_seconds);
+    let own_cpu_end = broker::cpu_seconds(&self_pid);
+    let cpu_total = pid.as_deref().and_then(broker::cpu_seconds);
+
+    let mut records: Vec<CallRecord> = Vec::new();
+    for agent in agents {
+        records.extend(agent.await.map_err(|e| format!("agent task: {e}"))?);
+    }
+    let drained_after = config.measure_end.elapsed();
+    // Every outcome is in (or an agent gave up): let the last subscriber events arrive.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for watcher in &watchers {
+        watcher.abort();
+    }
+    let peak_rss_kib = pid.as_deref().and_then(broker::peak_rss_kib);
+
+    let report = Report::compute(
+        args,
+        setup,
+        &config,
+        &shared,
+        &records,
+        duration,
+        cpu_end.zip(cpu_start).map(|(e, s)| e - s),
+        cpu_total,
+        own_cpu_end.zip(own_cpu_start).map(|(e, s)| e - s),
+        peak_rss_kib,
+        drained_after,
+    );
+
+    // The raw storage limit, after the broker's run so the two do not compete for the disk.
+    let input = load::tool_input(0, 0, args.input_bytes);
+    let concurrency = args.agents;
+    let raw = if storage_duration.is_zero() {
+        None
+    } else {
+        match (setup.backend, &args.database_url) {
+            ("sqlite", _) => {
+                Some(storage::sqlite(&setup.dir.0, concurrency, storage_duration, &input).await?)
+            }
+            (_, Some(base)) if base.starts_with("postgres") => {
+                let schema = Schema::create(base, "bench_raw").await?;
+                let connections = concurrency.min(32);
+                let rates = storage::postgres(
+                    &schema.url(),
+                    concurrency,
+                    connections,
+                    storage_duration,
+                    &input,
+                )
+                .await;
+                schema.drop_now().await;
+                Some(rates?)
+            }
+            _ => None,
+        }
+    };
+
+    report.print(raw.as_ref());
+    if let Some(path) = &args.json {
+        let json = report.json(raw.as_ref());
+        std::fs::write(path, serde_json::to_string_pretty(&json).unwrap() + "\n")
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    if args.check {
+        let problems = report.accounting_problems();
+        if problems.is_empty() {
+            println!("check: every submitted call accounted for");
+        } else {
+            for p in &problems {
+                eprintln!("check FAILED: {p}");
+            }
+            if let Some(broker) = &setup.broker {
+                let log = std::fs::read_to_string(&broker.log).unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                eprintln!(
+                    "the broker's log ends:\n{}",
+                    lines[lines.len().saturating_sub(20)..].join("\n")
+                );
+            }
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+struct Report {
+    backend: &'static str,
+    agents: u32,
+    batch_size: u32,
+    subscribers: u32,
+    approvers: u32,
+    rate: Option<f64>,
+    input_bytes: usize,
+    duration: Duration,
+    submitted: u64,
+    acked: u64,
+    outcomes: u64,
+    approved: u64,
+    seen: u64,
+    shown: Vec<u64>,
+    decided: u64,
+    decide_ok: u64,
+    decide_errors: u64,
+    agent_errors: u64,
+    resubscribes: u64,
+    first_error: Option<String>,
+    cycles_in_window: u64,
+    cycles_per_sec: f64,
+    submit_ack: Percentiles,
+    submit_seen: Percentiles,
+    decide_outcome: Percentiles,
+    full_cycle: Percentiles,
+    broker_cpu: Option<f64>,
+    broker_cpu_total: Option<f64>,
+    bench_cpu: Option<f64>,
+    peak_rss_kib: Option<u64>,
+    drained_after: Duration,
+}
+
+impl Report {
+    #[allow(clippy::too_many_arguments)]
+    fn compute(
+        args: &Args,
+        setup: &Setup,
+        config: &LoadConfig,
+        shared: &Shared,
+        records: &[CallRecord],
+        duration: Duration,
+        broker_cpu: Option<f64>,
+        broker_cpu_total: Option<f64>,
+        bench_cpu: Option<f64>,
+        peak_rss_kib: Option<u64>,
+        drained_after: Duration,
+    ) -> Report {
+        let seen = shared.seen.lock().unwrap();
+        let decided = shared.decided.lock().unwrap();
+        let in_window = |t: Instant| t >= config.measure_start && t <= config.measure_end;
+        let mut submit_ack = Vec::new();
+        let mut submit_seen = Vec::new();
+        let mut decide_outcome = Vec::new();
+        let mut full_cycle = Vec::new();
+        let mut cycles_in_window = 0;
+        for r in records {
+            if r.outcome.is_some_and(in_window) {
+                cycles_in_window += 1;
+            }
+            if !in_window(r.submitted) {
+                continue;
+            }
+            if let Some(acked) = r.acked {
+                submit_ack.push(acked.saturating_duration_since(r.submitted));
+            }
+            if let Some(seen) = seen.get(&r.key) {
+                submit_seen.push(seen.saturating_duration_since(r.submitted));
+            }
+            if let Some(outcome) = r.outcome {
+                if let Some(decided) = decided.get(&r.key) {
+                    decide_outcome.push(outcome.saturating_duration_since(*decided));
+                }
+                full_cycle.push(outcome.saturating_duration_since(r.submitted));
+            }
+        }
+        Report {
+            backend: setup.backend,
+            agents: args.agents,
+            batch_size: args.batch_size,
+            subscribers: args.subscribers,
+            approvers: args.approvers,
+            rate: args.rate,
+            input_bytes: args.input_bytes,
+            duration,
+            submitted: records.len() as u64,
+            acked: records.iter().filter(|r| r.acked.is_some()).count() as u64,
+            outcomes: records.iter().filter(|r| r.outcome.is_some()).count() as u64,
+            approved: records.iter().filter(|r| r.approved).count() as u64,
+            seen: records.iter().filter(|r| seen.contains_key(&r.key)).count() as u64,
+            shown: shared
+                .shown
+                .iter()
+                .map(|n| n.load(Ordering::Relaxed))
+                .collect(),
+            decided: records
+                .iter()
+                .filter(|r| decided.contains_key(&r.key))
+                .count() as u64,
+            decide_ok: shared.decide_ok.load(Ordering::Relaxed),
+            decide_errors: shared.decide_errors.load(Ordering::Relaxed),
+            agent_errors: shared.agent_errors.load(Ordering::Relaxed),
+            resubscribes: shared.resubscribes.load(Ordering::Relaxed),
+            first_error: shared.first_error.lock().unwrap().clone(),
+            cycles_in_window,
+            cycles_per_sec: cycles_in_window as f64 / duration.as_secs_f64(),
+            submit_ack: Percentiles::of(&mut submit_ack),
+            submit_seen: Percentiles::of(&mut submit_seen),
+            decide_outcome: Percentiles::of(&mut decide_outcome),
+            full_cycle: Percentiles::of(&mut full_cycle),
+            broker_cpu,
+            broker_cpu_total,
+            bench_cpu,
+            peak_rss_kib,
+            drained_after,
+        }
+    }
+
+    /// What `--check` verifies: every submitted call acknowledged, shown to every subscriber,
+    /// decided once, and its (approved) outcome received by its agent.
+    fn accounting_problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let n = self.submitted;
+        if n == 0 {
+            problems.push("no call was submitted".into());
+        }
+        let mut expect = |what: &str, got: u64| {
+            if got != n {
+                problems.push(format!("{n} calls submitted but {got} {what}"));
+            }
+        };
+        expect("acknowledged", self.acked);
+        expect("with an outcome at their agent", self.outcomes);
+        expect("approved", self.approved);
+        expect("decided", self.decided);
+        expect("decisions answered OK", self.decide_ok);
+        if self.subscribers > 0 {
+            expect("seen by a subscriber", self.seen);
+            for (i, shown) in self.shown.iter().enumerate() {
+                expect(&format!("shown to subscriber {i}"), *shown);
+            }
+        }
+        if self.decide_errors + self.agent_errors > 0 {
+            problems.push(format!(
+                "{} decide errors, {} agent errors; first: {}",
+                self.decide_errors,
+                self.agent_errors,
+                self.first_error.as_deref().unwrap_or("-")
+            ));
+        }
+        problems
+    }
+
+    fn print(&self, raw: Option<&storage::StorageRates>) {
+        println!(
+            "approval-bench: {} broker, {} agents x batches of {}, {} subscriber(s), {} approver(s), \
+             {} B inputs, {:.1} s measured{}",
+            self.backend,
+            self.agents,
+            self.batch_size,
+            self.subscribers,
+            self.approvers,
+            self.input_bytes,
+            self.duration.as_secs_f64(),
+            self.rate
+                .map(|r| format!(", submit rate capped at {r} calls/s"))
+                .unwrap_or_default()
+        );
+        println!();
+        println!(
+            "full approval cycles/s            {:>12.1}  ({} cycles in the window)",
+            self.cycles_per_sec, self.cycles_in_window
+        );
+        println!();
+        println!(
+            "{:<32} {:>8} {:>10} {:>10} {:>10} {:>10}",
+            "latency (ms)", "n", "p50", "p90", "p99", "max"
+        );
+        for (name, p) in [
+            ("submit -> ack", &self.submit_ack),
+            ("submit -> seen (first subscriber)", &self.submit_seen),
+            ("decide -> outcome at agent", &self.decide_outcome),
+            ("full cycle", &self.full_cycle),
+        ] {
+            println!(
+                "{:<32} {:>8} {:>10} {:>10} {:>10} {:>10}",
+                name,
+                p.count,
+                ms(p.p50),
+                ms(p.p90),
+                ms(p.p99),
+                ms(p.max)
+            );
+        }
+        println!();
+        let opt =
+            |v: Option<f64>, unit: &str| v.map_or("-".to_string(), |v| format!("{v:.2}{unit}"));
+        println!(
+            "broker CPU in the window          {:>12}  ({} of a core, {} per cycle; {} over the whole run)",
+            opt(self.broker_cpu, " s"),
+            self.broker_cpu.map_or("-".into(), |c| format!(
+                "{:.0}%",
+                100.0 * c / self.duration.as_secs_f64()
+            )),
+            self.broker_cpu
+                .filter(|_| self.cycles_in_window > 0)
+                .map_or("-".into(), |c| format!(
+                    "{:.0} us",
+                    c * 1e6 / self.cycles_in_window as f64
+                )),
+            opt(self.broker_cpu_total, " s"),
+        );
+        println!(
+            "bench CPU in the window           {:>12}  (same 2 cores: the load generator competes)",
+            opt(self.bench_cpu, " s")
+        );
+        println!(
+            "broker peak RSS                   {:>12}",
+            self.peak_rss_kib
+                .map_or("-".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0))
+        );
+        println!();
+        println!(
+            "accounting: submitted {} acked {} seen {} decided {} outcomes {} (approved {}); \
+             decide errors {}, agent errors {}, resubscribes {}; drained {:.2} s after the window",
+            self.submitted,
+            self.acked,
+            self.seen,
+            self.decided,
+            self.outcomes,
+            self.approved,
+            self.decide_errors,
+            self.agent_errors,
+            self.resubscribes,
+            self.drained_after.as_secs_f64()
+        );
+        if let Some(e) = &self.first_error {
+            println!("first error: {e}");
+        }
+        if let Some(raw) = raw {
+            println!();
+            println!(
+                "raw storage limit ({}, direct sqlx, {} tasks on {} connection(s)):",
+                self.backend, raw.concurrency, raw.connections
+            );
+            println!(
+                "  one transaction per write       {:>12.1} cycles/s   broker / raw = {:.2}",
+                raw.per_write,
+                self.cycles_per_sec / raw.per_write
+            );
+            println!(
+                "  {} cycles per transaction      {:>12.1} cycles/s   broker / raw = {:.3}  ({} task(s))",
+                raw.group,
+                raw.batched,
+                self.cycles_per_sec / raw.batched,
+                raw.batch_tasks
+            );
+        }
+    }
+
+    fn json(&self, raw: Option<&storage::StorageRates>) -> serde_json::Value {
+        serde_json::json!({
+            "backend": self.backend,
+            "agents": self.agents,
+            "batch_size": self.batch_size,
+            "subscribers": self.subscribers,
+            "approvers": self.approvers,
+            "rate_cap": self.rate,
+            "input_bytes": self.input_bytes,
+            "duration_s": self.duration.as_secs_f64(),
+            "cycles_per_s": self.cycles_per_sec,
+            "cycles_in_window": self.cycles_in_window,
+            "latency": {
+                "submit_ack": self.submit_ack.json(),
+                "submit_seen": self.submit_seen.json(),
+                "decide_outcome": self.decide_outcome.json(),
+                "full_cycle": self.full_cycle.json(),
+            },
+            "broker_cpu_s": self.broker_cpu,
+            "broker_cpu_total_s": self.broker_cpu_total,
+            "bench_cpu_s": self.bench_cpu,
+            "clock_ticks_assumed": broker::CLOCK_TICKS,
+            "broker_peak_rss_kib": self.peak_rss_kib,
+            "accounting": {
+                "submitted": self.submitted,
+                "acked": self.acked,
+                "seen": self.seen,
+                "shown_per_subscriber": self.shown,
+                "decided": self.decided,
+                "decide_ok": self.decide_ok,
+                "outcomes": self.outcomes,
+                "approved": self.approved,
+                "decide_errors": self.decide_errors,
+                "agent_errors": self.agent_errors,
+                "resubscribes": self.resubscribes,
+                "first_error": self.first_error,
+            },
+            "raw_storage": raw.map(|raw| serde_json::json!({
+                "concurrency": raw.concurrency,
+                "connections": raw.connections,
+                "per_write_cycles_per_s": raw.per_write,
+                "batched_cycles_per_s": raw.batched,
+                "batch_cycles_per_transaction": raw.group,
+                "batch_tasks": raw.batch_tasks,
+                "broker_ratio_to_per_write": self.cycles_per_sec / raw.per_write,
+                "broker_ratio_to_batched": self.cycles_per_sec / raw.batched,
+            })),
+        })
+    }
+}
