@@ -705,8 +705,12 @@ proptest! {
                 prop_assert_eq!(&parsed.reason, &reason);
                 match (kind, &parsed.scope) {
                     (1, CancelScope::Calls(parsed_ids)) => {
+                        // A call named twice is kept once, where it first appears.
                         let parsed_ids: Vec<&str> = parsed_ids.iter().map(|i| i.as_str()).collect();
-                        prop_assert_eq!(parsed_ids, ids.iter().map(String::as_str).collect::<Vec<_>>());
+                        let mut seen = std::collections::HashSet::new();
+                        let expected: Vec<&str> =
+                            ids.iter().map(String::as_str).filter(|id| seen.insert(*id)).collect();
+                        prop_assert_eq!(parsed_ids, expected);
                     }
                     (2, CancelScope::Batch(id)) => prop_assert_eq!(id.as_str(), batch_id.as_str()),
                     (3, CancelScope::Session) => {}
@@ -874,5 +878,24 @@ proptest! {
             let canon = serde_json::from_str::<Value>(&text).map(|v| v.to_string());
             prop_assert!(canon.as_ref().is_ok_and(|c| c.len() > limit), "{} refused; canonical {:?}", show(&text), canon.map(|c| show(&c)));
         }
+    }
+}
+
+/// The case the random search found once: a call named twice in a cancel is kept once.
+#[test]
+fn a_cancel_naming_a_call_twice_keeps_it_once() {
+    let target = pb::CancelTarget {
+        session_id: "s".into(),
+        target: Some(pb::cancel_target::Target::Calls(pb::CallIds {
+            call_ids: vec!["x".into(), "y".into(), "x".into()],
+        })),
+        reason: String::new(),
+    };
+    match parse::cancel(Some(target), "target").expect("valid").scope {
+        CancelScope::Calls(ids) => {
+            let ids: Vec<&str> = ids.iter().map(|i| i.as_str()).collect();
+            assert_eq!(ids, ["x", "y"]);
+        }
+        other => panic!("{other:?}"),
     }
 }
