@@ -72,3 +72,22 @@ impl From<Error> for Status {
         Status::new(err.code(), err.client_message())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_causes_go_to_the_log_never_to_the_client() {
+        let cause = Error::Storage(sqlx::Error::Protocol(
+            "secret table calls_v2 is corrupt".into(),
+        ));
+        let status = Status::from(cause);
+        assert_eq!(status.code(), Code::Internal);
+        assert!(!status.message().contains("secret"), "{}", status.message());
+        assert_eq!(status.message(), "internal error; see the broker's log");
+        // A client's own mistake is told as it is, naming the field.
+        let status = Status::from(Error::invalid("batch.session_id", "must not be empty"));
+        assert_eq!(status.message(), "batch.session_id: must not be empty");
+    }
+}

@@ -17,12 +17,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{Postgres, QueryBuilder, Row};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::rows::{call_columns, call_from_row, event_from_row, select_calls};
+use super::rows::{call_columns, call_from_row, event_from_row, select_calls, stored};
 use super::writes::{self, Resolved, Stored, WriteTx, Writer};
 use super::{
     CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, Store, SubmitReport,
@@ -602,11 +602,4 @@ async fn append_event(
     .bind(now.as_micros())
     .fetch_one(conn)
     .await?)
-}
-
-fn stored(row: &PgRow) -> Result<Stored> {
-    Ok(Stored {
-        rowid: row.try_get("id")?,
-        call: call_from_row(row)?,
-    })
 }

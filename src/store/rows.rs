@@ -3,6 +3,7 @@
 
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
+use super::writes::Stored;
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Event, EventKind, Outcome, SessionId,
     Status, Timestamp, ToolInput, ToolName,
@@ -88,6 +89,21 @@ where
             .map(Timestamp::from_micros),
         created_at: Timestamp::from_micros(row.try_get("created_at")?),
         outcome,
+    })
+}
+
+/// A call and its row id, from a row holding the [`call_columns`].
+pub fn stored<'r, R>(row: &'r R) -> Result<Stored>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    bool: Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(Stored {
+        rowid: row.try_get("id")?,
+        call: call_from_row(row)?,
     })
 }
 

@@ -12,11 +12,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteRow, SqliteSynchronous,
+    SqliteSynchronous,
 };
-use sqlx::{QueryBuilder, Row, Sqlite};
+use sqlx::{QueryBuilder, Sqlite};
 
-use super::rows::{call_columns, call_from_row, event_from_row, select_calls};
+use super::rows::{call_columns, call_from_row, event_from_row, select_calls, stored};
 use super::writes::{self, Resolved, Stored, WriteTx, Writer};
 use super::{
     CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, Store, SubmitReport,
@@ -237,20 +237,16 @@ impl Store for SqliteStore {
             .push(" ORDER BY c.id LIMIT ")
             .push_bind(i64::from(q.limit) + 1);
         let rows = query.build().fetch_all(&self.reader).await?;
-        let mut calls = Vec::with_capacity(rows.len());
-        let mut next = None;
-        for (i, row) in rows.iter().enumerate() {
-            if i == q.limit as usize {
-                break;
-            }
-            let (rowid, call) = rowid_and_call(row)?;
-            calls.push(call);
-            next = Some(Cursor(rowid));
+        let mut page = CallPage::default();
+        for row in rows.iter().take(q.limit as usize) {
+            let Stored { rowid, call } = stored(row)?;
+            page.calls.push(call);
+            page.next = Some(Cursor(rowid));
         }
         if rows.len() <= q.limit as usize {
-            next = None;
+            page.next = None;
         }
-        Ok(CallPage { calls, next })
+        Ok(page)
     }
 
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
@@ -519,13 +515,6 @@ async fn append_event(
     .await?)
 }
 
-fn stored(row: &SqliteRow) -> Result<Stored> {
-    Ok(Stored {
-        rowid: row.try_get("id")?,
-        call: call_from_row(row)?,
-    })
-}
-
 async fn latest_seq(conn: &mut SqliteConnection) -> Result<u64> {
     let seq: Option<i64> = sqlx::query_scalar("SELECT MAX(seq) FROM events")
         .fetch_one(conn)
@@ -533,13 +522,10 @@ async fn latest_seq(conn: &mut SqliteConnection) -> Result<u64> {
     Ok(seq.unwrap_or(0) as u64)
 }
 
-fn rowid_and_call(row: &SqliteRow) -> Result<(i64, Call)> {
-    Ok((row.try_get("id")?, call_from_row(row)?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sqlx::Row;
 
     async fn pragma(store: &SqliteStore, name: &'static str) -> String {
         let row = sqlx::query(name).fetch_one(&store.writer).await.unwrap();
