@@ -79,7 +79,7 @@ pub async fn run(
     );
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    for service in SERVICES {
+    for service in SERVICES.into_iter().chain([READINESS, LIVENESS]) {
         health
             .set_service_status(service, ServingStatus::Serving)
             .await;
@@ -121,7 +121,8 @@ pub async fn run(
     let drain = async move {
         shutdown.await;
         tracing::info!("shutting down: no new streams, ending open ones, finishing requests");
-        for service in SERVICES {
+        // Liveness stays SERVING: a draining broker is healthy, only no longer ready.
+        for service in SERVICES.into_iter().chain([READINESS]) {
             health
                 .set_service_status(service, ServingStatus::NotServing)
                 .await;
@@ -166,7 +167,14 @@ fn incoming(listener: TcpListener) -> TcpIncoming {
     TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
-/// The health service names the broker reports: the server as a whole and each service.
+/// The health service name for readiness probes: SERVING until the broker starts draining.
+pub const READINESS: &str = "readiness";
+/// The health service name for liveness probes: SERVING for as long as the broker serves at all,
+/// draining included, so an orchestrator never restarts a broker that is finishing its work.
+pub const LIVENESS: &str = "liveness";
+
+/// The health service names the broker reports: the server as a whole and each service. Each
+/// turns NOT_SERVING when the broker starts draining, as readiness does.
 const SERVICES: [&str; 4] = [
     "",
     <AgentServiceServer<AgentApi> as tonic::server::NamedService>::NAME,

@@ -2,6 +2,7 @@
 //! the same transaction as its event, and nothing is acknowledged before that transaction commits.
 //! The trait speaks the domain's language; each backend (one file each) owns its SQL.
 
+mod group_commit;
 mod postgres;
 mod rows;
 mod sqlite;

@@ -17,7 +17,8 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Sqlite};
 
 use super::rows::{call_columns, call_from_row, event_from_row, select_calls, stored};
-use super::writes::{self, Resolved, Stored, WriteTx, Writer};
+use super::group_commit::GroupCommit;
+use super::writes::{self, Resolved, Savepoint, Stored, WriteTx, Writer};
 use super::{
     CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, Store, SubmitReport,
 };
@@ -53,15 +54,26 @@ impl FromStr for Synchronous {
 const SELECT_CALLS: &str = select_calls!();
 
 pub struct SqliteStore {
-    writer: SqlitePool,
+    /// Submits, decisions and cancels, group-committed.
+    group: GroupCommit,
+    /// The one write connection, for what does not go through the group (expiry).
+    writer: WritePool,
     reader: SqlitePool,
     texts: ToolResultTexts,
 }
 
+/// The pool of the one write connection: a writer is whoever holds it.
+#[derive(Clone)]
+struct WritePool(SqlitePool);
+
 impl SqliteStore {
     /// Opens (creating if needed) the database at `url` (`sqlite://path`, `sqlite:path` or a
     /// plain path) and applies the migrations under `migrations/sqlite`.
-    pub async fn open(url: &str, synchronous: Synchronous, texts: ToolResultTexts) -> Result<Self> {
+    pub async fn open(
+        url: &str,
+        synchronous: Synchronous,
+        texts: ToolResultTexts,
+    ) -> Result<Self> {
         let path = url
             .strip_prefix("sqlite://")
             .or_else(|| url.strip_prefix("sqlite:"))
@@ -93,7 +105,9 @@ impl SqliteStore {
             .max_connections(4)
             .connect_with(options.read_only(true))
             .await?;
+        let writer = WritePool(writer);
         Ok(Self {
+            group: GroupCommit::start(writer.clone(), texts.clone()),
             writer,
             reader,
             texts,
@@ -102,30 +116,30 @@ impl SqliteStore {
 }
 
 #[async_trait]
-impl Writer for SqliteStore {
+impl Writer for WritePool {
     type Tx = sqlx::Transaction<'static, Sqlite>;
 
     async fn begin_write(&self) -> Result<Self::Tx> {
-        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+        Ok(self.0.begin_with("BEGIN IMMEDIATE").await?)
     }
 }
 
 #[async_trait]
 impl Store for SqliteStore {
     async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
-        writes::submit(self.begin_write().await?, &batch, &self.texts).await
+        self.group.submit(batch).await
     }
 
     async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
-        writes::decide(self.begin_write().await?, key, decision, &self.texts).await
+        self.group.decide(key, decision).await
     }
 
     async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
-        writes::cancel(self.begin_write().await?, target, &self.texts).await
+        self.group.cancel(target).await
     }
 
     async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
-        writes::expire_due(self, &self.texts, now).await
+        writes::expire_due(&self.writer, &self.texts, now).await
     }
 
     async fn next_deadline(&self) -> Result<Option<Timestamp>> {
@@ -494,6 +508,11 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
         Ok(())
     }
 
+    async fn savepoint(&mut self, step: Savepoint) -> Result<()> {
+        sqlx::raw_sql(step.sql()).execute(&mut **self).await?;
+        Ok(())
+    }
+
     async fn commit(self) -> Result<()> {
         Ok(sqlx::Transaction::commit(self).await?)
     }
@@ -528,7 +547,7 @@ mod tests {
     use sqlx::Row;
 
     async fn pragma(store: &SqliteStore, name: &'static str) -> String {
-        let row = sqlx::query(name).fetch_one(&store.writer).await.unwrap();
+        let row = sqlx::query(name).fetch_one(&store.writer.0).await.unwrap();
         match row.try_get::<String, _>(0) {
             Ok(text) => text,
             Err(_) => row.try_get::<i64, _>(0).unwrap().to_string(),

@@ -99,8 +99,30 @@ pub trait WriteTx: Send {
     async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(i64, String)>>;
     /// Under the batch's lock: if no call of it is pending, flags `event` as completing it.
     async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()>;
+    /// Marks, releases or rolls back to the savepoint of one write in a group commit.
+    async fn savepoint(&mut self, step: Savepoint) -> Result<()>;
     /// Commits the transaction: only then may its changes be acknowledged.
     async fn commit(self) -> Result<()>;
+}
+
+/// The steps of the savepoint that isolates one write of a group (see `group_commit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Savepoint {
+    Mark,
+    Release,
+    /// Undoes the write's changes and ends the savepoint.
+    RollBack,
+}
+
+impl Savepoint {
+    /// The statements, the same in every SQL dialect the broker speaks.
+    pub fn sql(self) -> &'static str {
+        match self {
+            Savepoint::Mark => "SAVEPOINT write",
+            Savepoint::Release => "RELEASE SAVEPOINT write",
+            Savepoint::RollBack => "ROLLBACK TO SAVEPOINT write; RELEASE SAVEPOINT write",
+        }
+    }
 }
 
 /// Stores a batch and commits. See [`super::Store::submit`].
@@ -114,7 +136,7 @@ pub async fn submit(
     Ok(report)
 }
 
-async fn submit_in(
+pub(super) async fn submit_in(
     tx: &mut impl WriteTx,
     batch: &NewBatch,
     texts: &ToolResultTexts,
@@ -247,7 +269,7 @@ pub async fn decide(
     Ok(report)
 }
 
-async fn decide_in(
+pub(super) async fn decide_in(
     tx: &mut impl WriteTx,
     key: &CallKey,
     decision: &Decision,
@@ -347,7 +369,7 @@ pub async fn cancel(
     Ok(report)
 }
 
-async fn cancel_in(
+pub(super) async fn cancel_in(
     tx: &mut impl WriteTx,
     target: &CancelTarget,
     texts: &ToolResultTexts,

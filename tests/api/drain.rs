@@ -69,6 +69,19 @@ async fn on_sigterm_the_broker_drains_and_loses_nothing_acknowledged(mut app: Te
         .into_inner();
     let first = health.next().await.expect("a status").expect("ok");
     assert_eq!(first.status, ServingStatus::Serving as i32);
+    let watch = |service: &str| {
+        let mut client = HealthClient::new(broker.channel.clone());
+        let request = tonic_health::pb::HealthCheckRequest {
+            service: service.into(),
+        };
+        async move { client.watch(request).await.expect("watch").into_inner() }
+    };
+    let mut readiness = watch("readiness").await;
+    let mut liveness = watch("liveness").await;
+    for probe in [&mut readiness, &mut liveness] {
+        let first = probe.next().await.expect("a status").expect("ok");
+        assert_eq!(first.status, ServingStatus::Serving as i32);
+    }
 
     let mut subscriber = ApproverServiceClient::new(broker.channel.clone())
         .subscribe(pb::SubscribeRequest {
@@ -145,6 +158,14 @@ async fn on_sigterm_the_broker_drains_and_loses_nothing_acknowledged(mut app: Te
     }
     assert!(saw_not_serving, "health turned NOT_SERVING");
     drop(health);
+    let update = readiness.next().await.expect("a status").expect("ok");
+    assert_eq!(update.status, ServingStatus::NotServing as i32, "not ready");
+    drop(readiness);
+    // Liveness does not turn NOT_SERVING: by now its watch would have said so.
+    if let Ok(Some(Ok(update))) = tokio::time::timeout(Duration::from_millis(200), liveness.next()).await {
+        assert_eq!(update.status, ServingStatus::Serving as i32, "alive while draining");
+    }
+    drop(liveness);
     let ended = loop {
         match agent_stream.message().await {
             Ok(Some(_)) => continue,

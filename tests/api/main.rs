@@ -15,6 +15,7 @@ mod cli;
 mod deadlines;
 mod decisions;
 mod drain;
+mod group_commit;
 mod idempotency;
 mod limits;
 mod recovery;

@@ -223,9 +223,18 @@ pub fn cpu_seconds(pid: &str) -> Option<f64> {
 
 /// Peak resident set size in KiB (`VmHWM` of `/proc/<pid>/status`).
 pub fn peak_rss_kib(pid: &str) -> Option<u64> {
+    proc_status_kib(pid, "VmHWM:")
+}
+
+/// Current resident set size in KiB (`VmRSS` of `/proc/<pid>/status`).
+pub fn rss_kib(pid: &str) -> Option<u64> {
+    proc_status_kib(pid, "VmRSS:")
+}
+
+fn proc_status_kib(pid: &str, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .find_map(|line| line.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }

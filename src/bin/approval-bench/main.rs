@@ -28,6 +28,7 @@
 
 mod broker;
 mod load;
+mod scale;
 mod stats;
 mod storage;
 
@@ -98,6 +99,22 @@ struct Args {
     /// Smoke mode for CI: a short run that verifies every submitted call is accounted for.
     #[arg(long)]
     check: bool,
+    /// Scale mode: what four requests cost on an empty and on a large store, and the memory of
+    /// idle streams (see `--scale-decided`, `--scale-pending`, `--idle-streams`).
+    #[arg(long, conflicts_with = "check")]
+    scale: bool,
+    /// Scale mode: decided calls to store.
+    #[arg(long, default_value_t = 1_000_000)]
+    scale_decided: u64,
+    /// Scale mode: pending calls to store.
+    #[arg(long, default_value_t = 100_000)]
+    scale_pending: u64,
+    /// Scale mode: idle agent `Connect` streams to hold open.
+    #[arg(long, default_value_t = 10_000)]
+    idle_streams: u32,
+    /// Scale mode: idle subscribers to hold open.
+    #[arg(long, default_value_t = 100)]
+    idle_subscribers: u32,
 }
 
 #[tokio::main]
@@ -143,7 +160,11 @@ async fn run(mut args: Args) -> Result<bool, String> {
     }
 
     let setup = setup(&args).await?;
-    let result = measure(&args, &setup, duration, warmup, storage_duration, drain).await;
+    let result = if args.scale {
+        scale(&args, &setup).await
+    } else {
+        measure(&args, &setup, duration, warmup, storage_duration, drain).await
+    };
     let Setup {
         broker,
         schema,
@@ -156,6 +177,23 @@ async fn run(mut args: Args) -> Result<bool, String> {
     }
     drop(dir);
     result
+}
+
+async fn scale(args: &Args, setup: &Setup) -> Result<bool, String> {
+    let config = scale::ScaleConfig {
+        decided: args.scale_decided,
+        pending: args.scale_pending,
+        idle_streams: args.idle_streams,
+        idle_subscribers: args.idle_subscribers,
+        input_bytes: args.input_bytes,
+    };
+    let pid = setup.broker.as_ref().map(|b| b.pid().to_string());
+    let figures = scale::run(&config, &setup.address, pid).await?;
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&figures).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(true)
 }
 
 fn secs(value: f64, name: &str) -> Result<Duration, String> {
