@@ -72,12 +72,16 @@ pub fn hash_token(token: &str) -> String {
 }
 
 impl Tokens {
-    /// Parses token lines `ROLE IDENTITY sha256:HEX` (blank lines and `#` comments ignored;
-    /// `;` also separates entries, for environment variables). `source` names where they came
-    /// from in errors.
+    /// Parses token lines `ROLE IDENTITY sha256:HEX` (blank lines and `#` comment lines
+    /// ignored, whatever they hold; `;` also separates entries, for environment variables).
+    /// `source` names where they came from in errors.
     pub fn parse(text: &str, source: &str) -> Result<Tokens> {
         let mut tokens = Tokens::default();
-        for (n, line) in text.split(['\n', ';']).enumerate() {
+        let entries = text
+            .lines()
+            .filter(|line| !line.trim_start().starts_with('#'))
+            .flat_map(|line| line.split(';'));
+        for (n, line) in entries.enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
@@ -252,7 +256,8 @@ mod tests {
     #[test]
     fn tokens_are_configured_as_hashes_and_matched_by_hash() {
         let line = format!("agent build-bot {}", hash_token("s3cret"));
-        let tokens = Tokens::parse(&format!("# comment\n{line}\n"), "tokens").unwrap();
+        let text = format!("# comment; with a semicolon\n  # indented\n{line}\n");
+        let tokens = Tokens::parse(&text, "tokens").unwrap();
         assert_eq!(tokens.len(), 1);
         let entry = tokens.authenticate("s3cret").expect("matches");
         assert_eq!(

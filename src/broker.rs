@@ -12,7 +12,8 @@ use crate::error::{Error, Result};
 use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
 use crate::limits::{Slot, StreamSlots};
-use crate::store::{CancelReport, CancelTarget, DecideReport, Store, SubmitReport};
+use crate::meters::{self, StreamKind};
+use crate::store::{CancelReport, CancelTarget, DecideReport, Store, SubmitReport, SubmitResult};
 
 /// Limits and defaults the broker applies to what clients send.
 #[derive(Debug, Clone)]
@@ -49,11 +50,13 @@ impl Broker {
     ) -> Self {
         Self {
             agent_streams: StreamSlots::new(
+                StreamKind::Agent,
                 "agent streams",
                 "--max-agent-streams",
                 limits.max_agent_streams,
             ),
             subscribers: StreamSlots::new(
+                StreamKind::Subscriber,
                 "subscribers",
                 "--max-subscribers",
                 limits.max_subscribers,
@@ -107,6 +110,11 @@ impl Broker {
     }
 
     /// Stores a batch (after giving calls without a deadline the default one).
+    #[tracing::instrument(name = "submit", skip_all, fields(
+        agent = %batch.agent,
+        session = %batch.session,
+        calls = %CallIds(batch.calls.iter().map(|c| &c.call_id)),
+    ))]
     pub async fn submit(&self, mut batch: NewBatch) -> Result<SubmitReport> {
         if let Some(default) = self.limits.default_deadline {
             let deadline = Timestamp::now().saturating_add(default);
@@ -117,26 +125,83 @@ impl Broker {
         let has_deadline = batch.calls.iter().any(|c| c.deadline.is_some());
         let report = self.store.submit(batch).await?;
         self.bus.notify_committed();
+        meters::calls_submitted(
+            report
+                .items
+                .iter()
+                .filter(|item| matches!(item.result, SubmitResult::Accepted(_)))
+                .count(),
+        );
+        meters::outcomes(&report.superseded);
         if has_deadline {
             self.sweeper.deadline_added();
         }
+        tracing::debug!(
+            batch = report.batch_id.as_ref().map(|b| b.as_str()),
+            superseded = report.superseded.len(),
+            "submitted"
+        );
         Ok(report)
     }
 
+    #[tracing::instrument(name = "decide", skip_all, fields(
+        agent = %key.agent,
+        session = %key.session,
+        call = %key.call_id,
+        approver = %decision.approver,
+    ))]
     pub async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
         let report = self.store.decide(key, decision).await?;
         if !report.replayed {
             self.bus.notify_committed();
+            meters::outcomes(std::iter::once(&report.call).chain(&report.skipped));
         }
+        tracing::debug!(
+            verdict = ?decision.verdict,
+            replayed = report.replayed,
+            skipped = report.skipped.len(),
+            "decided"
+        );
         Ok(report)
     }
 
+    #[tracing::instrument(name = "cancel", skip_all, fields(
+        agent = %target.agent,
+        session = %target.session,
+        scope = ?target.scope,
+    ))]
     pub async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
         let report = self.store.cancel(target).await?;
         if !report.cancelled.is_empty() {
             self.bus.notify_committed();
+            meters::outcomes(&report.cancelled);
         }
+        tracing::debug!(
+            cancelled = report.cancelled.len(),
+            already_decided = report.already_decided.len(),
+            "cancelled"
+        );
         Ok(report)
+    }
+}
+
+/// Call ids for a span field: `a,b,c`.
+struct CallIds<'a, I>(I)
+where
+    I: Iterator<Item = &'a crate::domain::CallId> + Clone;
+
+impl<'a, I> std::fmt::Display for CallIds<'a, I>
+where
+    I: Iterator<Item = &'a crate::domain::CallId> + Clone,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, id) in self.0.clone().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{id}")?;
+        }
+        Ok(())
     }
 }
 

@@ -24,6 +24,15 @@ pub struct Config {
     #[arg(long, env = "APPROVALS_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
+    /// The address to serve Prometheus metrics on (plain HTTP, any path), or `off`.
+    #[arg(long, env = "APPROVALS_METRICS_LISTEN", default_value = "127.0.0.1:9464", value_parser = parse_metrics_listen)]
+    pub metrics_listen: MetricsListen,
+
+    /// Log format: `text` (human-readable) or `json` (one object per line). The level is set
+    /// by `RUST_LOG` (default `info`).
+    #[arg(long, env = "APPROVALS_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"], global = true)]
+    pub log_format: String,
+
     /// Where state lives: `postgres://USER@HOST:PORT/DB` (any number of replicas may share
     /// it), or `sqlite://PATH`, `sqlite:PATH` or a plain file path (one broker process).
     #[arg(
@@ -129,6 +138,23 @@ pub struct Config {
     /// The tool-result text for CANCELLED.
     #[arg(long, env = "APPROVALS_TEXT_CANCELLED")]
     pub text_cancelled: Option<String>,
+}
+
+/// Where metrics are served, if anywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsListen {
+    Off,
+    On(SocketAddr),
+}
+
+fn parse_metrics_listen(value: &str) -> Result<MetricsListen, String> {
+    if value.eq_ignore_ascii_case("off") {
+        return Ok(MetricsListen::Off);
+    }
+    value
+        .parse()
+        .map(MetricsListen::On)
+        .map_err(|_| format!("expected an address such as 127.0.0.1:9464, or `off`; got `{value}`"))
 }
 
 /// What to do instead of serving.

@@ -45,6 +45,11 @@ impl EventBus {
         }))
     }
 
+    /// The last sequence number published to live feeds.
+    pub fn published(&self) -> u64 {
+        self.published.load(Ordering::SeqCst)
+    }
+
     /// Tells the pump that new events were committed.
     pub fn notify_committed(&self) {
         self.committed.notify_one();

@@ -37,6 +37,7 @@ impl DeadlineSweeper {
         if !expired.is_empty() {
             tracing::info!(count = expired.len(), "expired calls past their deadline");
             self.bus.notify_committed();
+            crate::meters::outcomes(&expired);
         }
         Ok(expired.len())
     }

@@ -11,6 +11,7 @@ pub mod events;
 pub mod expiry;
 pub mod grpc;
 pub mod limits;
+pub mod meters;
 pub mod proto;
 pub mod startup;
 pub mod store;

@@ -5,10 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::error::{Error, Result};
+use crate::meters::{self, StreamKind};
 
 /// A counted kind of open stream, at most `max` at once.
 #[derive(Debug)]
 pub struct StreamSlots {
+    kind: StreamKind,
     what: &'static str,
     setting: &'static str,
     max: usize,
@@ -21,14 +23,22 @@ pub struct Slot(Arc<StreamSlots>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::SeqCst);
+        let open = self.0.open.fetch_sub(1, Ordering::SeqCst) - 1;
+        meters::streams_open(self.0.kind, open);
     }
 }
 
 impl StreamSlots {
-    /// `what` names the streams in errors; `setting` the flag that raises the cap.
-    pub fn new(what: &'static str, setting: &'static str, max: usize) -> Arc<Self> {
+    /// `what` names the streams in errors; `setting` the flag that raises the cap; `kind` the
+    /// gauge that counts them.
+    pub fn new(
+        kind: StreamKind,
+        what: &'static str,
+        setting: &'static str,
+        max: usize,
+    ) -> Arc<Self> {
         Arc::new(Self {
+            kind,
             what,
             setting,
             max,
@@ -44,7 +54,10 @@ impl StreamSlots {
                 (open < self.max).then_some(open + 1)
             });
         match taken {
-            Ok(_) => Ok(Slot(Arc::clone(self))),
+            Ok(before) => {
+                meters::streams_open(self.kind, before + 1);
+                Ok(Slot(Arc::clone(self)))
+            }
             Err(_) => Err(Error::ResourceExhausted(format!(
                 "too many open {} (at most {}, set by {}); try again later",
                 self.what, self.max, self.setting
@@ -63,7 +76,12 @@ mod tests {
 
     #[test]
     fn slots_are_capped_and_freed_when_dropped() {
-        let slots = StreamSlots::new("subscribers", "--max-subscribers", 2);
+        let slots = StreamSlots::new(
+            StreamKind::Subscriber,
+            "subscribers",
+            "--max-subscribers",
+            2,
+        );
         let a = slots.take().unwrap();
         let _b = slots.take().unwrap();
         let err = slots.take().unwrap_err().to_string();

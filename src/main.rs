@@ -3,15 +3,15 @@
 
 use std::process::ExitCode;
 
-use approval_broker::config::{Command, Config};
-use approval_broker::{startup, telemetry};
+use approval_broker::config::{Command, Config, MetricsListen};
+use approval_broker::{meters, startup, telemetry};
 use clap::Parser;
 use tokio::net::TcpListener;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
-    telemetry::init("info");
+    telemetry::init("info", config.log_format == "json");
     match &config.command {
         Some(Command::Migrate) => {
             return match startup::migrate(&config).await {
@@ -32,6 +32,12 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let MetricsListen::On(address) = config.metrics_listen
+        && let Err(err) = meters::serve(address)
+    {
+        tracing::error!(error = %err, "cannot serve metrics (--metrics-listen / APPROVALS_METRICS_LISTEN)");
+        return ExitCode::FAILURE;
+    }
     match startup::run(listener, config, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

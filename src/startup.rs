@@ -44,6 +44,7 @@ pub async fn run(
     let background = [
         tokio::spawn(Arc::clone(&bus).pump()),
         tokio::spawn(Arc::clone(&sweeper).run()),
+        tokio::spawn(count_pending(Arc::clone(&store))),
     ];
 
     let (stop, stopping) = watch::channel(false);
@@ -98,6 +99,9 @@ pub async fn run(
         .map_err(|e| Error::Internal(format!("reflection: {e}")))?;
 
     let mut server = Server::builder()
+        // Every request's log lines carry its RPC; the broker's own spans add the session and
+        // call ids.
+        .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
         .layer(MessageLimitStatus)
         .max_concurrent_streams(config.max_concurrent_streams)
         .http2_keepalive_interval(Some(config.keepalive_interval))
@@ -159,6 +163,19 @@ pub async fn run(
         tracing::info!("stopped");
     }
     served
+}
+
+/// Keeps the pending-calls gauge current. Read from the store (an indexed count), so it is the
+/// whole fleet's figure on every replica, whoever wrote the calls.
+async fn count_pending(store: Arc<dyn store::Store>) {
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+    loop {
+        match store.pending_count().await {
+            Ok(n) => crate::meters::pending_calls(n),
+            Err(e) => tracing::warn!(error = %e, "cannot count pending calls for the metrics"),
+        }
+        tokio::time::sleep(EVERY).await;
+    }
 }
 
 /// Accepted connections with Nagle's algorithm off: a reply is a small write that must leave at

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument as _;
 
 use super::{oversize, parse, render};
 use crate::auth::Caller;
@@ -64,7 +65,7 @@ impl pb::agent_service_server::AgentService for AgentApi {
             _slot: slot,
         };
         let feed = self.broker.bus().feed_live();
-        tokio::spawn(connection.run(request.into_inner(), feed));
+        tokio::spawn(connection.run(request.into_inner(), feed).in_current_span());
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
@@ -108,7 +109,7 @@ impl pb::agent_service_server::AgentService for AgentApi {
             out,
             _slot: slot,
         };
-        tokio::spawn(watch.run(calls, seq));
+        tokio::spawn(watch.run(calls, seq).in_current_span());
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 

@@ -14,6 +14,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 use super::{parse, render};
 use crate::auth::Caller;
@@ -22,6 +23,7 @@ use crate::domain::{EventKind, Status as CallStatus};
 use crate::error::{Error, Result};
 use crate::events::Feed;
 use crate::limits::Slot;
+use crate::meters;
 use crate::proto::v1 as pb;
 use crate::proto::v1::approver_event::Event as E;
 use crate::store::CallQuery;
@@ -68,7 +70,7 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
             last_queued: req.after_seq.unwrap_or(latest),
             _slot: slot,
         };
-        tokio::spawn(subscriber.run(req.after_seq.is_none()));
+        tokio::spawn(subscriber.run(req.after_seq.is_none()).in_current_span());
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
@@ -199,6 +201,7 @@ impl Subscriber {
 
     /// Queues an item, waiting for room (catch-up reads pace themselves to the client).
     async fn queue(&mut self, seq: u64, event: E) -> Result<(), Ended> {
+        meters::subscriber_lag(self.broker.bus().published().saturating_sub(seq));
         self.out
             .send(Ok(Self::message(seq, event)))
             .await
@@ -209,6 +212,7 @@ impl Subscriber {
 
     /// Queues a live item if there is room; otherwise the subscriber has fallen too far behind.
     async fn offer(&mut self, seq: u64, event: E) -> Result<(), Ended> {
+        meters::subscriber_lag(self.broker.bus().published().saturating_sub(seq));
         match self.out.try_send(Ok(Self::message(seq, event))) {
             Ok(()) => {
                 self.last_queued = seq;

@@ -13,12 +13,15 @@
 //! load that turns one fsync per write into one per group, which is what lets a single SQLite
 //! file serve many agents.
 
+use std::time::Instant;
+
 use tokio::sync::{mpsc, oneshot};
 
 use super::writes::{self, Savepoint, WriteTx, Writer};
 use super::{CancelReport, CancelTarget, DecideReport, SubmitReport};
 use crate::domain::{CallKey, Decision, NewBatch, Timestamp, ToolResultTexts};
 use crate::error::{Error, Result};
+use crate::meters;
 
 /// The most writes one transaction takes. Bounds how long the first of them waits for the last.
 pub const MAX_GROUP: usize = 256;
@@ -36,7 +39,8 @@ pub struct GroupCommit {
 /// the group committed.
 enum Job {
     Submit(Slot<NewBatch, SubmitReport>),
-    Decide(Slot<(CallKey, Decision), DecideReport>),
+    /// Boxed: a decision and its report are several times larger than the other writes.
+    Decide(Box<Slot<(CallKey, Decision), DecideReport>>),
     Cancel(Slot<CancelTarget, CancelReport>),
 }
 
@@ -95,7 +99,7 @@ impl GroupCommit {
 
     pub async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
         let (slot, answer) = Slot::new((key.clone(), decision.clone()));
-        self.enqueue(Job::Decide(slot)).await?;
+        self.enqueue(Job::Decide(Box::new(slot))).await?;
         answer.await.map_err(writer_gone)?
     }
 
@@ -114,11 +118,7 @@ fn writer_gone(_: impl std::fmt::Debug) -> Error {
     Error::Internal("the store's writer task has stopped".into())
 }
 
-async fn write_groups<W: Writer>(
-    writer: W,
-    texts: ToolResultTexts,
-    mut jobs: mpsc::Receiver<Job>,
-) {
+async fn write_groups<W: Writer>(writer: W, texts: ToolResultTexts, mut jobs: mpsc::Receiver<Job>) {
     let mut group = Vec::with_capacity(MAX_GROUP);
     while jobs.recv_many(&mut group, MAX_GROUP).await > 0 {
         write_group(&writer, &texts, group.drain(..)).await;
@@ -132,6 +132,7 @@ async fn write_group<W: Writer>(
     group: impl Iterator<Item = Job>,
 ) -> bool {
     let mut jobs: Vec<Job> = group.collect();
+    let started = Instant::now();
     let committed = async {
         let mut tx = writer.begin_write().await?;
         for job in &mut jobs {
@@ -140,13 +141,16 @@ async fn write_group<W: Writer>(
         tx.commit().await
     }
     .await;
-    if let Err(e) = &committed {
-        tracing::error!(error = %e, writes = jobs.len(), "a group of writes failed to commit");
+    match &committed {
+        Ok(()) => meters::committed(jobs.len(), started.elapsed()),
+        Err(e) => {
+            tracing::error!(error = %e, writes = jobs.len(), "a group of writes failed to commit");
+        }
     }
     for job in jobs {
         match job {
             Job::Submit(slot) => slot.answer(committed.as_ref().copied()),
-            Job::Decide(slot) => slot.answer(committed.as_ref().copied()),
+            Job::Decide(slot) => (*slot).answer(committed.as_ref().copied()),
             Job::Cancel(slot) => slot.answer(committed.as_ref().copied()),
         }
     }

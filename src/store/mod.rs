@@ -36,6 +36,9 @@ pub trait Store: Send + Sync + 'static {
     /// Expires every pending call whose deadline is at or before `now`; returns them decided.
     async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>>;
 
+    /// How many calls are pending, in the whole store.
+    async fn pending_count(&self) -> Result<u64>;
+
     /// The earliest deadline of a pending call, if any.
     async fn next_deadline(&self) -> Result<Option<Timestamp>>;
 

@@ -147,6 +147,13 @@ impl Store for PostgresStore {
         writes::expire_due(self, &self.texts, now).await
     }
 
+    async fn pending_count(&self) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM calls WHERE status = 1")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n as u64)
+    }
+
     async fn next_deadline(&self) -> Result<Option<Timestamp>> {
         let next: Option<i64> = sqlx::query_scalar(
             "SELECT MIN(deadline) FROM calls WHERE status = 1 AND deadline IS NOT NULL",

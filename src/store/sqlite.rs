@@ -16,8 +16,8 @@ use sqlx::sqlite::{
 };
 use sqlx::{QueryBuilder, Sqlite};
 
-use super::rows::{call_columns, call_from_row, event_from_row, select_calls, stored};
 use super::group_commit::GroupCommit;
+use super::rows::{call_columns, call_from_row, event_from_row, select_calls, stored};
 use super::writes::{self, Resolved, Savepoint, Stored, WriteTx, Writer};
 use super::{
     CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, Store, SubmitReport,
@@ -69,11 +69,7 @@ struct WritePool(SqlitePool);
 impl SqliteStore {
     /// Opens (creating if needed) the database at `url` (`sqlite://path`, `sqlite:path` or a
     /// plain path) and applies the migrations under `migrations/sqlite`.
-    pub async fn open(
-        url: &str,
-        synchronous: Synchronous,
-        texts: ToolResultTexts,
-    ) -> Result<Self> {
+    pub async fn open(url: &str, synchronous: Synchronous, texts: ToolResultTexts) -> Result<Self> {
         let path = url
             .strip_prefix("sqlite://")
             .or_else(|| url.strip_prefix("sqlite:"))
@@ -140,6 +136,13 @@ impl Store for SqliteStore {
 
     async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
         writes::expire_due(&self.writer, &self.texts, now).await
+    }
+
+    async fn pending_count(&self) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM calls WHERE status = 1")
+            .fetch_one(&self.reader)
+            .await?;
+        Ok(n as u64)
     }
 
     async fn next_deadline(&self) -> Result<Option<Timestamp>> {

@@ -15,6 +15,7 @@
 //!   one transaction flags the event that completes a batch.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use async_trait::async_trait;
 
@@ -26,6 +27,7 @@ use crate::domain::{
     Outcome, OutcomeKind, SessionId, Timestamp, ToolResultTexts, Verdict,
 };
 use crate::error::{Error, Result};
+use crate::meters;
 
 /// A stored call and its row id in the backend.
 pub struct Stored {
@@ -131,8 +133,10 @@ pub async fn submit(
     batch: &NewBatch,
     texts: &ToolResultTexts,
 ) -> Result<SubmitReport> {
+    let started = Instant::now();
     let report = submit_in(&mut tx, batch, texts, Timestamp::now()).await?;
     tx.commit().await?;
+    meters::committed(1, started.elapsed());
     Ok(report)
 }
 
@@ -264,8 +268,10 @@ pub async fn decide(
     decision: &Decision,
     texts: &ToolResultTexts,
 ) -> Result<DecideReport> {
+    let started = Instant::now();
     let report = decide_in(&mut tx, key, decision, texts, Timestamp::now()).await?;
     tx.commit().await?;
+    meters::committed(1, started.elapsed());
     Ok(report)
 }
 
@@ -364,8 +370,10 @@ pub async fn cancel(
     target: &CancelTarget,
     texts: &ToolResultTexts,
 ) -> Result<CancelReport> {
+    let started = Instant::now();
     let report = cancel_in(&mut tx, target, texts, Timestamp::now()).await?;
     tx.commit().await?;
+    meters::committed(1, started.elapsed());
     Ok(report)
 }
 
@@ -459,9 +467,11 @@ pub async fn expire_due(
     const CHUNK: i64 = 256;
     let mut expired = Vec::new();
     loop {
+        let started = Instant::now();
         let mut tx = writer.begin_write().await?;
         let chunk = expire_chunk(&mut tx, texts, now, CHUNK).await?;
         tx.commit().await?;
+        meters::committed(1, started.elapsed());
         let done = (chunk.len() as i64) < CHUNK;
         expired.extend(chunk);
         if done {

@@ -7,7 +7,11 @@ use crate::helpers::*;
 
 fn broker() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_approval-broker"));
-    command.env_remove("DATABASE_URL").env("RUST_LOG", "info");
+    command
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "info")
+        // Tests run side by side: none may take the default metrics port.
+        .env("APPROVALS_METRICS_LISTEN", "off");
     command
 }
 
@@ -71,7 +75,12 @@ fn an_invalid_setting_stops_the_broker_naming_it() {
     }
     // On a free port, so that only the database URL can be at fault.
     let output = broker()
-        .args(["--database-url", "sqlite::memory:", "--listen", "127.0.0.1:0"])
+        .args([
+            "--database-url",
+            "sqlite::memory:",
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .output()
         .expect("run");
     assert!(!output.status.success());
@@ -134,7 +143,7 @@ fn with_no_tokens_the_broker_warns_at_start_that_auth_is_off() {
             warned = line.contains("WARN");
             break;
         }
-        if line.contains("serving") {
+        if line.contains("approval broker serving") {
             break;
         }
     }

@@ -2,65 +2,21 @@
 //! clients reconnect elsewhere, requests in flight finish, the process exits 0 within the drain
 //! time, and nothing acknowledged is lost. Runs the real binary.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use approval_broker::proto::v1 as pb;
 use tokio_stream::StreamExt;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::helpers::*;
 
-struct Broker {
-    child: Child,
-    channel: Channel,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn start_binary(database_url: &str, drain: &str) -> Broker {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let child = Command::new(env!("CARGO_BIN_EXE_approval-broker"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--database-url", database_url, "--drain-timeout", drain])
-        .env_remove("DATABASE_URL")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start the broker");
-    let channel = Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
-        .expect("endpoint")
-        .connect_lazy();
-    // Owned from here on, so the process is killed and reaped even if the test fails.
-    let broker = Broker { child, channel };
-    let mut health = HealthClient::new(broker.channel.clone());
-    for _ in 0..300 {
-        if health
-            .check(tonic_health::pb::HealthCheckRequest::default())
-            .await
-            .is_ok()
-        {
-            return broker;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the broker did not start");
-}
-
 async fn on_sigterm_the_broker_drains_and_loses_nothing_acknowledged(mut app: TestApp) {
     app.shut_down().await;
-    let mut broker = start_binary(&app.database_url, "5s").await;
+    let mut broker = BrokerProcess::start(&app.database_url, &["--drain-timeout", "5s"], &[]).await;
 
     let mut health = HealthClient::new(broker.channel.clone())
         .watch(tonic_health::pb::HealthCheckRequest::default())
@@ -162,8 +118,14 @@ async fn on_sigterm_the_broker_drains_and_loses_nothing_acknowledged(mut app: Te
     assert_eq!(update.status, ServingStatus::NotServing as i32, "not ready");
     drop(readiness);
     // Liveness does not turn NOT_SERVING: by now its watch would have said so.
-    if let Ok(Some(Ok(update))) = tokio::time::timeout(Duration::from_millis(200), liveness.next()).await {
-        assert_eq!(update.status, ServingStatus::Serving as i32, "alive while draining");
+    if let Ok(Some(Ok(update))) =
+        tokio::time::timeout(Duration::from_millis(200), liveness.next()).await
+    {
+        assert_eq!(
+            update.status,
+            ServingStatus::Serving as i32,
+            "alive while draining"
+        );
     }
     drop(liveness);
     let ended = loop {

@@ -29,14 +29,20 @@ async fn poison(app: &TestApp) {
             let mut conn = sqlx::SqliteConnection::connect(&app.database_url)
                 .await
                 .expect("open the database");
-            sqlx::raw_sql(sql).execute(&mut conn).await.expect("trigger");
+            sqlx::raw_sql(sql)
+                .execute(&mut conn)
+                .await
+                .expect("trigger");
         }
         Backend::Postgres(_) => {
             use sqlx::Connection as _;
             let mut conn = sqlx::PgConnection::connect(&app.database_url)
                 .await
                 .expect("open the database");
-            sqlx::raw_sql(sql).execute(&mut conn).await.expect("trigger");
+            sqlx::raw_sql(sql)
+                .execute(&mut conn)
+                .await
+                .expect("trigger");
         }
     }
 }
@@ -83,7 +89,9 @@ async fn a_write_that_fails_mid_group_undoes_only_itself(app: TestApp) {
         }
         // ...and everything else was.
         for i in (0..WRITERS).filter(|i| *i != WRITERS / 2) {
-            let state = states(&app, &format!("r{round}-s{i}"), &["c"]).await.remove(0);
+            let state = states(&app, &format!("r{round}-s{i}"), &["c"])
+                .await
+                .remove(0);
             assert!(
                 matches!(state.state, Some(pb::call_state::State::Pending(_))),
                 "{state:?}"

@@ -201,7 +201,7 @@ async fn start(
     schema: Option<std::sync::Arc<Schema>>,
 ) -> TestApp {
     if std::env::var_os("TEST_LOG").is_some() {
-        telemetry::init("info,approval_broker=debug");
+        telemetry::init("info,approval_broker=debug", false);
     }
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address");
@@ -577,5 +577,84 @@ pub fn assert_status(result: Result<impl std::fmt::Debug, tonic::Status>, code: 
                 status.message()
             );
         }
+    }
+}
+
+/// The real `approval-broker` binary as a child process on a free port, for what only a process
+/// shows: signals, exit codes, metrics, log output. Killed and reaped on drop.
+pub struct BrokerProcess {
+    pub child: std::process::Child,
+    pub channel: Channel,
+    /// The process's standard output and error.
+    pub log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for BrokerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A port free at the time of asking.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+impl BrokerProcess {
+    /// Starts the binary on `database_url` with `args` (and `env` on top of a clean
+    /// environment), and waits until it answers health checks.
+    pub async fn start(database_url: &str, args: &[&str], env: &[(&str, &str)]) -> BrokerProcess {
+        use std::process::{Command, Stdio};
+        let port = free_port();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("broker.log");
+        let out = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_approval-broker"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--database-url", database_url])
+            .args(args)
+            .env_clear()
+            // Tests run side by side: none may take the default metrics port unless it asks.
+            .env("APPROVALS_METRICS_LISTEN", "off")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out.try_clone().expect("log file")))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .expect("start the broker");
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+            .expect("endpoint")
+            .connect_lazy();
+        // Owned from here on, so the process is killed and reaped even if the test fails.
+        let mut broker = BrokerProcess {
+            child,
+            channel,
+            log,
+            _dir: dir,
+        };
+        let mut health = tonic_health::pb::health_client::HealthClient::new(broker.channel.clone());
+        for _ in 0..500 {
+            if health
+                .check(tonic_health::pb::HealthCheckRequest::default())
+                .await
+                .is_ok()
+            {
+                return broker;
+            }
+            if let Ok(Some(status)) = broker.child.try_wait() {
+                panic!("the broker exited with {status}: {}", broker.log_text());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the broker did not start: {}", broker.log_text());
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }

@@ -22,5 +22,6 @@ mod recovery;
 mod replicas;
 mod supersede;
 mod surface;
+mod telemetry;
 mod tls;
 mod validation;

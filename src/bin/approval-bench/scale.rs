@@ -230,7 +230,9 @@ async fn measure(channel: &Channel, probe: &str) -> Result<Costs, String> {
                     event: Some(pb::approver_event::Event::Snapshot(_)),
                     ..
                 })) => Ok(()),
-                other => Err(format!("Subscribe: expected a snapshot call, got {other:?}")),
+                other => Err(format!(
+                    "Subscribe: expected a snapshot call, got {other:?}"
+                )),
             }
         }
     })
@@ -352,7 +354,13 @@ async fn idle_streams(
         });
         // Bounded concurrency while opening, so the client does not flood one connection.
         if opening.len() >= 256 {
-            held.push(opening.join_next().await.expect("a task").map_err(|e| e.to_string())??);
+            held.push(
+                opening
+                    .join_next()
+                    .await
+                    .expect("a task")
+                    .map_err(|e| e.to_string())??,
+            );
         }
     }
     while let Some(joined) = opening.join_next().await {

@@ -1,0 +1,268 @@
+//! What operators watch: the Prometheus endpoint counts one approval cycle exactly, and JSON
+//! logs carry each request's span with its session and call ids. Runs the real binary (the
+//! metrics recorder is global to a process, so in-process brokers could not be told apart).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use approval_broker::proto::v1 as pb;
+use pb::agent_service_client::AgentServiceClient;
+use pb::approver_service_client::ApproverServiceClient;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::helpers::*;
+
+/// One sample of the exposition: its metric name and labels, sorted.
+type Sample = (String, BTreeMap<String, String>);
+
+/// Scrapes `/metrics` over plain HTTP/1.0 and parses every sample line.
+async fn scrape(port: u16) -> BTreeMap<Sample, f64> {
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the metrics port");
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await
+        .expect("request");
+    let mut response = String::new();
+    conn.read_to_string(&mut response).await.expect("response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200 "),
+        "{head}"
+    );
+    let mut samples = BTreeMap::new();
+    for line in body
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (series, value) = line.rsplit_once(' ').expect("name and value");
+        let (name, labels) = match series.split_once('{') {
+            Some((name, labels)) => (name, labels.trim_end_matches('}')),
+            None => (series, ""),
+        };
+        let labels = labels
+            .split(',')
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                let (k, v) = l.split_once('=').expect("label");
+                (k.to_owned(), v.trim_matches('"').to_owned())
+            })
+            .collect();
+        samples.insert((name.to_owned(), labels), value.parse().expect("a number"));
+    }
+    samples
+}
+
+fn value(samples: &BTreeMap<Sample, f64>, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let labels = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    samples.get(&(name.to_owned(), labels)).copied()
+}
+
+/// Scrapes until `check` holds (gauges read from the store refresh every few seconds).
+async fn eventually(port: u16, what: &str, check: impl Fn(&BTreeMap<Sample, f64>) -> bool) {
+    let started = Instant::now();
+    loop {
+        let samples = scrape(port).await;
+        if check(&samples) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{what}: {samples:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn metrics_count_one_approval_cycle_and_logs_name_its_ids(mut app: TestApp) {
+    app.shut_down().await;
+    let port = free_port();
+    let metrics_listen = format!("127.0.0.1:{port}");
+    let broker = BrokerProcess::start(
+        &app.database_url,
+        &["--metrics-listen", &metrics_listen, "--log-format", "json"],
+        &[("RUST_LOG", "info,approval_broker=debug")],
+    )
+    .await;
+
+    // An approver UI and an agent stream are open.
+    let mut subscription = ApproverServiceClient::new(broker.channel.clone())
+        .subscribe(pb::SubscribeRequest {
+            filter: None,
+            after_seq: None,
+        })
+        .await
+        .expect("subscribe")
+        .into_inner();
+    let (requests, rx) = tokio::sync::mpsc::channel(8);
+    let mut agent = AgentServiceClient::new(broker.channel.clone())
+        .connect(ReceiverStream::new(rx))
+        .await
+        .expect("connect")
+        .into_inner();
+    let mut spec = batch(
+        "metrics-session",
+        vec![
+            call("call-a", "read_file", r#"{"path":"a"}"#),
+            call("call-b", "run_shell", r#"{"command":"rm -rf build"}"#),
+            call("call-c", "write_file", r#"{"path":"c"}"#),
+        ],
+    );
+    spec.on_deny = pb::OnDeny::SkipRest as i32;
+    requests
+        .send(pb::AgentRequest {
+            request_id: "turn-1".into(),
+            request: Some(pb::agent_request::Request::Submit(spec)),
+        })
+        .await
+        .expect("send");
+    let submitted = agent.message().await.expect("healthy").expect("open");
+    assert!(matches!(
+        submitted.response,
+        Some(pb::agent_response::Response::Submitted(_))
+    ));
+    // The subscriber sees the three calls (so it has been sent events).
+    let mut seen = 0;
+    while seen < 3 {
+        let event = subscription
+            .message()
+            .await
+            .expect("healthy")
+            .expect("open");
+        if matches!(event.event, Some(pb::approver_event::Event::Requested(_))) {
+            seen += 1;
+        }
+    }
+    eventually(port, "three calls pending", |s| {
+        value(s, "approvals_pending_calls", &[]) == Some(3.0)
+    })
+    .await;
+
+    let mut approver = ApproverServiceClient::new(broker.channel.clone());
+    approver
+        .decide(decide_request(
+            "metrics-session",
+            "call-a",
+            pb::Decision::Approve,
+            "",
+        ))
+        .await
+        .expect("approve");
+    approver
+        .decide(decide_request(
+            "metrics-session",
+            "call-b",
+            pb::Decision::Deny,
+            "no",
+        ))
+        .await
+        .expect("deny");
+    // The agent hears all three outcomes.
+    let mut outcomes = 0;
+    while outcomes < 3 {
+        let message = agent.message().await.expect("healthy").expect("open");
+        if matches!(
+            message.response,
+            Some(pb::agent_response::Response::Outcome(_))
+        ) {
+            outcomes += 1;
+        }
+    }
+
+    eventually(port, "nothing pending", |s| {
+        value(s, "approvals_pending_calls", &[]) == Some(0.0)
+    })
+    .await;
+    let s = scrape(port).await;
+    let outcome = |kind: &str, by: &str| {
+        value(
+            &s,
+            "approvals_outcomes_total",
+            &[("decided_by", by), ("kind", kind)],
+        )
+    };
+    assert_eq!(value(&s, "approvals_calls_submitted_total", &[]), Some(3.0));
+    assert_eq!(outcome("approved", "approver"), Some(1.0));
+    assert_eq!(outcome("denied", "approver"), Some(1.0));
+    assert_eq!(outcome("skipped", "broker"), Some(1.0));
+    assert_eq!(
+        outcome("cancelled", "agent"),
+        None,
+        "nothing else was decided"
+    );
+    assert_eq!(
+        value(
+            &s,
+            "approvals_decision_seconds_count",
+            &[("decided_by", "approver")]
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(
+            &s,
+            "approvals_decision_seconds_count",
+            &[("decided_by", "broker")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(value(&s, "approvals_agent_streams", &[]), Some(1.0));
+    assert_eq!(value(&s, "approvals_subscribers", &[]), Some(1.0));
+    // One submit and two decisions were committed, in one or more transactions.
+    let transactions = value(&s, "approvals_store_commit_seconds_count", &[]).unwrap_or(0.0);
+    assert!(transactions >= 1.0, "{s:#?}");
+    assert_eq!(
+        value(&s, "approvals_store_commit_writes_count", &[]),
+        Some(transactions)
+    );
+    assert!(value(&s, "approvals_store_commit_writes_sum", &[]).unwrap_or(0.0) >= 3.0);
+    // The subscriber was sent its (empty) snapshot's end, 3 requested and 3 resolved events.
+    assert_eq!(
+        value(&s, "approvals_subscriber_lag_events_count", &[]),
+        Some(7.0)
+    );
+
+    // Closing the streams shows in the gauges.
+    drop(subscription);
+    drop(requests);
+    drop(agent);
+    eventually(port, "streams closed", |s| {
+        value(s, "approvals_agent_streams", &[]) == Some(0.0)
+            && value(s, "approvals_subscribers", &[]) == Some(0.0)
+    })
+    .await;
+
+    // Every log line is a JSON object; the submit's and the decision's carry their ids.
+    let log = broker.log_text();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let with_message = |message: &str| {
+        lines
+            .iter()
+            .filter(|l| l["message"] == message)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let submitted = with_message("submitted");
+    assert_eq!(submitted.len(), 1, "{log}");
+    let span = &submitted[0]["span"];
+    assert_eq!(span["session"], "metrics-session", "{log}");
+    assert_eq!(span["calls"], "call-a,call-b,call-c", "{log}");
+    let rpc = &submitted[0]["spans"][0];
+    assert_eq!(rpc["method"], "/approvals.v1.AgentService/Connect", "{log}");
+    let decided = with_message("decided");
+    assert_eq!(decided.len(), 2, "{log}");
+    assert_eq!(decided[0]["span"]["call"], "call-a", "{log}");
+    assert_eq!(decided[1]["span"]["call"], "call-b", "{log}");
+    assert_eq!(decided[1]["span"]["session"], "metrics-session", "{log}");
+}
+
+backend_tests! {
+    metrics_count_one_approval_cycle_and_logs_name_its_ids,
+}
