@@ -2,10 +2,9 @@
 //! transaction, and so one fsync.
 //!
 //! One task owns the write path. It takes every write waiting in its queue (up to
-//! [`MAX_GROUP`]), runs each inside its own savepoint of one transaction, commits, and only then
-//! answers each caller. A write that fails (a client mistake such as an unknown call) rolls back
-//! to its savepoint and fails alone; a commit that fails fails every write of the group, and none
-//! of them was acknowledged. Writes run in queue order, one after the other, exactly as if each
+//! [`MAX_GROUP`]), runs them in one transaction, commits, and only then answers each caller. A
+//! write that fails fails alone, and none of its changes are kept (see [`write_group`]); a commit
+//! that fails fails every write of the group, and none of them was acknowledged. Writes run in queue order, one after the other, exactly as if each
 //! had its own transaction: a later write of the group sees the earlier ones.
 //!
 //! No write waits for company: the first write of an idle broker is committed at once, and a
@@ -17,7 +16,7 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::writes::{self, Savepoint, WriteTx, Writer};
+use super::writes::{self, WriteTx, Writer};
 use super::{CancelReport, CancelTarget, DecideReport, SubmitReport};
 use crate::domain::{CallKey, Decision, NewBatch, Timestamp, ToolResultTexts};
 use crate::error::{Error, Result};
@@ -126,21 +125,47 @@ async fn write_groups<W: Writer>(writer: W, texts: ToolResultTexts, mut jobs: mp
 }
 
 /// Runs `group` in one transaction and answers every caller. Returns whether it committed.
+///
+/// A write that fails before it changed anything (the usual client mistake: an unknown call)
+/// simply fails. One that fails after changing something (a storage error half-way) leaves its
+/// changes in the transaction, so the transaction is dropped (rolled back) and the group starts
+/// over without it. No savepoints: they would cost two statements on every write to save work
+/// only on a path that almost never runs.
 async fn write_group<W: Writer>(
     writer: &W,
     texts: &ToolResultTexts,
     group: impl Iterator<Item = Job>,
 ) -> bool {
     let mut jobs: Vec<Job> = group.collect();
+    let mut failed: Vec<Job> = Vec::new();
     let started = Instant::now();
-    let committed = async {
-        let mut tx = writer.begin_write().await?;
-        for job in &mut jobs {
-            run_isolated(&mut tx, texts, job).await?;
+    let committed = loop {
+        let attempt = async {
+            let mut tx = writer.begin_write().await?;
+            for (i, job) in jobs.iter_mut().enumerate() {
+                let before = tx.writes();
+                if !job.run(&mut tx, texts).await {
+                    let wrote = match (before, tx.writes()) {
+                        (Some(before), Some(after)) => after > before,
+                        _ => true,
+                    };
+                    if wrote {
+                        return Ok(Some(i));
+                    }
+                }
+            }
+            tx.commit().await.map(|()| None)
         }
-        tx.commit().await
-    }
-    .await;
+        .await;
+        match attempt {
+            Ok(None) => break Ok(()),
+            Ok(Some(i)) => {
+                tracing::warn!("a write failed half-way; its group starts over without it");
+                failed.push(jobs.remove(i));
+            }
+            Err(e) => break Err(e),
+        }
+    };
     match &committed {
         Ok(()) => meters::committed(jobs.len(), started.elapsed()),
         Err(e) => {
@@ -148,39 +173,41 @@ async fn write_group<W: Writer>(
         }
     }
     for job in jobs {
-        match job {
-            Job::Submit(slot) => slot.answer(committed.as_ref().copied()),
-            Job::Decide(slot) => (*slot).answer(committed.as_ref().copied()),
-            Job::Cancel(slot) => slot.answer(committed.as_ref().copied()),
-        }
+        job.answer(committed.as_ref().copied());
+    }
+    // Their own errors, whatever became of the group.
+    for job in failed {
+        job.answer(Ok(()));
     }
     committed.is_ok()
 }
 
-/// Runs one write inside a savepoint, so that its failure undoes only its own changes. An error
-/// returned from here means the transaction itself is broken: the whole group fails.
-async fn run_isolated(tx: &mut impl WriteTx, texts: &ToolResultTexts, job: &mut Job) -> Result<()> {
-    tx.savepoint(Savepoint::Mark).await?;
-    let now = Timestamp::now();
-    let succeeded = match job {
-        Job::Submit(slot) => {
-            slot.result = Some(writes::submit_in(tx, &slot.request, texts, now).await);
-            slot.succeeded()
+impl Job {
+    /// Runs the write in `tx`, keeping its result; returns whether it succeeded.
+    async fn run(&mut self, tx: &mut impl WriteTx, texts: &ToolResultTexts) -> bool {
+        let now = Timestamp::now();
+        match self {
+            Job::Submit(slot) => {
+                slot.result = Some(writes::submit_in(tx, &slot.request, texts, now).await);
+                slot.succeeded()
+            }
+            Job::Decide(slot) => {
+                let (key, decision) = &slot.request;
+                slot.result = Some(writes::decide_in(tx, key, decision, texts, now).await);
+                slot.succeeded()
+            }
+            Job::Cancel(slot) => {
+                slot.result = Some(writes::cancel_in(tx, &slot.request, texts, now).await);
+                slot.succeeded()
+            }
         }
-        Job::Decide(slot) => {
-            let (key, decision) = &slot.request;
-            slot.result = Some(writes::decide_in(tx, key, decision, texts, now).await);
-            slot.succeeded()
+    }
+
+    fn answer(self, committed: std::result::Result<(), &Error>) {
+        match self {
+            Job::Submit(slot) => slot.answer(committed),
+            Job::Decide(slot) => (*slot).answer(committed),
+            Job::Cancel(slot) => slot.answer(committed),
         }
-        Job::Cancel(slot) => {
-            slot.result = Some(writes::cancel_in(tx, &slot.request, texts, now).await);
-            slot.succeeded()
-        }
-    };
-    let step = if succeeded {
-        Savepoint::Release
-    } else {
-        Savepoint::RollBack
-    };
-    tx.savepoint(step).await
+    }
 }

@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::rows::{call_columns, call_from_row, event_from_row, select_calls, stored};
-use super::writes::{self, Resolved, Savepoint, Stored, WriteTx, Writer};
+use super::writes::{self, Resolved, Stored, WriteTx, Writer};
 use super::{
     CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, Store, SubmitReport,
 };
@@ -587,11 +587,6 @@ impl WriteTx for sqlx::Transaction<'static, Postgres> {
         .bind(batch_id)
         .execute(&mut **self)
         .await?;
-        Ok(())
-    }
-
-    async fn savepoint(&mut self, step: Savepoint) -> Result<()> {
-        sqlx::raw_sql(step.sql()).execute(&mut **self).await?;
         Ok(())
     }
 

@@ -18,7 +18,7 @@ use sqlx::{QueryBuilder, Sqlite};
 
 use super::group_commit::GroupCommit;
 use super::rows::{call_columns, call_from_row, event_from_row, select_calls, stored};
-use super::writes::{self, Resolved, Savepoint, Stored, WriteTx, Writer};
+use super::writes::{self, Resolved, Stored, WriteTx, Writer};
 use super::{
     CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, Store, SubmitReport,
 };
@@ -60,6 +60,13 @@ pub struct SqliteStore {
     writer: WritePool,
     reader: SqlitePool,
     texts: ToolResultTexts,
+}
+
+/// A write transaction that counts the writing statements it issued, so that a write of a
+/// group that fails before changing anything needs no rollback (see `group_commit`).
+pub struct SqliteTx {
+    tx: sqlx::Transaction<'static, Sqlite>,
+    writes: u64,
 }
 
 /// The pool of the one write connection: a writer is whoever holds it.
@@ -113,10 +120,13 @@ impl SqliteStore {
 
 #[async_trait]
 impl Writer for WritePool {
-    type Tx = sqlx::Transaction<'static, Sqlite>;
+    type Tx = SqliteTx;
 
     async fn begin_write(&self) -> Result<Self::Tx> {
-        Ok(self.0.begin_with("BEGIN IMMEDIATE").await?)
+        Ok(SqliteTx {
+            tx: self.0.begin_with("BEGIN IMMEDIATE").await?,
+            writes: 0,
+        })
     }
 }
 
@@ -291,7 +301,7 @@ impl Store for SqliteStore {
 /// SQLite's write transaction. Writers are serialised by `BEGIN IMMEDIATE` on the one writer
 /// connection, so there is nothing to lock, and an event's row id is its sequence number.
 #[async_trait]
-impl WriteTx for sqlx::Transaction<'static, Sqlite> {
+impl WriteTx for SqliteTx {
     async fn lock_session(&mut self, _agent: &AgentId, _session: &SessionId) -> Result<()> {
         Ok(())
     }
@@ -307,7 +317,7 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
         .bind(key.agent.as_str())
         .bind(key.session.as_str())
         .bind(key.call_id.as_str())
-        .fetch_optional(&mut **self)
+        .fetch_optional(&mut *self.tx)
         .await?;
         row.as_ref().map(stored).transpose()
     }
@@ -315,7 +325,7 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
     async fn load_call(&mut self, rowid: i64) -> Result<Call> {
         let row = sqlx::query(select_calls!("WHERE c.id = ?"))
             .bind(rowid)
-            .fetch_one(&mut **self)
+            .fetch_one(&mut *self.tx)
             .await?;
         call_from_row(&row)
     }
@@ -327,6 +337,7 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
         size: usize,
         now: Timestamp,
     ) -> Result<()> {
+        self.writes += 1;
         sqlx::query(
             "INSERT INTO batches (batch_id, agent, session_id, on_deny, size, created_at) \
              VALUES (?, ?, ?, ?, ?, ?)",
@@ -337,12 +348,13 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
         .bind(batch.on_deny.as_i64())
         .bind(size as i64)
         .bind(now.as_micros())
-        .execute(&mut **self)
+        .execute(&mut *self.tx)
         .await?;
         Ok(())
     }
 
     async fn resize_batch(&mut self, batch_id: &BatchId, size: usize) -> Result<()> {
+        self.writes += 1;
         let query = if size == 0 {
             sqlx::query("DELETE FROM batches WHERE batch_id = ?").bind(batch_id.as_str())
         } else {
@@ -350,7 +362,7 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
                 .bind(size as i64)
                 .bind(batch_id.as_str())
         };
-        query.execute(&mut **self).await?;
+        query.execute(&mut *self.tx).await?;
         Ok(())
     }
 
@@ -362,6 +374,7 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
         call: &NewCall,
         now: Timestamp,
     ) -> Result<Option<i64>> {
+        self.writes += 1;
         let rowid: Option<i64> = sqlx::query_scalar(
             "INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, \
              title, message, workspace, supersede_key, deadline, created_at) \
@@ -381,21 +394,14 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
         .bind(call.supersede_key.as_deref())
         .bind(call.deadline.map(Timestamp::as_micros))
         .bind(now.as_micros())
-        .fetch_optional(&mut **self)
+        .fetch_optional(&mut *self.tx)
         .await?;
-        let Some(rowid) = rowid else {
-            return Ok(None);
-        };
-        let seq = append_event(self, EventKind::Requested, rowid, now).await?;
-        sqlx::query("UPDATE calls SET requested_seq = ? WHERE id = ?")
-            .bind(seq)
-            .bind(rowid)
-            .execute(&mut **self)
-            .await?;
-        Ok(Some(rowid))
+        // The trigger `calls_requested_event` (migration 0004) wrote its Requested event.
+        Ok(rowid)
     }
 
     async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>> {
+        self.writes += 1;
         let batch_id: Option<String> = sqlx::query_scalar(
             "UPDATE calls SET status = ?, decided_at = ?, decided_by = ?, reason = ?, \
              tool_result = ?, run_input = ?, input_edited = ? \
@@ -409,12 +415,13 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
         .bind(outcome.run_input.as_ref().map(ToolInput::as_str))
         .bind(outcome.input_edited)
         .bind(rowid)
-        .fetch_optional(&mut **self)
+        .fetch_optional(&mut *self.tx)
         .await?;
         let Some(batch_id) = batch_id else {
             return Ok(None);
         };
-        let event = append_event(self, EventKind::Resolved, rowid, outcome.decided_at).await?;
+        let event =
+            append_event(&mut self.tx, EventKind::Resolved, rowid, outcome.decided_at).await?;
         Ok(Some(Resolved {
             rowid,
             batch_id,
@@ -432,7 +439,7 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
         ))
         .bind(agent.as_str())
         .bind(session.as_str())
-        .fetch_all(&mut **self)
+        .fetch_all(&mut *self.tx)
         .await?;
         rows.iter().map(stored).collect()
     }
@@ -450,7 +457,7 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
         .bind(agent.as_str())
         .bind(session.as_str())
         .bind(key)
-        .fetch_all(&mut **self)
+        .fetch_all(&mut *self.tx)
         .await?)
     }
 
@@ -459,7 +466,7 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
             "SELECT id FROM calls WHERE batch_id = ? AND status = 1 ORDER BY position",
         )
         .bind(batch.as_str())
-        .fetch_all(&mut **self)
+        .fetch_all(&mut *self.tx)
         .await?)
     }
 
@@ -475,7 +482,7 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
         .bind(batch.as_str())
         .bind(agent.as_str())
         .bind(session.as_str())
-        .fetch_all(&mut **self)
+        .fetch_all(&mut *self.tx)
         .await?;
         rows.iter().map(stored).collect()
     }
@@ -483,7 +490,7 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
     async fn on_deny(&mut self, batch: &BatchId) -> Result<OnDeny> {
         let on_deny: i64 = sqlx::query_scalar("SELECT on_deny FROM batches WHERE batch_id = ?")
             .bind(batch.as_str())
-            .fetch_one(&mut **self)
+            .fetch_one(&mut *self.tx)
             .await?;
         Ok(OnDeny::from_i64(on_deny))
     }
@@ -495,29 +502,29 @@ impl WriteTx for sqlx::Transaction<'static, Sqlite> {
         )
         .bind(now.as_micros())
         .bind(limit)
-        .fetch_all(&mut **self)
+        .fetch_all(&mut *self.tx)
         .await?)
     }
 
     async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()> {
+        self.writes += 1;
         sqlx::query(
             "UPDATE events SET batch_completed = 1 WHERE seq = ? AND NOT EXISTS \
              (SELECT 1 FROM calls WHERE batch_id = ? AND status = 1)",
         )
         .bind(event)
         .bind(batch_id)
-        .execute(&mut **self)
+        .execute(&mut *self.tx)
         .await?;
         Ok(())
     }
 
-    async fn savepoint(&mut self, step: Savepoint) -> Result<()> {
-        sqlx::raw_sql(step.sql()).execute(&mut **self).await?;
-        Ok(())
+    fn writes(&self) -> Option<u64> {
+        Some(self.writes)
     }
 
     async fn commit(self) -> Result<()> {
-        Ok(sqlx::Transaction::commit(self).await?)
+        Ok(self.tx.commit().await?)
     }
 }
 

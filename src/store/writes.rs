@@ -101,30 +101,13 @@ pub trait WriteTx: Send {
     async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(i64, String)>>;
     /// Under the batch's lock: if no call of it is pending, flags `event` as completing it.
     async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()>;
-    /// Marks, releases or rolls back to the savepoint of one write in a group commit.
-    async fn savepoint(&mut self, step: Savepoint) -> Result<()>;
+    /// How many writing statements this transaction has issued so far, if the backend counts
+    /// them. Without a count, every failed write of a group is taken to have changed something.
+    fn writes(&self) -> Option<u64> {
+        None
+    }
     /// Commits the transaction: only then may its changes be acknowledged.
     async fn commit(self) -> Result<()>;
-}
-
-/// The steps of the savepoint that isolates one write of a group (see `group_commit`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Savepoint {
-    Mark,
-    Release,
-    /// Undoes the write's changes and ends the savepoint.
-    RollBack,
-}
-
-impl Savepoint {
-    /// The statements, the same in every SQL dialect the broker speaks.
-    pub fn sql(self) -> &'static str {
-        match self {
-            Savepoint::Mark => "SAVEPOINT write",
-            Savepoint::Release => "RELEASE SAVEPOINT write",
-            Savepoint::RollBack => "ROLLBACK TO SAVEPOINT write; RELEASE SAVEPOINT write",
-        }
-    }
 }
 
 /// Stores a batch and commits. See [`super::Store::submit`].
