@@ -257,6 +257,7 @@ pub fn decide(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey
     };
     // Required unless a token names the approver; see `auth::Caller::approver`.
     let approver = line("approver", req.approver, 256)?;
+    let reason = text("reason", req.reason, MAX_REASON_BYTES)?;
     let scope = scope("scope", req.scope)?;
     let remember = if scope == Scope::Once {
         if req.matcher.is_some() {
@@ -293,7 +294,7 @@ pub fn decide(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey
         key,
         Decision {
             verdict,
-            reason: text("reason", req.reason, MAX_REASON_BYTES)?,
+            reason,
             edited_input,
             approver,
             remember,
