@@ -96,7 +96,11 @@ impl pb::admin_service_server::AdminService for AdminApi {
         let now = Timestamp::now();
         Ok(Response::new(pb::RevokeGrantResponse {
             revoked: report.revoked as u32,
-            grants: report.grants.iter().map(|g| render::grant(g, now)).collect(),
+            grants: report
+                .grants
+                .iter()
+                .map(|g| render::grant(g, now))
+                .collect(),
         }))
     }
 

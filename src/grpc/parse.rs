@@ -495,7 +495,10 @@ pub fn explain(req: pb::ExplainRequest, max_input_bytes: usize) -> Result<Explai
             tool: ToolName::parse("inline.tool", c.tool)?,
             input: ToolInput::parse("inline.input_json", &c.input_json, max_input_bytes)?,
         }),
-        None => Err(Error::invalid("call", "one of stored or inline is required")),
+        None => Err(Error::invalid(
+            "call",
+            "one of stored or inline is required",
+        )),
     }
 }
 

@@ -185,10 +185,8 @@ pub fn matcher(m: &Matcher) -> pb::InputMatcher {
                 .map(|c| pb::FieldCondition {
                     field: c.path().as_str().to_owned(),
                     test: Some(match c.test() {
-                        FieldTest::Equals(json) => match serde_json::from_str(json) {
-                            Ok(serde_json::Value::String(s)) => Test::Equals(s),
-                            _ => Test::EqualsJson(json.clone()),
-                        },
+                        FieldTest::Equals(serde_json::Value::String(s)) => Test::Equals(s.clone()),
+                        FieldTest::Equals(value) => Test::EqualsJson(value.to_string()),
                         FieldTest::Prefix(p) => Test::Prefix(p.clone()),
                         FieldTest::Glob(g) => Test::Glob(g.as_str().to_owned()),
                     }),

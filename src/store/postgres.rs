@@ -366,7 +366,9 @@ impl Store for PostgresStore {
             query.push(" AND session_id = ").push_bind(session.as_str());
         }
         if let Some(workspace) = &q.workspace {
-            query.push(" AND workspace = ").push_bind(workspace.as_str());
+            query
+                .push(" AND workspace = ")
+                .push_bind(workspace.as_str());
         }
         if let Some(tool) = &q.tool {
             query.push(" AND tool = ").push_bind(tool.as_str());
@@ -683,7 +685,11 @@ impl WriteTx for sqlx::Transaction<'static, Postgres> {
 /// so every replica (of any version) locks the same key for the same pair.
 fn policy_lock_key(agent: &AgentId, tool: &ToolName) -> i32 {
     let mut hash: u32 = 0x811c_9dc5;
-    let bytes = agent.as_str().bytes().chain([0x1f]).chain(tool.as_str().bytes());
+    let bytes = agent
+        .as_str()
+        .bytes()
+        .chain([0x1f])
+        .chain(tool.as_str().bytes());
     for byte in bytes {
         hash ^= u32::from(byte);
         hash = hash.wrapping_mul(0x0100_0193);
@@ -799,11 +805,7 @@ impl PolicyTx for sqlx::Transaction<'static, Postgres> {
         row.as_ref().map(grant_from_row).transpose()
     }
 
-    async fn grants_named(
-        &mut self,
-        target: &RevokeTarget,
-        now: Timestamp,
-    ) -> Result<Vec<Grant>> {
+    async fn grants_named(&mut self, target: &RevokeTarget, now: Timestamp) -> Result<Vec<Grant>> {
         let query = match target {
             RevokeTarget::Id(id) => sqlx::query(select_grants!("WHERE id = $1")).bind(*id),
             RevokeTarget::Session(agent, session) => sqlx::query(select_grants!(
@@ -841,7 +843,10 @@ impl PolicyTx for sqlx::Transaction<'static, Postgres> {
         .bind(ids)
         .fetch_all(&mut **self)
         .await?;
-        let mut grants = rows.iter().map(grant_from_row).collect::<Result<Vec<_>>>()?;
+        let mut grants = rows
+            .iter()
+            .map(grant_from_row)
+            .collect::<Result<Vec<_>>>()?;
         grants.sort_by_key(|g| g.id);
         Ok(grants)
     }

@@ -187,13 +187,19 @@ where
                 .unwrap_or_default(),
         ),
         Some(Scope::Always) => GrantScope::Always,
-        _ => return Err(Error::Internal(format!("unknown stored scope {scope_code}"))),
+        _ => {
+            return Err(Error::Internal(format!(
+                "unknown stored scope {scope_code}"
+            )));
+        }
     };
     let effect_code: i64 = row.try_get("effect")?;
     let effect = Effect::from_code(effect_code)
         .ok_or_else(|| Error::Internal(format!("unknown stored effect {effect_code}")))?;
     let time = |name: &'r str| -> Result<Option<Timestamp>> {
-        Ok(row.try_get::<Option<i64>, _>(name)?.map(Timestamp::from_micros))
+        Ok(row
+            .try_get::<Option<i64>, _>(name)?
+            .map(Timestamp::from_micros))
     };
     Ok(Grant {
         id: row.try_get("id")?,

@@ -305,7 +305,9 @@ impl Store for SqliteStore {
             query.push(" AND session_id = ").push_bind(session.as_str());
         }
         if let Some(workspace) = &q.workspace {
-            query.push(" AND workspace = ").push_bind(workspace.as_str());
+            query
+                .push(" AND workspace = ")
+                .push_bind(workspace.as_str());
         }
         if let Some(tool) = &q.tool {
             query.push(" AND tool = ").push_bind(tool.as_str());
@@ -684,11 +686,7 @@ impl PolicyTx for sqlx::Transaction<'static, Sqlite> {
         row.as_ref().map(grant_from_row).transpose()
     }
 
-    async fn grants_named(
-        &mut self,
-        target: &RevokeTarget,
-        now: Timestamp,
-    ) -> Result<Vec<Grant>> {
+    async fn grants_named(&mut self, target: &RevokeTarget, now: Timestamp) -> Result<Vec<Grant>> {
         let query = match target {
             RevokeTarget::Id(id) => sqlx::query(select_grants!("WHERE id = ?")).bind(*id),
             RevokeTarget::Session(agent, session) => sqlx::query(select_grants!(
@@ -730,7 +728,10 @@ impl PolicyTx for sqlx::Transaction<'static, Sqlite> {
              source_call, reason",
         );
         let rows = query.build().fetch_all(&mut **self).await?;
-        let mut grants = rows.iter().map(grant_from_row).collect::<Result<Vec<_>>>()?;
+        let mut grants = rows
+            .iter()
+            .map(grant_from_row)
+            .collect::<Result<Vec<_>>>()?;
         grants.sort_by_key(|g| g.id);
         Ok(grants)
     }

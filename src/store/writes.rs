@@ -145,8 +145,7 @@ pub trait PolicyTx: Send {
     async fn grant_from_call(&mut self, key: &CallKey) -> Result<Option<Grant>>;
     /// The grants `target` names: for an id that grant whatever its state; otherwise the
     /// unrevoked grants of that scope not expired at `now`.
-    async fn grants_named(&mut self, target: &RevokeTarget, now: Timestamp)
-    -> Result<Vec<Grant>>;
+    async fn grants_named(&mut self, target: &RevokeTarget, now: Timestamp) -> Result<Vec<Grant>>;
     /// Marks these grants revoked, unless they already are; returns those it marked.
     async fn revoke(&mut self, ids: &[i64], by: &str, now: Timestamp) -> Result<Vec<Grant>>;
     /// Pending calls of `agent` calling `tool` in the scope of a grant, oldest first.
@@ -462,9 +461,7 @@ async fn decide_in(
                 std::iter::once(&call).chain(covered.iter().map(|c| &c.call)),
             ))
             .await?;
-            tx.resolve(rowid, &outcome)
-                .await?
-                .map(|won| (won, covered))
+            tx.resolve(rowid, &outcome).await?.map(|won| (won, covered))
         }
     };
     let Some((won, covered)) = won else {

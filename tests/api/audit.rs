@@ -31,7 +31,8 @@ async fn decided_by(app: &TestApp, filter: &str) -> Vec<String> {
 
 async fn every_outcome_records_who_decided_it_and_list_calls_filters_by_it(app: TestApp) {
     // deadline: a call that expires.
-    let soon = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock") + Duration::from_millis(700);
+    let soon =
+        SystemTime::now().duration_since(UNIX_EPOCH).expect("clock") + Duration::from_millis(700);
     let expiring = pb::CallSpec {
         deadline: Some(prost_types::Timestamp {
             seconds: soon.as_secs() as i64,
@@ -42,7 +43,11 @@ async fn every_outcome_records_who_decided_it_and_list_calls_filters_by_it(app: 
     submit(&app, batch("s", vec![expiring])).await;
 
     // approver: a person; grant: a remembered decision deciding a later call.
-    submit(&app, batch("s", vec![call("by-alice", "shell", r#"{"command":"ls"}"#)])).await;
+    submit(
+        &app,
+        batch("s", vec![call("by-alice", "shell", r#"{"command":"ls"}"#)]),
+    )
+    .await;
     let grant = decide_remembering(
         &app,
         "s",
@@ -54,7 +59,11 @@ async fn every_outcome_records_who_decided_it_and_list_calls_filters_by_it(app: 
     .await
     .grant
     .expect("a grant");
-    submit(&app, batch("s", vec![call("by-grant", "shell", r#"{"command":"ls"}"#)])).await;
+    submit(
+        &app,
+        batch("s", vec![call("by-grant", "shell", r#"{"command":"ls"}"#)]),
+    )
+    .await;
     let mut bob = decide_request("s", "x", pb::Decision::Approve, "");
     bob.approver = "bob@example.com".into();
     submit(&app, batch("s", vec![call("by-bob", "t", "{}")])).await;
@@ -87,7 +96,10 @@ async fn every_outcome_records_who_decided_it_and_list_calls_filters_by_it(app: 
     submit(&app, batch("s2", vec![keyed("newer")])).await;
     submit(
         &app,
-        batch("s2", vec![call("denied", "t", "{}"), call("skipped", "t", "{}")]),
+        batch(
+            "s2",
+            vec![call("denied", "t", "{}"), call("skipped", "t", "{}")],
+        ),
     )
     .await;
     deny(&app, "s2", "denied", "no").await;
@@ -95,7 +107,10 @@ async fn every_outcome_records_who_decided_it_and_list_calls_filters_by_it(app: 
     // Wait for the deadline to pass and the call to expire.
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while decided_by(&app, "deadline").await.is_empty() {
-        assert!(tokio::time::Instant::now() < deadline, "the call never expired");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the call never expired"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
@@ -118,8 +133,14 @@ async fn every_outcome_records_who_decided_it_and_list_calls_filters_by_it(app: 
     }
     // Each outcome carries the same string.
     assert_eq!(outcome_of(&app, "s", "by-grant").await.decided_by, by_grant);
-    assert_eq!(outcome_of(&app, "s", "by-policy").await.decided_by, "policy:no-rm");
-    assert_eq!(outcome_of(&app, "s", "expires").await.decided_by, "deadline");
+    assert_eq!(
+        outcome_of(&app, "s", "by-policy").await.decided_by,
+        "policy:no-rm"
+    );
+    assert_eq!(
+        outcome_of(&app, "s", "expires").await.decided_by,
+        "deadline"
+    );
     assert_eq!(outcome_of(&app, "s", "cancelled").await.decided_by, "agent");
     assert_eq!(outcome_of(&app, "s2", "skipped").await.decided_by, "broker");
     // And the filter combines with the others.

@@ -15,13 +15,24 @@ async fn explain_names_the_rule_the_grant_or_the_human_that_would_decide(app: Te
     let nothing = explain_inline(&app, "s", "", "shell", ls).await;
     assert_eq!(nothing.verdict, CallStatus::Pending as i32);
     assert!(nothing.decided_by.is_empty() && nothing.rule.is_none() && nothing.grant.is_none());
-    assert!(nothing.reason.contains("a human decides"), "{}", nothing.reason);
+    assert!(
+        nothing.reason.contains("a human decides"),
+        "{}",
+        nothing.reason
+    );
 
     submit(&app, batch("s", vec![call("c1", "shell", ls)])).await;
-    let grant = decide_remembering(&app, "s", "c1", pb::Decision::Approve, pb::Scope::Session, None)
-        .await
-        .grant
-        .expect("a grant");
+    let grant = decide_remembering(
+        &app,
+        "s",
+        "c1",
+        pb::Decision::Approve,
+        pb::Scope::Session,
+        None,
+    )
+    .await
+    .grant
+    .expect("a grant");
     let by_grant = explain_inline(&app, "s", "", "shell", ls).await;
     assert_eq!(by_grant.verdict, CallStatus::Approved as i32);
     assert_eq!(by_grant.decided_by, format!("grant:{}", grant.id));
@@ -34,20 +45,31 @@ async fn explain_names_the_rule_the_grant_or_the_human_that_would_decide(app: Te
     let ask = explain_inline(&app, "s", "", "shell", ls).await;
     assert_eq!(ask.verdict, CallStatus::Pending as i32);
     assert_eq!(ask.rule.map(|r| r.id), Some("ask-shell".to_owned()));
-    assert!(ask.reason.contains("ask rule `ask-shell`"), "{}", ask.reason);
+    assert!(
+        ask.reason.contains("ask rule `ask-shell`"),
+        "{}",
+        ask.reason
+    );
 
     create_rule(&app, rule("no-shell", "sh*", pb::Effect::Deny, 0, None)).await;
     let deny = explain_inline(&app, "s", "", "shell", ls).await;
     assert_eq!(deny.verdict, CallStatus::Denied as i32);
     assert_eq!(deny.decided_by, "policy:no-shell");
-    assert!(deny.reason.contains("deny rule `no-shell`"), "{}", deny.reason);
+    assert!(
+        deny.reason.contains("deny rule `no-shell`"),
+        "{}",
+        deny.reason
+    );
 }
 
 async fn explain_of_a_stored_call_shows_the_call_and_refuses_what_does_not_exist(app: TestApp) {
     submit(&app, batch("s", vec![call("c1", "t", "{}")])).await;
     let explained = explain_stored(&app, "s", "c1").await;
     let stored = explained.call.expect("the call");
-    assert_eq!((stored.call_id.as_str(), stored.status), ("c1", CallStatus::Pending as i32));
+    assert_eq!(
+        (stored.call_id.as_str(), stored.status),
+        ("c1", CallStatus::Pending as i32)
+    );
     let unknown = app
         .admin()
         .explain(pb::ExplainRequest {
@@ -121,7 +143,10 @@ fn generate(random: &mut Random) -> Generated {
         ]) }),
         "read_file" | "write_file" => {
             let path = *random.pick(&[
-                "src/main.rs", "src/a/secret.txt", "docs/readme.md", "../etc/passwd",
+                "src/main.rs",
+                "src/a/secret.txt",
+                "docs/readme.md",
+                "../etc/passwd",
             ]);
             if random.one_in(2) {
                 json!({ "path": path, "mode": random.pick(&["ro", "rw"]) })
@@ -151,7 +176,11 @@ fn generate(random: &mut Random) -> Generated {
 fn grant_matcher(random: &mut Random, input: &serde_json::Value) -> Option<pb::InputMatcher> {
     let strings: Vec<(&String, &str)> = input
         .as_object()
-        .map(|o| o.iter().filter_map(|(k, v)| v.as_str().map(|s| (k, s))).collect())
+        .map(|o| {
+            o.iter()
+                .filter_map(|(k, v)| v.as_str().map(|s| (k, s)))
+                .collect()
+        })
         .unwrap_or_default();
     match random.below(4) {
         0 => None,
@@ -172,14 +201,65 @@ fn grant_matcher(random: &mut Random, input: &serde_json::Value) -> Option<pb::I
 /// The rules the generated calls meet: deny, allow and ask, at several priorities.
 async fn create_generated_rules(app: &TestApp) {
     for r in [
-        rule("no-force", "shell", pb::Effect::Deny, -5, Some(fields(vec![glob("command", "*--force*")]))),
-        rule("git-status", "shell", pb::Effect::Allow, 0, Some(fields(vec![prefix("command", "git status")]))),
-        rule("ask-secrets", "*_file", pb::Effect::Ask, 5, Some(fields(vec![glob("path", "*secret*")]))),
-        rule("read-src", "read_file", pb::Effect::Allow, 5, Some(fields(vec![glob("path", "src/**")]))),
-        rule("no-escape", "*_file", pb::Effect::Deny, 0, Some(fields(vec![glob("path", "*..*")]))),
-        rule("ask-prod", "deploy", pb::Effect::Ask, 10, Some(fields(vec![equals("env", "prod")]))),
-        rule("deploy-dev", "deploy", pb::Effect::Allow, 3, Some(fields(vec![equals("env", "dev"), equals_json("options.force", "false")]))),
-        rule("offline", "web_*", pb::Effect::Deny, 0, Some(fields(vec![equals_json("offline", "true")]))),
+        rule(
+            "no-force",
+            "shell",
+            pb::Effect::Deny,
+            -5,
+            Some(fields(vec![glob("command", "*--force*")])),
+        ),
+        rule(
+            "git-status",
+            "shell",
+            pb::Effect::Allow,
+            0,
+            Some(fields(vec![prefix("command", "git status")])),
+        ),
+        rule(
+            "ask-secrets",
+            "*_file",
+            pb::Effect::Ask,
+            5,
+            Some(fields(vec![glob("path", "*secret*")])),
+        ),
+        rule(
+            "read-src",
+            "read_file",
+            pb::Effect::Allow,
+            5,
+            Some(fields(vec![glob("path", "src/**")])),
+        ),
+        rule(
+            "no-escape",
+            "*_file",
+            pb::Effect::Deny,
+            0,
+            Some(fields(vec![glob("path", "*..*")])),
+        ),
+        rule(
+            "ask-prod",
+            "deploy",
+            pb::Effect::Ask,
+            10,
+            Some(fields(vec![equals("env", "prod")])),
+        ),
+        rule(
+            "deploy-dev",
+            "deploy",
+            pb::Effect::Allow,
+            3,
+            Some(fields(vec![
+                equals("env", "dev"),
+                equals_json("options.force", "false"),
+            ])),
+        ),
+        rule(
+            "offline",
+            "web_*",
+            pb::Effect::Deny,
+            0,
+            Some(fields(vec![equals_json("offline", "true")])),
+        ),
     ] {
         create_rule(app, r).await;
     }
@@ -263,7 +343,12 @@ async fn explain_agrees_with_what_happens_on_generated_calls(app: TestApp) {
             &app,
             batch(
                 &generated.session,
-                vec![call_in(&generated.workspace, &call_id, &generated.tool, &input)],
+                vec![call_in(
+                    &generated.workspace,
+                    &call_id,
+                    &generated.tool,
+                    &input,
+                )],
             ),
         )
         .await;

@@ -51,7 +51,10 @@ async fn a_session_grant_decides_later_calls_of_that_session_only(app: TestApp) 
     assert_eq!(grant.effect, pb::Effect::Allow as i32);
     assert_eq!(grant.created_by, "approver:alice@example.com");
     assert_eq!(
-        (grant.source_session_id.as_str(), grant.source_call_id.as_str()),
+        (
+            grant.source_session_id.as_str(),
+            grant.source_call_id.as_str()
+        ),
         ("s1", "c1")
     );
     assert_eq!(
@@ -62,16 +65,27 @@ async fn a_session_grant_decides_later_calls_of_that_session_only(app: TestApp) 
     assert!(grant.active && grant.expires_at.is_none() && grant.revoked_at.is_none());
     let by_grant = format!("grant:{}", grant.id);
 
-    let response = submit_one(&app, "s1", call("c2", "shell", r#"{ "command": "git status" }"#)).await;
+    let response = submit_one(
+        &app,
+        "s1",
+        call("c2", "shell", r#"{ "command": "git status" }"#),
+    )
+    .await;
     assert_eq!(ack_status(&response, 0), CallStatus::Approved);
     let outcome = &response.outcomes[0];
     assert_eq!(outcome.decided_by, by_grant);
-    assert_eq!(outcome.input_json, GIT_STATUS, "it runs the input as submitted");
+    assert_eq!(
+        outcome.input_json, GIT_STATUS,
+        "it runs the input as submitted"
+    );
     assert_eq!(outcome_of(&app, "s1", "c2").await.decided_by, by_grant);
 
     for (session, spec) in [
         ("s2", call("c3", "shell", GIT_STATUS)),
-        ("s1", call("c4", "shell", r#"{"command":"git status --short"}"#)),
+        (
+            "s1",
+            call("c4", "shell", r#"{"command":"git status --short"}"#),
+        ),
         ("s1", call("c5", "other_tool", GIT_STATUS)),
     ] {
         let call_id = spec.call_id.clone();
@@ -84,7 +98,12 @@ async fn a_session_grant_decides_later_calls_of_that_session_only(app: TestApp) 
 }
 
 async fn a_workspace_grant_decides_later_calls_in_that_workspace_only(app: TestApp) {
-    submit_one(&app, "s1", call_in("repo-a", "c1", "read_file", r#"{"path":"a"}"#)).await;
+    submit_one(
+        &app,
+        "s1",
+        call_in("repo-a", "c1", "read_file", r#"{"path":"a"}"#),
+    )
+    .await;
     let grant = decide_remembering(
         &app,
         "s1",
@@ -149,14 +168,22 @@ async fn an_always_grant_decides_every_later_call_of_the_agent(app: TestApp) {
         .into_iter()
         .enumerate()
     {
-        let spec = call_in(workspace, &format!("later{i}"), "web_search", r#"{"q":"go"}"#);
+        let spec = call_in(
+            workspace,
+            &format!("later{i}"),
+            "web_search",
+            r#"{"q":"go"}"#,
+        );
         assert_eq!(
             submitted(&app, session, spec).await,
             (CallStatus::Approved, by_grant.clone())
         );
     }
     let other_tool = call("x", "web_fetch", r#"{"q":"go"}"#);
-    assert_eq!(submitted(&app, "s1", other_tool).await.0, CallStatus::Pending);
+    assert_eq!(
+        submitted(&app, "s1", other_tool).await.0,
+        CallStatus::Pending
+    );
 }
 
 async fn a_once_decision_remembers_nothing(app: TestApp) {
@@ -175,15 +202,22 @@ async fn a_once_decision_remembers_nothing(app: TestApp) {
     let default = approve(&app, "s1", "c2").await;
     assert!(default.grant.is_none());
     assert_eq!(
-        submitted(&app, "s1", call("c3", "shell", GIT_STATUS)).await.0,
+        submitted(&app, "s1", call("c3", "shell", GIT_STATUS))
+            .await
+            .0,
         CallStatus::Pending
     );
-    assert!(list_grants(&app, pb::ListGrantsRequest {
-        include_inactive: true,
-        ..Default::default()
-    })
-    .await
-    .is_empty());
+    assert!(
+        list_grants(
+            &app,
+            pb::ListGrantsRequest {
+                include_inactive: true,
+                ..Default::default()
+            }
+        )
+        .await
+        .is_empty()
+    );
 }
 
 async fn a_remembered_denial_denies_later_calls_with_its_reason(app: TestApp) {
@@ -211,13 +245,20 @@ async fn a_remembered_denial_denies_later_calls_with_its_reason(app: TestApp) {
     );
 }
 
+/// A matcher's name, the matcher, and inputs with whether it must decide them.
+type MatcherCase = (&'static str, pb::InputMatcher, Vec<(&'static str, bool)>);
+
 /// For each matcher kind: a grant made with it, then inputs it must and must not decide.
 async fn each_matcher_decides_exactly_the_inputs_it_describes(app: TestApp) {
-    let cases: Vec<(&str, pb::InputMatcher, Vec<(&str, bool)>)> = vec![
+    let cases: Vec<MatcherCase> = vec![
         (
             "any",
             any_input(),
-            vec![(r#"{"x":1}"#, true), ("{}", true), (r#"{"command":"rm -rf /"}"#, true)],
+            vec![
+                (r#"{"x":1}"#, true),
+                ("{}", true),
+                (r#"{"command":"rm -rf /"}"#, true),
+            ],
         ),
         (
             "exact",
@@ -265,7 +306,10 @@ async fn each_matcher_decides_exactly_the_inputs_it_describes(app: TestApp) {
         ),
         (
             "nested",
-            fields(vec![equals_json("options.force", "false"), glob("target", "*.txt")]),
+            fields(vec![
+                equals_json("options.force", "false"),
+                glob("target", "*.txt"),
+            ]),
             vec![
                 (r#"{"options":{"force":false},"target":"a/b.txt"}"#, true),
                 (r#"{"options":{"force":true},"target":"a/b.txt"}"#, false),
@@ -331,7 +375,10 @@ async fn pending_calls_a_new_grant_matches_are_decided_at_once(app: TestApp) {
     agent.submit("r1", first).await;
     agent.next_submitted().await;
     agent
-        .submit("r2", batch("s1", vec![call("c3", "shell", r#"{"command":"git log"}"#)]))
+        .submit(
+            "r2",
+            batch("s1", vec![call("c3", "shell", r#"{"command":"git log"}"#)]),
+        )
         .await;
     agent.next_submitted().await;
     agent
@@ -360,7 +407,7 @@ async fn pending_calls_a_new_grant_matches_are_decided_at_once(app: TestApp) {
     assert_eq!(auto, [("c2", by_grant.as_str(), CallStatus::Approved)]);
 
     // The agent and the subscribers see it like any decision, and the batch completes.
-    let mut outcomes = vec![agent.next_outcome().await, agent.next_outcome().await];
+    let mut outcomes = [agent.next_outcome().await, agent.next_outcome().await];
     outcomes.sort_by(|a, b| a.call_id.cmp(&b.call_id));
     assert_eq!(outcomes[0].decided_by, "approver:alice@example.com");
     assert_eq!(outcomes[1].decided_by, by_grant);
@@ -394,13 +441,23 @@ async fn a_new_deny_grant_skips_the_rest_of_the_batches_it_denies_in(app: TestAp
     submit(&app, skip_rest).await;
     let independent = pb::BatchSpec {
         on_deny: pb::OnDeny::Independent as i32,
-        ..batch("s", vec![call("i1", "shell", rm), call("i2", "read_file", "{}")])
+        ..batch(
+            "s",
+            vec![call("i1", "shell", rm), call("i2", "read_file", "{}")],
+        )
     };
     submit(&app, independent).await;
     submit(&app, batch("s", vec![call("b1", "shell", rm)])).await;
 
-    let decided =
-        decide_remembering(&app, "s", "b1", pb::Decision::Deny, pb::Scope::Session, None).await;
+    let decided = decide_remembering(
+        &app,
+        "s",
+        "b1",
+        pb::Decision::Deny,
+        pb::Scope::Session,
+        None,
+    )
+    .await;
     let by_grant = format!("grant:{}", decided.grant.expect("a grant").id);
     let mut denied: Vec<_> = decided
         .decided_by_grant
@@ -417,7 +474,10 @@ async fn a_new_deny_grant_skips_the_rest_of_the_batches_it_denies_in(app: TestAp
     );
     let skipped: Vec<_> = decided.skipped.iter().map(|o| o.call_id.as_str()).collect();
     assert_eq!(skipped, ["a2"], "SKIP_REST applies to a grant's denial too");
-    assert_eq!(status_of(&outcome_of(&app, "s", "a2").await), CallStatus::Skipped);
+    assert_eq!(
+        status_of(&outcome_of(&app, "s", "a2").await),
+        CallStatus::Skipped
+    );
     assert!(matches!(
         states(&app, "s", &["i2"]).await[0].state,
         Some(pb::call_state::State::Pending(_))
@@ -447,8 +507,16 @@ async fn a_grant_decides_until_it_expires_and_nothing_after(app: TestApp) {
     submit_one(&app, "s", call("long", "read_file", "{}")).await;
     let mut request = decide_request("s", "long", pb::Decision::Approve, "");
     request.scope = pb::Scope::Session as i32;
-    request.grant_expires_in = Some(prost_types::Duration { seconds: 3600, nanos: 0 });
-    let long = app.approver().decide(request).await.expect("decide").into_inner();
+    request.grant_expires_in = Some(prost_types::Duration {
+        seconds: 3600,
+        nanos: 0,
+    });
+    let long = app
+        .approver()
+        .decide(request)
+        .await
+        .expect("decide")
+        .into_inner();
     let long = long.grant.expect("a grant");
     assert!(long.expires_at.is_some() && long.active);
     assert_eq!(
@@ -460,8 +528,16 @@ async fn a_grant_decides_until_it_expires_and_nothing_after(app: TestApp) {
     submit_one(&app, "s", call("short", "shell", GIT_STATUS)).await;
     let mut request = decide_request("s", "short", pb::Decision::Approve, "");
     request.scope = pb::Scope::Session as i32;
-    request.grant_expires_in = Some(prost_types::Duration { seconds: 1, nanos: 0 });
-    let short = app.approver().decide(request).await.expect("decide").into_inner();
+    request.grant_expires_in = Some(prost_types::Duration {
+        seconds: 1,
+        nanos: 0,
+    });
+    let short = app
+        .approver()
+        .decide(request)
+        .await
+        .expect("decide")
+        .into_inner();
     let short = short.grant.expect("a grant");
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while list_grants(&app, Default::default())
@@ -469,7 +545,10 @@ async fn a_grant_decides_until_it_expires_and_nothing_after(app: TestApp) {
         .iter()
         .any(|g| g.id == short.id)
     {
-        assert!(tokio::time::Instant::now() < deadline, "the grant never expired");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the grant never expired"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
@@ -477,13 +556,18 @@ async fn a_grant_decides_until_it_expires_and_nothing_after(app: TestApp) {
         (CallStatus::Pending, String::new())
     );
     assert_eq!(
-        explain_inline(&app, "s", "", "shell", GIT_STATUS).await.verdict,
+        explain_inline(&app, "s", "", "shell", GIT_STATUS)
+            .await
+            .verdict,
         CallStatus::Pending as i32
     );
-    let all = list_grants(&app, pb::ListGrantsRequest {
-        include_inactive: true,
-        ..Default::default()
-    })
+    let all = list_grants(
+        &app,
+        pb::ListGrantsRequest {
+            include_inactive: true,
+            ..Default::default()
+        },
+    )
     .await;
     let expired = all.iter().find(|g| g.id == short.id).expect("still listed");
     assert!(!expired.active && expired.revoked_at.is_none());
@@ -491,12 +575,21 @@ async fn a_grant_decides_until_it_expires_and_nothing_after(app: TestApp) {
 
 async fn a_revoked_grant_decides_nothing_after(app: TestApp) {
     submit_one(&app, "s", call("c1", "shell", GIT_STATUS)).await;
-    let grant = decide_remembering(&app, "s", "c1", pb::Decision::Approve, pb::Scope::Session, None)
-        .await
-        .grant
-        .expect("a grant");
+    let grant = decide_remembering(
+        &app,
+        "s",
+        "c1",
+        pb::Decision::Approve,
+        pb::Scope::Session,
+        None,
+    )
+    .await
+    .grant
+    .expect("a grant");
     assert_eq!(
-        submitted(&app, "s", call("c2", "shell", GIT_STATUS)).await.0,
+        submitted(&app, "s", call("c2", "shell", GIT_STATUS))
+            .await
+            .0,
         CallStatus::Approved
     );
     let revoke = |target| pb::RevokeGrantRequest {
@@ -535,7 +628,9 @@ async fn a_revoked_grant_decides_nothing_after(app: TestApp) {
         "grant",
     );
     assert_status(
-        app.admin().revoke_grant(pb::RevokeGrantRequest::default()).await,
+        app.admin()
+            .revoke_grant(pb::RevokeGrantRequest::default())
+            .await,
         Code::InvalidArgument,
         "target",
     );
@@ -589,7 +684,9 @@ async fn resetting_a_session_revokes_its_session_grants_and_nothing_else(app: Te
         ("x3", "tool_d", CallStatus::Approved),
     ] {
         assert_eq!(
-            submitted(&app, "s1", call_in("w", call_id, tool, "{}")).await.0,
+            submitted(&app, "s1", call_in("w", call_id, tool, "{}"))
+                .await
+                .0,
             expected,
             "{tool}"
         );
@@ -600,7 +697,9 @@ async fn resetting_a_session_revokes_its_session_grants_and_nothing_else(app: Te
         "another session's grant stays"
     );
     assert_eq!(
-        submitted(&app, "s3", call_in("w", "z", "tool_c", "{}")).await.0,
+        submitted(&app, "s3", call_in("w", "z", "tool_c", "{}"))
+            .await
+            .0,
         CallStatus::Approved,
         "a workspace grant stays"
     );
@@ -620,7 +719,9 @@ async fn resetting_a_workspace_revokes_its_workspace_grants_and_nothing_else(app
     assert_eq!(response.revoked, 1);
     assert_eq!(response.grants[0].id, grants[3].id);
     assert_eq!(
-        submitted(&app, "s3", call_in("w", "z", "tool_c", "{}")).await.0,
+        submitted(&app, "s3", call_in("w", "z", "tool_c", "{}"))
+            .await
+            .0,
         CallStatus::Pending
     );
     assert_eq!(
@@ -635,40 +736,58 @@ async fn grants_are_listed_filtered_and_paged(app: TestApp) {
     let grants = grants_of_every_scope(&app).await;
     let ids = |list: Vec<pb::Grant>| list.iter().map(|g| g.id).collect::<Vec<_>>();
     let all: Vec<u64> = grants.iter().map(|g| g.id).collect();
-    let paged = list_grants(&app, pb::ListGrantsRequest {
-        page_size: 2,
-        ..Default::default()
-    })
+    let paged = list_grants(
+        &app,
+        pb::ListGrantsRequest {
+            page_size: 2,
+            ..Default::default()
+        },
+    )
     .await;
     assert_eq!(ids(paged), all, "every page, oldest first");
-    let by_session = list_grants(&app, pb::ListGrantsRequest {
-        session_id: "s1".into(),
-        ..Default::default()
-    })
+    let by_session = list_grants(
+        &app,
+        pb::ListGrantsRequest {
+            session_id: "s1".into(),
+            ..Default::default()
+        },
+    )
     .await;
     assert_eq!(ids(by_session), all[..2]);
-    let by_scope = list_grants(&app, pb::ListGrantsRequest {
-        scope: pb::Scope::Workspace as i32,
-        ..Default::default()
-    })
+    let by_scope = list_grants(
+        &app,
+        pb::ListGrantsRequest {
+            scope: pb::Scope::Workspace as i32,
+            ..Default::default()
+        },
+    )
     .await;
     assert_eq!(ids(by_scope), [all[3]]);
-    let by_workspace = list_grants(&app, pb::ListGrantsRequest {
-        workspace: "w".into(),
-        ..Default::default()
-    })
+    let by_workspace = list_grants(
+        &app,
+        pb::ListGrantsRequest {
+            workspace: "w".into(),
+            ..Default::default()
+        },
+    )
     .await;
     assert_eq!(ids(by_workspace), [all[3]]);
-    let by_tool = list_grants(&app, pb::ListGrantsRequest {
-        tool: "tool_a".into(),
-        ..Default::default()
-    })
+    let by_tool = list_grants(
+        &app,
+        pb::ListGrantsRequest {
+            tool: "tool_a".into(),
+            ..Default::default()
+        },
+    )
     .await;
     assert_eq!(ids(by_tool), [all[0], all[2]]);
-    let by_agent = list_grants(&app, pb::ListGrantsRequest {
-        agent: "someone-else".into(),
-        ..Default::default()
-    })
+    let by_agent = list_grants(
+        &app,
+        pb::ListGrantsRequest {
+            agent: "someone-else".into(),
+            ..Default::default()
+        },
+    )
     .await;
     assert!(by_agent.is_empty());
     assert_status(
@@ -685,17 +804,39 @@ async fn grants_are_listed_filtered_and_paged(app: TestApp) {
 
 async fn repeating_a_remembered_decision_returns_its_grant_and_makes_no_other(app: TestApp) {
     submit_one(&app, "s", call("c1", "shell", GIT_STATUS)).await;
-    let first =
-        decide_remembering(&app, "s", "c1", pb::Decision::Approve, pb::Scope::Always, None).await;
-    let again =
-        decide_remembering(&app, "s", "c1", pb::Decision::Approve, pb::Scope::Always, None).await;
+    let first = decide_remembering(
+        &app,
+        "s",
+        "c1",
+        pb::Decision::Approve,
+        pb::Scope::Always,
+        None,
+    )
+    .await;
+    let again = decide_remembering(
+        &app,
+        "s",
+        "c1",
+        pb::Decision::Approve,
+        pb::Scope::Always,
+        None,
+    )
+    .await;
     assert!(!first.replayed && again.replayed);
-    assert_eq!(again.grant, first.grant, "the retry learns the grant it made");
+    assert_eq!(
+        again.grant, first.grant,
+        "the retry learns the grant it made"
+    );
     assert_eq!(list_grants(&app, Default::default()).await.len(), 1);
 }
 
 async fn an_edited_approval_cannot_be_remembered(app: TestApp) {
-    submit_one(&app, "s", call("c1", "shell", r#"{"command":"rm -rf build"}"#)).await;
+    submit_one(
+        &app,
+        "s",
+        call("c1", "shell", r#"{"command":"rm -rf build"}"#),
+    )
+    .await;
     let mut request = decide_request("s", "c1", pb::Decision::Approve, "");
     request.edited_input_json = r#"{"command":"rm -rf build/tmp"}"#.into();
     request.scope = pb::Scope::Session as i32;

@@ -97,7 +97,11 @@ async fn an_agent_gets_outcomes_decided_while_the_broker_restarted(app: TestApp)
 }
 
 async fn grants_and_rules_survive_a_crash(app: TestApp) {
-    submit(&app, batch("s", vec![call("c1", "shell", r#"{"command":"ls"}"#)])).await;
+    submit(
+        &app,
+        batch("s", vec![call("c1", "shell", r#"{"command":"ls"}"#)]),
+    )
+    .await;
     let grant = decide_remembering(
         &app,
         "s",
@@ -117,7 +121,10 @@ async fn grants_and_rules_survive_a_crash(app: TestApp) {
         &app,
         batch(
             "s2",
-            vec![call("c2", "shell", r#"{"command":"pwd"}"#), call("c3", "rm", "{}")],
+            vec![
+                call("c2", "shell", r#"{"command":"pwd"}"#),
+                call("c3", "rm", "{}"),
+            ],
         ),
     )
     .await;

@@ -852,7 +852,14 @@ async fn a_grant_created_through_one_replica_applies_to_a_submit_on_another() {
     let Some([a, b, c]) = three_replicas().await else {
         return;
     };
-    submit(&a, batch("s", vec![call("c1", "shell", r#"{"command":"git status"}"#)])).await;
+    submit(
+        &a,
+        batch(
+            "s",
+            vec![call("c1", "shell", r#"{"command":"git status"}"#)],
+        ),
+    )
+    .await;
     let grant = decide_remembering(
         &a,
         "s",
@@ -870,7 +877,10 @@ async fn a_grant_created_through_one_replica_applies_to_a_submit_on_another() {
     assert_eq!(ack_status(&response, 0), CallStatus::Approved);
     assert_eq!(response.outcomes[0].decided_by, by_grant);
     let explained = explain_inline(&c, "s", "", "shell", input).await;
-    assert_eq!(explained.decided_by, by_grant, "every replica reads the same grants");
+    assert_eq!(
+        explained.decided_by, by_grant,
+        "every replica reads the same grants"
+    );
 
     // A revocation through one replica applies on the others too.
     AdminServiceClient::new(c.channel.clone())
@@ -907,7 +917,10 @@ async fn a_grant_racing_matching_submits_across_replicas_leaves_none_of_them_pen
             let (session, tool) = (session.clone(), tool.clone());
             submitters.push(tokio::spawn(async move {
                 for i in 0..PER_SUBMITTER {
-                    let spec = batch(&session, vec![call(&format!("c{n}-{i}"), &tool, r#"{"i":1}"#)]);
+                    let spec = batch(
+                        &session,
+                        vec![call(&format!("c{n}-{i}"), &tool, r#"{"i":1}"#)],
+                    );
                     client
                         .submit(pb::SubmitRequest { batch: Some(spec) })
                         .await
@@ -950,6 +963,10 @@ async fn a_grant_racing_matching_submits_across_replicas_leaves_none_of_them_pen
             pending.is_empty(),
             "round {round}: left pending although the grant matches: {pending:?}"
         );
-        assert_eq!(decided_later, calls.len(), "round {round}: every one by the grant");
+        assert_eq!(
+            decided_later,
+            calls.len(),
+            "round {round}: every one by the grant"
+        );
     }
 }

@@ -39,7 +39,11 @@ async fn a_deny_rule_denies_matching_calls_at_submit_naming_itself(app: TestApp)
         &app,
         batch(
             "s",
-            vec![call("c1", "shell", r#"{"command":"git push origin main --force"}"#)],
+            vec![call(
+                "c1",
+                "shell",
+                r#"{"command":"git push origin main --force"}"#,
+            )],
         ),
     )
     .await;
@@ -75,7 +79,11 @@ async fn an_allow_rule_approves_matching_calls_at_submit(app: TestApp) {
 
 async fn deny_rules_come_first_then_allow_rules_then_grants_then_a_human(app: TestApp) {
     // A grant for every shell call of the agent.
-    submit(&app, batch("s", vec![call("g", "shell", r#"{"command":"ls"}"#)])).await;
+    submit(
+        &app,
+        batch("s", vec![call("g", "shell", r#"{"command":"ls"}"#)]),
+    )
+    .await;
     let grant = decide_remembering(
         &app,
         "s",
@@ -95,7 +103,11 @@ async fn deny_rules_come_first_then_allow_rules_then_grants_then_a_human(app: Te
         by(CallStatus::Approved, &by_grant)
     );
 
-    create_rule(&app, rule("allow-shell", "shell", pb::Effect::Allow, 50, None)).await;
+    create_rule(
+        &app,
+        rule("allow-shell", "shell", pb::Effect::Allow, 50, None),
+    )
+    .await;
     assert_eq!(
         submit_one(&app, "s", call("c2", "shell", ls)).await,
         by(CallStatus::Approved, "policy:allow-shell"),
@@ -123,7 +135,11 @@ async fn deny_rules_come_first_then_allow_rules_then_grants_then_a_human(app: Te
     );
 
     // Between grants: deny before allow (whichever is older).
-    submit(&app, batch("s", vec![call("g3", "tool_x", r#"{"danger":true}"#)])).await;
+    submit(
+        &app,
+        batch("s", vec![call("g3", "tool_x", r#"{"danger":true}"#)]),
+    )
+    .await;
     let deny = decide_remembering(
         &app,
         "s",
@@ -164,7 +180,11 @@ async fn deny_rules_come_first_then_allow_rules_then_grants_then_a_human(app: Te
 
 async fn an_ask_rule_sends_calls_to_a_human_ahead_of_grants_and_lower_allow_rules(app: TestApp) {
     let prod = r#"{"env":"prod"}"#;
-    submit(&app, batch("s", vec![call("g", "deploy", r#"{"env":"dev"}"#)])).await;
+    submit(
+        &app,
+        batch("s", vec![call("g", "deploy", r#"{"env":"dev"}"#)]),
+    )
+    .await;
     decide_remembering(
         &app,
         "s",
@@ -185,7 +205,11 @@ async fn an_ask_rule_sends_calls_to_a_human_ahead_of_grants_and_lower_allow_rule
         ),
     )
     .await;
-    create_rule(&app, rule("allow-deploy", "deploy", pb::Effect::Allow, 5, None)).await;
+    create_rule(
+        &app,
+        rule("allow-deploy", "deploy", pb::Effect::Allow, 5, None),
+    )
+    .await;
     assert_eq!(
         submit_one(&app, "s", call("p1", "deploy", prod)).await,
         pending(),
@@ -243,7 +267,11 @@ async fn rules_are_created_listed_in_precedence_order_and_deleted(app: TestApp) 
     let created = create_rule(&app, rule("b-allow", "t", pb::Effect::Allow, 1, None)).await;
     assert_eq!(created.source, "admin");
     assert!(created.created_at.is_some());
-    assert_eq!(created.matcher, Some(any_input()), "no matcher means any input");
+    assert_eq!(
+        created.matcher,
+        Some(any_input()),
+        "no matcher means any input"
+    );
     let again = create_rule(&app, rule("b-allow", "t", pb::Effect::Allow, 1, None)).await;
     assert_eq!(again, created, "the same rule again is a repeat");
     assert_status(
@@ -270,7 +298,9 @@ async fn rules_are_created_listed_in_precedence_order_and_deleted(app: TestApp) 
 
     let deleted = app
         .admin()
-        .delete_rule(pb::DeleteRuleRequest { id: "z-deny".into() })
+        .delete_rule(pb::DeleteRuleRequest {
+            id: "z-deny".into(),
+        })
         .await
         .expect("delete")
         .into_inner();
@@ -282,7 +312,9 @@ async fn rules_are_created_listed_in_precedence_order_and_deleted(app: TestApp) 
     );
     assert_status(
         app.admin()
-            .delete_rule(pb::DeleteRuleRequest { id: "z-deny".into() })
+            .delete_rule(pb::DeleteRuleRequest {
+                id: "z-deny".into(),
+            })
             .await,
         Code::NotFound,
         "z-deny",
@@ -294,9 +326,18 @@ async fn invalid_rules_are_refused_naming_the_field(app: TestApp) {
         (rule("", "t", pb::Effect::Deny, 0, None), "rule.id"),
         (rule("has space", "t", pb::Effect::Deny, 0, None), "rule.id"),
         (rule("r", "", pb::Effect::Deny, 0, None), "rule.tool"),
-        (rule("r", "t", pb::Effect::Unspecified, 0, None), "rule.effect"),
         (
-            rule("r", "t", pb::Effect::Deny, 0, Some(fields(vec![glob("path", "")]))),
+            rule("r", "t", pb::Effect::Unspecified, 0, None),
+            "rule.effect",
+        ),
+        (
+            rule(
+                "r",
+                "t",
+                pb::Effect::Deny,
+                0,
+                Some(fields(vec![glob("path", "")])),
+            ),
             "rule.matcher.fields.conditions[0].glob",
         ),
         (
@@ -380,7 +421,11 @@ async fn a_denial_at_submit_skips_the_rest_of_its_batch_like_a_person_would(app:
     pushed.sort();
     assert_eq!(pushed, ["a", "b", "c"]);
     let complete = agent.next_batch_complete().await;
-    let order: Vec<_> = complete.outcomes.iter().map(|o| o.call_id.as_str()).collect();
+    let order: Vec<_> = complete
+        .outcomes
+        .iter()
+        .map(|o| o.call_id.as_str())
+        .collect();
     assert_eq!(order, ["a", "b", "c"]);
 
     let independent = pb::BatchSpec {
@@ -399,7 +444,11 @@ async fn a_denial_at_submit_skips_the_rest_of_its_batch_like_a_person_would(app:
     let statuses: Vec<_> = (0..3).map(|i| ack_status(&response, i)).collect();
     assert_eq!(
         statuses,
-        [CallStatus::Pending, CallStatus::Denied, CallStatus::Approved]
+        [
+            CallStatus::Pending,
+            CallStatus::Denied,
+            CallStatus::Approved
+        ]
     );
 }
 
@@ -430,7 +479,10 @@ async fn the_policy_file_is_loaded_at_start_and_replaces_the_rules_it_loaded_bef
             .expect("list")
             .into_inner()
             .rules;
-        let loaded: Vec<_> = rules.iter().map(|r| (r.id.as_str(), r.source.as_str())).collect();
+        let loaded: Vec<_> = rules
+            .iter()
+            .map(|r| (r.id.as_str(), r.source.as_str()))
+            .collect();
         assert_eq!(loaded, [("no-rm", "file"), ("reads", "file")]);
         assert_eq!(
             submit_one(&app, "s", call("c1", "shell", r#"{"command":"rm -rf x"}"#)).await,
@@ -451,8 +503,7 @@ async fn the_policy_file_is_loaded_at_start_and_replaces_the_rules_it_loaded_bef
         );
         let app = app.restart_with(|c| c.policy_file = Some(v2)).await;
         let ids = |rules: Vec<pb::Rule>| {
-            let mut ids: Vec<(String, i32)> =
-                rules.into_iter().map(|r| (r.id, r.effect)).collect();
+            let mut ids: Vec<(String, i32)> = rules.into_iter().map(|r| (r.id, r.effect)).collect();
             ids.sort();
             ids
         };

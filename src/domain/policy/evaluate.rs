@@ -13,9 +13,7 @@
 use std::cmp::Reverse;
 
 use super::{Effect, Grant, GrantScope, Rule, RuleEffect, Subject};
-use crate::domain::{
-    DecidedBy, Outcome, OutcomeKind, Timestamp, ToolInput, ToolResultTexts,
-};
+use crate::domain::{DecidedBy, Outcome, OutcomeKind, Timestamp, ToolInput, ToolResultTexts};
 
 /// What decides a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +102,12 @@ impl Decider<'_> {
 
 impl Ruling<'_> {
     /// The outcome a call with `input` gets, if this ruling decides it.
-    pub fn outcome(&self, input: &ToolInput, texts: &ToolResultTexts, now: Timestamp) -> Option<Outcome> {
+    pub fn outcome(
+        &self,
+        input: &ToolInput,
+        texts: &ToolResultTexts,
+        now: Timestamp,
+    ) -> Option<Outcome> {
         let Ruling::Decided { effect, by } = self else {
             return None;
         };
@@ -123,7 +126,8 @@ impl Ruling<'_> {
             Effect::Deny => {
                 let mut outcome = texts.outcome(OutcomeKind::Denied, by.decided_by(), reason, now);
                 if let Decider::Rule(_) = by {
-                    outcome.tool_result = ToolResultTexts::with_reason(&texts.denied_by_policy, reason);
+                    outcome.tool_result =
+                        ToolResultTexts::with_reason(&texts.denied_by_policy, reason);
                 }
                 outcome
             }
@@ -275,9 +279,16 @@ mod tests {
         let lower = rule("allow-lower", "*", RuleEffect::Allow, 4);
         assert_eq!(decider(&[ask.clone(), lower], &grants, &c), None);
         let equal = rule("allow-equal", "*", RuleEffect::Allow, 5);
-        assert_eq!(decider(&[ask.clone(), equal], &grants, &c), None, "ask wins ties");
+        assert_eq!(
+            decider(&[ask.clone(), equal], &grants, &c),
+            None,
+            "ask wins ties"
+        );
         let higher = rule("allow-higher", "*", RuleEffect::Allow, 6);
-        assert_eq!(decider(&[ask.clone(), higher], &grants, &c), policy("allow-higher"));
+        assert_eq!(
+            decider(&[ask.clone(), higher], &grants, &c),
+            policy("allow-higher")
+        );
         let deny = rule("deny", "*", RuleEffect::Deny, -100);
         assert_eq!(decider(&[ask, deny], &grants, &c), policy("deny"));
     }
@@ -312,11 +323,24 @@ mod tests {
 
     #[test]
     fn grants_cover_only_their_scope_agent_and_tool() {
-        let session = grant(1, GrantScope::Session(SessionId::parse("s", "s1").unwrap()), Effect::Allow);
+        let session = grant(
+            1,
+            GrantScope::Session(SessionId::parse("s", "s1").unwrap()),
+            Effect::Allow,
+        );
         let workspace = grant(2, GrantScope::Workspace("w1".into()), Effect::Allow);
-        assert_eq!(decider(&[], std::slice::from_ref(&session), &call("s2", "w1")), None);
-        assert_eq!(decider(&[], std::slice::from_ref(&workspace), &call("s2", "w2")), None);
-        assert_eq!(decider(&[], std::slice::from_ref(&workspace), &call("s2", "")), None);
+        assert_eq!(
+            decider(&[], std::slice::from_ref(&session), &call("s2", "w1")),
+            None
+        );
+        assert_eq!(
+            decider(&[], std::slice::from_ref(&workspace), &call("s2", "w2")),
+            None
+        );
+        assert_eq!(
+            decider(&[], std::slice::from_ref(&workspace), &call("s2", "")),
+            None
+        );
         assert_eq!(
             decider(&[], std::slice::from_ref(&workspace), &call("s2", "w1")),
             Some(DecidedBy::Grant(2))
@@ -334,7 +358,11 @@ mod tests {
         let c = call("s1", "");
         let mut expired = grant(1, GrantScope::Always, Effect::Allow);
         expired.spec.expires_at = Some(Timestamp::from_micros(1_000));
-        assert_eq!(decider(&[], &[expired.clone()], &c), None, "expiry is exclusive");
+        assert_eq!(
+            decider(&[], &[expired.clone()], &c),
+            None,
+            "expiry is exclusive"
+        );
         expired.spec.expires_at = Some(Timestamp::from_micros(1_001));
         assert_eq!(decider(&[], &[expired], &c), Some(DecidedBy::Grant(1)));
         let mut revoked = grant(2, GrantScope::Always, Effect::Deny);
@@ -352,7 +380,9 @@ mod tests {
             effect: Effect::Deny,
             by: Decider::Rule(&deny),
         };
-        let outcome = ruling.outcome(&input, &texts, Timestamp::from_micros(1)).unwrap();
+        let outcome = ruling
+            .outcome(&input, &texts, Timestamp::from_micros(1))
+            .unwrap();
         assert_eq!(outcome.decided_by.to_string(), "policy:no-rm");
         assert_eq!(
             outcome.tool_result,
@@ -363,9 +393,15 @@ mod tests {
             effect: Effect::Allow,
             by: Decider::Grant(&g),
         };
-        let outcome = ruling.outcome(&input, &texts, Timestamp::from_micros(1)).unwrap();
+        let outcome = ruling
+            .outcome(&input, &texts, Timestamp::from_micros(1))
+            .unwrap();
         assert_eq!(outcome.decided_by.to_string(), "grant:9");
         assert_eq!(outcome.run_input.as_ref(), Some(&input));
-        assert!(Ruling::AskHuman { rule: None }.outcome(&input, &texts, Timestamp::from_micros(1)).is_none());
+        assert!(
+            Ruling::AskHuman { rule: None }
+                .outcome(&input, &texts, Timestamp::from_micros(1))
+                .is_none()
+        );
     }
 }

@@ -49,8 +49,8 @@ pub struct FieldPath {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FieldTest {
-    /// The field is this JSON value; kept as canonical text.
-    Equals(String),
+    /// The field is this JSON value (equal values have equal canonical text).
+    Equals(Value),
     /// The field is a string starting with this.
     Prefix(String),
     /// The field is a string matching this glob.
@@ -96,9 +96,11 @@ impl FieldPath {
 impl FieldTest {
     /// `equals`: any JSON value.
     pub fn equals(field: &str, value: &Value) -> Result<Self> {
-        let text = value.to_string();
-        check_value_size(field, &text)?;
-        Ok(FieldTest::Equals(text))
+        let canonical = value.to_string();
+        check_value_size(field, &canonical)?;
+        // Read back from canonical text, as inputs are: equal values, equal canonical text.
+        let value = serde_json::from_str(&canonical).unwrap_or_else(|_| value.clone());
+        Ok(FieldTest::Equals(value))
     }
 
     pub fn prefix(field: &str, prefix: &str) -> Result<Self> {
@@ -119,7 +121,7 @@ impl FieldTest {
 
     fn holds(&self, value: &Value) -> bool {
         match self {
-            FieldTest::Equals(expected) => value.to_string() == *expected,
+            FieldTest::Equals(expected) => value == expected,
             FieldTest::Prefix(prefix) => value.as_str().is_some_and(|s| s.starts_with(prefix)),
             FieldTest::Glob(glob) => value.as_str().is_some_and(|s| glob.matches(s)),
         }
@@ -130,7 +132,10 @@ fn check_value_size(field: &str, text: &str) -> Result<()> {
     if text.len() > MAX_VALUE_BYTES {
         return Err(Error::invalid(
             field,
-            format!("must be at most {MAX_VALUE_BYTES} bytes, got {}", text.len()),
+            format!(
+                "must be at most {MAX_VALUE_BYTES} bytes, got {}",
+                text.len()
+            ),
         ));
     }
     Ok(())
@@ -218,10 +223,7 @@ impl Matcher {
                         let mut object = Map::new();
                         object.insert("field".into(), Value::String(c.path.text.clone()));
                         let (op, value) = match &c.test {
-                            FieldTest::Equals(text) => (
-                                "equals",
-                                serde_json::from_str(text).unwrap_or(Value::Null),
-                            ),
+                            FieldTest::Equals(value) => ("equals", value.clone()),
                             FieldTest::Prefix(p) => ("prefix", Value::String(p.clone())),
                             FieldTest::Glob(g) => ("glob", Value::String(g.as_str().to_owned())),
                         };
@@ -377,7 +379,10 @@ mod tests {
         assert!(!matches(&m, r#"{"command":"git stash"}"#));
         assert!(!matches(&m, r#"{"command":" git status"}"#));
         assert!(!matches(&m, r#"{"cmd":"git status"}"#), "missing field");
-        assert!(!matches(&m, r#"{"command":["git status"]}"#), "not a string");
+        assert!(
+            !matches(&m, r#"{"command":["git status"]}"#),
+            "not a string"
+        );
     }
 
     #[test]
@@ -397,7 +402,10 @@ mod tests {
         assert!(!matches(&m, r#"{}"#));
         let m = matcher(r#"{"fields": [{"field": "n", "equals": 3}]}"#);
         assert!(matches(&m, r#"{"n":3}"#));
-        assert!(!matches(&m, r#"{"n":3.0}"#), "numbers compare by their digits");
+        assert!(
+            !matches(&m, r#"{"n":3.0}"#),
+            "numbers compare by their digits"
+        );
         let m = matcher(r#"{"fields": [{"field": "o", "equals": {"y": 1, "x": [true]}}]}"#);
         assert!(matches(&m, r#"{"o":{"x":[true],"y":1}}"#));
     }

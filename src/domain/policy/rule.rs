@@ -162,11 +162,7 @@ impl Rule {
     }
 
     /// One rule of the policy file. Errors name the key at fault (`effect`, `match.fields[0]`).
-    pub fn from_json(
-        value: &Value,
-        max_input_bytes: usize,
-        created_at: Timestamp,
-    ) -> Result<Rule> {
+    pub fn from_json(value: &Value, max_input_bytes: usize, created_at: Timestamp) -> Result<Rule> {
         let object = value
             .as_object()
             .ok_or_else(|| Error::invalid("rule", "must be a JSON object"))?;
@@ -281,19 +277,28 @@ mod tests {
         let err = |text: &str| parse_policy_file(text, 4096).unwrap_err().to_string();
         let e = err(r#"{"rules": [{"id": "ok", "tool": "a", "effect": "allow"},
                                   {"id": "bad-one", "tool": "b", "effect": "maybe"}]}"#);
-        assert!(e.starts_with("rules[1] (id `bad-one`): effect: must be"), "{e}");
+        assert!(
+            e.starts_with("rules[1] (id `bad-one`): effect: must be"),
+            "{e}"
+        );
         let e = err(r#"{"rules": [{"id": "typo", "tool": "b", "effect": "deny", "priorty": 3}]}"#);
         assert!(e.contains("(id `typo`): priorty: unknown key"), "{e}");
         let e = err(r#"{"rules": [{"tool": "b", "effect": "deny"}]}"#);
         assert!(e.starts_with("rules[0]: id: is required"), "{e}");
         let e = err(r#"{"rules": [{"id": "a", "tool": "b", "effect": "deny"},
                                   {"id": "a", "tool": "c", "effect": "allow"}]}"#);
-        assert!(e.contains("rules[1] (id `a`): another rule has the same id"), "{e}");
+        assert!(
+            e.contains("rules[1] (id `a`): another rule has the same id"),
+            "{e}"
+        );
         let e = err(r#"{"rules": [{"id": "m", "tool": "b", "effect": "deny",
                                   "match": {"fields": [{"field": "x", "glob": ""}]}}]}"#);
         assert!(e.contains("(id `m`): match.fields[0].glob"), "{e}");
         assert!(err("[]").contains("one key, `rules`"));
         assert!(err("{").contains("not valid JSON"));
-        assert!(err(r#"{"rules": [{"id": "has space", "tool": "b", "effect": "deny"}]}"#).contains("id: must be"));
+        assert!(
+            err(r#"{"rules": [{"id": "has space", "tool": "b", "effect": "deny"}]}"#)
+                .contains("id: must be")
+        );
     }
 }
