@@ -415,29 +415,7 @@ async fn decide_in(
     if grant.is_some() {
         tx.lock_policy(&call.key.agent, &[&call.tool], true).await?;
     }
-    let outcome = match decision.verdict {
-        Verdict::Approve => Outcome {
-            kind: OutcomeKind::Approved,
-            decided_at: now,
-            decided_by: DecidedBy::Approver(decision.approver.clone()),
-            reason: decision.reason.clone(),
-            tool_result: String::new(),
-            run_input: Some(
-                decision
-                    .edited_input
-                    .clone()
-                    .unwrap_or_else(|| call.input.clone()),
-            ),
-            input_edited: decision.edited_input.is_some(),
-            seq: None,
-        },
-        Verdict::Deny => texts.outcome(
-            OutcomeKind::Denied,
-            DecidedBy::Approver(decision.approver.clone()),
-            &decision.reason,
-            now,
-        ),
-    };
+    let outcome = approver_outcome(&call, decision, texts, now);
     if call.outcome.is_none()
         && let Some(deadline) = call.deadline
         && deadline <= now
@@ -511,6 +489,34 @@ async fn decide_in(
         report.decided_by_grant.push(tx.load_call(rowid).await?);
     }
     Ok(report)
+}
+
+/// The outcome an approver's decision writes.
+fn approver_outcome(
+    call: &Call,
+    decision: &Decision,
+    texts: &ToolResultTexts,
+    now: Timestamp,
+) -> Outcome {
+    let by = DecidedBy::Approver(decision.approver.clone());
+    match decision.verdict {
+        Verdict::Approve => Outcome {
+            kind: OutcomeKind::Approved,
+            decided_at: now,
+            decided_by: by,
+            reason: decision.reason.clone(),
+            tool_result: String::new(),
+            run_input: Some(
+                decision
+                    .edited_input
+                    .clone()
+                    .unwrap_or_else(|| call.input.clone()),
+            ),
+            input_edited: decision.edited_input.is_some(),
+            seq: None,
+        },
+        Verdict::Deny => texts.outcome(OutcomeKind::Denied, by, &decision.reason, now),
+    }
 }
 
 /// The grant a decision asks to remember, for the call it decides.

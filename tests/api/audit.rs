@@ -64,10 +64,9 @@ async fn every_outcome_records_who_decided_it_and_list_calls_filters_by_it(app: 
         batch("s", vec![call("by-grant", "shell", r#"{"command":"ls"}"#)]),
     )
     .await;
-    let mut bob = decide_request("s", "x", pb::Decision::Approve, "");
-    bob.approver = "bob@example.com".into();
     submit(&app, batch("s", vec![call("by-bob", "t", "{}")])).await;
-    bob.call_id = "by-bob".into();
+    let mut bob = decide_request("s", "by-bob", pb::Decision::Approve, "");
+    bob.approver = "bob@example.com".into();
     app.approver().decide(bob).await.expect("bob approves");
 
     // policy: a rule.
