@@ -919,6 +919,11 @@ impl PolicyTx for sqlx::Transaction<'static, Postgres> {
     }
 
     async fn delete_file_rules(&mut self) -> Result<()> {
+        // Replicas starting at once load their files one after the other (submits, which only
+        // read rules, are not held up).
+        sqlx::query("LOCK TABLE rules IN EXCLUSIVE MODE")
+            .execute(&mut **self)
+            .await?;
         sqlx::query("DELETE FROM rules WHERE source = $1")
             .bind(RuleSource::File.as_str())
             .execute(&mut **self)

@@ -160,7 +160,8 @@ pub trait PolicyTx: Send {
     async fn insert_rule(&mut self, rule: &Rule) -> Result<bool>;
     /// Removes a rule; `false` if there was none.
     async fn delete_rule(&mut self, id: &RuleId) -> Result<bool>;
-    /// Removes every rule loaded from a policy file.
+    /// Removes every rule loaded from a policy file; until this transaction ends, no other may
+    /// change rules (so concurrent loads of policy files do not interleave).
     async fn delete_file_rules(&mut self) -> Result<()>;
 }
 
