@@ -186,6 +186,15 @@ impl Caller {
         }
     }
 
+    /// Who acts as an administrator (recorded when grants are revoked): the token's identity,
+    /// or `admin` while auth is off.
+    pub fn admin_identity(&self) -> String {
+        match self {
+            Caller::Authenticated { identity, .. } => identity.to_string(),
+            Caller::Anonymous => "admin".to_owned(),
+        }
+    }
+
     /// Who decides: the token's identity; while auth is off, the request's `approver` field,
     /// which is then required.
     pub fn approver(&self, from_request: String) -> Result<String> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::domain::{CallKey, Decision, NewBatch, Timestamp};
+use crate::domain::{Call, CallKey, Decision, NewBatch, Timestamp};
 use crate::error::{Error, Result};
 use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
@@ -125,14 +125,17 @@ impl Broker {
         let has_deadline = batch.calls.iter().any(|c| c.deadline.is_some());
         let report = self.store.submit(batch).await?;
         self.bus.notify_committed();
-        meters::calls_submitted(
-            report
-                .items
-                .iter()
-                .filter(|item| matches!(item.result, SubmitResult::Accepted(_)))
-                .count(),
-        );
-        meters::outcomes(&report.superseded);
+        let accepted: Vec<&Call> = report
+            .items
+            .iter()
+            .filter_map(|item| match &item.result {
+                SubmitResult::Accepted(call) => Some(call),
+                _ => None,
+            })
+            .collect();
+        meters::calls_submitted(accepted.len());
+        // Calls a rule or grant decided at once, and those their denial skipped, count too.
+        meters::outcomes(accepted.into_iter().chain(&report.superseded));
         if has_deadline {
             self.sweeper.deadline_added();
         }
@@ -154,7 +157,11 @@ impl Broker {
         let report = self.store.decide(key, decision).await?;
         if !report.replayed {
             self.bus.notify_committed();
-            meters::outcomes(std::iter::once(&report.call).chain(&report.skipped));
+            meters::outcomes(
+                std::iter::once(&report.call)
+                    .chain(&report.skipped)
+                    .chain(&report.decided_by_grant),
+            );
         }
         tracing::debug!(
             verdict = ?decision.verdict,

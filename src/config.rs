@@ -87,6 +87,11 @@ pub struct Config {
     #[arg(long, env = "APPROVALS_TOKENS", hide_env_values = true)]
     pub tokens: Option<String>,
 
+    /// A JSON file of policy rules, loaded at start: `{"rules": [{"id", "tool", "effect", ...}]}`.
+    /// Its rules replace the rules an earlier file loaded; rules made with CreateRule stay.
+    #[arg(long, env = "APPROVALS_POLICY_FILE")]
+    pub policy_file: Option<std::path::PathBuf>,
+
     /// A PEM certificate chain to serve TLS with (needs --tls-key).
     #[arg(long, env = "APPROVALS_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<std::path::PathBuf>,
@@ -126,6 +131,10 @@ pub struct Config {
     /// The tool-result text for DENIED (a reason is appended as " Reason: ...").
     #[arg(long, env = "APPROVALS_TEXT_DENIED")]
     pub text_denied: Option<String>,
+    /// The tool-result text for DENIED by a policy rule (the rule's description is appended as
+    /// " Reason: ...").
+    #[arg(long, env = "APPROVALS_TEXT_DENIED_BY_POLICY")]
+    pub text_denied_by_policy: Option<String>,
     /// The tool-result text for SUPERSEDED.
     #[arg(long, env = "APPROVALS_TEXT_SUPERSEDED")]
     pub text_superseded: Option<String>,
@@ -183,6 +192,7 @@ impl Config {
         let pick = |set: &Option<String>, default: String| set.clone().unwrap_or(default);
         ToolResultTexts {
             denied: pick(&self.text_denied, defaults.denied),
+            denied_by_policy: pick(&self.text_denied_by_policy, defaults.denied_by_policy),
             superseded: pick(&self.text_superseded, defaults.superseded),
             skipped: pick(&self.text_skipped, defaults.skipped),
             expired: pick(&self.text_expired, defaults.expired),
@@ -229,6 +239,23 @@ impl Config {
         }
         let tokens = crate::auth::Tokens::parse(&text, "tokens")?;
         Ok((!tokens.is_empty()).then_some(tokens))
+    }
+}
+
+impl Config {
+    /// The rules of `--policy-file`, if one is set. An unreadable or invalid file is an error
+    /// naming the setting and the rule at fault.
+    pub fn policy_rules(&self) -> crate::Result<Option<Vec<crate::domain::policy::Rule>>> {
+        let Some(path) = &self.policy_file else {
+            return Ok(None);
+        };
+        let setting = "--policy-file / APPROVALS_POLICY_FILE";
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            crate::Error::invalid(setting, format!("cannot read {}: {e}", path.display()))
+        })?;
+        crate::domain::policy::parse_policy_file(&text, self.max_input_bytes)
+            .map(Some)
+            .map_err(|e| crate::Error::invalid(setting, format!("{}: {e}", path.display())))
     }
 }
 

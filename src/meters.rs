@@ -70,7 +70,7 @@ fn describe() {
     describe_counter!(CALLS_SUBMITTED, "Calls stored by submits to this broker.");
     describe_counter!(
         OUTCOMES,
-        "Outcomes this broker wrote, by kind and by who decided (approver, agent, deadline, broker)."
+        "Outcomes this broker wrote, by kind and by who decided (approver, grant, policy, agent, deadline, broker)."
     );
     describe_histogram!(
         DECISION_SECONDS,
@@ -135,6 +135,8 @@ fn decider_class(by: &DecidedBy) -> &'static str {
         DecidedBy::Agent => "agent",
         DecidedBy::Deadline => "deadline",
         DecidedBy::Broker => "broker",
+        DecidedBy::Grant(_) => "grant",
+        DecidedBy::Policy(_) => "policy",
     }
 }
 

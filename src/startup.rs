@@ -36,7 +36,13 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    // An invalid policy file stops the broker before anything else happens.
+    let policy_rules = config.policy_rules()?;
     let store = store::open(&config.store_options()).await?;
+    if let Some(rules) = &policy_rules {
+        store.load_file_rules(rules).await?;
+        tracing::info!(rules = rules.len(), "policy file loaded");
+    }
     let bus = EventBus::new(Arc::clone(&store), config.event_buffer as usize).await?;
     let sweeper = DeadlineSweeper::new(Arc::clone(&store), Arc::clone(&bus));
     // Calls that fell due while the broker was down expire before anything is served.

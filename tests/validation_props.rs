@@ -616,7 +616,29 @@ proptest! {
         edited_input_json in prop_oneof![3 => Just(String::new()), 1 => (json_object(), any::<u64>()).prop_map(|(v, seed)| render(&v, seed)), 2 => input_json()],
         approver in prop_oneof![3 => Just("alice@example.com".to_owned()), 1 => Just(String::new()), 2 => required(MAX_APPROVER)],
         max_input in select(vec![64usize, 1024]),
+        scope in prop_oneof![6 => Just(0i32), 4 => 1..=4i32, 1 => enum_value()],
+        matcher_kind in prop_oneof![6 => Just(0u8), 1 => 1..=7u8],
+        expires in prop_oneof![6 => Just(None), 2 => (1i64..1_000_000).prop_map(Some), 1 => (-5i64..=0).prop_map(Some)],
     ) {
+        use pb::input_matcher::Kind;
+        let condition = |field: &str| pb::FieldConditions {
+            conditions: vec![pb::FieldCondition {
+                field: field.into(),
+                test: Some(pb::field_condition::Test::Prefix("git status".into())),
+            }],
+        };
+        // 0 absent; 1 any; 2 this call's input; 3 an exact input; 4 fields; then faults:
+        // 5 an exact input that is not an object; 6 no conditions; 7 a bad field path.
+        let kind = match matcher_kind {
+            0 => None,
+            1 => Some(Kind::Any(pb::AnyInput {})),
+            2 => Some(Kind::ExactJson(String::new())),
+            3 => Some(Kind::ExactJson(r#"{"a":1}"#.into())),
+            4 => Some(Kind::Fields(condition("command"))),
+            5 => Some(Kind::ExactJson("[1]".into())),
+            6 => Some(Kind::Fields(pb::FieldConditions { conditions: vec![] })),
+            _ => Some(Kind::Fields(condition("a..b"))),
+        };
         let request = pb::DecideRequest {
             session_id: session_id.clone(),
             call_id: call_id.clone(),
@@ -625,7 +647,11 @@ proptest! {
             reason: reason.clone(),
             edited_input_json: edited_input_json.clone(),
             approver: approver.clone(),
+            scope,
+            matcher: kind.clone().map(|kind| pb::InputMatcher { kind: Some(kind) }),
+            grant_expires_in: expires.map(|seconds| prost_types::Duration { seconds, nanos: 0 }),
         };
+        let once = scope == 0 || scope == 1;
         let fault = if !(agent.is_empty() || is_id(&agent, MAX_ID)) {
             Some("agent")
         } else if !is_id(&session_id, MAX_ID) {
@@ -642,6 +668,22 @@ proptest! {
             Some("approver")
         } else if !is_text(&reason, MAX_REASON) {
             Some("reason")
+        } else if !(0..=4).contains(&scope) {
+            Some("scope")
+        } else if once && kind.is_some() {
+            Some("matcher")
+        } else if once && expires.is_some() {
+            Some("grant_expires_in")
+        } else if !once && !edited_input_json.is_empty() {
+            Some("scope")
+        } else if !once && matcher_kind == 5 {
+            Some("matcher.exact_json")
+        } else if !once && matcher_kind == 6 {
+            Some("matcher.fields.conditions")
+        } else if !once && matcher_kind == 7 {
+            Some("matcher.fields.conditions[0].field")
+        } else if !once && expires.is_some_and(|s| s <= 0) {
+            Some("grant_expires_in")
         } else {
             None
         };
@@ -659,6 +701,16 @@ proptest! {
                 prop_assert_eq!(&decided.reason, &reason);
                 prop_assert_eq!(&decided.approver, &approver);
                 prop_assert_eq!(decided.edited_input.is_some(), !edited_input_json.is_empty());
+                match &decided.remember {
+                    None => prop_assert!(once),
+                    Some(remember) => {
+                        prop_assert!(!once);
+                        prop_assert_eq!(remember.scope.code(), i64::from(scope));
+                        // Absent, or "" for exact: the decided call's own input.
+                        prop_assert_eq!(remember.matcher.is_none(), matcher_kind == 0 || matcher_kind == 2);
+                        prop_assert_eq!(remember.expires_in.map(|d| d.as_secs() as i64), expires);
+                    }
+                }
             }
         }
     }

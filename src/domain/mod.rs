@@ -1,6 +1,7 @@
 //! The broker's domain: calls, batches, outcomes and events as plain, validated types, and the
 //! rules that need no I/O (what text a model reads for each outcome, which decision conflicts
-//! with which). Nothing here touches the network or the database.
+//! with which; which rule or grant decides a call). Nothing here touches the network or the
+//! database.
 
 mod batch;
 mod call;
@@ -8,6 +9,7 @@ mod event;
 mod ids;
 mod input;
 mod outcome;
+pub mod policy;
 mod time;
 
 pub use batch::{MAX_BATCH_CALLS, NewBatch, OnDeny};

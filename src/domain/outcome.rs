@@ -56,11 +56,15 @@ impl fmt::Display for OutcomeKind {
     }
 }
 
-/// Who or what decided an outcome. Stored and shown as `approver:<identity>`, `agent`,
-/// `deadline` or `broker`.
+/// Who or what decided an outcome. Stored and shown as `approver:<identity>`, `grant:<id>`,
+/// `policy:<rule id>`, `agent`, `deadline` or `broker`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DecidedBy {
     Approver(String),
+    /// A remembered decision (a grant) matched the call.
+    Grant(i64),
+    /// An operator's policy rule matched the call.
+    Policy(String),
     /// The agent cancelled the call.
     Agent,
     /// The call's deadline passed.
@@ -71,13 +75,20 @@ pub enum DecidedBy {
 
 impl DecidedBy {
     pub fn parse_stored(s: &str) -> Self {
+        if let Some(identity) = s.strip_prefix("approver:") {
+            return DecidedBy::Approver(identity.to_owned());
+        }
+        if let Some(id) = s.strip_prefix("grant:").and_then(|id| id.parse().ok()) {
+            return DecidedBy::Grant(id);
+        }
+        if let Some(rule) = s.strip_prefix("policy:") {
+            return DecidedBy::Policy(rule.to_owned());
+        }
         match s {
             "agent" => DecidedBy::Agent,
             "deadline" => DecidedBy::Deadline,
             "broker" => DecidedBy::Broker,
-            other => {
-                DecidedBy::Approver(other.strip_prefix("approver:").unwrap_or(other).to_owned())
-            }
+            other => DecidedBy::Approver(other.to_owned()),
         }
     }
 }
@@ -86,6 +97,8 @@ impl fmt::Display for DecidedBy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DecidedBy::Approver(id) => write!(f, "approver:{id}"),
+            DecidedBy::Grant(id) => write!(f, "grant:{id}"),
+            DecidedBy::Policy(rule) => write!(f, "policy:{rule}"),
             DecidedBy::Agent => f.write_str("agent"),
             DecidedBy::Deadline => f.write_str("deadline"),
             DecidedBy::Broker => f.write_str("broker"),
@@ -142,6 +155,8 @@ pub struct Decision {
     /// APPROVE only: the input to run instead of the submitted one.
     pub edited_input: Option<ToolInput>,
     pub approver: String,
+    /// Remember this decision as a grant (a scope other than ONCE).
+    pub remember: Option<super::policy::Remember>,
 }
 
 impl Decision {
@@ -173,6 +188,8 @@ impl Decision {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolResultTexts {
     pub denied: String,
+    /// DENIED by a policy rule (not by a person).
+    pub denied_by_policy: String,
     pub superseded: String,
     pub skipped: String,
     pub expired: String,
@@ -183,6 +200,7 @@ impl Default for ToolResultTexts {
     fn default() -> Self {
         Self {
             denied: "The user denied this tool call.".to_owned(),
+            denied_by_policy: "A policy rule denied this tool call.".to_owned(),
             superseded: "This request was replaced by a newer one and was not answered. \
                          If it is still needed, ask again with the same request."
                 .to_owned(),
@@ -205,8 +223,13 @@ impl ToolResultTexts {
             OutcomeKind::Expired => &self.expired,
             OutcomeKind::Cancelled => &self.cancelled,
         };
+        Self::with_reason(base, reason)
+    }
+
+    /// `base`, with " Reason: ..." appended when there is a reason.
+    pub fn with_reason(base: &str, reason: &str) -> String {
         if reason.is_empty() {
-            base.clone()
+            base.to_owned()
         } else {
             format!("{base} Reason: {reason}")
         }
@@ -251,6 +274,9 @@ mod tests {
     fn decided_by_round_trips_through_its_stored_form() {
         for d in [
             DecidedBy::Approver("alice@example.com".into()),
+            DecidedBy::Approver("grant:7".into()),
+            DecidedBy::Grant(7),
+            DecidedBy::Policy("no-rm".into()),
             DecidedBy::Agent,
             DecidedBy::Deadline,
             DecidedBy::Broker,

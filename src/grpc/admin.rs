@@ -1,11 +1,15 @@
-//! AdminService: the operators' audit view of every call and outcome.
+//! AdminService: the operators' audit view of every call and outcome, and the grants and
+//! policy rules that decide calls without a human.
 
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
 use super::{parse, render};
+use crate::auth::Caller;
 use crate::broker::Broker;
+use crate::domain::Timestamp;
+use crate::domain::policy::sort_by_precedence;
 use crate::error::Error;
 use crate::proto::v1 as pb;
 
@@ -38,6 +42,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         query.statuses = parse::statuses("statuses", req.statuses)?;
         query.created_after = parse::time_bound("created_after", req.created_after)?;
         query.created_before = parse::time_bound("created_before", req.created_before)?;
+        query.decided_by = parse::decided_by("decided_by", req.decided_by)?;
         parse::page(&mut query, req.page_size, &req.page_token)?;
         let page = self.broker.store().list_calls(&query).await?;
         Ok(Response::new(pb::ListCallsResponse {
@@ -65,5 +70,82 @@ impl pb::admin_service_server::AdminService for AdminApi {
             ))
             .into()),
         }
+    }
+
+    async fn list_grants(
+        &self,
+        request: Request<pb::ListGrantsRequest>,
+    ) -> Result<Response<pb::ListGrantsResponse>, Status> {
+        let mut query = parse::list_grants(request.into_inner())?;
+        let now = Timestamp::now();
+        query.now = Some(now);
+        let page = self.broker.store().list_grants(&query).await?;
+        Ok(Response::new(pb::ListGrantsResponse {
+            grants: page.grants.iter().map(|g| render::grant(g, now)).collect(),
+            next_page_token: parse::page_token(page.next),
+        }))
+    }
+
+    async fn revoke_grant(
+        &self,
+        request: Request<pb::RevokeGrantRequest>,
+    ) -> Result<Response<pb::RevokeGrantResponse>, Status> {
+        let by = Caller::of(&request).admin_identity();
+        let target = parse::revoke_target(request.into_inner())?;
+        let report = self.broker.store().revoke_grants(&target, &by).await?;
+        let now = Timestamp::now();
+        Ok(Response::new(pb::RevokeGrantResponse {
+            revoked: report.revoked as u32,
+            grants: report
+                .grants
+                .iter()
+                .map(|g| render::grant(g, now))
+                .collect(),
+        }))
+    }
+
+    async fn create_rule(
+        &self,
+        request: Request<pb::CreateRuleRequest>,
+    ) -> Result<Response<pb::Rule>, Status> {
+        let rule = parse::rule(
+            "rule",
+            request.into_inner().rule,
+            self.broker.limits().max_input_bytes,
+        )?;
+        let stored = self.broker.store().create_rule(&rule).await?;
+        Ok(Response::new(render::rule(&stored)))
+    }
+
+    async fn list_rules(
+        &self,
+        _request: Request<pb::ListRulesRequest>,
+    ) -> Result<Response<pb::ListRulesResponse>, Status> {
+        let mut rules = self.broker.store().list_rules().await?;
+        sort_by_precedence(&mut rules);
+        Ok(Response::new(pb::ListRulesResponse {
+            rules: rules.iter().map(render::rule).collect(),
+        }))
+    }
+
+    async fn delete_rule(
+        &self,
+        request: Request<pb::DeleteRuleRequest>,
+    ) -> Result<Response<pb::Rule>, Status> {
+        let id = parse::rule_id("id", &request.into_inner().id)?;
+        let deleted = self.broker.store().delete_rule(&id).await?;
+        Ok(Response::new(render::rule(&deleted)))
+    }
+
+    async fn explain(
+        &self,
+        request: Request<pb::ExplainRequest>,
+    ) -> Result<Response<pb::ExplainResponse>, Status> {
+        let target = parse::explain(request.into_inner(), self.broker.limits().max_input_bytes)?;
+        let explanation = self.broker.store().explain(&target).await?;
+        Ok(Response::new(render::explanation(
+            &explanation,
+            Timestamp::now(),
+        )))
     }
 }

@@ -84,10 +84,13 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         // With auth on, the token says who decides; the request cannot.
         decision.approver = caller.approver(decision.approver)?;
         let report = self.broker.decide(&key, &decision).await?;
+        let now = crate::domain::Timestamp::now();
         Ok(Response::new(pb::DecideResponse {
             outcome: render::outcome(&report.call),
             replayed: report.replayed,
             skipped: render::outcomes(&report.skipped),
+            grant: report.grant.as_ref().map(|g| render::grant(g, now)),
+            decided_by_grant: render::outcomes(&report.decided_by_grant),
         }))
     }
 

@@ -3,15 +3,23 @@
 //! field at fault, with its path in the request (`batch.calls[2].input_json`).
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use crate::domain::OutcomeKind;
+use crate::domain::policy::{
+    FieldCondition, FieldPath, FieldTest, Glob, Matcher, Remember, Rule, RuleEffect, RuleId,
+    RuleSource, Scope,
+};
 use crate::domain::{
     AgentId, BatchId, CallId, CallKey, Decision, NewBatch, NewCall, OnDeny, SessionId, Status,
     Timestamp, ToolInput, ToolName, Verdict,
 };
 use crate::error::{Error, Result};
 use crate::proto::v1 as pb;
-use crate::store::{CallQuery, CancelScope, CancelTarget, Cursor};
+use crate::store::{
+    CallQuery, CancelScope, CancelTarget, Cursor, DecidedByFilter, ExplainTarget, GrantQuery,
+    RevokeTarget,
+};
 
 const MAX_BATCH_CALLS: usize = 128;
 const MAX_LOOKUP_IDS: usize = 1024;
@@ -21,6 +29,8 @@ const MAX_WORKSPACE_BYTES: usize = 1024;
 const MAX_REASON_BYTES: usize = 4 * 1024;
 const DEFAULT_PAGE_SIZE: u32 = 100;
 const MAX_PAGE_SIZE: u32 = 1000;
+/// The longest a grant may be given to live before it expires.
+const MAX_GRANT_LIFETIME: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 
 /// A submit, split into what is wrong with single calls and what can be stored.
 pub struct ParsedBatch {
@@ -247,15 +257,249 @@ pub fn decide(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey
     };
     // Required unless a token names the approver; see `auth::Caller::approver`.
     let approver = line("approver", req.approver, 256)?;
+    let reason = text("reason", req.reason, MAX_REASON_BYTES)?;
+    let scope = scope("scope", req.scope)?;
+    let remember = if scope == Scope::Once {
+        if req.matcher.is_some() {
+            return Err(Error::invalid(
+                "matcher",
+                "is only for a decision remembered with a scope other than SCOPE_ONCE",
+            ));
+        }
+        if req.grant_expires_in.is_some() {
+            return Err(Error::invalid(
+                "grant_expires_in",
+                "is only for a decision remembered with a scope other than SCOPE_ONCE",
+            ));
+        }
+        None
+    } else {
+        if edited_input.is_some() {
+            return Err(Error::invalid(
+                "scope",
+                "a decision with edited_input_json cannot be remembered (the grant would run \
+                 later calls' own inputs, not the edit); decide it SCOPE_ONCE",
+            ));
+        }
+        Some(Remember {
+            scope,
+            matcher: matcher("matcher", req.matcher, max_input_bytes, true)?,
+            expires_in: req
+                .grant_expires_in
+                .map(|d| grant_lifetime("grant_expires_in", d))
+                .transpose()?,
+        })
+    };
     Ok((
         key,
         Decision {
             verdict,
-            reason: text("reason", req.reason, MAX_REASON_BYTES)?,
+            reason,
             edited_input,
             approver,
+            remember,
         },
     ))
+}
+
+/// A scope; UNSPECIFIED is ONCE.
+fn scope(field: &str, value: i32) -> Result<Scope> {
+    match pb::Scope::try_from(value) {
+        Ok(pb::Scope::Unspecified | pb::Scope::Once) => Ok(Scope::Once),
+        Ok(pb::Scope::Session) => Ok(Scope::Session),
+        Ok(pb::Scope::Workspace) => Ok(Scope::Workspace),
+        Ok(pb::Scope::Always) => Ok(Scope::Always),
+        Err(_) => Err(Error::invalid(field, format!("unknown value {value}"))),
+    }
+}
+
+/// A grant's lifetime: positive, and at most a century.
+fn grant_lifetime(field: &str, d: prost_types::Duration) -> Result<Duration> {
+    if d.seconds < 0 || d.nanos < 0 || (d.seconds == 0 && d.nanos == 0) {
+        return Err(Error::invalid(
+            field,
+            "must be positive (a grant that expired at creation would decide nothing)",
+        ));
+    }
+    if d.nanos >= 1_000_000_000 {
+        return Err(Error::invalid(field, "nanos must be in 0..1e9"));
+    }
+    let lifetime = Duration::new(d.seconds as u64, d.nanos as u32);
+    if lifetime > MAX_GRANT_LIFETIME {
+        return Err(Error::invalid(field, "must be at most 100 years"));
+    }
+    Ok(lifetime)
+}
+
+/// An input matcher. Absent (or `exact_json` empty, where `own_input` allows it) is `None`: the
+/// caller's default (Decide: exactly the decided call's input).
+pub fn matcher(
+    field: &str,
+    m: Option<pb::InputMatcher>,
+    max_input_bytes: usize,
+    own_input: bool,
+) -> Result<Option<Matcher>> {
+    use pb::input_matcher::Kind;
+    match m.and_then(|m| m.kind) {
+        None => Ok(None),
+        Some(Kind::Any(_)) => Ok(Some(Matcher::Any)),
+        Some(Kind::ExactJson(text)) if text.is_empty() && own_input => Ok(None),
+        Some(Kind::ExactJson(text)) => Ok(Some(Matcher::Exact(ToolInput::parse(
+            &format!("{field}.exact_json"),
+            &text,
+            max_input_bytes,
+        )?))),
+        Some(Kind::Fields(fields)) => {
+            let at = format!("{field}.fields.conditions");
+            let conditions = fields
+                .conditions
+                .into_iter()
+                .enumerate()
+                .map(|(i, c)| condition(&format!("{at}[{i}]"), c))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Some(Matcher::fields(&at, conditions)?))
+        }
+    }
+}
+
+fn condition(field: &str, c: pb::FieldCondition) -> Result<FieldCondition> {
+    use pb::field_condition::Test;
+    let at = |name: &str| format!("{field}.{name}");
+    let path = FieldPath::parse(&at("field"), &c.field)?;
+    let test = match c.test {
+        Some(Test::Equals(value)) => {
+            FieldTest::equals(&at("equals"), &serde_json::Value::String(value))?
+        }
+        Some(Test::EqualsJson(text)) => {
+            let value: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| Error::invalid(at("equals_json"), format!("is not JSON: {e}")))?;
+            FieldTest::equals(&at("equals_json"), &value)?
+        }
+        Some(Test::Prefix(prefix)) => FieldTest::prefix(&at("prefix"), &prefix)?,
+        Some(Test::Glob(glob)) => FieldTest::glob(&at("glob"), &glob)?,
+        None => {
+            return Err(Error::invalid(
+                field,
+                "one of equals, equals_json, prefix or glob is required",
+            ));
+        }
+    };
+    Ok(FieldCondition::new(path, test))
+}
+
+/// A rule for CreateRule, found at `field`.
+pub fn rule(field: &str, rule: Option<pb::Rule>, max_input_bytes: usize) -> Result<Rule> {
+    let rule = rule.ok_or_else(|| Error::invalid(field, "is required"))?;
+    let at = |name: &str| format!("{field}.{name}");
+    let effect = match pb::Effect::try_from(rule.effect) {
+        Ok(pb::Effect::Allow) => RuleEffect::Allow,
+        Ok(pb::Effect::Deny) => RuleEffect::Deny,
+        Ok(pb::Effect::Ask) => RuleEffect::Ask,
+        _ => {
+            return Err(Error::invalid(
+                at("effect"),
+                "must be EFFECT_ALLOW, EFFECT_DENY or EFFECT_ASK",
+            ));
+        }
+    };
+    Ok(Rule {
+        id: RuleId::parse(&at("id"), &rule.id)?,
+        tool: Glob::parse(&at("tool"), &rule.tool)?,
+        matcher: matcher(&at("matcher"), rule.matcher, max_input_bytes, false)?
+            .unwrap_or(Matcher::Any),
+        effect,
+        priority: rule.priority,
+        description: crate::domain::policy::description(&at("description"), &rule.description)?,
+        source: RuleSource::Admin,
+        created_at: Timestamp::now(),
+    })
+}
+
+pub fn rule_id(field: &str, id: &str) -> Result<RuleId> {
+    RuleId::parse(field, id)
+}
+
+/// ListCalls' `decided_by`: exact, or a prefix when it ends with `:`.
+pub fn decided_by(field: &str, value: String) -> Result<Option<DecidedByFilter>> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let value = line(field, value, 512)?;
+    Ok(Some(if value.ends_with(':') {
+        DecidedByFilter::Prefix(value)
+    } else {
+        DecidedByFilter::Exact(value)
+    }))
+}
+
+pub fn list_grants(req: pb::ListGrantsRequest) -> Result<GrantQuery> {
+    let scope = match pb::Scope::try_from(req.scope) {
+        Ok(pb::Scope::Unspecified) => None,
+        Ok(pb::Scope::Once) => {
+            return Err(Error::invalid(
+                "scope",
+                "no grant is ONCE; use SESSION, WORKSPACE, ALWAYS or leave it out",
+            ));
+        }
+        _ => Some(scope("scope", req.scope)?),
+    };
+    let (limit, after) = paging(req.page_size, &req.page_token)?;
+    Ok(GrantQuery {
+        agent: non_empty(req.agent, |v| AgentId::parse("agent", v))?,
+        scope,
+        session: non_empty(req.session_id, |v| SessionId::parse("session_id", v))?,
+        workspace: non_empty(req.workspace, |v| line("workspace", v, MAX_WORKSPACE_BYTES))?,
+        tool: non_empty(req.tool, |v| ToolName::parse("tool", v))?,
+        include_inactive: req.include_inactive,
+        now: None,
+        after,
+        limit,
+    })
+}
+
+pub fn revoke_target(req: pb::RevokeGrantRequest) -> Result<RevokeTarget> {
+    use pb::revoke_grant_request::Target;
+    let agent = || AgentId::parse_or_default("agent", req.agent.clone());
+    match req.target {
+        Some(Target::Id(id)) => Ok(RevokeTarget::Id(
+            i64::try_from(id).map_err(|_| Error::invalid("id", "is out of range"))?,
+        )),
+        Some(Target::SessionId(session)) => Ok(RevokeTarget::Session(
+            agent()?,
+            SessionId::parse("session_id", session)?,
+        )),
+        Some(Target::Workspace(workspace)) if !workspace.is_empty() => Ok(RevokeTarget::Workspace(
+            agent()?,
+            line("workspace", workspace, MAX_WORKSPACE_BYTES)?,
+        )),
+        Some(Target::Workspace(_)) => Err(Error::invalid("workspace", "must not be empty")),
+        None => Err(Error::invalid(
+            "target",
+            "one of id, session_id or workspace is required",
+        )),
+    }
+}
+
+pub fn explain(req: pb::ExplainRequest, max_input_bytes: usize) -> Result<ExplainTarget> {
+    use pb::explain_request::Call;
+    match req.call {
+        Some(Call::Stored(c)) => Ok(ExplainTarget::Stored(CallKey {
+            agent: AgentId::parse_or_default("stored.agent", c.agent)?,
+            session: SessionId::parse("stored.session_id", c.session_id)?,
+            call_id: CallId::parse("stored.call_id", c.call_id)?,
+        })),
+        Some(Call::Inline(c)) => Ok(ExplainTarget::Inline {
+            agent: AgentId::parse_or_default("inline.agent", c.agent)?,
+            session: SessionId::parse("inline.session_id", c.session_id)?,
+            workspace: line("inline.workspace", c.workspace, MAX_WORKSPACE_BYTES)?,
+            tool: ToolName::parse("inline.tool", c.tool)?,
+            input: ToolInput::parse("inline.input_json", &c.input_json, max_input_bytes)?,
+        }),
+        None => Err(Error::invalid(
+            "call",
+            "one of stored or inline is required",
+        )),
+    }
 }
 
 /// A filter's fields: empty matches everything; non-empty must be a valid value. `prefix` is
@@ -288,7 +532,13 @@ fn non_empty<T>(value: String, parse: impl FnOnce(String) -> Result<T>) -> Resul
 
 /// Page size and token, into `query`.
 pub fn page(query: &mut CallQuery, page_size: u32, page_token: &str) -> Result<()> {
-    query.limit = match page_size {
+    (query.limit, query.after) = paging(page_size, page_token)?;
+    Ok(())
+}
+
+/// A page's size and where it starts, from a request's `page_size` and `page_token`.
+fn paging(page_size: u32, page_token: &str) -> Result<(u32, Option<Cursor>)> {
+    let limit = match page_size {
         0 => DEFAULT_PAGE_SIZE,
         n if n > MAX_PAGE_SIZE => {
             return Err(Error::invalid(
@@ -298,15 +548,15 @@ pub fn page(query: &mut CallQuery, page_size: u32, page_token: &str) -> Result<(
         }
         n => n,
     };
-    if !page_token.is_empty() {
-        let id = page_token
-            .strip_prefix("v1.")
-            .and_then(|rest| rest.parse::<i64>().ok())
-            .filter(|id| *id >= 0)
-            .ok_or_else(|| Error::invalid("page_token", "is not a token this broker issued"))?;
-        query.after = Some(Cursor(id));
+    if page_token.is_empty() {
+        return Ok((limit, None));
     }
-    Ok(())
+    let id = page_token
+        .strip_prefix("v1.")
+        .and_then(|rest| rest.parse::<i64>().ok())
+        .filter(|id| *id >= 0)
+        .ok_or_else(|| Error::invalid("page_token", "is not a token this broker issued"))?;
+    Ok((limit, Some(Cursor(id))))
 }
 
 /// The token for the page after `cursor`.

@@ -1,9 +1,12 @@
 //! Domain values become protobuf messages here.
 
-use crate::domain::{Call, Status, Timestamp};
+use crate::domain::policy::{
+    Effect, FieldTest, Grant, GrantScope, Matcher, Rule, RuleEffect, Scope,
+};
+use crate::domain::{Call, DecidedBy, Status, Timestamp};
 use crate::error::Error;
 use crate::proto::v1 as pb;
-use crate::store::{CancelReport, SubmitReport, SubmitResult};
+use crate::store::{CancelReport, Explanation, SubmitReport, SubmitResult};
 
 pub fn timestamp(t: Timestamp) -> prost_types::Timestamp {
     let micros = t.as_micros();
@@ -144,4 +147,116 @@ pub fn batch_complete(calls: &[Call]) -> Option<pb::BatchComplete> {
         batch_id: first.batch_id.as_str().to_owned(),
         outcomes: outcomes(calls),
     })
+}
+
+fn scope(s: Scope) -> pb::Scope {
+    match s {
+        Scope::Once => pb::Scope::Once,
+        Scope::Session => pb::Scope::Session,
+        Scope::Workspace => pb::Scope::Workspace,
+        Scope::Always => pb::Scope::Always,
+    }
+}
+
+fn effect(e: Effect) -> pb::Effect {
+    match e {
+        Effect::Allow => pb::Effect::Allow,
+        Effect::Deny => pb::Effect::Deny,
+    }
+}
+
+fn rule_effect(e: RuleEffect) -> pb::Effect {
+    match e {
+        RuleEffect::Allow => pb::Effect::Allow,
+        RuleEffect::Deny => pb::Effect::Deny,
+        RuleEffect::Ask => pb::Effect::Ask,
+    }
+}
+
+pub fn matcher(m: &Matcher) -> pb::InputMatcher {
+    use pb::field_condition::Test;
+    use pb::input_matcher::Kind;
+    let kind = match m {
+        Matcher::Any => Kind::Any(pb::AnyInput {}),
+        Matcher::Exact(input) => Kind::ExactJson(input.as_str().to_owned()),
+        Matcher::Fields(conditions) => Kind::Fields(pb::FieldConditions {
+            conditions: conditions
+                .iter()
+                .map(|c| pb::FieldCondition {
+                    field: c.path().as_str().to_owned(),
+                    test: Some(match c.test() {
+                        FieldTest::Equals(serde_json::Value::String(s)) => Test::Equals(s.clone()),
+                        FieldTest::Equals(value) => Test::EqualsJson(value.to_string()),
+                        FieldTest::Prefix(p) => Test::Prefix(p.clone()),
+                        FieldTest::Glob(g) => Test::Glob(g.as_str().to_owned()),
+                    }),
+                })
+                .collect(),
+        }),
+    };
+    pb::InputMatcher { kind: Some(kind) }
+}
+
+/// A grant, with `active` judged at `now`.
+pub fn grant(g: &Grant, now: Timestamp) -> pb::Grant {
+    let spec = &g.spec;
+    let (session_id, workspace) = match &spec.scope {
+        GrantScope::Session(s) => (s.to_string(), String::new()),
+        GrantScope::Workspace(w) => (String::new(), w.clone()),
+        GrantScope::Always => (String::new(), String::new()),
+    };
+    pb::Grant {
+        id: g.id as u64,
+        agent: spec.agent.to_string(),
+        scope: scope(spec.scope.scope()) as i32,
+        session_id,
+        workspace,
+        tool: spec.tool.to_string(),
+        matcher: Some(matcher(&spec.matcher)),
+        effect: effect(spec.effect) as i32,
+        created_by: spec.created_by.clone(),
+        created_at: Some(timestamp(spec.created_at)),
+        expires_at: spec.expires_at.map(timestamp),
+        revoked_at: g.revoked_at.map(timestamp),
+        revoked_by: g.revoked_by.clone().unwrap_or_default(),
+        source_session_id: spec.source.session.to_string(),
+        source_call_id: spec.source.call_id.to_string(),
+        reason: spec.reason.clone(),
+        active: g.is_live(now),
+    }
+}
+
+pub fn rule(r: &Rule) -> pb::Rule {
+    pb::Rule {
+        id: r.id.to_string(),
+        tool: r.tool.as_str().to_owned(),
+        matcher: Some(matcher(&r.matcher)),
+        effect: rule_effect(r.effect) as i32,
+        priority: r.priority,
+        description: r.description.clone(),
+        source: r.source.as_str().to_owned(),
+        created_at: Some(timestamp(r.created_at)),
+    }
+}
+
+pub fn explanation(e: &Explanation, now: Timestamp) -> pb::ExplainResponse {
+    let verdict = match e.effect {
+        None => pb::CallStatus::Pending,
+        Some(Effect::Allow) => pb::CallStatus::Approved,
+        Some(Effect::Deny) => pb::CallStatus::Denied,
+    };
+    let decided_by = match (e.effect, &e.grant, &e.rule) {
+        (None, _, _) => String::new(),
+        (Some(_), Some(g), _) => DecidedBy::Grant(g.id).to_string(),
+        (Some(_), None, Some(r)) => DecidedBy::Policy(r.id.to_string()).to_string(),
+        (Some(_), None, None) => String::new(),
+    };
+    pb::ExplainResponse {
+        verdict: verdict as i32,
+        decided_by,
+        rule: e.rule.as_ref().map(rule),
+        grant: e.grant.as_ref().map(|g| grant(g, now)),
+        reason: e.reason.clone(),
+        call: e.call.as_ref().map(call),
+    }
 }

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::writes::{self, WriteTx, Writer};
+use super::writes::{self, PolicyTx, WriteTx, Writer};
 use super::{CancelReport, CancelTarget, DecideReport, SubmitReport};
 use crate::domain::{CallKey, Decision, NewBatch, Timestamp, ToolResultTexts};
 use crate::error::{Error, Result};
@@ -184,7 +184,7 @@ async fn write_group<W: Writer>(
 
 impl Job {
     /// Runs the write in `tx`, keeping its result; returns whether it succeeded.
-    async fn run(&mut self, tx: &mut impl WriteTx, texts: &ToolResultTexts) -> bool {
+    async fn run(&mut self, tx: &mut (impl WriteTx + PolicyTx), texts: &ToolResultTexts) -> bool {
         let now = Timestamp::now();
         match self {
             Job::Submit(slot) => {

@@ -2,6 +2,7 @@
 //! the same transaction as its event, and nothing is acknowledged before that transaction commits.
 //! The trait speaks the domain's language; each backend (one file each) owns its SQL.
 
+mod explain;
 mod group_commit;
 mod postgres;
 mod rows;
@@ -10,9 +11,10 @@ mod writes;
 
 use async_trait::async_trait;
 
+use crate::domain::policy::{Grant, Rule, RuleId, Scope};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, Decision, Event, NewBatch, SessionId, Status,
-    Timestamp, ToolResultTexts,
+    Timestamp, ToolInput, ToolName, ToolResultTexts,
 };
 use crate::error::{Error, Result};
 
@@ -27,7 +29,8 @@ pub trait Store: Send + Sync + 'static {
     async fn submit(&self, batch: NewBatch) -> Result<SubmitReport>;
 
     /// Writes an approver's decision if the call is pending (first decision wins), and skips the
-    /// rest of its batch on a denial when the batch says so. One transaction.
+    /// rest of its batch on a denial when the batch says so. A decision to remember creates its
+    /// grant and decides the pending calls the grant matches. One transaction.
     async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport>;
 
     /// Cancels what `target` names; reports calls already decided as they stand.
@@ -80,6 +83,28 @@ pub trait Store: Send + Sync + 'static {
     fn remote_commits(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
         None
     }
+
+    /// Revokes what `target` names, recording `by`. One transaction.
+    async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport>;
+
+    /// A page of grants matching `query`, oldest first.
+    async fn list_grants(&self, query: &GrantQuery) -> Result<GrantPage>;
+
+    /// Adds a rule; the same rule again is returned as stored, another with its id is refused.
+    async fn create_rule(&self, rule: &Rule) -> Result<Rule>;
+
+    /// Removes a rule and returns it.
+    async fn delete_rule(&self, id: &RuleId) -> Result<Rule>;
+
+    /// Every rule.
+    async fn list_rules(&self) -> Result<Vec<Rule>>;
+
+    /// Replaces the rules an earlier policy file loaded with `rules` (by id, replacing rules made
+    /// through CreateRule with the same id). One transaction.
+    async fn load_file_rules(&self, rules: &[Rule]) -> Result<()>;
+
+    /// What would decide `target` if it were submitted now, read as a submit reads it.
+    async fn explain(&self, target: &ExplainTarget) -> Result<Explanation>;
 }
 
 /// What a submit did, call by call.
@@ -117,8 +142,81 @@ pub struct DecideReport {
     pub call: Call,
     /// The call was already decided this way; nothing was written.
     pub replayed: bool,
-    /// Calls of the same batch this denial skipped.
+    /// Calls this decision skipped: of the same batch on a denial, and of the batches the new
+    /// grant's denials touched.
     pub skipped: Vec<Call>,
+    /// The grant the decision created; on a replayed decision, the one the first one created.
+    pub grant: Option<Grant>,
+    /// Pending calls the new grant decided at once.
+    pub decided_by_grant: Vec<Call>,
+}
+
+/// Which grants to revoke.
+#[derive(Debug, Clone)]
+pub enum RevokeTarget {
+    /// This one.
+    Id(i64),
+    /// Every active session grant of this session.
+    Session(AgentId, SessionId),
+    /// Every active workspace grant of this workspace.
+    Workspace(AgentId, String),
+}
+
+#[derive(Debug, Default)]
+pub struct RevokeReport {
+    /// How many this revocation revoked.
+    pub revoked: usize,
+    /// The grants revoked (for an id: the grant as it stands, revoked now or before).
+    pub grants: Vec<Grant>,
+}
+
+/// A filtered, keyset-paged listing of grants.
+#[derive(Debug, Clone, Default)]
+pub struct GrantQuery {
+    pub agent: Option<AgentId>,
+    pub scope: Option<Scope>,
+    pub session: Option<SessionId>,
+    pub workspace: Option<String>,
+    pub tool: Option<ToolName>,
+    /// Revoked and expired grants too.
+    pub include_inactive: bool,
+    /// When "expired" is judged.
+    pub now: Option<Timestamp>,
+    pub after: Option<Cursor>,
+    pub limit: u32,
+}
+
+#[derive(Debug, Default)]
+pub struct GrantPage {
+    pub grants: Vec<Grant>,
+    pub next: Option<Cursor>,
+}
+
+/// The call Explain is about.
+#[derive(Debug, Clone)]
+pub enum ExplainTarget {
+    Stored(CallKey),
+    Inline {
+        agent: AgentId,
+        session: SessionId,
+        workspace: String,
+        tool: ToolName,
+        input: ToolInput,
+    },
+}
+
+/// What Explain found.
+#[derive(Debug, Clone)]
+pub struct Explanation {
+    /// `None`: a human decides.
+    pub effect: Option<crate::domain::policy::Effect>,
+    /// The rule that decides, or the ask rule that requires a human.
+    pub rule: Option<Rule>,
+    /// The grant that decides.
+    pub grant: Option<Grant>,
+    pub reason: String,
+    /// For a stored call: the call as it stands.
+    pub call: Option<Call>,
 }
 
 /// What a cancel names.
@@ -157,9 +255,20 @@ pub struct CallQuery {
     pub created_before: Option<Timestamp>,
     /// Only calls whose Requested event is at or before this sequence number (snapshots).
     pub requested_at_or_before: Option<u64>,
+    /// Only calls decided by this.
+    pub decided_by: Option<DecidedByFilter>,
     /// Continue after this cursor.
     pub after: Option<Cursor>,
     pub limit: u32,
+}
+
+/// Who or what decided the calls a listing wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecidedByFilter {
+    /// Exactly this stored `decided_by` (`grant:7`).
+    Exact(String),
+    /// Any stored `decided_by` starting with this (`grant:`).
+    Prefix(String),
 }
 
 /// A position in a call listing; opaque to clients (see `grpc::paging`).

@@ -22,14 +22,20 @@ use sqlx::{Postgres, QueryBuilder, Row};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::rows::{call_columns, call_from_row, event_from_row, select_calls, stored};
-use super::writes::{self, Resolved, Stored, WriteTx, Writer};
-use super::{
-    CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, Store, SubmitReport,
+use super::rows::{
+    call_columns, call_from_row, event_from_row, grant_from_row, rule_from_row, select_calls,
+    select_grants, select_rules, stored,
 };
+use super::writes::{self, PolicyTx, Resolved, Stored, WriteTx, Writer};
+use super::{
+    CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, DecidedByFilter,
+    ExplainTarget, Explanation, GrantPage, GrantQuery, RevokeReport, RevokeTarget, Store,
+    SubmitReport,
+};
+use crate::domain::policy::{Grant, GrantScope, GrantSpec, Rule, RuleId, RuleSource};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, Decision, Event, EventKind, NewBatch, NewCall, OnDeny,
-    Outcome, SessionId, Timestamp, ToolInput, ToolResultTexts,
+    Outcome, SessionId, Timestamp, ToolInput, ToolName, ToolResultTexts,
 };
 use crate::error::Result;
 
@@ -266,6 +272,18 @@ impl Store for PostgresStore {
                 .push_bind(seq as i64)
                 .push(")");
         }
+        match &q.decided_by {
+            Some(DecidedByFilter::Exact(by)) => {
+                query.push(" AND c.decided_by = ").push_bind(by.clone());
+            }
+            Some(DecidedByFilter::Prefix(prefix)) => {
+                query
+                    .push(" AND starts_with(c.decided_by, ")
+                    .push_bind(prefix.clone())
+                    .push(")");
+            }
+            None => {}
+        }
         if let Some(Cursor(after)) = q.after {
             query.push(" AND c.id > ").push_bind(after);
         }
@@ -337,6 +355,81 @@ impl Store for PostgresStore {
 
     fn remote_commits(&self) -> Option<Arc<Notify>> {
         Some(Arc::clone(&self.remote_commits))
+    }
+
+    async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport> {
+        writes::revoke_grants(self.begin_write().await?, target, by).await
+    }
+
+    async fn list_grants(&self, q: &GrantQuery) -> Result<GrantPage> {
+        let mut query = QueryBuilder::<Postgres>::new(select_grants!("WHERE TRUE"));
+        if let Some(agent) = &q.agent {
+            query.push(" AND agent = ").push_bind(agent.as_str());
+        }
+        if let Some(scope) = q.scope {
+            query.push(" AND scope = ").push_bind(scope.code());
+        }
+        if let Some(session) = &q.session {
+            query.push(" AND session_id = ").push_bind(session.as_str());
+        }
+        if let Some(workspace) = &q.workspace {
+            query
+                .push(" AND workspace = ")
+                .push_bind(workspace.as_str());
+        }
+        if let Some(tool) = &q.tool {
+            query.push(" AND tool = ").push_bind(tool.as_str());
+        }
+        if !q.include_inactive {
+            let now = q.now.unwrap_or_else(Timestamp::now).as_micros();
+            query
+                .push(" AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ")
+                .push_bind(now)
+                .push(")");
+        }
+        if let Some(Cursor(after)) = q.after {
+            query.push(" AND id > ").push_bind(after);
+        }
+        query
+            .push(" ORDER BY id LIMIT ")
+            .push_bind(i64::from(q.limit) + 1);
+        let rows = query.build().fetch_all(&self.pool).await?;
+        let mut page = GrantPage::default();
+        for row in rows.iter().take(q.limit as usize) {
+            let grant = grant_from_row(row)?;
+            page.next = Some(Cursor(grant.id));
+            page.grants.push(grant);
+        }
+        if rows.len() <= q.limit as usize {
+            page.next = None;
+        }
+        Ok(page)
+    }
+
+    async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
+        writes::create_rule(self.begin_write().await?, rule).await
+    }
+
+    async fn delete_rule(&self, id: &RuleId) -> Result<Rule> {
+        writes::delete_rule(self.begin_write().await?, id).await
+    }
+
+    async fn list_rules(&self) -> Result<Vec<Rule>> {
+        let rows = sqlx::query(select_rules!()).fetch_all(&self.pool).await?;
+        rows.iter().map(rule_from_row).collect()
+    }
+
+    async fn load_file_rules(&self, rules: &[Rule]) -> Result<()> {
+        writes::load_file_rules(self.begin_write().await?, rules).await
+    }
+
+    async fn explain(&self, target: &ExplainTarget) -> Result<Explanation> {
+        // One snapshot of the rules and grants, as a submit's statements would see them.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        super::explain::explain(tx, target).await
     }
 }
 
@@ -592,6 +685,257 @@ impl WriteTx for sqlx::Transaction<'static, Postgres> {
 
     async fn commit(self) -> Result<()> {
         Ok(sqlx::Transaction::commit(self).await?)
+    }
+}
+
+/// The advisory-lock key of (agent, tool) for [`PolicyTx::lock_policy`]: FNV-1a, fixed forever,
+/// so every replica (of any version) locks the same key for the same pair.
+fn policy_lock_key(agent: &AgentId, tool: &ToolName) -> i32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    let bytes = agent
+        .as_str()
+        .bytes()
+        .chain([0x1f])
+        .chain(tool.as_str().bytes());
+    for byte in bytes {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    hash as i32
+}
+
+/// Grants and rules, with the locks `writes` relies on.
+#[async_trait]
+impl PolicyTx for sqlx::Transaction<'static, Postgres> {
+    async fn lock_policy(
+        &mut self,
+        agent: &AgentId,
+        tools: &[&ToolName],
+        exclusive: bool,
+    ) -> Result<()> {
+        let mut keys: Vec<i32> = tools.iter().map(|t| policy_lock_key(agent, t)).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        // `unnest` yields the keys in the array's (sorted) order, locking them one by one.
+        let query = if exclusive {
+            sqlx::query(
+                "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':policy'), k) \
+                 FROM unnest($1::int4[]) AS k",
+            )
+        } else {
+            sqlx::query(
+                "SELECT pg_advisory_xact_lock_shared(hashtext(current_schema() || ':policy'), k) \
+                 FROM unnest($1::int4[]) AS k",
+            )
+        };
+        query.bind(&keys).execute(&mut **self).await?;
+        Ok(())
+    }
+
+    async fn rules(&mut self) -> Result<Vec<Rule>> {
+        let rows = sqlx::query(select_rules!()).fetch_all(&mut **self).await?;
+        rows.iter().map(rule_from_row).collect()
+    }
+
+    async fn live_grants(
+        &mut self,
+        agent: &AgentId,
+        session: Option<&SessionId>,
+        tools: &[&ToolName],
+        now: Timestamp,
+    ) -> Result<Vec<Grant>> {
+        if tools.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tools: Vec<&str> = tools.iter().map(|t| t.as_str()).collect();
+        let rows = sqlx::query(select_grants!(
+            "WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $1) \
+             AND agent = $2 AND tool = ANY($3) \
+             AND ($4::text IS NULL OR session_id IS NULL OR session_id = $4) ORDER BY id"
+        ))
+        .bind(now.as_micros())
+        .bind(agent.as_str())
+        .bind(&tools)
+        .bind(session.map(SessionId::as_str))
+        .fetch_all(&mut **self)
+        .await?;
+        rows.iter().map(grant_from_row).collect()
+    }
+
+    async fn insert_grant(&mut self, spec: &GrantSpec) -> Result<Grant> {
+        let (session, workspace) = match &spec.scope {
+            GrantScope::Session(s) => (Some(s.as_str()), None),
+            GrantScope::Workspace(w) => (None, Some(w.as_str())),
+            GrantScope::Always => (None, None),
+        };
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO grants (agent, scope, session_id, workspace, tool, matcher, effect, \
+             created_by, created_at, expires_at, source_session, source_call, reason) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING id",
+        )
+        .bind(spec.agent.as_str())
+        .bind(spec.scope.scope().code())
+        .bind(session)
+        .bind(workspace)
+        .bind(spec.tool.as_str())
+        .bind(spec.matcher.to_json().to_string())
+        .bind(spec.effect.code())
+        .bind(&spec.created_by)
+        .bind(spec.created_at.as_micros())
+        .bind(spec.expires_at.map(Timestamp::as_micros))
+        .bind(spec.source.session.as_str())
+        .bind(spec.source.call_id.as_str())
+        .bind(&spec.reason)
+        .fetch_one(&mut **self)
+        .await?;
+        Ok(Grant {
+            id,
+            spec: spec.clone(),
+            revoked_at: None,
+            revoked_by: None,
+        })
+    }
+
+    async fn grant_from_call(&mut self, key: &CallKey) -> Result<Option<Grant>> {
+        let row = sqlx::query(select_grants!(
+            "WHERE agent = $1 AND source_session = $2 AND source_call = $3 \
+             ORDER BY id DESC LIMIT 1"
+        ))
+        .bind(key.agent.as_str())
+        .bind(key.session.as_str())
+        .bind(key.call_id.as_str())
+        .fetch_optional(&mut **self)
+        .await?;
+        row.as_ref().map(grant_from_row).transpose()
+    }
+
+    async fn grants_named(&mut self, target: &RevokeTarget, now: Timestamp) -> Result<Vec<Grant>> {
+        let query = match target {
+            RevokeTarget::Id(id) => sqlx::query(select_grants!("WHERE id = $1")).bind(*id),
+            RevokeTarget::Session(agent, session) => sqlx::query(select_grants!(
+                "WHERE agent = $1 AND scope = 2 AND session_id = $2 AND revoked_at IS NULL \
+                 AND (expires_at IS NULL OR expires_at > $3) ORDER BY id"
+            ))
+            .bind(agent.as_str())
+            .bind(session.as_str())
+            .bind(now.as_micros()),
+            RevokeTarget::Workspace(agent, workspace) => sqlx::query(select_grants!(
+                "WHERE agent = $1 AND scope = 3 AND workspace = $2 AND revoked_at IS NULL \
+                 AND (expires_at IS NULL OR expires_at > $3) ORDER BY id"
+            ))
+            .bind(agent.as_str())
+            .bind(workspace.as_str())
+            .bind(now.as_micros()),
+        };
+        let rows = query.fetch_all(&mut **self).await?;
+        rows.iter().map(grant_from_row).collect()
+    }
+
+    async fn revoke(&mut self, ids: &[i64], by: &str, now: Timestamp) -> Result<Vec<Grant>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(
+            "UPDATE grants SET revoked_at = $1, revoked_by = $2 \
+             WHERE revoked_at IS NULL AND id = ANY($3) \
+             RETURNING id, agent, scope, session_id, workspace, tool, matcher, effect, \
+             created_by, created_at, expires_at, revoked_at, revoked_by, source_session, \
+             source_call, reason",
+        )
+        .bind(now.as_micros())
+        .bind(by)
+        .bind(ids)
+        .fetch_all(&mut **self)
+        .await?;
+        let mut grants = rows
+            .iter()
+            .map(grant_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        grants.sort_by_key(|g| g.id);
+        Ok(grants)
+    }
+
+    async fn pending_in_scope(
+        &mut self,
+        agent: &AgentId,
+        tool: &ToolName,
+        scope: &GrantScope,
+    ) -> Result<Vec<Stored>> {
+        let query = match scope {
+            GrantScope::Session(session) => sqlx::query(select_calls!(
+                "WHERE c.agent = $1 AND c.tool = $2 AND c.status = 1 AND c.session_id = $3 \
+                 ORDER BY c.id"
+            ))
+            .bind(agent.as_str())
+            .bind(tool.as_str())
+            .bind(session.as_str()),
+            GrantScope::Workspace(workspace) => sqlx::query(select_calls!(
+                "WHERE c.agent = $1 AND c.tool = $2 AND c.status = 1 AND c.workspace = $3 \
+                 ORDER BY c.id"
+            ))
+            .bind(agent.as_str())
+            .bind(tool.as_str())
+            .bind(workspace.as_str()),
+            GrantScope::Always => sqlx::query(select_calls!(
+                "WHERE c.agent = $1 AND c.tool = $2 AND c.status = 1 ORDER BY c.id"
+            ))
+            .bind(agent.as_str())
+            .bind(tool.as_str()),
+        };
+        let rows = query.fetch_all(&mut **self).await?;
+        rows.iter().map(stored).collect()
+    }
+
+    async fn find_rule(&mut self, id: &RuleId) -> Result<Option<Rule>> {
+        let row = sqlx::query(select_rules!("WHERE id = $1"))
+            .bind(id.as_str())
+            .fetch_optional(&mut **self)
+            .await?;
+        row.as_ref().map(rule_from_row).transpose()
+    }
+
+    async fn insert_rule(&mut self, rule: &Rule) -> Result<bool> {
+        let inserted = sqlx::query(
+            "INSERT INTO rules (id, tool, matcher, effect, priority, description, source, \
+             created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(rule.id.as_str())
+        .bind(rule.tool.as_str())
+        .bind(rule.matcher.to_json().to_string())
+        .bind(rule.effect.code())
+        .bind(i64::from(rule.priority))
+        .bind(&rule.description)
+        .bind(rule.source.as_str())
+        .bind(rule.created_at.as_micros())
+        .execute(&mut **self)
+        .await?
+        .rows_affected();
+        Ok(inserted == 1)
+    }
+
+    async fn delete_rule(&mut self, id: &RuleId) -> Result<bool> {
+        let deleted = sqlx::query("DELETE FROM rules WHERE id = $1")
+            .bind(id.as_str())
+            .execute(&mut **self)
+            .await?
+            .rows_affected();
+        Ok(deleted == 1)
+    }
+
+    async fn delete_file_rules(&mut self) -> Result<()> {
+        // Replicas starting at once load their files one after the other (submits, which only
+        // read rules, are not held up).
+        sqlx::query("LOCK TABLE rules IN EXCLUSIVE MODE")
+            .execute(&mut **self)
+            .await?;
+        sqlx::query("DELETE FROM rules WHERE source = $1")
+            .bind(RuleSource::File.as_str())
+            .execute(&mut **self)
+            .await?;
+        Ok(())
     }
 }
 

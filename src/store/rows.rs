@@ -4,6 +4,10 @@
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use super::writes::Stored;
+use crate::domain::policy::{
+    Effect, Glob, Grant, GrantScope, GrantSpec, Matcher, Rule, RuleEffect, RuleId, RuleSource,
+    Scope,
+};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Event, EventKind, Outcome, SessionId,
     Status, Timestamp, ToolInput, ToolName,
@@ -127,5 +131,119 @@ where
         kind,
         call,
         batch_completed: row.try_get("batch_completed")?,
+    })
+}
+
+/// `SELECT` of every grant column ([`grant_from_row`] reads them), followed by the given clauses.
+macro_rules! select_grants {
+    ($($rest:literal)*) => {
+        concat!(
+            "SELECT id, agent, scope, session_id, workspace, tool, matcher, effect, created_by, \
+             created_at, expires_at, revoked_at, revoked_by, source_session, source_call, reason \
+             FROM grants ",
+            $($rest),*
+        )
+    };
+}
+
+/// `SELECT` of every rule column ([`rule_from_row`] reads them), followed by the given clauses.
+macro_rules! select_rules {
+    ($($rest:literal)*) => {
+        concat!(
+            "SELECT id, tool, matcher, effect, priority, description, source, created_at \
+             FROM rules ",
+            $($rest),*
+        )
+    };
+}
+
+pub(crate) use {select_grants, select_rules};
+
+/// A matcher stored by this broker; it was validated on the way in.
+fn stored_matcher(text: &str) -> Result<Matcher> {
+    let value = serde_json::from_str(text)
+        .map_err(|e| Error::Internal(format!("a stored matcher is not JSON: {e}")))?;
+    Matcher::from_json("matcher", &value, usize::MAX)
+        .map_err(|e| Error::Internal(format!("a stored matcher is invalid: {e}")))
+}
+
+/// A grant from a row holding the columns [`select_grants`] selects.
+pub fn grant_from_row<'r, R>(row: &'r R) -> Result<Grant>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let agent = AgentId::from_stored(row.try_get("agent")?);
+    let scope_code: i64 = row.try_get("scope")?;
+    let scope = match Scope::from_code(scope_code) {
+        Some(Scope::Session) => GrantScope::Session(SessionId::from_stored(
+            row.try_get::<Option<String>, _>("session_id")?
+                .unwrap_or_default(),
+        )),
+        Some(Scope::Workspace) => GrantScope::Workspace(
+            row.try_get::<Option<String>, _>("workspace")?
+                .unwrap_or_default(),
+        ),
+        Some(Scope::Always) => GrantScope::Always,
+        _ => {
+            return Err(Error::Internal(format!(
+                "unknown stored scope {scope_code}"
+            )));
+        }
+    };
+    let effect_code: i64 = row.try_get("effect")?;
+    let effect = Effect::from_code(effect_code)
+        .ok_or_else(|| Error::Internal(format!("unknown stored effect {effect_code}")))?;
+    let time = |name: &'r str| -> Result<Option<Timestamp>> {
+        Ok(row
+            .try_get::<Option<i64>, _>(name)?
+            .map(Timestamp::from_micros))
+    };
+    Ok(Grant {
+        id: row.try_get("id")?,
+        spec: GrantSpec {
+            source: CallKey {
+                agent: agent.clone(),
+                session: SessionId::from_stored(row.try_get("source_session")?),
+                call_id: CallId::from_stored(row.try_get("source_call")?),
+            },
+            agent,
+            scope,
+            tool: ToolName::from_stored(row.try_get("tool")?),
+            matcher: stored_matcher(&row.try_get::<String, _>("matcher")?)?,
+            effect,
+            created_by: row.try_get("created_by")?,
+            created_at: Timestamp::from_micros(row.try_get("created_at")?),
+            expires_at: time("expires_at")?,
+            reason: row.try_get("reason")?,
+        },
+        revoked_at: time("revoked_at")?,
+        revoked_by: row.try_get("revoked_by")?,
+    })
+}
+
+/// A rule from a row holding the columns [`select_rules`] selects.
+pub fn rule_from_row<'r, R>(row: &'r R) -> Result<Rule>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let effect_code: i64 = row.try_get("effect")?;
+    let tool: String = row.try_get("tool")?;
+    Ok(Rule {
+        id: RuleId::from_stored(row.try_get("id")?),
+        tool: Glob::parse("tool", &tool)
+            .map_err(|e| Error::Internal(format!("a stored tool glob is invalid: {e}")))?,
+        matcher: stored_matcher(&row.try_get::<String, _>("matcher")?)?,
+        effect: RuleEffect::from_code(effect_code)
+            .ok_or_else(|| Error::Internal(format!("unknown stored rule effect {effect_code}")))?,
+        priority: row.try_get::<i64, _>("priority")? as i32,
+        description: row.try_get("description")?,
+        source: RuleSource::from_stored(&row.try_get::<String, _>("source")?),
+        created_at: Timestamp::from_micros(row.try_get("created_at")?),
     })
 }

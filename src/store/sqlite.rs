@@ -17,14 +17,20 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Sqlite};
 
 use super::group_commit::GroupCommit;
-use super::rows::{call_columns, call_from_row, event_from_row, select_calls, stored};
-use super::writes::{self, Resolved, Stored, WriteTx, Writer};
-use super::{
-    CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, Store, SubmitReport,
+use super::rows::{
+    call_columns, call_from_row, event_from_row, grant_from_row, rule_from_row, select_calls,
+    select_grants, select_rules, stored,
 };
+use super::writes::{self, PolicyTx, Resolved, Stored, WriteTx, Writer};
+use super::{
+    CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, DecidedByFilter,
+    ExplainTarget, Explanation, GrantPage, GrantQuery, RevokeReport, RevokeTarget, Store,
+    SubmitReport,
+};
+use crate::domain::policy::{Grant, GrantScope, GrantSpec, Rule, RuleId, RuleSource};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, Decision, Event, EventKind, NewBatch, NewCall, OnDeny,
-    Outcome, SessionId, Timestamp, ToolInput, ToolResultTexts,
+    Outcome, SessionId, Timestamp, ToolInput, ToolName, ToolResultTexts,
 };
 use crate::error::{Error, Result};
 
@@ -257,6 +263,19 @@ impl Store for SqliteStore {
         if let Some(seq) = q.requested_at_or_before {
             query.push(" AND c.requested_seq <= ").push_bind(seq as i64);
         }
+        match &q.decided_by {
+            Some(DecidedByFilter::Exact(by)) => {
+                query.push(" AND c.decided_by = ").push_bind(by.clone());
+            }
+            Some(DecidedByFilter::Prefix(prefix)) => {
+                query
+                    .push(" AND substr(c.decided_by, 1, length(")
+                    .push_bind(prefix.clone())
+                    .push(")) = ")
+                    .push_bind(prefix.clone());
+            }
+            None => {}
+        }
         if let Some(Cursor(after)) = q.after {
             query.push(" AND c.id > ").push_bind(after);
         }
@@ -295,6 +314,81 @@ impl Store for SqliteStore {
     async fn latest_seq(&self) -> Result<u64> {
         let mut conn = self.reader.acquire().await?;
         latest_seq(&mut conn).await
+    }
+
+    async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport> {
+        writes::revoke_grants(self.writer.begin_write().await?, target, by).await
+    }
+
+    async fn list_grants(&self, q: &GrantQuery) -> Result<GrantPage> {
+        let mut query = QueryBuilder::<Sqlite>::new(select_grants!("WHERE 1 = 1"));
+        if let Some(agent) = &q.agent {
+            query.push(" AND agent = ").push_bind(agent.as_str());
+        }
+        if let Some(scope) = q.scope {
+            query.push(" AND scope = ").push_bind(scope.code());
+        }
+        if let Some(session) = &q.session {
+            query.push(" AND session_id = ").push_bind(session.as_str());
+        }
+        if let Some(workspace) = &q.workspace {
+            query
+                .push(" AND workspace = ")
+                .push_bind(workspace.as_str());
+        }
+        if let Some(tool) = &q.tool {
+            query.push(" AND tool = ").push_bind(tool.as_str());
+        }
+        if !q.include_inactive {
+            let now = q.now.unwrap_or_else(Timestamp::now).as_micros();
+            query
+                .push(" AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ")
+                .push_bind(now)
+                .push(")");
+        }
+        if let Some(Cursor(after)) = q.after {
+            query.push(" AND id > ").push_bind(after);
+        }
+        query
+            .push(" ORDER BY id LIMIT ")
+            .push_bind(i64::from(q.limit) + 1);
+        let rows = query.build().fetch_all(&self.reader).await?;
+        let mut page = GrantPage::default();
+        for row in rows.iter().take(q.limit as usize) {
+            let grant = grant_from_row(row)?;
+            page.next = Some(Cursor(grant.id));
+            page.grants.push(grant);
+        }
+        if rows.len() <= q.limit as usize {
+            page.next = None;
+        }
+        Ok(page)
+    }
+
+    async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
+        writes::create_rule(self.writer.begin_write().await?, rule).await
+    }
+
+    async fn delete_rule(&self, id: &RuleId) -> Result<Rule> {
+        writes::delete_rule(self.writer.begin_write().await?, id).await
+    }
+
+    async fn list_rules(&self) -> Result<Vec<Rule>> {
+        let rows = sqlx::query(select_rules!()).fetch_all(&self.reader).await?;
+        rows.iter().map(rule_from_row).collect()
+    }
+
+    async fn load_file_rules(&self, rules: &[Rule]) -> Result<()> {
+        writes::load_file_rules(self.writer.begin_write().await?, rules).await
+    }
+
+    async fn explain(&self, target: &ExplainTarget) -> Result<Explanation> {
+        // A deferred read transaction: one snapshot of the rules and grants.
+        let snapshot = SqliteTx {
+            tx: self.reader.begin().await?,
+            writes: 0,
+        };
+        super::explain::explain(snapshot, target).await
     }
 }
 
@@ -525,6 +619,236 @@ impl WriteTx for SqliteTx {
 
     async fn commit(self) -> Result<()> {
         Ok(self.tx.commit().await?)
+    }
+}
+
+/// Grants and rules. Writers are serialised, so `lock_policy` has nothing to lock.
+#[async_trait]
+impl PolicyTx for SqliteTx {
+    async fn lock_policy(
+        &mut self,
+        _agent: &AgentId,
+        _tools: &[&ToolName],
+        _exclusive: bool,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    async fn rules(&mut self) -> Result<Vec<Rule>> {
+        let rows = sqlx::query(select_rules!())
+            .fetch_all(&mut *self.tx)
+            .await?;
+        rows.iter().map(rule_from_row).collect()
+    }
+
+    async fn live_grants(
+        &mut self,
+        agent: &AgentId,
+        session: Option<&SessionId>,
+        tools: &[&ToolName],
+        now: Timestamp,
+    ) -> Result<Vec<Grant>> {
+        if tools.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut query = QueryBuilder::<Sqlite>::new(select_grants!(
+            "WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > "
+        ));
+        query
+            .push_bind(now.as_micros())
+            .push(") AND agent = ")
+            .push_bind(agent.as_str())
+            .push(" AND tool IN (");
+        let mut list = query.separated(", ");
+        for tool in tools {
+            list.push_bind(tool.as_str());
+        }
+        query.push(")");
+        if let Some(session) = session {
+            query
+                .push(" AND (session_id IS NULL OR session_id = ")
+                .push_bind(session.as_str())
+                .push(")");
+        }
+        query.push(" ORDER BY id");
+        let rows = query.build().fetch_all(&mut *self.tx).await?;
+        rows.iter().map(grant_from_row).collect()
+    }
+
+    async fn insert_grant(&mut self, spec: &GrantSpec) -> Result<Grant> {
+        self.writes += 1;
+        let (session, workspace) = match &spec.scope {
+            GrantScope::Session(s) => (Some(s.as_str()), None),
+            GrantScope::Workspace(w) => (None, Some(w.as_str())),
+            GrantScope::Always => (None, None),
+        };
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO grants (agent, scope, session_id, workspace, tool, matcher, effect, \
+             created_by, created_at, expires_at, source_session, source_call, reason) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+        )
+        .bind(spec.agent.as_str())
+        .bind(spec.scope.scope().code())
+        .bind(session)
+        .bind(workspace)
+        .bind(spec.tool.as_str())
+        .bind(spec.matcher.to_json().to_string())
+        .bind(spec.effect.code())
+        .bind(&spec.created_by)
+        .bind(spec.created_at.as_micros())
+        .bind(spec.expires_at.map(Timestamp::as_micros))
+        .bind(spec.source.session.as_str())
+        .bind(spec.source.call_id.as_str())
+        .bind(&spec.reason)
+        .fetch_one(&mut *self.tx)
+        .await?;
+        Ok(Grant {
+            id,
+            spec: spec.clone(),
+            revoked_at: None,
+            revoked_by: None,
+        })
+    }
+
+    async fn grant_from_call(&mut self, key: &CallKey) -> Result<Option<Grant>> {
+        let row = sqlx::query(select_grants!(
+            "WHERE agent = ? AND source_session = ? AND source_call = ? ORDER BY id DESC LIMIT 1"
+        ))
+        .bind(key.agent.as_str())
+        .bind(key.session.as_str())
+        .bind(key.call_id.as_str())
+        .fetch_optional(&mut *self.tx)
+        .await?;
+        row.as_ref().map(grant_from_row).transpose()
+    }
+
+    async fn grants_named(&mut self, target: &RevokeTarget, now: Timestamp) -> Result<Vec<Grant>> {
+        let query = match target {
+            RevokeTarget::Id(id) => sqlx::query(select_grants!("WHERE id = ?")).bind(*id),
+            RevokeTarget::Session(agent, session) => sqlx::query(select_grants!(
+                "WHERE agent = ? AND scope = 2 AND session_id = ? AND revoked_at IS NULL \
+                 AND (expires_at IS NULL OR expires_at > ?) ORDER BY id"
+            ))
+            .bind(agent.as_str())
+            .bind(session.as_str())
+            .bind(now.as_micros()),
+            RevokeTarget::Workspace(agent, workspace) => sqlx::query(select_grants!(
+                "WHERE agent = ? AND scope = 3 AND workspace = ? AND revoked_at IS NULL \
+                 AND (expires_at IS NULL OR expires_at > ?) ORDER BY id"
+            ))
+            .bind(agent.as_str())
+            .bind(workspace.as_str())
+            .bind(now.as_micros()),
+        };
+        let rows = query.fetch_all(&mut *self.tx).await?;
+        rows.iter().map(grant_from_row).collect()
+    }
+
+    async fn revoke(&mut self, ids: &[i64], by: &str, now: Timestamp) -> Result<Vec<Grant>> {
+        self.writes += 1;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut query = QueryBuilder::<Sqlite>::new("UPDATE grants SET revoked_at = ");
+        query
+            .push_bind(now.as_micros())
+            .push(", revoked_by = ")
+            .push_bind(by.to_owned())
+            .push(" WHERE revoked_at IS NULL AND id IN (");
+        let mut list = query.separated(", ");
+        for id in ids {
+            list.push_bind(*id);
+        }
+        query.push(
+            ") RETURNING id, agent, scope, session_id, workspace, tool, matcher, effect, \
+             created_by, created_at, expires_at, revoked_at, revoked_by, source_session, \
+             source_call, reason",
+        );
+        let rows = query.build().fetch_all(&mut *self.tx).await?;
+        let mut grants = rows
+            .iter()
+            .map(grant_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        grants.sort_by_key(|g| g.id);
+        Ok(grants)
+    }
+
+    async fn pending_in_scope(
+        &mut self,
+        agent: &AgentId,
+        tool: &ToolName,
+        scope: &GrantScope,
+    ) -> Result<Vec<Stored>> {
+        let query = match scope {
+            GrantScope::Session(session) => sqlx::query(select_calls!(
+                "WHERE c.agent = ? AND c.tool = ? AND c.status = 1 AND c.session_id = ? \
+                 ORDER BY c.id"
+            ))
+            .bind(agent.as_str())
+            .bind(tool.as_str())
+            .bind(session.as_str()),
+            GrantScope::Workspace(workspace) => sqlx::query(select_calls!(
+                "WHERE c.agent = ? AND c.tool = ? AND c.status = 1 AND c.workspace = ? \
+                 ORDER BY c.id"
+            ))
+            .bind(agent.as_str())
+            .bind(tool.as_str())
+            .bind(workspace.as_str()),
+            GrantScope::Always => sqlx::query(select_calls!(
+                "WHERE c.agent = ? AND c.tool = ? AND c.status = 1 ORDER BY c.id"
+            ))
+            .bind(agent.as_str())
+            .bind(tool.as_str()),
+        };
+        let rows = query.fetch_all(&mut *self.tx).await?;
+        rows.iter().map(stored).collect()
+    }
+
+    async fn find_rule(&mut self, id: &RuleId) -> Result<Option<Rule>> {
+        let row = sqlx::query(select_rules!("WHERE id = ?"))
+            .bind(id.as_str())
+            .fetch_optional(&mut *self.tx)
+            .await?;
+        row.as_ref().map(rule_from_row).transpose()
+    }
+
+    async fn insert_rule(&mut self, rule: &Rule) -> Result<bool> {
+        self.writes += 1;
+        let inserted = sqlx::query(
+            "INSERT INTO rules (id, tool, matcher, effect, priority, description, source, \
+             created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(rule.id.as_str())
+        .bind(rule.tool.as_str())
+        .bind(rule.matcher.to_json().to_string())
+        .bind(rule.effect.code())
+        .bind(i64::from(rule.priority))
+        .bind(&rule.description)
+        .bind(rule.source.as_str())
+        .bind(rule.created_at.as_micros())
+        .execute(&mut *self.tx)
+        .await?
+        .rows_affected();
+        Ok(inserted == 1)
+    }
+
+    async fn delete_rule(&mut self, id: &RuleId) -> Result<bool> {
+        self.writes += 1;
+        let deleted = sqlx::query("DELETE FROM rules WHERE id = ?")
+            .bind(id.as_str())
+            .execute(&mut *self.tx)
+            .await?
+            .rows_affected();
+        Ok(deleted == 1)
+    }
+
+    async fn delete_file_rules(&mut self) -> Result<()> {
+        self.writes += 1;
+        sqlx::query("DELETE FROM rules WHERE source = ?")
+            .bind(RuleSource::File.as_str())
+            .execute(&mut *self.tx)
+            .await?;
+        Ok(())
     }
 }
 

@@ -12,7 +12,15 @@
 //!   calls in, all at once and in one order (`lock_batches`): every writer takes its locks in
 //!   the order session, batches, calls, so two writers can never wait for each other in a cycle;
 //! - batch completion is decided under the batch's lock (`complete_batch_if_done`), so exactly
-//!   one transaction flags the event that completes a batch.
+//!   one transaction flags the event that completes a batch;
+//! - grants and submits of the same (agent, tool) are serialised by `lock_policy` (exclusive for
+//!   creating or revoking a grant, shared for submits), taken after the session lock and before
+//!   any batch lock: a grant being created sees every call submitted before it (and decides the
+//!   pending ones it matches), and every submit after it sees the grant. The full lock order is
+//!   session, policy (sorted), batches (sorted), calls.
+//!
+//! Rules and grants are read inside the submit's transaction and judged by the one pure
+//! function, [`evaluate`], that Explain calls too.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -20,11 +28,16 @@ use std::time::Instant;
 use async_trait::async_trait;
 
 use super::{
-    CancelReport, CancelScope, CancelTarget, DecideReport, SubmitItem, SubmitReport, SubmitResult,
+    CancelReport, CancelScope, CancelTarget, DecideReport, RevokeReport, RevokeTarget, SubmitItem,
+    SubmitReport, SubmitResult,
+};
+use crate::domain::policy::{
+    Effect, Grant, GrantScope, GrantSpec, Remember, Rule, RuleId, RuleSource, Scope, Subject,
+    evaluate,
 };
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Decision, NewBatch, NewCall, OnDeny,
-    Outcome, OutcomeKind, SessionId, Timestamp, ToolResultTexts, Verdict,
+    Outcome, OutcomeKind, SessionId, Timestamp, ToolName, ToolResultTexts, Verdict,
 };
 use crate::error::{Error, Result};
 use crate::meters;
@@ -110,9 +123,58 @@ pub trait WriteTx: Send {
     async fn commit(self) -> Result<()>;
 }
 
+/// The grant and rule primitives of a transaction. The reads also serve read-only transactions
+/// (Explain), so what Explain reads is what a submit reads.
+#[async_trait]
+pub trait PolicyTx: Send {
+    /// Locks (agent, tool) for grant changes until this transaction ends: `exclusive` to create
+    /// or revoke grants, shared to submit calls. All keys in one statement, in one order; a
+    /// no-op where writers are serialised anyway.
+    async fn lock_policy(
+        &mut self,
+        agent: &AgentId,
+        tools: &[&ToolName],
+        exclusive: bool,
+    ) -> Result<()>;
+    /// Every rule.
+    async fn rules(&mut self) -> Result<Vec<Rule>>;
+    /// The unrevoked grants of `agent` for `tools` not expired at `now`; only `session`'s among
+    /// session grants when it is given.
+    async fn live_grants(
+        &mut self,
+        agent: &AgentId,
+        session: Option<&SessionId>,
+        tools: &[&ToolName],
+        now: Timestamp,
+    ) -> Result<Vec<Grant>>;
+    async fn insert_grant(&mut self, spec: &GrantSpec) -> Result<Grant>;
+    /// The latest grant created by deciding this call, if any.
+    async fn grant_from_call(&mut self, key: &CallKey) -> Result<Option<Grant>>;
+    /// The grants `target` names: for an id that grant whatever its state; otherwise the
+    /// unrevoked grants of that scope not expired at `now`.
+    async fn grants_named(&mut self, target: &RevokeTarget, now: Timestamp) -> Result<Vec<Grant>>;
+    /// Marks these grants revoked, unless they already are; returns those it marked.
+    async fn revoke(&mut self, ids: &[i64], by: &str, now: Timestamp) -> Result<Vec<Grant>>;
+    /// Pending calls of `agent` calling `tool` in the scope of a grant, oldest first.
+    async fn pending_in_scope(
+        &mut self,
+        agent: &AgentId,
+        tool: &ToolName,
+        scope: &GrantScope,
+    ) -> Result<Vec<Stored>>;
+    async fn find_rule(&mut self, id: &RuleId) -> Result<Option<Rule>>;
+    /// Stores `rule`; `false` if its id is taken (nothing written).
+    async fn insert_rule(&mut self, rule: &Rule) -> Result<bool>;
+    /// Removes a rule; `false` if there was none.
+    async fn delete_rule(&mut self, id: &RuleId) -> Result<bool>;
+    /// Removes every rule loaded from a policy file; until this transaction ends, no other may
+    /// change rules (so concurrent loads of policy files do not interleave).
+    async fn delete_file_rules(&mut self) -> Result<()>;
+}
+
 /// Stores a batch and commits. See [`super::Store::submit`].
 pub async fn submit(
-    mut tx: impl WriteTx,
+    mut tx: impl WriteTx + PolicyTx,
     batch: &NewBatch,
     texts: &ToolResultTexts,
 ) -> Result<SubmitReport> {
@@ -124,7 +186,7 @@ pub async fn submit(
 }
 
 pub(super) async fn submit_in(
-    tx: &mut impl WriteTx,
+    tx: &mut (impl WriteTx + PolicyTx),
     batch: &NewBatch,
     texts: &ToolResultTexts,
     now: Timestamp,
@@ -139,6 +201,10 @@ pub(super) async fn submit_in(
             Some(stored) => report.items.push(existing(batch, call, stored.call)),
             None => fresh.push(call),
         }
+    }
+    let tools = tools_of(fresh.iter().map(|c| &c.tool));
+    if !tools.is_empty() {
+        tx.lock_policy(&batch.agent, &tools, false).await?;
     }
 
     // A batch whose every call was refused replaces nothing: it supersedes nothing either.
@@ -165,6 +231,8 @@ pub(super) async fn submit_in(
         }
     }
 
+    // Calls stored now, with their row ids, in position order.
+    let mut accepted: Vec<Stored> = Vec::new();
     if !fresh.is_empty() {
         let batch_id = BatchId::generate();
         let planned = fresh.len();
@@ -186,7 +254,12 @@ pub(super) async fn submit_in(
             {
                 Some(rowid) => {
                     position += 1;
-                    SubmitResult::Accepted(tx.load_call(rowid).await?)
+                    let call = tx.load_call(rowid).await?;
+                    accepted.push(Stored {
+                        rowid,
+                        call: call.clone(),
+                    });
+                    SubmitResult::Accepted(call)
                 }
                 // A concurrent submit stored the same identity first: answer as if it had
                 // been there all along.
@@ -211,12 +284,87 @@ pub(super) async fn submit_in(
         }
     }
 
+    let superseded = resolved.len();
+    let decided = decide_by_policy(tx, batch, &tools, &accepted, texts, now).await?;
+    resolved.extend(decided);
     complete_batches(tx, &resolved).await?;
-    for r in &resolved {
+    for r in &resolved[..superseded] {
         report.superseded.push(tx.load_call(r.rowid).await?);
+    }
+    // The calls rules or grants decided (or whose batch a denial skipped) are acknowledged with
+    // their outcome.
+    for r in &resolved[superseded..] {
+        let call = tx.load_call(r.rowid).await?;
+        for item in &mut report.items {
+            if let SubmitResult::Accepted(c) = &mut item.result
+                && c.key == call.key
+            {
+                *c = call.clone();
+            }
+        }
     }
     report.items.sort_by_key(|item| item.index);
     Ok(report)
+}
+
+/// The distinct tools of some calls, sorted.
+fn tools_of<'a>(tools: impl Iterator<Item = &'a ToolName>) -> Vec<&'a ToolName> {
+    let mut tools: Vec<&ToolName> = tools.collect();
+    tools.sort_unstable();
+    tools.dedup();
+    tools
+}
+
+/// Decides the calls just stored that a rule or a grant decides, in position order, with what a
+/// human decision would bring along (a denial skips the rest of a SKIP_REST batch).
+async fn decide_by_policy(
+    tx: &mut (impl WriteTx + PolicyTx),
+    batch: &NewBatch,
+    tools: &[&ToolName],
+    accepted: &[Stored],
+    texts: &ToolResultTexts,
+    now: Timestamp,
+) -> Result<Vec<Resolved>> {
+    let mut resolved = Vec::new();
+    if accepted.is_empty() {
+        return Ok(resolved);
+    }
+    let rules = tx.rules().await?;
+    let grants = tx
+        .live_grants(&batch.agent, Some(&batch.session), tools, now)
+        .await?;
+    if rules.is_empty() && grants.is_empty() {
+        return Ok(resolved);
+    }
+    for Stored { rowid, call } in accepted {
+        let ruling = evaluate(&Subject::of_call(call), &rules, &grants, now);
+        let Some(outcome) = ruling.outcome(&call.input, texts, now) else {
+            continue;
+        };
+        // Conditional: an earlier denial of this batch may have skipped it already.
+        if let Some(r) = tx.resolve(*rowid, &outcome).await? {
+            resolved.push(r);
+            if outcome.kind == OutcomeKind::Denied && batch.on_deny == OnDeny::SkipRest {
+                resolved.extend(skip_rest_of_batch(tx, &call.batch_id, texts, now).await?);
+            }
+        }
+    }
+    Ok(resolved)
+}
+
+/// Skips every still-pending call of a batch (one of its calls was denied).
+async fn skip_rest_of_batch(
+    tx: &mut impl WriteTx,
+    batch: &BatchId,
+    texts: &ToolResultTexts,
+    now: Timestamp,
+) -> Result<Vec<Resolved>> {
+    let skip = texts.outcome(OutcomeKind::Skipped, DecidedBy::Broker, "", now);
+    let mut skipped = Vec::new();
+    for sibling in tx.pending_in_batch(batch).await? {
+        skipped.extend(tx.resolve(sibling, &skip).await?);
+    }
+    Ok(skipped)
 }
 
 fn key_of(batch: &NewBatch, call_id: &CallId) -> CallKey {
@@ -246,7 +394,7 @@ fn existing(batch: &NewBatch, call: &NewCall, stored: Call) -> SubmitItem {
 
 /// Writes an approver's decision and commits. See [`super::Store::decide`].
 pub async fn decide(
-    mut tx: impl WriteTx,
+    mut tx: impl WriteTx + PolicyTx,
     key: &CallKey,
     decision: &Decision,
     texts: &ToolResultTexts,
@@ -259,7 +407,7 @@ pub async fn decide(
 }
 
 pub(super) async fn decide_in(
-    tx: &mut impl WriteTx,
+    tx: &mut (impl WriteTx + PolicyTx),
     key: &CallKey,
     decision: &Decision,
     texts: &ToolResultTexts,
@@ -271,29 +419,15 @@ pub(super) async fn decide_in(
             key.call_id, key.session, key.agent
         )));
     };
-    let outcome = match decision.verdict {
-        Verdict::Approve => Outcome {
-            kind: OutcomeKind::Approved,
-            decided_at: now,
-            decided_by: DecidedBy::Approver(decision.approver.clone()),
-            reason: decision.reason.clone(),
-            tool_result: String::new(),
-            run_input: Some(
-                decision
-                    .edited_input
-                    .clone()
-                    .unwrap_or_else(|| call.input.clone()),
-            ),
-            input_edited: decision.edited_input.is_some(),
-            seq: None,
-        },
-        Verdict::Deny => texts.outcome(
-            OutcomeKind::Denied,
-            DecidedBy::Approver(decision.approver.clone()),
-            &decision.reason,
-            now,
-        ),
-    };
+    let grant = decision
+        .remember
+        .as_ref()
+        .map(|remember| grant_spec(&call, decision, remember, now))
+        .transpose()?;
+    if grant.is_some() {
+        tx.lock_policy(&call.key.agent, &[&call.tool], true).await?;
+    }
+    let outcome = approver_outcome(&call, decision, texts, now);
     if call.outcome.is_none()
         && let Some(deadline) = call.deadline
         && deadline <= now
@@ -307,11 +441,20 @@ pub(super) async fn decide_in(
     let won = match &call.outcome {
         Some(_) => None,
         None => {
-            tx.lock_batches(&[call.batch_id.as_str()]).await?;
-            tx.resolve(rowid, &outcome).await?
+            // The pending calls the new grant covers are decided in this transaction too: lock
+            // their batches with the call's own, all at once.
+            let covered = match &grant {
+                Some(spec) => pending_covered_by(tx, spec, rowid, now).await?,
+                None => Vec::new(),
+            };
+            tx.lock_batches(&batches_of(
+                std::iter::once(&call).chain(covered.iter().map(|c| &c.call)),
+            ))
+            .await?;
+            tx.resolve(rowid, &outcome).await?.map(|won| (won, covered))
         }
     };
-    let Some(won) = won else {
+    let Some((won, covered)) = won else {
         // Decided before (or by a transaction that committed while this one waited).
         let standing = tx.load_call(rowid).await?;
         if let Some(outcome) = &standing.outcome {
@@ -321,30 +464,256 @@ pub(super) async fn decide_in(
             call: standing,
             replayed: true,
             skipped: Vec::new(),
+            grant: tx.grant_from_call(key).await?,
+            decided_by_grant: Vec::new(),
         });
     };
 
     let mut resolved = vec![won];
     let mut skipped = Vec::new();
     if decision.verdict == Verdict::Deny && tx.on_deny(&call.batch_id).await? == OnDeny::SkipRest {
-        let skip = texts.outcome(OutcomeKind::Skipped, DecidedBy::Broker, "", now);
-        for sibling in tx.pending_in_batch(&call.batch_id).await? {
-            if let Some(r) = tx.resolve(sibling, &skip).await? {
-                skipped.push(r.rowid);
-                resolved.push(r);
-            }
-        }
+        let siblings = skip_rest_of_batch(tx, &call.batch_id, texts, now).await?;
+        skipped.extend(siblings.iter().map(|r| r.rowid));
+        resolved.extend(siblings);
+    }
+    let mut created = None;
+    let mut decided_by_grant = Vec::new();
+    if let Some(spec) = grant {
+        let grant = tx.insert_grant(&spec).await?;
+        let (decided, also_skipped) =
+            decide_covered(tx, &grant, covered, texts, now, &mut resolved).await?;
+        decided_by_grant = decided;
+        skipped.extend(also_skipped);
+        created = Some(grant);
     }
     complete_batches(tx, &resolved).await?;
     let mut report = DecideReport {
         call: tx.load_call(rowid).await?,
         replayed: false,
         skipped: Vec::with_capacity(skipped.len()),
+        grant: created,
+        decided_by_grant: Vec::with_capacity(decided_by_grant.len()),
     };
     for rowid in skipped {
         report.skipped.push(tx.load_call(rowid).await?);
     }
+    for rowid in decided_by_grant {
+        report.decided_by_grant.push(tx.load_call(rowid).await?);
+    }
     Ok(report)
+}
+
+/// The outcome an approver's decision writes.
+fn approver_outcome(
+    call: &Call,
+    decision: &Decision,
+    texts: &ToolResultTexts,
+    now: Timestamp,
+) -> Outcome {
+    let by = DecidedBy::Approver(decision.approver.clone());
+    match decision.verdict {
+        Verdict::Approve => Outcome {
+            kind: OutcomeKind::Approved,
+            decided_at: now,
+            decided_by: by,
+            reason: decision.reason.clone(),
+            tool_result: String::new(),
+            run_input: Some(
+                decision
+                    .edited_input
+                    .clone()
+                    .unwrap_or_else(|| call.input.clone()),
+            ),
+            input_edited: decision.edited_input.is_some(),
+            seq: None,
+        },
+        Verdict::Deny => texts.outcome(OutcomeKind::Denied, by, &decision.reason, now),
+    }
+}
+
+/// The grant a decision asks to remember, for the call it decides.
+fn grant_spec(
+    call: &Call,
+    decision: &Decision,
+    remember: &Remember,
+    now: Timestamp,
+) -> Result<GrantSpec> {
+    let scope = match remember.scope {
+        Scope::Session => GrantScope::Session(call.key.session.clone()),
+        Scope::Workspace if call.workspace.is_empty() => {
+            return Err(Error::invalid(
+                "scope",
+                format!(
+                    "SCOPE_WORKSPACE needs a call with a workspace; call `{}` has none",
+                    call.key.call_id
+                ),
+            ));
+        }
+        Scope::Workspace => GrantScope::Workspace(call.workspace.clone()),
+        Scope::Always => GrantScope::Always,
+        Scope::Once => return Err(Error::Internal("a ONCE decision has no grant".into())),
+    };
+    Ok(GrantSpec {
+        agent: call.key.agent.clone(),
+        scope,
+        tool: call.tool.clone(),
+        matcher: remember
+            .matcher
+            .clone()
+            .unwrap_or_else(|| crate::domain::policy::Matcher::Exact(call.input.clone())),
+        effect: match decision.verdict {
+            Verdict::Approve => Effect::Allow,
+            Verdict::Deny => Effect::Deny,
+        },
+        created_by: DecidedBy::Approver(decision.approver.clone()).to_string(),
+        created_at: now,
+        expires_at: remember.expires_in.map(|d| now.saturating_add(d)),
+        source: call.key.clone(),
+        reason: decision.reason.clone(),
+    })
+}
+
+/// The pending calls (other than `except`) a grant about to be created covers, still before
+/// their deadline.
+async fn pending_covered_by(
+    tx: &mut (impl WriteTx + PolicyTx),
+    spec: &GrantSpec,
+    except: i64,
+    now: Timestamp,
+) -> Result<Vec<Stored>> {
+    let pending = tx
+        .pending_in_scope(&spec.agent, &spec.tool, &spec.scope)
+        .await?;
+    Ok(pending
+        .into_iter()
+        .filter(|p| p.rowid != except)
+        .filter(|p| p.call.deadline.is_none_or(|d| d > now))
+        .filter(|p| spec.covers(&Subject::of_call(&p.call)))
+        .collect())
+}
+
+/// Decides, by the one `evaluate` (so a rule that outranks the new grant still wins), the
+/// pending calls `grant` covers, oldest first; a denial skips the rest of a SKIP_REST batch.
+/// Returns the row ids decided, and those skipped.
+async fn decide_covered(
+    tx: &mut (impl WriteTx + PolicyTx),
+    grant: &Grant,
+    covered: Vec<Stored>,
+    texts: &ToolResultTexts,
+    now: Timestamp,
+    resolved: &mut Vec<Resolved>,
+) -> Result<(Vec<i64>, Vec<i64>)> {
+    let (mut decided, mut skipped) = (Vec::new(), Vec::new());
+    if covered.is_empty() {
+        return Ok((decided, skipped));
+    }
+    let rules = tx.rules().await?;
+    let grants = tx
+        .live_grants(&grant.spec.agent, None, &[&grant.spec.tool], now)
+        .await?;
+    for Stored { rowid, call } in covered {
+        let ruling = evaluate(&Subject::of_call(&call), &rules, &grants, now);
+        let Some(outcome) = ruling.outcome(&call.input, texts, now) else {
+            continue;
+        };
+        // Conditional: a denial decided here may have skipped it already.
+        let Some(r) = tx.resolve(rowid, &outcome).await? else {
+            continue;
+        };
+        resolved.push(r);
+        decided.push(rowid);
+        if outcome.kind == OutcomeKind::Denied
+            && tx.on_deny(&call.batch_id).await? == OnDeny::SkipRest
+        {
+            let siblings = skip_rest_of_batch(tx, &call.batch_id, texts, now).await?;
+            skipped.extend(siblings.iter().map(|r| r.rowid));
+            resolved.extend(siblings);
+        }
+    }
+    Ok((decided, skipped))
+}
+
+/// Revokes what `target` names and commits. See [`super::Store::revoke_grants`].
+pub async fn revoke_grants(
+    mut tx: impl WriteTx + PolicyTx,
+    target: &RevokeTarget,
+    by: &str,
+) -> Result<RevokeReport> {
+    let now = Timestamp::now();
+    let named = tx.grants_named(target, now).await?;
+    if let RevokeTarget::Id(id) = target
+        && named.is_empty()
+    {
+        return Err(Error::NotFound(format!("no grant with id {id}")));
+    }
+    let report = match named.first() {
+        None => RevokeReport::default(),
+        Some(first) => {
+            // A submit reading these grants finishes first; every later one sees them revoked.
+            let agent = first.spec.agent.clone();
+            let tools = tools_of(named.iter().map(|g| &g.spec.tool));
+            tx.lock_policy(&agent, &tools, true).await?;
+            let ids: Vec<i64> = named.iter().map(|g| g.id).collect();
+            let revoked = tx.revoke(&ids, by, now).await?;
+            let count = revoked.len();
+            let grants = match target {
+                // The grant as it stands, revoked now or before.
+                RevokeTarget::Id(_) if revoked.is_empty() => named,
+                _ => revoked,
+            };
+            RevokeReport {
+                revoked: count,
+                grants,
+            }
+        }
+    };
+    tx.commit().await?;
+    Ok(report)
+}
+
+/// Adds a rule and commits; the same rule again is answered with the stored one.
+pub async fn create_rule(mut tx: impl WriteTx + PolicyTx, rule: &Rule) -> Result<Rule> {
+    let stored = if tx.insert_rule(rule).await? {
+        rule.clone()
+    } else {
+        match tx.find_rule(&rule.id).await? {
+            Some(existing) if existing.same_terms_as(rule) => existing,
+            Some(_) => {
+                return Err(Error::AlreadyExists(format!(
+                    "rule.id: a different rule `{}` exists; delete it first",
+                    rule.id
+                )));
+            }
+            None => return Err(Error::Internal("a conflicting rule vanished".into())),
+        }
+    };
+    tx.commit().await?;
+    Ok(stored)
+}
+
+/// Removes a rule and commits.
+pub async fn delete_rule(mut tx: impl WriteTx + PolicyTx, id: &RuleId) -> Result<Rule> {
+    let Some(rule) = tx.find_rule(id).await? else {
+        return Err(Error::NotFound(format!("no rule `{id}`")));
+    };
+    tx.delete_rule(id).await?;
+    tx.commit().await?;
+    Ok(rule)
+}
+
+/// Replaces the rules of the previous policy file with `rules` and commits.
+pub async fn load_file_rules(mut tx: impl WriteTx + PolicyTx, rules: &[Rule]) -> Result<()> {
+    tx.delete_file_rules().await?;
+    for rule in rules {
+        // A rule made through CreateRule with the same id gives way to the file's.
+        tx.delete_rule(&rule.id).await?;
+        let rule = Rule {
+            source: RuleSource::File,
+            ..rule.clone()
+        };
+        tx.insert_rule(&rule).await?;
+    }
+    tx.commit().await
 }
 
 /// Cancels what `target` names and commits. See [`super::Store::cancel`].
@@ -437,7 +806,7 @@ pub(super) async fn cancel_in(
 /// A backend that opens write transactions.
 #[async_trait]
 pub trait Writer: Sync {
-    type Tx: WriteTx;
+    type Tx: WriteTx + PolicyTx;
     async fn begin_write(&self) -> Result<Self::Tx>;
 }
 

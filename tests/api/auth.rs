@@ -293,7 +293,80 @@ async fn the_recorded_approver_comes_from_the_token_never_from_the_request(app: 
     assert_eq!(outcome.decided_by, "approver:alice");
 }
 
+/// An approver may remember decisions; only an admin may inspect or revoke what was remembered
+/// or manage rules; and a grant decides only the calls of the agent whose call was decided.
+async fn grants_belong_to_one_agent_and_only_admins_manage_them(app: TestApp) {
+    agent_as(&app, AGENT_A)
+        .submit(submit_request("s", "c1", r#"{"x":1}"#))
+        .await
+        .expect("submit");
+    let mut request = decide_request("s", "c1", pb::Decision::Approve, "");
+    request.agent = "agent-a".into();
+    request.scope = pb::Scope::Always as i32;
+    request.matcher = Some(any_input());
+    let grant = approver_as(&app, ALICE)
+        .decide(request)
+        .await
+        .expect("an approver may remember a decision")
+        .into_inner()
+        .grant
+        .expect("a grant");
+    assert_eq!(
+        (grant.agent.as_str(), grant.created_by.as_str()),
+        ("agent-a", "approver:alice")
+    );
+    let status = |response: pb::SubmitResponse| match &response.acks[0].result {
+        Some(pb::call_ack::Result::Accepted(a)) => a.status,
+        other => panic!("{other:?}"),
+    };
+    let mine = agent_as(&app, AGENT_A)
+        .submit(submit_request("s2", "c2", r#"{"x":2}"#))
+        .await
+        .expect("submit")
+        .into_inner();
+    assert_eq!(status(mine), CallStatus::Approved as i32);
+    let theirs = agent_as(&app, AGENT_B)
+        .submit(submit_request("s2", "c2", r#"{"x":2}"#))
+        .await
+        .expect("submit")
+        .into_inner();
+    assert_eq!(
+        status(theirs),
+        CallStatus::Pending as i32,
+        "agent-a's grant does not decide agent-b's calls"
+    );
+
+    assert_eq!(
+        code(
+            admin_as(&app, ALICE)
+                .list_grants(pb::ListGrantsRequest::default())
+                .await
+        ),
+        Code::PermissionDenied
+    );
+    assert_eq!(
+        code(
+            admin_as(&app, ALICE)
+                .create_rule(pb::CreateRuleRequest {
+                    rule: Some(rule("r", "t", pb::Effect::Allow, 0, None)),
+                })
+                .await
+        ),
+        Code::PermissionDenied
+    );
+    let revoked = admin_as(&app, ROOT)
+        .revoke_grant(pb::RevokeGrantRequest {
+            target: Some(pb::revoke_grant_request::Target::Id(grant.id)),
+            agent: String::new(),
+        })
+        .await
+        .expect("an admin may revoke")
+        .into_inner();
+    assert_eq!(revoked.grants[0].revoked_by, "root");
+}
+
 backend_tests! {
+    grants_belong_to_one_agent_and_only_admins_manage_them => super::with_tokens,
     without_a_valid_token_every_service_is_unauthenticated_and_health_stays_open => super::with_tokens,
     a_token_of_the_wrong_role_is_permission_denied_and_admin_may_call_everything => super::with_tokens,
     agents_with_the_same_session_and_call_ids_never_see_or_touch_each_others_calls => super::with_tokens,

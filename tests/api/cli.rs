@@ -91,6 +91,34 @@ fn an_invalid_setting_stops_the_broker_naming_it() {
 }
 
 #[test]
+fn an_invalid_policy_file_stops_the_broker_naming_the_setting_and_the_rule() {
+    let dir = tempfile::tempdir().expect("dir");
+    let database = format!("sqlite://{}", dir.path().join("a.db").display());
+    let bad_rule = dir.path().join("bad-rule.json");
+    std::fs::write(
+        &bad_rule,
+        r#"{"rules": [{"id": "fine", "tool": "t", "effect": "allow"},
+                      {"id": "bad-one", "tool": "t", "effect": "maybe"}]}"#,
+    )
+    .expect("write");
+    let missing = dir.path().join("missing.json");
+    for (file, expected) in [
+        (&bad_rule, "rules[1] (id `bad-one`): effect"),
+        (&missing, "cannot read"),
+    ] {
+        let output = broker()
+            .args(["--listen", "127.0.0.1:0", "--database-url", &database])
+            .env("APPROVALS_POLICY_FILE", file)
+            .output()
+            .expect("run");
+        assert!(!output.status.success(), "{output:?}");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(stdout.contains("--policy-file"), "{stdout}");
+        assert!(stdout.contains(expected), "{stdout}");
+    }
+}
+
+#[test]
 fn hash_token_prints_the_line_to_configure_a_token_with() {
     let output = broker()
         .args(["hash-token", "s3cret"])

@@ -301,6 +301,17 @@ impl TestApp {
         .await
     }
 
+    /// Stops the broker gracefully and starts a new one on the same database, configured by
+    /// `configure` (for settings read at start, such as the policy file).
+    pub async fn restart_with(mut self, configure: impl FnOnce(&mut Config)) -> TestApp {
+        self.shut_down().await;
+        let mut config = Config::with_database(std::mem::take(&mut self.database_url));
+        configure(&mut config);
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"));
+        let schema = self.schema.take();
+        start(config, dir, self.backend.clone(), schema).await
+    }
+
     /// Another broker process on the same database (Postgres replicas), configured by
     /// `configure`.
     pub async fn replica(&self, configure: impl FnOnce(&mut Config)) -> TestApp {
@@ -656,5 +667,172 @@ impl BrokerProcess {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Decides a call and remembers the decision with `scope` (and `matcher`, if given).
+pub async fn decide_remembering(
+    app: &TestApp,
+    session: &str,
+    call_id: &str,
+    decision: pb::Decision,
+    scope: pb::Scope,
+    matcher: Option<pb::InputMatcher>,
+) -> pb::DecideResponse {
+    let mut request = decide_request(session, call_id, decision, "remembered");
+    request.scope = scope as i32;
+    request.matcher = matcher;
+    app.approver()
+        .decide(request)
+        .await
+        .expect("decide")
+        .into_inner()
+}
+
+/// A matcher of every input.
+pub fn any_input() -> pb::InputMatcher {
+    pb::InputMatcher {
+        kind: Some(pb::input_matcher::Kind::Any(pb::AnyInput {})),
+    }
+}
+
+/// A matcher of exactly this input.
+pub fn exact_input(input_json: &str) -> pb::InputMatcher {
+    pb::InputMatcher {
+        kind: Some(pb::input_matcher::Kind::ExactJson(input_json.into())),
+    }
+}
+
+/// A matcher of inputs where every condition holds.
+pub fn fields(conditions: Vec<pb::FieldCondition>) -> pb::InputMatcher {
+    pb::InputMatcher {
+        kind: Some(pb::input_matcher::Kind::Fields(pb::FieldConditions {
+            conditions,
+        })),
+    }
+}
+
+fn condition(field: &str, test: pb::field_condition::Test) -> pb::FieldCondition {
+    pb::FieldCondition {
+        field: field.into(),
+        test: Some(test),
+    }
+}
+
+pub fn prefix(field: &str, prefix: &str) -> pb::FieldCondition {
+    condition(field, pb::field_condition::Test::Prefix(prefix.into()))
+}
+
+pub fn glob(field: &str, glob: &str) -> pb::FieldCondition {
+    condition(field, pb::field_condition::Test::Glob(glob.into()))
+}
+
+pub fn equals(field: &str, value: &str) -> pb::FieldCondition {
+    condition(field, pb::field_condition::Test::Equals(value.into()))
+}
+
+pub fn equals_json(field: &str, json: &str) -> pb::FieldCondition {
+    condition(field, pb::field_condition::Test::EqualsJson(json.into()))
+}
+
+/// A rule for CreateRule.
+pub fn rule(
+    id: &str,
+    tool: &str,
+    effect: pb::Effect,
+    priority: i32,
+    matcher: Option<pb::InputMatcher>,
+) -> pb::Rule {
+    pb::Rule {
+        id: id.into(),
+        tool: tool.into(),
+        matcher,
+        effect: effect as i32,
+        priority,
+        ..Default::default()
+    }
+}
+
+pub async fn create_rule(app: &TestApp, rule: pb::Rule) -> pb::Rule {
+    app.admin()
+        .create_rule(pb::CreateRuleRequest { rule: Some(rule) })
+        .await
+        .expect("create rule")
+        .into_inner()
+}
+
+/// The grants ListGrants shows (active ones, or all with `include_inactive`), every page.
+pub async fn list_grants(app: &TestApp, mut request: pb::ListGrantsRequest) -> Vec<pb::Grant> {
+    let mut grants = Vec::new();
+    loop {
+        let page = app
+            .admin()
+            .list_grants(request.clone())
+            .await
+            .expect("list grants")
+            .into_inner();
+        grants.extend(page.grants);
+        if page.next_page_token.is_empty() {
+            return grants;
+        }
+        request.page_token = page.next_page_token;
+    }
+}
+
+/// Explains a call described inline (agent `default`).
+pub async fn explain_inline(
+    app: &TestApp,
+    session: &str,
+    workspace: &str,
+    tool: &str,
+    input_json: &str,
+) -> pb::ExplainResponse {
+    let inline = pb::ExplainCall {
+        agent: String::new(),
+        session_id: session.into(),
+        workspace: workspace.into(),
+        tool: tool.into(),
+        input_json: input_json.into(),
+    };
+    app.admin()
+        .explain(pb::ExplainRequest {
+            call: Some(pb::explain_request::Call::Inline(inline)),
+        })
+        .await
+        .expect("explain")
+        .into_inner()
+}
+
+/// Explains a stored call of agent `default`.
+pub async fn explain_stored(app: &TestApp, session: &str, call_id: &str) -> pb::ExplainResponse {
+    let stored = pb::GetCallRequest {
+        session_id: session.into(),
+        call_id: call_id.into(),
+        agent: String::new(),
+    };
+    app.admin()
+        .explain(pb::ExplainRequest {
+            call: Some(pb::explain_request::Call::Stored(stored)),
+        })
+        .await
+        .expect("explain")
+        .into_inner()
+}
+
+/// The status of the one call a submit acknowledged (its `accepted` status).
+pub fn ack_status(response: &pb::SubmitResponse, index: usize) -> CallStatus {
+    match &response.acks[index].result {
+        Some(pb::call_ack::Result::Accepted(a) | pb::call_ack::Result::Duplicate(a)) => {
+            CallStatus::try_from(a.status).expect("known status")
+        }
+        other => panic!("call {index} was not accepted: {other:?}"),
+    }
+}
+
+/// A call with a workspace.
+pub fn call_in(workspace: &str, call_id: &str, tool: &str, input_json: &str) -> pb::CallSpec {
+    pb::CallSpec {
+        workspace: workspace.into(),
+        ..call(call_id, tool, input_json)
     }
 }

@@ -96,7 +96,54 @@ async fn an_agent_gets_outcomes_decided_while_the_broker_restarted(app: TestApp)
     }
 }
 
+async fn grants_and_rules_survive_a_crash(app: TestApp) {
+    submit(
+        &app,
+        batch("s", vec![call("c1", "shell", r#"{"command":"ls"}"#)]),
+    )
+    .await;
+    let grant = decide_remembering(
+        &app,
+        "s",
+        "c1",
+        pb::Decision::Approve,
+        pb::Scope::Always,
+        Some(any_input()),
+    )
+    .await
+    .grant
+    .expect("a grant");
+    create_rule(&app, rule("no-rm", "rm", pb::Effect::Deny, 0, None)).await;
+    let app = app.crash_and_restart().await;
+    let listed = list_grants(&app, Default::default()).await;
+    assert_eq!(listed, vec![grant.clone()], "the grant, as it was");
+    let response = submit(
+        &app,
+        batch(
+            "s2",
+            vec![
+                call("c2", "shell", r#"{"command":"pwd"}"#),
+                call("c3", "rm", "{}"),
+            ],
+        ),
+    )
+    .await;
+    let decided: Vec<_> = response
+        .outcomes
+        .iter()
+        .map(|o| (o.call_id.as_str(), o.decided_by.clone()))
+        .collect();
+    assert_eq!(
+        decided,
+        [
+            ("c2", format!("grant:{}", grant.id)),
+            ("c3", "policy:no-rm".to_owned()),
+        ]
+    );
+}
+
 backend_tests! {
+    grants_and_rules_survive_a_crash,
     acknowledged_calls_and_decisions_survive_a_crash,
     a_subscriber_resumes_across_a_restart_with_no_gap_and_no_duplicate,
     an_agent_gets_outcomes_decided_while_the_broker_restarted,

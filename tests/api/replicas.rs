@@ -1,7 +1,7 @@
 //! Several broker processes on one Postgres database are one broker: outcomes decided through one
 //! replica reach agents on another, every subscriber on every replica sees every event once and
-//! in order, the first decision wins across replicas, and a transaction that commits late never
-//! makes a reader skip its event. Postgres only (these pass without running when
+//! in order, the first decision wins across replicas, a transaction that commits late never
+//! makes a reader skip its event, and grants and rules made through one replica apply on all. Postgres only (these pass without running when
 //! `APPROVALS_TEST_POSTGRES_URL` is not set).
 
 use std::collections::{BTreeMap, HashMap};
@@ -844,5 +844,129 @@ async fn a_resume_of_named_calls_never_hides_another_outcome_of_a_followed_sessi
                 _ => {}
             }
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_created_through_one_replica_applies_to_a_submit_on_another() {
+    let Some([a, b, c]) = three_replicas().await else {
+        return;
+    };
+    submit(
+        &a,
+        batch(
+            "s",
+            vec![call("c1", "shell", r#"{"command":"git status"}"#)],
+        ),
+    )
+    .await;
+    let grant = decide_remembering(
+        &a,
+        "s",
+        "c1",
+        pb::Decision::Approve,
+        pb::Scope::Session,
+        Some(fields(vec![prefix("command", "git status")])),
+    )
+    .await
+    .grant
+    .expect("a grant");
+    let by_grant = format!("grant:{}", grant.id);
+    let input = r#"{"command":"git status --short"}"#;
+    let response = submit(&b, batch("s", vec![call("c2", "shell", input)])).await;
+    assert_eq!(ack_status(&response, 0), CallStatus::Approved);
+    assert_eq!(response.outcomes[0].decided_by, by_grant);
+    let explained = explain_inline(&c, "s", "", "shell", input).await;
+    assert_eq!(
+        explained.decided_by, by_grant,
+        "every replica reads the same grants"
+    );
+
+    // A revocation through one replica applies on the others too.
+    AdminServiceClient::new(c.channel.clone())
+        .revoke_grant(pb::RevokeGrantRequest {
+            target: Some(pb::revoke_grant_request::Target::Id(grant.id)),
+            agent: String::new(),
+        })
+        .await
+        .expect("revoke");
+    let response = submit(&a, batch("s", vec![call("c3", "shell", input)])).await;
+    assert_eq!(ack_status(&response, 0), CallStatus::Pending);
+    // And a rule made through one replica applies on another.
+    create_rule(&b, rule("no-shell", "shell", pb::Effect::Deny, 0, None)).await;
+    let response = submit(&c, batch("s", vec![call("c4", "shell", input)])).await;
+    assert_eq!(response.outcomes[0].decided_by, "policy:no-shell");
+}
+
+/// Submits of calls a grant will match, through two replicas, racing the grant's creation
+/// through a third: each call is decided by the grant, at its submit or at the grant's creation;
+/// none is left pending (the grant saw it, or it saw the grant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_racing_matching_submits_across_replicas_leaves_none_of_them_pending() {
+    let Some([a, b, c]) = three_replicas().await else {
+        return;
+    };
+    const PER_SUBMITTER: usize = 60;
+    for round in 0..3 {
+        let session = format!("race{round}");
+        let tool = format!("tool{round}");
+        submit(&a, batch(&session, vec![call("seed", &tool, "{}")])).await;
+        let mut submitters = Vec::new();
+        for (n, replica) in [&b, &c, &b, &c].into_iter().enumerate() {
+            let mut client = AgentServiceClient::new(replica.channel.clone());
+            let (session, tool) = (session.clone(), tool.clone());
+            submitters.push(tokio::spawn(async move {
+                for i in 0..PER_SUBMITTER {
+                    let spec = batch(
+                        &session,
+                        vec![call(&format!("c{n}-{i}"), &tool, r#"{"i":1}"#)],
+                    );
+                    client
+                        .submit(pb::SubmitRequest { batch: Some(spec) })
+                        .await
+                        .expect("submit");
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(20 * round as u64 + 10)).await;
+        let grant = decide_remembering(
+            &a,
+            &session,
+            "seed",
+            pb::Decision::Approve,
+            pb::Scope::Session,
+            Some(any_input()),
+        )
+        .await
+        .grant
+        .expect("a grant");
+        for submitter in submitters {
+            submitter.await.expect("submitter");
+        }
+        let by_grant = format!("grant:{}", grant.id);
+        let calls: Vec<pb::Call> = all_calls(&a)
+            .await
+            .into_iter()
+            .filter(|c| c.session_id == session && c.call_id != "seed")
+            .collect();
+        assert_eq!(calls.len(), 4 * PER_SUBMITTER);
+        let pending: Vec<&str> = calls
+            .iter()
+            .filter(|c| c.status == CallStatus::Pending as i32)
+            .map(|c| c.call_id.as_str())
+            .collect();
+        let decided_later = calls
+            .iter()
+            .filter(|c| c.outcome.as_ref().is_some_and(|o| o.decided_by == by_grant))
+            .count();
+        assert!(
+            pending.is_empty(),
+            "round {round}: left pending although the grant matches: {pending:?}"
+        );
+        assert_eq!(
+            decided_later,
+            calls.len(),
+            "round {round}: every one by the grant"
+        );
     }
 }

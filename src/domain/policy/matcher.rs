@@ -1,0 +1,458 @@
+//! Input matchers: how narrowly a grant or a rule applies to a tool's input. Any input; exactly
+//! one input (compared in canonical JSON, so key order and white space do not matter); or
+//! conditions on fields of the input, all of which must hold.
+//!
+//! A field is a top-level key (`command`) or a dotted path into nested objects (`options.force`).
+//! A condition on a field that is missing never holds; `prefix` and `glob` hold only for string
+//! fields; `equals` compares any JSON value, by its canonical text (so the number `1` is not
+//! `1.0`). Matchers are stored, and written in the policy file, as JSON:
+//! `{"any": true}`, `{"exact": {...}}` or `{"fields": [{"field": "command", "prefix": "git status"}]}`.
+
+use std::cell::OnceCell;
+use std::fmt;
+
+use serde_json::{Map, Value, json};
+
+use super::glob::Glob;
+use crate::domain::ToolInput;
+use crate::error::{Error, Result};
+
+/// At most this many conditions in one matcher.
+pub const MAX_CONDITIONS: usize = 16;
+/// At most this many bytes in a field path or a condition's value.
+pub const MAX_FIELD_BYTES: usize = 256;
+pub const MAX_VALUE_BYTES: usize = 4096;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Matcher {
+    /// Every input.
+    Any,
+    /// Exactly this input.
+    Exact(ToolInput),
+    /// Inputs where every condition holds (at least one condition).
+    Fields(Vec<FieldCondition>),
+}
+
+/// One condition on one field of the input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldCondition {
+    path: FieldPath,
+    test: FieldTest,
+}
+
+/// A top-level key or a dotted path into nested objects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldPath {
+    text: String,
+    segments: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FieldTest {
+    /// The field is this JSON value (equal values have equal canonical text).
+    Equals(Value),
+    /// The field is a string starting with this.
+    Prefix(String),
+    /// The field is a string matching this glob.
+    Glob(Glob),
+}
+
+impl FieldPath {
+    pub fn parse(field: &str, text: &str) -> Result<Self> {
+        if text.is_empty() || text.len() > MAX_FIELD_BYTES {
+            return Err(Error::invalid(
+                field,
+                format!("must be 1 to {MAX_FIELD_BYTES} bytes"),
+            ));
+        }
+        if text.chars().any(char::is_control) {
+            return Err(Error::invalid(field, "must not contain control characters"));
+        }
+        let segments: Vec<String> = text.split('.').map(str::to_owned).collect();
+        if segments.iter().any(String::is_empty) {
+            return Err(Error::invalid(
+                field,
+                format!("`{text}` has an empty segment (use `key` or `outer.inner`)"),
+            ));
+        }
+        Ok(Self {
+            text: text.to_owned(),
+            segments,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The value at this path in `input`, if every segment names a key of an object.
+    fn find<'v>(&self, input: &'v Value) -> Option<&'v Value> {
+        self.segments
+            .iter()
+            .try_fold(input, |value, key| value.as_object()?.get(key))
+    }
+}
+
+impl FieldTest {
+    /// `equals`: any JSON value.
+    pub fn equals(field: &str, value: &Value) -> Result<Self> {
+        let canonical = value.to_string();
+        check_value_size(field, &canonical)?;
+        // Read back from canonical text, as inputs are: equal values, equal canonical text.
+        let value = serde_json::from_str(&canonical).unwrap_or_else(|_| value.clone());
+        Ok(FieldTest::Equals(value))
+    }
+
+    pub fn prefix(field: &str, prefix: &str) -> Result<Self> {
+        if prefix.is_empty() {
+            return Err(Error::invalid(
+                field,
+                "must not be empty (to match any string, use glob `*`)",
+            ));
+        }
+        check_value_size(field, prefix)?;
+        Ok(FieldTest::Prefix(prefix.to_owned()))
+    }
+
+    pub fn glob(field: &str, pattern: &str) -> Result<Self> {
+        check_value_size(field, pattern)?;
+        Ok(FieldTest::Glob(Glob::parse(field, pattern)?))
+    }
+
+    fn holds(&self, value: &Value) -> bool {
+        match self {
+            FieldTest::Equals(expected) => value == expected,
+            FieldTest::Prefix(prefix) => value.as_str().is_some_and(|s| s.starts_with(prefix)),
+            FieldTest::Glob(glob) => value.as_str().is_some_and(|s| glob.matches(s)),
+        }
+    }
+}
+
+fn check_value_size(field: &str, text: &str) -> Result<()> {
+    if text.len() > MAX_VALUE_BYTES {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "must be at most {MAX_VALUE_BYTES} bytes, got {}",
+                text.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl FieldCondition {
+    pub fn new(path: FieldPath, test: FieldTest) -> Self {
+        Self { path, test }
+    }
+
+    pub fn path(&self) -> &FieldPath {
+        &self.path
+    }
+
+    pub fn test(&self) -> &FieldTest {
+        &self.test
+    }
+
+    fn holds(&self, input: &Value) -> bool {
+        self.path.find(input).is_some_and(|v| self.test.holds(v))
+    }
+}
+
+/// A tool input as matchers see it: its canonical text, parsed at most once however many
+/// matchers look at its fields.
+pub struct InputView<'a> {
+    input: &'a ToolInput,
+    parsed: OnceCell<Value>,
+}
+
+impl<'a> InputView<'a> {
+    pub fn new(input: &'a ToolInput) -> Self {
+        Self {
+            input,
+            parsed: OnceCell::new(),
+        }
+    }
+
+    fn value(&self) -> &Value {
+        self.parsed.get_or_init(|| {
+            // Canonical JSON written by `ToolInput::parse`: it parses.
+            serde_json::from_str(self.input.as_str()).unwrap_or(Value::Null)
+        })
+    }
+}
+
+impl Matcher {
+    /// Conditions, validated: 1 to [`MAX_CONDITIONS`].
+    pub fn fields(field: &str, conditions: Vec<FieldCondition>) -> Result<Self> {
+        if conditions.is_empty() || conditions.len() > MAX_CONDITIONS {
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "must hold 1 to {MAX_CONDITIONS} conditions, got {}",
+                    conditions.len()
+                ),
+            ));
+        }
+        Ok(Matcher::Fields(conditions))
+    }
+
+    pub fn matches(&self, input: &InputView<'_>) -> bool {
+        match self {
+            Matcher::Any => true,
+            Matcher::Exact(expected) => expected == input.input,
+            Matcher::Fields(conditions) => {
+                let value = input.value();
+                conditions.iter().all(|c| c.holds(value))
+            }
+        }
+    }
+
+    /// The stored (and policy file) form.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Matcher::Any => json!({ "any": true }),
+            Matcher::Exact(input) => {
+                let value: Value = serde_json::from_str(input.as_str()).unwrap_or(Value::Null);
+                json!({ "exact": value })
+            }
+            Matcher::Fields(conditions) => {
+                let list: Vec<Value> = conditions
+                    .iter()
+                    .map(|c| {
+                        let mut object = Map::new();
+                        object.insert("field".into(), Value::String(c.path.text.clone()));
+                        let (op, value) = match &c.test {
+                            FieldTest::Equals(value) => ("equals", value.clone()),
+                            FieldTest::Prefix(p) => ("prefix", Value::String(p.clone())),
+                            FieldTest::Glob(g) => ("glob", Value::String(g.as_str().to_owned())),
+                        };
+                        object.insert(op.into(), value);
+                        Value::Object(object)
+                    })
+                    .collect();
+                json!({ "fields": list })
+            }
+        }
+    }
+
+    /// Parses the stored (and policy file) form; errors name `field` and the part at fault.
+    /// `max_input_bytes` bounds an exact input.
+    pub fn from_json(field: &str, value: &Value, max_input_bytes: usize) -> Result<Self> {
+        let object = value
+            .as_object()
+            .ok_or_else(|| Error::invalid(field, "must be a JSON object"))?;
+        let [(kind, body)] = object.iter().collect::<Vec<_>>()[..] else {
+            return Err(Error::invalid(
+                field,
+                "must have exactly one of `any`, `exact` or `fields`",
+            ));
+        };
+        let inner = format!("{field}.{kind}");
+        match kind.as_str() {
+            "any" if body == &Value::Bool(true) => Ok(Matcher::Any),
+            "any" => Err(Error::invalid(inner, "must be true")),
+            "exact" => {
+                if !body.is_object() {
+                    return Err(Error::invalid(inner, "must be a JSON object"));
+                }
+                Ok(Matcher::Exact(ToolInput::parse(
+                    &inner,
+                    &body.to_string(),
+                    max_input_bytes,
+                )?))
+            }
+            "fields" => {
+                let list = body
+                    .as_array()
+                    .ok_or_else(|| Error::invalid(&inner, "must be a list of conditions"))?;
+                let conditions = list
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| condition_from_json(&format!("{inner}[{i}]"), c))
+                    .collect::<Result<Vec<_>>>()?;
+                Matcher::fields(&inner, conditions)
+            }
+            other => Err(Error::invalid(
+                field,
+                format!("unknown matcher `{other}` (use `any`, `exact` or `fields`)"),
+            )),
+        }
+    }
+}
+
+fn condition_from_json(field: &str, value: &Value) -> Result<FieldCondition> {
+    let object = value
+        .as_object()
+        .ok_or_else(|| Error::invalid(field, "must be a JSON object"))?;
+    let path = match object.get("field") {
+        Some(Value::String(path)) => FieldPath::parse(&format!("{field}.field"), path)?,
+        _ => return Err(Error::invalid(format!("{field}.field"), "must be a string")),
+    };
+    let tests: Vec<(&String, &Value)> = object.iter().filter(|(k, _)| *k != "field").collect();
+    let [(op, operand)] = tests[..] else {
+        return Err(Error::invalid(
+            field,
+            "must have `field` and exactly one of `equals`, `prefix` or `glob`",
+        ));
+    };
+    let at = format!("{field}.{op}");
+    let string = || {
+        operand
+            .as_str()
+            .ok_or_else(|| Error::invalid(&at, "must be a string"))
+    };
+    let test = match op.as_str() {
+        "equals" => FieldTest::equals(&at, operand)?,
+        "prefix" => FieldTest::prefix(&at, string()?)?,
+        "glob" => FieldTest::glob(&at, string()?)?,
+        other => {
+            return Err(Error::invalid(
+                field,
+                format!("unknown condition `{other}` (use `equals`, `prefix` or `glob`)"),
+            ));
+        }
+    };
+    Ok(FieldCondition::new(path, test))
+}
+
+impl fmt::Display for Matcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Matcher::Any => f.write_str("any input"),
+            Matcher::Exact(input) => write!(f, "exactly the input {}", input.as_str()),
+            Matcher::Fields(conditions) => {
+                for (i, c) in conditions.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(" and ")?;
+                    }
+                    let path = c.path.as_str();
+                    match &c.test {
+                        FieldTest::Equals(v) => write!(f, "`{path}` equals {v}")?,
+                        FieldTest::Prefix(p) => write!(f, "`{path}` starts with {p:?}")?,
+                        FieldTest::Glob(g) => write!(f, "`{path}` matches glob {:?}", g.as_str())?,
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(text: &str) -> ToolInput {
+        ToolInput::parse("input", text, 4096).unwrap()
+    }
+
+    fn matcher(json: &str) -> Matcher {
+        Matcher::from_json("match", &serde_json::from_str(json).unwrap(), 4096).unwrap()
+    }
+
+    fn matches(m: &Matcher, text: &str) -> bool {
+        let input = input(text);
+        m.matches(&InputView::new(&input))
+    }
+
+    #[test]
+    fn any_matches_every_input() {
+        let m = matcher(r#"{"any": true}"#);
+        assert!(matches(&m, "{}"));
+        assert!(matches(&m, r#"{"command":"rm -rf /"}"#));
+    }
+
+    #[test]
+    fn exact_compares_canonical_json() {
+        let m = matcher(r#"{"exact": {"b": 1, "a": [1, 2]}}"#);
+        assert!(matches(&m, r#"{ "a": [1,2], "b": 1 }"#));
+        assert!(!matches(&m, r#"{"a":[1,2],"b":2}"#));
+        assert!(!matches(&m, r#"{"a":[1,2],"b":1,"c":null}"#));
+    }
+
+    #[test]
+    fn prefix_holds_for_strings_starting_with_it() {
+        let m = matcher(r#"{"fields": [{"field": "command", "prefix": "git status"}]}"#);
+        assert!(matches(&m, r#"{"command":"git status"}"#));
+        assert!(matches(&m, r#"{"command":"git status --short"}"#));
+        assert!(!matches(&m, r#"{"command":"git stash"}"#));
+        assert!(!matches(&m, r#"{"command":" git status"}"#));
+        assert!(!matches(&m, r#"{"cmd":"git status"}"#), "missing field");
+        assert!(
+            !matches(&m, r#"{"command":["git status"]}"#),
+            "not a string"
+        );
+    }
+
+    #[test]
+    fn glob_holds_for_strings_matching_it() {
+        let m = matcher(r#"{"fields": [{"field": "path", "glob": "src/**"}]}"#);
+        assert!(matches(&m, r#"{"path":"src/main.rs"}"#));
+        assert!(matches(&m, r#"{"path":"src/a/b.rs"}"#));
+        assert!(!matches(&m, r#"{"path":"docs/src/a.rs"}"#));
+        assert!(!matches(&m, r#"{"path":7}"#));
+    }
+
+    #[test]
+    fn equals_compares_any_json_value_by_canonical_text() {
+        let m = matcher(r#"{"fields": [{"field": "force", "equals": false}]}"#);
+        assert!(matches(&m, r#"{"force":false}"#));
+        assert!(!matches(&m, r#"{"force":"false"}"#));
+        assert!(!matches(&m, r#"{}"#));
+        let m = matcher(r#"{"fields": [{"field": "n", "equals": 3}]}"#);
+        assert!(matches(&m, r#"{"n":3}"#));
+        assert!(
+            !matches(&m, r#"{"n":3.0}"#),
+            "numbers compare by their digits"
+        );
+        let m = matcher(r#"{"fields": [{"field": "o", "equals": {"y": 1, "x": [true]}}]}"#);
+        assert!(matches(&m, r#"{"o":{"x":[true],"y":1}}"#));
+    }
+
+    #[test]
+    fn dotted_paths_reach_into_nested_objects_and_every_condition_must_hold() {
+        let m = matcher(
+            r#"{"fields": [{"field": "options.mode", "equals": "ro"},
+                           {"field": "path", "prefix": "src/"}]}"#,
+        );
+        assert!(matches(&m, r#"{"options":{"mode":"ro"},"path":"src/x"}"#));
+        assert!(!matches(&m, r#"{"options":{"mode":"rw"},"path":"src/x"}"#));
+        assert!(!matches(&m, r#"{"options":{"mode":"ro"},"path":"lib/x"}"#));
+        assert!(!matches(&m, r#"{"options":"ro","path":"src/x"}"#));
+        assert!(!matches(&m, r#"{"options.mode":"ro","path":"src/x"}"#));
+    }
+
+    #[test]
+    fn the_stored_form_round_trips() {
+        for text in [
+            r#"{"any":true}"#,
+            r#"{"exact":{"a":1,"b":"x"}}"#,
+            r#"{"fields":[{"equals":[1,"x"],"field":"a.b"},{"field":"c","prefix":"p"},{"field":"d","glob":"*.rs"}]}"#,
+        ] {
+            let m = matcher(text);
+            assert_eq!(m.to_json().to_string(), text);
+            assert_eq!(matcher(&m.to_json().to_string()), m);
+        }
+    }
+
+    #[test]
+    fn malformed_matchers_are_refused_naming_the_part_at_fault() {
+        let bad = |json: &str| {
+            Matcher::from_json("rules[0].match", &serde_json::from_str(json).unwrap(), 64)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(bad(r#"{"fields": []}"#).starts_with("rules[0].match.fields: must hold 1"));
+        assert!(bad(r#"{"fields": [{"field": "a..b", "equals": 1}]}"#).contains("fields[0].field"));
+        assert!(bad(r#"{"fields": [{"field": "a", "prefix": 1}]}"#).contains("fields[0].prefix"));
+        assert!(bad(r#"{"fields": [{"field": "a", "prefix": ""}]}"#).contains("fields[0].prefix"));
+        assert!(bad(r#"{"fields": [{"field": "a", "regex": "x"}]}"#).contains("unknown condition"));
+        assert!(bad(r#"{"fields": [{"field": "a"}]}"#).contains("exactly one of"));
+        assert!(bad(r#"{"exact": [1]}"#).contains("match.exact"));
+        assert!(bad(r#"{"exact": {"a": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}"#).contains("match.exact"));
+        assert!(bad(r#"{"any": true, "exact": {}}"#).contains("exactly one"));
+        assert!(bad(r#"{"regex": "x"}"#).contains("unknown matcher"));
+        assert!(bad(r#""any""#).contains("JSON object"));
+    }
+}

@@ -1,0 +1,55 @@
+//! Remembered approvals and policies, as plain values and pure functions (no I/O): scopes and
+//! grants, operators' rules, input matchers, and [`evaluate`], the one function that says
+//! whether a rule, a grant or a human decides a call.
+
+mod evaluate;
+mod glob;
+mod grant;
+mod matcher;
+mod rule;
+
+pub use evaluate::{Decider, Ruling, evaluate, sort_by_precedence};
+pub use glob::Glob;
+pub use grant::{Effect, Grant, GrantScope, GrantSpec, Remember, Scope};
+pub use matcher::{FieldCondition, FieldPath, FieldTest, InputView, Matcher};
+pub use rule::{Rule, RuleEffect, RuleId, RuleSource, description, parse_policy_file};
+
+use super::{AgentId, Call, SessionId, ToolInput, ToolName};
+
+/// The facts about a call that rules and grants look at.
+pub struct Subject<'a> {
+    pub agent: &'a AgentId,
+    pub session: &'a SessionId,
+    /// Empty when the call names no workspace.
+    pub workspace: &'a str,
+    pub tool: &'a ToolName,
+    pub input: InputView<'a>,
+}
+
+impl<'a> Subject<'a> {
+    pub fn new(
+        agent: &'a AgentId,
+        session: &'a SessionId,
+        workspace: &'a str,
+        tool: &'a ToolName,
+        input: &'a ToolInput,
+    ) -> Self {
+        Self {
+            agent,
+            session,
+            workspace,
+            tool,
+            input: InputView::new(input),
+        }
+    }
+
+    pub fn of_call(call: &'a Call) -> Self {
+        Self::new(
+            &call.key.agent,
+            &call.key.session,
+            &call.workspace,
+            &call.tool,
+            &call.input,
+        )
+    }
+}
