@@ -73,6 +73,10 @@ pub struct SqliteStore {
 pub struct SqliteTx {
     tx: sqlx::Transaction<'static, Sqlite>,
     writes: u64,
+    /// The rules as this transaction sees them, read once: a group of submits shares one read.
+    /// Only this transaction could change them before it ends (it is the only writer), and its
+    /// own rule changes drop the copy.
+    rules: Option<Vec<Rule>>,
 }
 
 /// The pool of the one write connection: a writer is whoever holds it.
@@ -132,6 +136,7 @@ impl Writer for WritePool {
         Ok(SqliteTx {
             tx: self.0.begin_with("BEGIN IMMEDIATE").await?,
             writes: 0,
+            rules: None,
         })
     }
 }
@@ -387,6 +392,7 @@ impl Store for SqliteStore {
         let snapshot = SqliteTx {
             tx: self.reader.begin().await?,
             writes: 0,
+            rules: None,
         };
         super::explain::explain(snapshot, target).await
     }
@@ -635,10 +641,15 @@ impl PolicyTx for SqliteTx {
     }
 
     async fn rules(&mut self) -> Result<Vec<Rule>> {
+        if let Some(rules) = &self.rules {
+            return Ok(rules.clone());
+        }
         let rows = sqlx::query(select_rules!())
             .fetch_all(&mut *self.tx)
             .await?;
-        rows.iter().map(rule_from_row).collect()
+        let rules: Vec<Rule> = rows.iter().map(rule_from_row).collect::<Result<_>>()?;
+        self.rules = Some(rules.clone());
+        Ok(rules)
     }
 
     async fn live_grants(
@@ -814,6 +825,7 @@ impl PolicyTx for SqliteTx {
 
     async fn insert_rule(&mut self, rule: &Rule) -> Result<bool> {
         self.writes += 1;
+        self.rules = None;
         let inserted = sqlx::query(
             "INSERT INTO rules (id, tool, matcher, effect, priority, description, source, \
              created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
@@ -834,6 +846,7 @@ impl PolicyTx for SqliteTx {
 
     async fn delete_rule(&mut self, id: &RuleId) -> Result<bool> {
         self.writes += 1;
+        self.rules = None;
         let deleted = sqlx::query("DELETE FROM rules WHERE id = ?")
             .bind(id.as_str())
             .execute(&mut *self.tx)
@@ -844,6 +857,7 @@ impl PolicyTx for SqliteTx {
 
     async fn delete_file_rules(&mut self) -> Result<()> {
         self.writes += 1;
+        self.rules = None;
         sqlx::query("DELETE FROM rules WHERE source = ?")
             .bind(RuleSource::File.as_str())
             .execute(&mut *self.tx)
