@@ -67,12 +67,29 @@ fn an_invalid_setting_stops_the_broker_naming_it() {
         ("--listen", "not-an-address"),
         ("--default-deadline", "soon"),
         ("--subscriber-buffer", "0"),
+        ("--metrics-listen", "everywhere"),
+        ("--log-format", "xml"),
     ] {
         let output = broker().args([flag, value]).output().expect("run");
         assert!(!output.status.success());
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(flag), "{flag}: {stderr}");
     }
+    // A metrics port that is taken stops the broker too, naming the setting.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let dir = tempfile::tempdir().expect("dir");
+    let output = broker()
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen"])
+        .arg(taken.local_addr().expect("address").to_string())
+        .arg("--database-url")
+        .arg(format!("sqlite://{}", dir.path().join("m.db").display()))
+        .output()
+        .expect("run");
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("--metrics-listen"),
+        "{output:?}"
+    );
     // On a free port, so that only the database URL can be at fault.
     let output = broker()
         .args([
