@@ -59,6 +59,13 @@ impl FromStr for Synchronous {
 
 const SELECT_CALLS: &str = select_calls!();
 
+/// Both read a batch's pending calls through the index `calls_pending_batch` (migration 0005),
+/// never by walking every pending call of the store; a test checks the plans.
+const PENDING_IN_BATCH: &str =
+    "SELECT id FROM calls WHERE batch_id = ? AND status = 1 ORDER BY position";
+const COMPLETE_BATCH_IF_DONE: &str = "UPDATE events SET batch_completed = 1 WHERE seq = ? \
+     AND NOT EXISTS (SELECT 1 FROM calls WHERE batch_id = ? AND status = 1)";
+
 pub struct SqliteStore {
     /// Submits, decisions and cancels, group-committed.
     group: GroupCommit,
@@ -562,12 +569,10 @@ impl WriteTx for SqliteTx {
     }
 
     async fn pending_in_batch(&mut self, batch: &BatchId) -> Result<Vec<i64>> {
-        Ok(sqlx::query_scalar(
-            "SELECT id FROM calls WHERE batch_id = ? AND status = 1 ORDER BY position",
-        )
-        .bind(batch.as_str())
-        .fetch_all(&mut *self.tx)
-        .await?)
+        Ok(sqlx::query_scalar(PENDING_IN_BATCH)
+            .bind(batch.as_str())
+            .fetch_all(&mut *self.tx)
+            .await?)
     }
 
     async fn calls_of_batch(
@@ -608,14 +613,11 @@ impl WriteTx for SqliteTx {
 
     async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()> {
         self.writes += 1;
-        sqlx::query(
-            "UPDATE events SET batch_completed = 1 WHERE seq = ? AND NOT EXISTS \
-             (SELECT 1 FROM calls WHERE batch_id = ? AND status = 1)",
-        )
-        .bind(event)
-        .bind(batch_id)
-        .execute(&mut *self.tx)
-        .await?;
+        sqlx::query(COMPLETE_BATCH_IF_DONE)
+            .bind(event)
+            .bind(batch_id)
+            .execute(&mut *self.tx)
+            .await?;
         Ok(())
     }
 
@@ -899,6 +901,31 @@ mod tests {
         match row.try_get::<String, _>(0) {
             Ok(text) => text,
             Err(_) => row.try_get::<i64, _>(0).unwrap().to_string(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batchs_pending_calls_are_found_through_their_index_not_a_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("a.db").display());
+        let store = SqliteStore::open(&url, Synchronous::default(), ToolResultTexts::default())
+            .await
+            .unwrap();
+        for sql in [PENDING_IN_BATCH, COMPLETE_BATCH_IF_DONE] {
+            let plan: Vec<String> =
+                sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+                    .bind("some-batch")
+                    .bind("some-batch")
+                    .fetch_all(&store.writer.0)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|row| row.try_get("detail").unwrap())
+                    .collect();
+            assert!(
+                plan.iter().any(|step| step.contains("calls_pending_batch")),
+                "{sql}: {plan:?}"
+            );
         }
     }
 
