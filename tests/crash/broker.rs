@@ -202,6 +202,8 @@ impl BrokerProcess {
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--database-url")
             .arg(&self.database_url)
+            // No metrics endpoint: brokers of tests running side by side would share its port.
+            .args(["--metrics-listen", "off"])
             // Every other setting at its default (`synchronous=FULL` on SQLite), whatever the
             // environment of the test says.
             .env_clear()

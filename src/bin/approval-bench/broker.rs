@@ -115,8 +115,11 @@ impl BrokerProcess {
             .arg(database_url)
             .args(extra_args)
             // Every other setting at its default (`synchronous=FULL`, log level `info`),
-            // whatever this environment says.
+            // whatever this environment says...
             .env_clear()
+            // ...but no metrics endpoint unless asked for (`--broker-arg=--metrics-listen=...`):
+            // the default port may be taken, and nothing here reads it.
+            .env("APPROVALS_METRICS_LISTEN", "off")
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err));
