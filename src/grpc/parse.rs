@@ -11,8 +11,8 @@ use crate::domain::policy::{
     RuleSource, Scope,
 };
 use crate::domain::{
-    AgentId, BatchId, CallId, CallKey, Decision, NewBatch, NewCall, OnDeny, SessionId, Status,
-    Timestamp, ToolInput, ToolName, Verdict,
+    AgentId, BatchId, CallId, CallKey, Decision, MAX_BATCH_CALLS, NewBatch, NewCall, OnDeny,
+    SessionId, Status, Timestamp, ToolInput, ToolName, Verdict,
 };
 use crate::error::{Error, Result};
 use crate::proto::v1 as pb;
@@ -21,7 +21,6 @@ use crate::store::{
     RevokeTarget,
 };
 
-const MAX_BATCH_CALLS: usize = 128;
 const MAX_LOOKUP_IDS: usize = 1024;
 const MAX_TITLE_BYTES: usize = 512;
 const MAX_MESSAGE_BYTES: usize = 16 * 1024;

@@ -23,7 +23,7 @@ use crate::broker::{self, connect};
 use crate::stats::ms;
 
 /// Calls per submitted batch while filling the store (the broker's maximum).
-const FILL_BATCH: usize = 128;
+const FILL_BATCH: usize = approval_broker::domain::MAX_BATCH_CALLS;
 /// Concurrent writers while filling.
 const FILL_WRITERS: usize = 8;
 /// Pending calls of the probe session, stored before the first measurement; each `Decide`
