@@ -27,6 +27,9 @@ pub enum Error {
     Unavailable(String),
     #[error("storage error: {0}")]
     Storage(#[from] sqlx::Error),
+    /// From SQLite's writer, which runs its statements itself (see `store::sqlite::write`).
+    #[error("storage error: {0}")]
+    SqliteWrite(#[from] rusqlite::Error),
     #[error("migration error: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("internal error: {0}")]
@@ -50,7 +53,9 @@ impl Error {
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::Unavailable(_) => Code::Unavailable,
-            Error::Storage(_) | Error::Migrate(_) | Error::Internal(_) => Code::Internal,
+            Error::Storage(_) | Error::SqliteWrite(_) | Error::Migrate(_) | Error::Internal(_) => {
+                Code::Internal
+            }
         }
     }
 

@@ -11,7 +11,18 @@
 //! group forms only from the writes that arrived while the previous commit was in flight. Under
 //! load that turns one fsync per write into one per group, which is what lets a single SQLite
 //! file serve many agents.
+//!
+//! The writer is a thread of its own, not a task: its backend runs statements synchronously
+//! (SQLite in-process), so a group runs start to commit without yielding, and the runtime's
+//! workers never wait on a disk. Work that needs a transaction of its own (expiry, rule and grant
+//! changes, Explain) is queued to the same thread with [`GroupCommit::alone`], so there is one
+//! write connection and writes never contend for SQLite's lock.
 
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::{self, Thread};
 use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
@@ -28,11 +39,22 @@ pub const MAX_GROUP: usize = 256;
 /// How many writes may wait for the writer before callers wait to enqueue (backpressure).
 const QUEUE: usize = 4 * MAX_GROUP;
 
-/// The handle callers write through. Cheap to share; the writer task ends when the last handle
-/// is dropped, after finishing what was queued.
-pub struct GroupCommit {
-    queue: mpsc::Sender<Job>,
+/// The handle callers write through. Cheap to share; the writer thread ends when the last
+/// handle is dropped, after finishing what was queued.
+pub struct GroupCommit<W> {
+    queue: mpsc::Sender<Queued<W>>,
 }
+
+/// What the writer thread takes from its queue.
+enum Queued<W> {
+    /// A write that joins the current group.
+    Write(Job),
+    /// Work that runs its own transactions (given the writer), between groups.
+    Alone(Work<W>),
+}
+
+/// Work given the writer; it answers its caller itself.
+type Work<W> = Box<dyn FnOnce(W) -> Pin<Box<dyn Future<Output = ()>>> + Send>;
 
 /// One queued write: its request, its result once it ran, and where to send that result once
 /// the group committed.
@@ -79,15 +101,40 @@ impl<Q, A> Slot<Q, A> {
     }
 }
 
-impl GroupCommit {
-    /// Starts the writer task over `writer`.
-    pub fn start<W>(writer: W, texts: ToolResultTexts) -> Self
-    where
-        W: Writer + Send + 'static,
-    {
+impl<W> GroupCommit<W>
+where
+    W: Writer + Clone + Send + 'static,
+{
+    /// Starts the writer thread over `writer`, whose transactions must not need an async
+    /// runtime (the thread has none).
+    pub fn start(writer: W, texts: ToolResultTexts) -> Result<Self> {
         let (queue, jobs) = mpsc::channel(QUEUE);
-        tokio::spawn(write_groups(writer, texts, jobs));
-        Self { queue }
+        thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || run_here(write_groups(writer, texts, jobs)))
+            .map_err(|e| Error::Internal(format!("cannot start the store's writer thread: {e}")))?;
+        Ok(Self { queue })
+    }
+
+    /// Runs `work` on the writer thread, between groups, and returns its result. It opens (and
+    /// commits) its own transactions from the writer it is given.
+    pub async fn alone<T, F, Fut>(&self, work: F) -> Result<T>
+    where
+        F: FnOnce(W) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T>> + 'static,
+        T: Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let work = move |writer: W| -> Pin<Box<dyn Future<Output = ()>>> {
+            Box::pin(async move {
+                let _ = reply.send(work(writer).await);
+            })
+        };
+        self.queue
+            .send(Queued::Alone(Box::new(work)))
+            .await
+            .map_err(writer_gone)?;
+        answer.await.map_err(writer_gone)?
     }
 
     pub async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
@@ -109,18 +156,60 @@ impl GroupCommit {
     }
 
     async fn enqueue(&self, job: Job) -> Result<()> {
-        self.queue.send(job).await.map_err(writer_gone)
+        self.queue
+            .send(Queued::Write(job))
+            .await
+            .map_err(writer_gone)
     }
 }
 
-fn writer_gone(_: impl std::fmt::Debug) -> Error {
-    Error::Internal("the store's writer task has stopped".into())
+fn writer_gone<E>(_: E) -> Error {
+    Error::Internal("the store's writer thread has stopped".into())
 }
 
-async fn write_groups<W: Writer>(writer: W, texts: ToolResultTexts, mut jobs: mpsc::Receiver<Job>) {
+/// Polls `future` to completion on this thread, parking it while the future waits (here: for
+/// the queue). The writer's only executor.
+fn run_here<F: Future>(future: F) -> F::Output {
+    struct Unpark(Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(thread::current())));
+    let mut context = Context::from_waker(&waker);
+    let mut future = pin!(future);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
+            return output;
+        }
+        thread::park();
+    }
+}
+
+async fn write_groups<W: Writer + Clone>(
+    writer: W,
+    texts: ToolResultTexts,
+    mut queue: mpsc::Receiver<Queued<W>>,
+) {
+    let mut taken = Vec::with_capacity(MAX_GROUP);
     let mut group = Vec::with_capacity(MAX_GROUP);
-    while jobs.recv_many(&mut group, MAX_GROUP).await > 0 {
-        write_group(&writer, &texts, group.drain(..)).await;
+    while queue.recv_many(&mut taken, MAX_GROUP).await > 0 {
+        for queued in taken.drain(..) {
+            match queued {
+                Queued::Write(job) => group.push(job),
+                Queued::Alone(work) => {
+                    // In queue order: the writes taken before it commit first.
+                    if !group.is_empty() {
+                        write_group(&writer, &texts, group.drain(..)).await;
+                    }
+                    work(writer.clone()).await;
+                }
+            }
+        }
+        if !group.is_empty() {
+            write_group(&writer, &texts, group.drain(..)).await;
+        }
     }
 }
 

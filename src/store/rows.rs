@@ -1,7 +1,62 @@
 //! Rows to domain values, for every backend: both schemas use the same column names and types
-//! (BIGINT integers, TEXT, a boolean), so one decoder serves SQLite and Postgres rows alike.
+//! (BIGINT integers, TEXT, a boolean), so one decoder serves SQLite and Postgres rows alike,
+//! whether sqlx read them or (the SQLite writer) rusqlite did. [`Columns`] is all a decoder needs
+//! of a row.
 
-use sqlx::{ColumnIndex, Decode, Row, Type};
+use sqlx::Row;
+
+/// What the decoders read of a row: typed values by column name.
+pub trait Columns {
+    fn int(&self, name: &str) -> Result<i64>;
+    fn opt_int(&self, name: &str) -> Result<Option<i64>>;
+    fn text(&self, name: &str) -> Result<String>;
+    fn opt_text(&self, name: &str) -> Result<Option<String>>;
+    fn flag(&self, name: &str) -> Result<bool>;
+}
+
+/// The rows sqlx reads (the readers of both backends, and Postgres's writers).
+macro_rules! sqlx_columns {
+    ($($row:ty),*) => {$(
+        impl Columns for $row {
+            fn int(&self, name: &str) -> Result<i64> {
+                Ok(self.try_get(name)?)
+            }
+            fn opt_int(&self, name: &str) -> Result<Option<i64>> {
+                Ok(self.try_get(name)?)
+            }
+            fn text(&self, name: &str) -> Result<String> {
+                Ok(self.try_get(name)?)
+            }
+            fn opt_text(&self, name: &str) -> Result<Option<String>> {
+                Ok(self.try_get(name)?)
+            }
+            fn flag(&self, name: &str) -> Result<bool> {
+                Ok(self.try_get(name)?)
+            }
+        }
+    )*};
+}
+
+sqlx_columns!(sqlx::sqlite::SqliteRow, sqlx::postgres::PgRow);
+
+/// The rows SQLite's writer reads (rusqlite).
+impl Columns for rusqlite::Row<'_> {
+    fn int(&self, name: &str) -> Result<i64> {
+        Ok(self.get(name)?)
+    }
+    fn opt_int(&self, name: &str) -> Result<Option<i64>> {
+        Ok(self.get(name)?)
+    }
+    fn text(&self, name: &str) -> Result<String> {
+        Ok(self.get(name)?)
+    }
+    fn opt_text(&self, name: &str) -> Result<Option<String>> {
+        Ok(self.get(name)?)
+    }
+    fn flag(&self, name: &str) -> Result<bool> {
+        Ok(self.get(name)?)
+    }
+}
 
 use super::writes::Stored;
 use crate::domain::policy::{
@@ -40,97 +95,66 @@ macro_rules! select_calls {
 pub(crate) use {call_columns, select_calls};
 
 /// A call from a row holding the [`call_columns`].
-pub fn call_from_row<'r, R>(row: &'r R) -> Result<Call>
-where
-    R: Row,
-    &'r str: ColumnIndex<R>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    String: Decode<'r, R::Database> + Type<R::Database>,
-    bool: Decode<'r, R::Database> + Type<R::Database>,
-{
-    let status_code: i64 = row.try_get("status")?;
+pub fn call_from_row(row: &impl Columns) -> Result<Call> {
+    let status_code = row.int("status")?;
     let status = Status::from_code(status_code)
         .ok_or_else(|| Error::Internal(format!("unknown stored status {status_code}")))?;
-    let text = |name: &'r str| -> Result<String> {
-        Ok(row.try_get::<Option<String>, _>(name)?.unwrap_or_default())
-    };
+    let text = |name: &str| -> Result<String> { Ok(row.opt_text(name)?.unwrap_or_default()) };
     let outcome = match status {
         Status::Pending => None,
         Status::Decided(kind) => Some(Outcome {
             kind,
-            decided_at: Timestamp::from_micros(
-                row.try_get::<Option<i64>, _>("decided_at")?.unwrap_or(0),
-            ),
+            decided_at: Timestamp::from_micros(row.opt_int("decided_at")?.unwrap_or(0)),
             decided_by: DecidedBy::parse_stored(&text("decided_by")?),
             reason: text("reason")?,
             tool_result: text("tool_result")?,
-            run_input: row
-                .try_get::<Option<String>, _>("run_input")?
-                .map(ToolInput::from_stored),
-            input_edited: row.try_get("input_edited")?,
-            seq: row
-                .try_get::<Option<i64>, _>("resolved_seq")?
-                .map(|seq| seq as u64),
+            run_input: row.opt_text("run_input")?.map(ToolInput::from_stored),
+            input_edited: row.flag("input_edited")?,
+            seq: row.opt_int("resolved_seq")?.map(|seq| seq as u64),
         }),
     };
     Ok(Call {
         key: CallKey {
-            agent: AgentId::from_stored(row.try_get("agent")?),
-            session: SessionId::from_stored(row.try_get("session_id")?),
-            call_id: CallId::from_stored(row.try_get("call_id")?),
+            agent: AgentId::from_stored(row.text("agent")?),
+            session: SessionId::from_stored(row.text("session_id")?),
+            call_id: CallId::from_stored(row.text("call_id")?),
         },
-        batch_id: BatchId::from_stored(row.try_get("batch_id")?),
-        position: row.try_get::<i64, _>("position")? as u32,
-        batch_size: row.try_get::<i64, _>("size")? as u32,
-        tool: ToolName::from_stored(row.try_get("tool")?),
-        input: ToolInput::from_stored(row.try_get("input")?),
-        title: row.try_get("title")?,
-        message: row.try_get("message")?,
-        workspace: row.try_get("workspace")?,
-        supersede_key: row.try_get("supersede_key")?,
-        deadline: row
-            .try_get::<Option<i64>, _>("deadline")?
-            .map(Timestamp::from_micros),
-        created_at: Timestamp::from_micros(row.try_get("created_at")?),
+        batch_id: BatchId::from_stored(row.text("batch_id")?),
+        position: row.int("position")? as u32,
+        batch_size: row.int("size")? as u32,
+        tool: ToolName::from_stored(row.text("tool")?),
+        input: ToolInput::from_stored(row.text("input")?),
+        title: row.text("title")?,
+        message: row.text("message")?,
+        workspace: row.text("workspace")?,
+        supersede_key: row.opt_text("supersede_key")?,
+        deadline: row.opt_int("deadline")?.map(Timestamp::from_micros),
+        created_at: Timestamp::from_micros(row.int("created_at")?),
         outcome,
     })
 }
 
 /// A call and its row id, from a row holding the [`call_columns`].
-pub fn stored<'r, R>(row: &'r R) -> Result<Stored>
-where
-    R: Row,
-    &'r str: ColumnIndex<R>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    String: Decode<'r, R::Database> + Type<R::Database>,
-    bool: Decode<'r, R::Database> + Type<R::Database>,
-{
+pub fn stored(row: &impl Columns) -> Result<Stored> {
     Ok(Stored {
-        rowid: row.try_get("id")?,
+        rowid: row.int("id")?,
         call: call_from_row(row)?,
     })
 }
 
 /// An event from a row holding `seq`, `kind`, `batch_completed` and the [`call_columns`].
-pub fn event_from_row<'r, R>(row: &'r R) -> Result<Event>
-where
-    R: Row,
-    &'r str: ColumnIndex<R>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    String: Decode<'r, R::Database> + Type<R::Database>,
-    bool: Decode<'r, R::Database> + Type<R::Database>,
-{
-    let kind = EventKind::from_code(row.try_get("kind")?);
+pub fn event_from_row(row: &impl Columns) -> Result<Event> {
+    let kind = EventKind::from_code(row.int("kind")?);
     let mut call = call_from_row(row)?;
     if kind == EventKind::Requested {
         // The call as the event left it: not yet decided.
         call.outcome = None;
     }
     Ok(Event {
-        seq: row.try_get::<i64, _>("seq")? as u64,
+        seq: row.int("seq")? as u64,
         kind,
         call,
-        batch_completed: row.try_get("batch_completed")?,
+        batch_completed: row.flag("batch_completed")?,
     })
 }
 
@@ -168,24 +192,16 @@ fn stored_matcher(text: &str) -> Result<Matcher> {
 }
 
 /// A grant from a row holding the columns [`select_grants`] selects.
-pub fn grant_from_row<'r, R>(row: &'r R) -> Result<Grant>
-where
-    R: Row,
-    &'r str: ColumnIndex<R>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    String: Decode<'r, R::Database> + Type<R::Database>,
-{
-    let agent = AgentId::from_stored(row.try_get("agent")?);
-    let scope_code: i64 = row.try_get("scope")?;
+pub fn grant_from_row(row: &impl Columns) -> Result<Grant> {
+    let agent = AgentId::from_stored(row.text("agent")?);
+    let scope_code = row.int("scope")?;
     let scope = match Scope::from_code(scope_code) {
         Some(Scope::Session) => GrantScope::Session(SessionId::from_stored(
-            row.try_get::<Option<String>, _>("session_id")?
-                .unwrap_or_default(),
+            row.opt_text("session_id")?.unwrap_or_default(),
         )),
-        Some(Scope::Workspace) => GrantScope::Workspace(
-            row.try_get::<Option<String>, _>("workspace")?
-                .unwrap_or_default(),
-        ),
+        Some(Scope::Workspace) => {
+            GrantScope::Workspace(row.opt_text("workspace")?.unwrap_or_default())
+        }
         Some(Scope::Always) => GrantScope::Always,
         _ => {
             return Err(Error::Internal(format!(
@@ -193,57 +209,49 @@ where
             )));
         }
     };
-    let effect_code: i64 = row.try_get("effect")?;
+    let effect_code = row.int("effect")?;
     let effect = Effect::from_code(effect_code)
         .ok_or_else(|| Error::Internal(format!("unknown stored effect {effect_code}")))?;
-    let time = |name: &'r str| -> Result<Option<Timestamp>> {
-        Ok(row
-            .try_get::<Option<i64>, _>(name)?
-            .map(Timestamp::from_micros))
+    let time = |name: &str| -> Result<Option<Timestamp>> {
+        Ok(row.opt_int(name)?.map(Timestamp::from_micros))
     };
     Ok(Grant {
-        id: row.try_get("id")?,
+        id: row.int("id")?,
         spec: GrantSpec {
             source: CallKey {
                 agent: agent.clone(),
-                session: SessionId::from_stored(row.try_get("source_session")?),
-                call_id: CallId::from_stored(row.try_get("source_call")?),
+                session: SessionId::from_stored(row.text("source_session")?),
+                call_id: CallId::from_stored(row.text("source_call")?),
             },
             agent,
             scope,
-            tool: ToolName::from_stored(row.try_get("tool")?),
-            matcher: stored_matcher(&row.try_get::<String, _>("matcher")?)?,
+            tool: ToolName::from_stored(row.text("tool")?),
+            matcher: stored_matcher(&row.text("matcher")?)?,
             effect,
-            created_by: row.try_get("created_by")?,
-            created_at: Timestamp::from_micros(row.try_get("created_at")?),
+            created_by: row.text("created_by")?,
+            created_at: Timestamp::from_micros(row.int("created_at")?),
             expires_at: time("expires_at")?,
-            reason: row.try_get("reason")?,
+            reason: row.text("reason")?,
         },
         revoked_at: time("revoked_at")?,
-        revoked_by: row.try_get("revoked_by")?,
+        revoked_by: row.opt_text("revoked_by")?,
     })
 }
 
 /// A rule from a row holding the columns [`select_rules`] selects.
-pub fn rule_from_row<'r, R>(row: &'r R) -> Result<Rule>
-where
-    R: Row,
-    &'r str: ColumnIndex<R>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    String: Decode<'r, R::Database> + Type<R::Database>,
-{
-    let effect_code: i64 = row.try_get("effect")?;
-    let tool: String = row.try_get("tool")?;
+pub fn rule_from_row(row: &impl Columns) -> Result<Rule> {
+    let effect_code = row.int("effect")?;
+    let tool = row.text("tool")?;
     Ok(Rule {
-        id: RuleId::from_stored(row.try_get("id")?),
+        id: RuleId::from_stored(row.text("id")?),
         tool: Glob::parse("tool", &tool)
             .map_err(|e| Error::Internal(format!("a stored tool glob is invalid: {e}")))?,
-        matcher: stored_matcher(&row.try_get::<String, _>("matcher")?)?,
+        matcher: stored_matcher(&row.text("matcher")?)?,
         effect: RuleEffect::from_code(effect_code)
             .ok_or_else(|| Error::Internal(format!("unknown stored rule effect {effect_code}")))?,
-        priority: row.try_get::<i64, _>("priority")? as i32,
-        description: row.try_get("description")?,
-        source: RuleSource::from_stored(&row.try_get::<String, _>("source")?),
-        created_at: Timestamp::from_micros(row.try_get("created_at")?),
+        priority: row.int("priority")? as i32,
+        description: row.text("description")?,
+        source: RuleSource::from_stored(&row.text("source")?),
+        created_at: Timestamp::from_micros(row.int("created_at")?),
     })
 }

@@ -1,0 +1,474 @@
+//! The SQLite backend: the zero-setup default, one file, one broker process.
+//!
+//! Every write runs on one thread over one connection (`write`), group-committed, and begins
+//! with `BEGIN IMMEDIATE`, so write transactions are serialised and sequence numbers are
+//! assigned in commit order; reads use a separate pool (sqlx) and WAL snapshots.
+//! `synchronous=FULL` by default: a commit is on disk before it is acknowledged, even across
+//! power loss.
+
+mod write;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
+};
+use sqlx::{QueryBuilder, Sqlite};
+
+use self::write::WriteConnection;
+use super::group_commit::GroupCommit;
+use super::rows::{
+    call_columns, call_from_row, event_from_row, grant_from_row, rule_from_row, select_calls,
+    select_grants, select_rules, stored,
+};
+use super::writes::{self, Stored, Writer};
+use super::{
+    CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, DecidedByFilter,
+    ExplainTarget, Explanation, GrantPage, GrantQuery, RevokeReport, RevokeTarget, Store,
+    SubmitReport,
+};
+use crate::domain::policy::{Rule, RuleId};
+use crate::domain::{
+    AgentId, BatchId, Call, CallId, CallKey, Decision, Event, NewBatch, SessionId, Timestamp,
+    ToolResultTexts,
+};
+use crate::error::{Error, Result};
+
+/// SQLite's `synchronous` setting for the database file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// Every commit is flushed to disk before it is acknowledged: power-safe (the default).
+    #[default]
+    Full,
+    /// Faster, and safe against a crash of the broker, but a power loss or OS crash may lose
+    /// the last acknowledged commits. Not power-safe.
+    Normal,
+}
+
+impl FromStr for Synchronous {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "full" => Ok(Synchronous::Full),
+            "normal" => Ok(Synchronous::Normal),
+            other => Err(format!("expected `full` or `normal`, got `{other}`")),
+        }
+    }
+}
+
+const SELECT_CALLS: &str = select_calls!();
+
+pub struct SqliteStore {
+    /// Every write: submits, decisions and cancels group-committed, the rest alone, all on the
+    /// one writer thread.
+    group: GroupCommit<WriteConnection>,
+    reader: SqlitePool,
+    texts: ToolResultTexts,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `url` (`sqlite://path`, `sqlite:path` or a
+    /// plain path) and applies the migrations under `migrations/sqlite`.
+    pub async fn open(url: &str, synchronous: Synchronous, texts: ToolResultTexts) -> Result<Self> {
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .unwrap_or(url);
+        let path = path.split('?').next().unwrap_or(path);
+        if path.is_empty() || path.contains(":memory:") {
+            return Err(Error::invalid(
+                "DATABASE_URL",
+                "must name a SQLite file (an in-memory database would lose every call)",
+            ));
+        }
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(match synchronous {
+                Synchronous::Full => SqliteSynchronous::Full,
+                Synchronous::Normal => SqliteSynchronous::Normal,
+            })
+            .busy_timeout(Duration::from_secs(10))
+            .foreign_keys(true);
+        let migrator = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await?;
+        sqlx::migrate!("./migrations/sqlite").run(&migrator).await?;
+        migrator.close().await;
+        let writer = WriteConnection::open(Path::new(path), synchronous)?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options.read_only(true))
+            .await?;
+        Ok(Self {
+            group: GroupCommit::start(writer, texts.clone())?,
+            reader,
+            texts,
+        })
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
+        self.group.submit(batch).await
+    }
+
+    async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
+        self.group.decide(key, decision).await
+    }
+
+    async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
+        self.group.cancel(target).await
+    }
+
+    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
+        let texts = self.texts.clone();
+        self.group
+            .alone(move |writer| async move { writes::expire_due(&writer, &texts, now).await })
+            .await
+    }
+
+    async fn pending_count(&self) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM calls WHERE status = 1")
+            .fetch_one(&self.reader)
+            .await?;
+        Ok(n as u64)
+    }
+
+    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
+        let next: Option<i64> = sqlx::query_scalar(
+            "SELECT MIN(deadline) FROM calls WHERE status = 1 AND deadline IS NOT NULL",
+        )
+        .fetch_one(&self.reader)
+        .await?;
+        Ok(next.map(Timestamp::from_micros))
+    }
+
+    async fn calls_by_id(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+        call_ids: &[CallId],
+    ) -> Result<Vec<Option<Call>>> {
+        if call_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut query = QueryBuilder::<Sqlite>::new(SELECT_CALLS);
+        query
+            .push("WHERE c.agent = ")
+            .push_bind(agent.as_str())
+            .push(" AND c.session_id = ")
+            .push_bind(session.as_str())
+            .push(" AND c.call_id IN (");
+        let mut ids = query.separated(", ");
+        for id in call_ids {
+            ids.push_bind(id.as_str());
+        }
+        query.push(")");
+        let rows = query.build().fetch_all(&self.reader).await?;
+        let mut by_id = BTreeMap::new();
+        for row in &rows {
+            let call = call_from_row(row)?;
+            by_id.insert(call.key.call_id.clone(), call);
+        }
+        Ok(call_ids.iter().map(|id| by_id.get(id).cloned()).collect())
+    }
+
+    async fn session_calls(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+    ) -> Result<(Vec<Call>, u64)> {
+        let mut tx = self.reader.begin().await?;
+        let seq = latest_seq(&mut tx).await?;
+        let rows = sqlx::query(select_calls!(
+            "WHERE c.agent = ? AND c.session_id = ? ORDER BY c.id"
+        ))
+        .bind(agent.as_str())
+        .bind(session.as_str())
+        .fetch_all(&mut *tx)
+        .await?;
+        let calls = rows.iter().map(call_from_row).collect::<Result<_>>()?;
+        tx.commit().await?;
+        Ok((calls, seq))
+    }
+
+    async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
+        let rows = sqlx::query(select_calls!("WHERE c.batch_id = ? ORDER BY c.position"))
+            .bind(batch.as_str())
+            .fetch_all(&self.reader)
+            .await?;
+        rows.iter().map(call_from_row).collect()
+    }
+
+    async fn list_calls(&self, q: &CallQuery) -> Result<CallPage> {
+        let mut query = QueryBuilder::<Sqlite>::new(SELECT_CALLS);
+        query.push("WHERE 1 = 1");
+        if let Some(agent) = &q.agent {
+            query.push(" AND c.agent = ").push_bind(agent.as_str());
+        }
+        if let Some(session) = &q.session {
+            query
+                .push(" AND c.session_id = ")
+                .push_bind(session.as_str());
+        }
+        if let Some(workspace) = &q.workspace {
+            query
+                .push(" AND c.workspace = ")
+                .push_bind(workspace.as_str());
+        }
+        if let Some(tool) = &q.tool {
+            query.push(" AND c.tool = ").push_bind(tool.as_str());
+        }
+        if !q.statuses.is_empty() {
+            query.push(" AND c.status IN (");
+            let mut codes = query.separated(", ");
+            for status in &q.statuses {
+                codes.push_bind(status.code());
+            }
+            query.push(")");
+        }
+        if let Some(t) = q.created_after {
+            query.push(" AND c.created_at >= ").push_bind(t.as_micros());
+        }
+        if let Some(t) = q.created_before {
+            query.push(" AND c.created_at < ").push_bind(t.as_micros());
+        }
+        if let Some(seq) = q.requested_at_or_before {
+            query.push(" AND c.requested_seq <= ").push_bind(seq as i64);
+        }
+        match &q.decided_by {
+            Some(DecidedByFilter::Exact(by)) => {
+                query.push(" AND c.decided_by = ").push_bind(by.clone());
+            }
+            Some(DecidedByFilter::Prefix(prefix)) => {
+                query
+                    .push(" AND substr(c.decided_by, 1, length(")
+                    .push_bind(prefix.clone())
+                    .push(")) = ")
+                    .push_bind(prefix.clone());
+            }
+            None => {}
+        }
+        if let Some(Cursor(after)) = q.after {
+            query.push(" AND c.id > ").push_bind(after);
+        }
+        query
+            .push(" ORDER BY c.id LIMIT ")
+            .push_bind(i64::from(q.limit) + 1);
+        let rows = query.build().fetch_all(&self.reader).await?;
+        let mut page = CallPage::default();
+        for row in rows.iter().take(q.limit as usize) {
+            let Stored { rowid, call } = stored(row)?;
+            page.calls.push(call);
+            page.next = Some(Cursor(rowid));
+        }
+        if rows.len() <= q.limit as usize {
+            page.next = None;
+        }
+        Ok(page)
+    }
+
+    async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
+        let rows = sqlx::query(concat!(
+            "SELECT e.seq, e.kind, e.batch_completed, ",
+            call_columns!(),
+            " FROM events e JOIN calls c ON c.id = e.call_rowid \
+             JOIN batches b ON b.batch_id = c.batch_id \
+             LEFT JOIN events r ON r.call_rowid = c.id AND r.kind = 2 \
+             WHERE e.seq > ? ORDER BY e.seq LIMIT ?"
+        ))
+        .bind(after as i64)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(event_from_row).collect()
+    }
+
+    async fn latest_seq(&self) -> Result<u64> {
+        let mut conn = self.reader.acquire().await?;
+        latest_seq(&mut conn).await
+    }
+
+    async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport> {
+        let (target, by) = (target.clone(), by.to_owned());
+        self.group
+            .alone(move |writer| async move {
+                writes::revoke_grants(writer.begin_write().await?, &target, &by).await
+            })
+            .await
+    }
+
+    async fn list_grants(&self, q: &GrantQuery) -> Result<GrantPage> {
+        let mut query = QueryBuilder::<Sqlite>::new(select_grants!("WHERE 1 = 1"));
+        if let Some(agent) = &q.agent {
+            query.push(" AND agent = ").push_bind(agent.as_str());
+        }
+        if let Some(scope) = q.scope {
+            query.push(" AND scope = ").push_bind(scope.code());
+        }
+        if let Some(session) = &q.session {
+            query.push(" AND session_id = ").push_bind(session.as_str());
+        }
+        if let Some(workspace) = &q.workspace {
+            query
+                .push(" AND workspace = ")
+                .push_bind(workspace.as_str());
+        }
+        if let Some(tool) = &q.tool {
+            query.push(" AND tool = ").push_bind(tool.as_str());
+        }
+        if !q.include_inactive {
+            let now = q.now.unwrap_or_else(Timestamp::now).as_micros();
+            query
+                .push(" AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ")
+                .push_bind(now)
+                .push(")");
+        }
+        if let Some(Cursor(after)) = q.after {
+            query.push(" AND id > ").push_bind(after);
+        }
+        query
+            .push(" ORDER BY id LIMIT ")
+            .push_bind(i64::from(q.limit) + 1);
+        let rows = query.build().fetch_all(&self.reader).await?;
+        let mut page = GrantPage::default();
+        for row in rows.iter().take(q.limit as usize) {
+            let grant = grant_from_row(row)?;
+            page.next = Some(Cursor(grant.id));
+            page.grants.push(grant);
+        }
+        if rows.len() <= q.limit as usize {
+            page.next = None;
+        }
+        Ok(page)
+    }
+
+    async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
+        let rule = rule.clone();
+        self.group
+            .alone(move |writer| async move {
+                writes::create_rule(writer.begin_write().await?, &rule).await
+            })
+            .await
+    }
+
+    async fn delete_rule(&self, id: &RuleId) -> Result<Rule> {
+        let id = id.clone();
+        self.group
+            .alone(move |writer| async move {
+                writes::delete_rule(writer.begin_write().await?, &id).await
+            })
+            .await
+    }
+
+    async fn list_rules(&self) -> Result<Vec<Rule>> {
+        let rows = sqlx::query(select_rules!()).fetch_all(&self.reader).await?;
+        rows.iter().map(rule_from_row).collect()
+    }
+
+    async fn load_file_rules(&self, rules: &[Rule]) -> Result<()> {
+        let rules = rules.to_vec();
+        self.group
+            .alone(move |writer| async move {
+                writes::load_file_rules(writer.begin_write().await?, &rules).await
+            })
+            .await
+    }
+
+    async fn explain(&self, target: &ExplainTarget) -> Result<Explanation> {
+        // On the write connection, between writes: what a submit would read now.
+        let target = target.clone();
+        self.group
+            .alone(move |writer| async move {
+                super::explain::explain(writer.begin_read()?, &target).await
+            })
+            .await
+    }
+}
+
+async fn latest_seq(conn: &mut SqliteConnection) -> Result<u64> {
+    let seq: Option<i64> = sqlx::query_scalar("SELECT MAX(seq) FROM events")
+        .fetch_one(conn)
+        .await?;
+    Ok(seq.unwrap_or(0) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write::{COMPLETE_BATCH_IF_DONE, PENDING_IN_BATCH};
+    use super::*;
+    use sqlx::Row;
+
+    async fn open(url: &str, synchronous: Synchronous) -> SqliteStore {
+        SqliteStore::open(url, synchronous, ToolResultTexts::default())
+            .await
+            .unwrap()
+    }
+
+    async fn pragma(store: &SqliteStore, name: &'static str) -> String {
+        store
+            .group
+            .alone(move |writer| async move { writer.pragma(name) })
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_batchs_pending_calls_are_found_through_their_index_not_a_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("a.db").display());
+        let store = open(&url, Synchronous::default()).await;
+        for sql in [PENDING_IN_BATCH, COMPLETE_BATCH_IF_DONE] {
+            let plan: Vec<String> =
+                sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+                    .bind("some-batch")
+                    .bind("some-batch")
+                    .fetch_all(&store.reader)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|row| row.try_get("detail").unwrap())
+                    .collect();
+            assert!(
+                plan.iter().any(|step| step.contains("calls_pending_batch")),
+                "{sql}: {plan:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn the_database_is_power_safe_by_default_wal_with_synchronous_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("a.db").display());
+        let store = open(&url, Synchronous::default()).await;
+        assert_eq!(pragma(&store, "journal_mode").await, "wal");
+        assert_eq!(pragma(&store, "synchronous").await, "2", "2 is FULL");
+        assert_eq!(pragma(&store, "foreign_keys").await, "1");
+        drop(store);
+        let relaxed = open(&url, Synchronous::Normal).await;
+        assert_eq!(pragma(&relaxed, "synchronous").await, "1", "1 is NORMAL");
+    }
+
+    #[tokio::test]
+    async fn an_in_memory_database_is_refused() {
+        let err = SqliteStore::open(
+            "sqlite::memory:",
+            Synchronous::Full,
+            ToolResultTexts::default(),
+        )
+        .await
+        .err()
+        .expect("refused");
+        assert!(err.to_string().contains("DATABASE_URL"), "{err}");
+    }
+}

@@ -1,0 +1,658 @@
+//! SQLite's write transactions, run by rusqlite on the store's writer thread.
+//!
+//! Every write of the SQLite backend runs on one thread that owns the one write connection (see
+//! `group_commit`), and its statements execute right there. Through sqlx, each statement went
+//! to the connection's worker thread and back, and those hand-offs (a wake-up each way) cost
+//! several times what SQLite spent on the statement; this path has none, and its prepared
+//! statements are cached. Writers are serialised by the one connection and `BEGIN IMMEDIATE`, so
+//! there is nothing to lock, and an event's row id is its sequence number.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::types::Value;
+use rusqlite::{Connection, OpenFlags, Params, params, params_from_iter};
+
+use super::Synchronous;
+use crate::domain::policy::{Grant, GrantScope, GrantSpec, Rule, RuleId, RuleSource};
+use crate::domain::{
+    AgentId, BatchId, Call, CallKey, EventKind, NewBatch, NewCall, OnDeny, Outcome, SessionId,
+    Timestamp, ToolInput, ToolName,
+};
+use crate::error::{Error, Result};
+use crate::store::RevokeTarget;
+use crate::store::rows::{
+    Columns, call_columns, call_from_row, grant_from_row, rule_from_row, select_calls,
+    select_grants, select_rules, stored,
+};
+use crate::store::writes::{PolicyTx, Resolved, Stored, WriteTx, Writer};
+
+/// Both read a batch's pending calls through the index `calls_pending_batch` (migration 0005),
+/// never by walking every pending call of the store; a test checks the plans.
+pub(super) const PENDING_IN_BATCH: &str =
+    "SELECT id FROM calls WHERE batch_id = ? AND status = 1 ORDER BY position";
+pub(super) const COMPLETE_BATCH_IF_DONE: &str = "UPDATE events SET batch_completed = 1 \
+     WHERE seq = ? AND NOT EXISTS (SELECT 1 FROM calls WHERE batch_id = ? AND status = 1)";
+
+/// Enough for every statement of the write path (about 30) and a few shapes of `IN` lists.
+const STATEMENT_CACHE: usize = 64;
+
+/// The one write connection. A transaction takes it out and puts it back when it ends, so a
+/// transaction is an owned value that can cross `await`s; only the writer thread uses it.
+#[derive(Clone)]
+pub struct WriteConnection {
+    home: Arc<Mutex<Option<Connection>>>,
+}
+
+impl WriteConnection {
+    /// Opens the database file (already migrated) for writing, with the store's settings.
+    pub fn open(path: &Path, synchronous: Synchronous) -> Result<Self> {
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(Error::Internal(format!(
+                "SQLite refused WAL mode (journal_mode is `{mode}`)"
+            )));
+        }
+        let synchronous = match synchronous {
+            Synchronous::Full => "FULL",
+            Synchronous::Normal => "NORMAL",
+        };
+        conn.pragma_update(None, "synchronous", synchronous)?;
+        conn.pragma_update(None, "foreign_keys", true)?;
+        conn.busy_timeout(Duration::from_secs(10))?;
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        Ok(Self {
+            home: Arc::new(Mutex::new(Some(conn))),
+        })
+    }
+
+    /// A read transaction on the write connection (Explain: it reads what a submit reads, and
+    /// is rolled back).
+    pub fn begin_read(&self) -> Result<SqliteTx> {
+        self.begin("BEGIN")
+    }
+
+    fn begin(&self, sql: &str) -> Result<SqliteTx> {
+        let conn = self
+            .home
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| Error::Internal("the SQLite write connection is in use".into()))?;
+        let tx = SqliteTx {
+            conn: Some(conn),
+            home: Arc::clone(&self.home),
+            writes: 0,
+            rules: None,
+        };
+        tx.conn().execute_batch(sql)?;
+        Ok(tx)
+    }
+
+    /// A pragma's value on the write connection.
+    #[cfg(test)]
+    pub fn pragma(&self, name: &str) -> Result<String> {
+        let tx = self.begin_read()?;
+        let value = tx.conn().query_row(&format!("PRAGMA {name}"), [], |row| {
+            use rusqlite::types::ValueRef;
+            Ok(match row.get_ref(0)? {
+                ValueRef::Integer(n) => n.to_string(),
+                ValueRef::Text(text) => String::from_utf8_lossy(text).into_owned(),
+                _ => String::new(),
+            })
+        })?;
+        Ok(value)
+    }
+}
+
+#[async_trait]
+impl Writer for WriteConnection {
+    type Tx = SqliteTx;
+
+    async fn begin_write(&self) -> Result<Self::Tx> {
+        self.begin("BEGIN IMMEDIATE")
+    }
+}
+
+/// A transaction on the write connection. It counts the writing statements it issued, so that a
+/// write of a group that fails before changing anything needs no rollback (see `group_commit`).
+/// Dropped without a commit, it rolls back.
+pub struct SqliteTx {
+    conn: Option<Connection>,
+    home: Arc<Mutex<Option<Connection>>>,
+    writes: u64,
+    /// The rules as this transaction sees them, read once: a group of submits shares one read.
+    /// Only this transaction could change them before it ends (it is the only writer), and its
+    /// own rule changes drop the copy.
+    rules: Option<Vec<Rule>>,
+}
+
+impl Drop for SqliteTx {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            if !conn.is_autocommit()
+                && let Err(err) = conn.execute_batch("ROLLBACK")
+            {
+                tracing::error!(error = %err, "rolling back a SQLite write transaction failed");
+            }
+            *self.home.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn);
+        }
+    }
+}
+
+impl SqliteTx {
+    fn conn(&self) -> &Connection {
+        self.conn
+            .as_ref()
+            .expect("a transaction holds the connection until it is dropped")
+    }
+
+    /// Runs a writing statement; returns how many rows it changed.
+    fn execute(&mut self, sql: &str, params: impl Params) -> Result<usize> {
+        self.writes += 1;
+        Ok(self.conn().prepare_cached(sql)?.execute(params)?)
+    }
+
+    /// Every row `sql` returns, decoded by `decode`. Counts as a write when `writes`.
+    fn rows<T>(
+        &mut self,
+        writes: bool,
+        sql: &str,
+        params: impl Params,
+        mut decode: impl FnMut(&rusqlite::Row<'_>) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        if writes {
+            self.writes += 1;
+        }
+        let mut statement = self.conn().prepare_cached(sql)?;
+        let mut rows = statement.query(params)?;
+        let mut decoded = Vec::new();
+        while let Some(row) = rows.next()? {
+            decoded.push(decode(row)?);
+        }
+        Ok(decoded)
+    }
+
+    /// The first row `sql` returns, if any (read to the end, so a writing statement completes).
+    fn row<T>(
+        &mut self,
+        writes: bool,
+        sql: &str,
+        params: impl Params,
+        decode: impl FnMut(&rusqlite::Row<'_>) -> Result<T>,
+    ) -> Result<Option<T>> {
+        Ok(self.rows(writes, sql, params, decode)?.into_iter().next())
+    }
+
+    fn append_event(&mut self, kind: EventKind, rowid: i64, now: Timestamp) -> Result<i64> {
+        self.row(
+            true,
+            "INSERT INTO events (kind, call_rowid, created_at) VALUES (?, ?, ?) RETURNING seq",
+            params![kind.code(), rowid, now.as_micros()],
+            |row| row.int("seq"),
+        )?
+        .ok_or_else(|| Error::Internal("an event insert returned no sequence number".into()))
+    }
+}
+
+/// `?, ?, ...`: `n` placeholders for an `IN` list.
+fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+#[async_trait]
+impl WriteTx for SqliteTx {
+    async fn lock_session(&mut self, _agent: &AgentId, _session: &SessionId) -> Result<()> {
+        Ok(())
+    }
+
+    async fn lock_batches(&mut self, _batches: &[&str]) -> Result<()> {
+        Ok(())
+    }
+
+    async fn find_call(&mut self, key: &CallKey) -> Result<Option<Stored>> {
+        self.row(
+            false,
+            select_calls!("WHERE c.agent = ? AND c.session_id = ? AND c.call_id = ?"),
+            params![
+                key.agent.as_str(),
+                key.session.as_str(),
+                key.call_id.as_str()
+            ],
+            |row| stored(row),
+        )
+    }
+
+    async fn load_call(&mut self, rowid: i64) -> Result<Call> {
+        self.row(false, select_calls!("WHERE c.id = ?"), [rowid], |row| {
+            call_from_row(row)
+        })?
+        .ok_or_else(|| Error::Internal(format!("call row {rowid} vanished")))
+    }
+
+    async fn insert_batch(
+        &mut self,
+        batch_id: &BatchId,
+        batch: &NewBatch,
+        size: usize,
+        now: Timestamp,
+    ) -> Result<()> {
+        self.execute(
+            "INSERT INTO batches (batch_id, agent, session_id, on_deny, size, created_at) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+            params![
+                batch_id.as_str(),
+                batch.agent.as_str(),
+                batch.session.as_str(),
+                batch.on_deny.as_i64(),
+                size as i64,
+                now.as_micros()
+            ],
+        )?;
+        Ok(())
+    }
+
+    async fn resize_batch(&mut self, batch_id: &BatchId, size: usize) -> Result<()> {
+        if size == 0 {
+            self.execute(
+                "DELETE FROM batches WHERE batch_id = ?",
+                [batch_id.as_str()],
+            )?;
+        } else {
+            self.execute(
+                "UPDATE batches SET size = ? WHERE batch_id = ?",
+                params![size as i64, batch_id.as_str()],
+            )?;
+        }
+        Ok(())
+    }
+
+    async fn insert_call(
+        &mut self,
+        batch: &NewBatch,
+        batch_id: &BatchId,
+        position: usize,
+        call: &NewCall,
+        now: Timestamp,
+    ) -> Result<Option<i64>> {
+        // The trigger `calls_requested_event` (migration 0004) writes its Requested event.
+        self.row(
+            true,
+            "INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, \
+             title, message, workspace, supersede_key, deadline, created_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (agent, session_id, call_id) DO NOTHING RETURNING id",
+            params![
+                batch.agent.as_str(),
+                batch.session.as_str(),
+                call.call_id.as_str(),
+                batch_id.as_str(),
+                position as i64,
+                call.tool.as_str(),
+                call.input.as_str(),
+                call.title,
+                call.message,
+                call.workspace,
+                call.supersede_key,
+                call.deadline.map(Timestamp::as_micros),
+                now.as_micros()
+            ],
+            |row| row.int("id"),
+        )
+    }
+
+    async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>> {
+        let batch_id = self.row(
+            true,
+            "UPDATE calls SET status = ?, decided_at = ?, decided_by = ?, reason = ?, \
+             tool_result = ?, run_input = ?, input_edited = ? \
+             WHERE id = ? AND status = 1 RETURNING batch_id",
+            params![
+                outcome.kind.code(),
+                outcome.decided_at.as_micros(),
+                outcome.decided_by.to_string(),
+                outcome.reason,
+                outcome.tool_result,
+                outcome.run_input.as_ref().map(ToolInput::as_str),
+                outcome.input_edited,
+                rowid
+            ],
+            |row| row.text("batch_id"),
+        )?;
+        let Some(batch_id) = batch_id else {
+            return Ok(None);
+        };
+        let event = self.append_event(EventKind::Resolved, rowid, outcome.decided_at)?;
+        Ok(Some(Resolved {
+            rowid,
+            batch_id,
+            event,
+        }))
+    }
+
+    async fn pending_in_session(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+    ) -> Result<Vec<Stored>> {
+        self.rows(
+            false,
+            select_calls!("WHERE c.agent = ? AND c.session_id = ? AND c.status = 1 ORDER BY c.id"),
+            params![agent.as_str(), session.as_str()],
+            |row| stored(row),
+        )
+    }
+
+    async fn pending_with_key(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+        key: &str,
+    ) -> Result<Vec<i64>> {
+        self.rows(
+            false,
+            "SELECT id FROM calls WHERE agent = ? AND session_id = ? AND supersede_key = ? \
+             AND status = 1 ORDER BY id",
+            params![agent.as_str(), session.as_str(), key],
+            |row| row.int("id"),
+        )
+    }
+
+    async fn pending_in_batch(&mut self, batch: &BatchId) -> Result<Vec<i64>> {
+        self.rows(false, PENDING_IN_BATCH, [batch.as_str()], |row| {
+            row.int("id")
+        })
+    }
+
+    async fn calls_of_batch(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+        batch: &BatchId,
+    ) -> Result<Vec<Stored>> {
+        self.rows(
+            false,
+            select_calls!(
+                "WHERE c.batch_id = ? AND c.agent = ? AND c.session_id = ? ORDER BY c.position"
+            ),
+            params![batch.as_str(), agent.as_str(), session.as_str()],
+            |row| stored(row),
+        )
+    }
+
+    async fn on_deny(&mut self, batch: &BatchId) -> Result<OnDeny> {
+        let on_deny = self.row(
+            false,
+            "SELECT on_deny FROM batches WHERE batch_id = ?",
+            [batch.as_str()],
+            |row| row.int("on_deny"),
+        )?;
+        on_deny
+            .map(OnDeny::from_i64)
+            .ok_or_else(|| Error::Internal(format!("batch `{}` vanished", batch.as_str())))
+    }
+
+    async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(i64, String)>> {
+        self.rows(
+            false,
+            "SELECT id, batch_id FROM calls WHERE status = 1 AND deadline IS NOT NULL \
+             AND deadline <= ? ORDER BY deadline LIMIT ?",
+            params![now.as_micros(), limit],
+            |row| Ok((row.int("id")?, row.text("batch_id")?)),
+        )
+    }
+
+    async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()> {
+        self.execute(COMPLETE_BATCH_IF_DONE, params![event, batch_id])?;
+        Ok(())
+    }
+
+    fn writes(&self) -> Option<u64> {
+        Some(self.writes)
+    }
+
+    async fn commit(self) -> Result<()> {
+        // On failure the drop rolls back what is left of the transaction.
+        self.conn().execute_batch("COMMIT")?;
+        Ok(())
+    }
+}
+
+/// Grants and rules. Writers are serialised, so `lock_policy` has nothing to lock.
+#[async_trait]
+impl PolicyTx for SqliteTx {
+    async fn lock_policy(
+        &mut self,
+        _agent: &AgentId,
+        _tools: &[&ToolName],
+        _exclusive: bool,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    async fn rules(&mut self) -> Result<Vec<Rule>> {
+        if let Some(rules) = &self.rules {
+            return Ok(rules.clone());
+        }
+        let rules = self.rows(false, select_rules!(), [], |row| rule_from_row(row))?;
+        self.rules = Some(rules.clone());
+        Ok(rules)
+    }
+
+    async fn live_grants(
+        &mut self,
+        agent: &AgentId,
+        session: Option<&SessionId>,
+        tools: &[&ToolName],
+        now: Timestamp,
+    ) -> Result<Vec<Grant>> {
+        if tools.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut sql = format!(
+            "{} AND agent = ? AND tool IN ({})",
+            select_grants!("WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?)"),
+            placeholders(tools.len())
+        );
+        let mut values = vec![
+            Value::Integer(now.as_micros()),
+            Value::Text(agent.as_str().to_owned()),
+        ];
+        values.extend(
+            tools
+                .iter()
+                .map(|tool| Value::Text(tool.as_str().to_owned())),
+        );
+        if let Some(session) = session {
+            sql.push_str(" AND (session_id IS NULL OR session_id = ?)");
+            values.push(Value::Text(session.as_str().to_owned()));
+        }
+        sql.push_str(" ORDER BY id");
+        self.rows(false, &sql, params_from_iter(values), |row| {
+            grant_from_row(row)
+        })
+    }
+
+    async fn insert_grant(&mut self, spec: &GrantSpec) -> Result<Grant> {
+        let (session, workspace) = match &spec.scope {
+            GrantScope::Session(s) => (Some(s.as_str()), None),
+            GrantScope::Workspace(w) => (None, Some(w.as_str())),
+            GrantScope::Always => (None, None),
+        };
+        let id = self
+            .row(
+                true,
+                "INSERT INTO grants (agent, scope, session_id, workspace, tool, matcher, effect, \
+                 created_by, created_at, expires_at, source_session, source_call, reason) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                params![
+                    spec.agent.as_str(),
+                    spec.scope.scope().code(),
+                    session,
+                    workspace,
+                    spec.tool.as_str(),
+                    spec.matcher.to_json().to_string(),
+                    spec.effect.code(),
+                    spec.created_by,
+                    spec.created_at.as_micros(),
+                    spec.expires_at.map(Timestamp::as_micros),
+                    spec.source.session.as_str(),
+                    spec.source.call_id.as_str(),
+                    spec.reason
+                ],
+                |row| row.int("id"),
+            )?
+            .ok_or_else(|| Error::Internal("a grant insert returned no id".into()))?;
+        Ok(Grant {
+            id,
+            spec: spec.clone(),
+            revoked_at: None,
+            revoked_by: None,
+        })
+    }
+
+    async fn grant_from_call(&mut self, key: &CallKey) -> Result<Option<Grant>> {
+        self.row(
+            false,
+            select_grants!(
+                "WHERE agent = ? AND source_session = ? AND source_call = ? \
+                 ORDER BY id DESC LIMIT 1"
+            ),
+            params![
+                key.agent.as_str(),
+                key.session.as_str(),
+                key.call_id.as_str()
+            ],
+            |row| grant_from_row(row),
+        )
+    }
+
+    async fn grants_named(&mut self, target: &RevokeTarget, now: Timestamp) -> Result<Vec<Grant>> {
+        let now = now.as_micros();
+        match target {
+            RevokeTarget::Id(id) => self.rows(false, select_grants!("WHERE id = ?"), [id], |row| {
+                grant_from_row(row)
+            }),
+            RevokeTarget::Session(agent, session) => self.rows(
+                false,
+                select_grants!(
+                    "WHERE agent = ? AND scope = 2 AND session_id = ? AND revoked_at IS NULL \
+                     AND (expires_at IS NULL OR expires_at > ?) ORDER BY id"
+                ),
+                params![agent.as_str(), session.as_str(), now],
+                |row| grant_from_row(row),
+            ),
+            RevokeTarget::Workspace(agent, workspace) => self.rows(
+                false,
+                select_grants!(
+                    "WHERE agent = ? AND scope = 3 AND workspace = ? AND revoked_at IS NULL \
+                     AND (expires_at IS NULL OR expires_at > ?) ORDER BY id"
+                ),
+                params![agent.as_str(), workspace.as_str(), now],
+                |row| grant_from_row(row),
+            ),
+        }
+    }
+
+    async fn revoke(&mut self, ids: &[i64], by: &str, now: Timestamp) -> Result<Vec<Grant>> {
+        self.writes += 1;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "UPDATE grants SET revoked_at = ?, revoked_by = ? \
+             WHERE revoked_at IS NULL AND id IN ({}) \
+             RETURNING id, agent, scope, session_id, workspace, tool, matcher, effect, \
+             created_by, created_at, expires_at, revoked_at, revoked_by, source_session, \
+             source_call, reason",
+            placeholders(ids.len())
+        );
+        let mut values = vec![Value::Integer(now.as_micros()), Value::Text(by.to_owned())];
+        values.extend(ids.iter().map(|id| Value::Integer(*id)));
+        let mut grants = self.rows(false, &sql, params_from_iter(values), |row| {
+            grant_from_row(row)
+        })?;
+        grants.sort_by_key(|g| g.id);
+        Ok(grants)
+    }
+
+    async fn pending_in_scope(
+        &mut self,
+        agent: &AgentId,
+        tool: &ToolName,
+        scope: &GrantScope,
+    ) -> Result<Vec<Stored>> {
+        match scope {
+            GrantScope::Session(session) => self.rows(
+                false,
+                select_calls!(
+                    "WHERE c.agent = ? AND c.tool = ? AND c.status = 1 AND c.session_id = ? \
+                     ORDER BY c.id"
+                ),
+                params![agent.as_str(), tool.as_str(), session.as_str()],
+                |row| stored(row),
+            ),
+            GrantScope::Workspace(workspace) => self.rows(
+                false,
+                select_calls!(
+                    "WHERE c.agent = ? AND c.tool = ? AND c.status = 1 AND c.workspace = ? \
+                     ORDER BY c.id"
+                ),
+                params![agent.as_str(), tool.as_str(), workspace.as_str()],
+                |row| stored(row),
+            ),
+            GrantScope::Always => self.rows(
+                false,
+                select_calls!("WHERE c.agent = ? AND c.tool = ? AND c.status = 1 ORDER BY c.id"),
+                params![agent.as_str(), tool.as_str()],
+                |row| stored(row),
+            ),
+        }
+    }
+
+    async fn find_rule(&mut self, id: &RuleId) -> Result<Option<Rule>> {
+        self.row(false, select_rules!("WHERE id = ?"), [id.as_str()], |row| {
+            rule_from_row(row)
+        })
+    }
+
+    async fn insert_rule(&mut self, rule: &Rule) -> Result<bool> {
+        self.rules = None;
+        let inserted = self.execute(
+            "INSERT INTO rules (id, tool, matcher, effect, priority, description, source, \
+             created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+            params![
+                rule.id.as_str(),
+                rule.tool.as_str(),
+                rule.matcher.to_json().to_string(),
+                rule.effect.code(),
+                i64::from(rule.priority),
+                rule.description,
+                rule.source.as_str(),
+                rule.created_at.as_micros()
+            ],
+        )?;
+        Ok(inserted == 1)
+    }
+
+    async fn delete_rule(&mut self, id: &RuleId) -> Result<bool> {
+        self.rules = None;
+        let deleted = self.execute("DELETE FROM rules WHERE id = ?", [id.as_str()])?;
+        Ok(deleted == 1)
+    }
+
+    async fn delete_file_rules(&mut self) -> Result<()> {
+        self.rules = None;
+        self.execute(
+            "DELETE FROM rules WHERE source = ?",
+            [RuleSource::File.as_str()],
+        )?;
+        Ok(())
+    }
+}
