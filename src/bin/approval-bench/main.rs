@@ -334,8 +334,14 @@ async fn measure(
         drained_after,
     );
 
-    // The raw storage limit, after the broker's run so the two do not compete for the disk.
+    // The raw storage limit, after the broker's run so the two do not compete for the disk, and
+    // after the system wrote back what the broker left dirty in the page cache (else the raw
+    // writes' syncs would queue behind it).
     let input = load::tool_input(0, 0, args.input_bytes);
+    if !storage_duration.is_zero() {
+        let _ = tokio::task::spawn_blocking(|| std::process::Command::new("sync").status()).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let concurrency = args.agents;
     let raw = if storage_duration.is_zero() {
         None
