@@ -2,7 +2,9 @@
 //!
 //! One pump task reads the durable log after the last sequence number it published and
 //! broadcasts each event; it is woken after every local commit and (on Postgres) on other
-//! replicas' notifications, and polls once a second in case a wake-up is missed. Before reading
+//! replicas' notifications, and polls once a second in case a wake-up is missed. Where the store
+//! hands over the events of each commit as it happens (SQLite's one writer), the pump publishes
+//! those without reading them back, and reads the log only to fill a gap. Before reading
 //! it asks the store to number newly committed events (Postgres assigns sequence numbers after
 //! commit, in commit order). Consumers read through a [`Feed`], which first catches up from the store
 //! and then follows the broadcast, skipping what it already delivered. Because the store is the
@@ -14,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::{Notify, broadcast, mpsc};
 
 use crate::domain::Event;
 use crate::error::{Error, Result};
@@ -83,36 +85,74 @@ impl EventBus {
     pub async fn pump(self: Arc<Self>) {
         let mut last = self.published.load(Ordering::SeqCst);
         let remote = self.store.remote_commits().unwrap_or_default();
+        let mut handed = self.store.take_committed_events();
         loop {
+            let mut read = true;
             tokio::select! {
-                _ = self.committed.notified() => {}
+                events = next_handed(&mut handed) => match events {
+                    // Exactly the next events: publish them as they are.
+                    Some(events) if events.first().is_some_and(|e| e.seq == last + 1) => {
+                        for event in events {
+                            last = self.publish(event);
+                        }
+                        read = false;
+                    }
+                    // Already published (read from the log meanwhile).
+                    Some(events) if events.last().is_some_and(|e| e.seq <= last) => read = false,
+                    // After a gap (some were not handed over): read the log.
+                    Some(_) => {}
+                    None => handed = None,
+                },
+                // Where the store hands events over, a local commit needs no read.
+                _ = self.committed.notified(), if handed.is_none() => {}
                 _ = remote.notified() => {}
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
-            if let Err(err) = self.store.sequence_events().await {
-                tracing::warn!(error = %err, "numbering committed events failed; retrying");
-            }
-            loop {
-                let events = match self.store.events_after(last, PAGE).await {
-                    Ok(events) => events,
-                    Err(err) => {
-                        tracing::warn!(error = %err, "reading the event log failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        break;
-                    }
-                };
-                let full = events.len() == PAGE as usize;
-                for event in events {
-                    last = event.seq;
-                    self.published.store(last, Ordering::SeqCst);
-                    // No receiver is not an error: nobody is listening right now.
-                    let _ = self.tx.send(Arc::new(event));
-                }
-                if !full {
-                    break;
-                }
+            if read {
+                last = self.read_log(last).await;
             }
         }
+    }
+
+    /// Publishes one event; returns its sequence number.
+    fn publish(&self, event: Event) -> u64 {
+        let seq = event.seq;
+        self.published.store(seq, Ordering::SeqCst);
+        // No receiver is not an error: nobody is listening right now.
+        let _ = self.tx.send(Arc::new(event));
+        seq
+    }
+
+    /// Publishes what the log holds after `last`; returns the last sequence number published.
+    async fn read_log(&self, mut last: u64) -> u64 {
+        if let Err(err) = self.store.sequence_events().await {
+            tracing::warn!(error = %err, "numbering committed events failed; retrying");
+        }
+        loop {
+            let events = match self.store.events_after(last, PAGE).await {
+                Ok(events) => events,
+                Err(err) => {
+                    tracing::warn!(error = %err, "reading the event log failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    return last;
+                }
+            };
+            let full = events.len() == PAGE as usize;
+            for event in events {
+                last = self.publish(event);
+            }
+            if !full {
+                return last;
+            }
+        }
+    }
+}
+
+/// The next events the store handed over; pending forever where it hands none.
+async fn next_handed(handed: &mut Option<mpsc::Receiver<Vec<Event>>>) -> Option<Vec<Event>> {
+    match handed {
+        Some(handed) => handed.recv().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -202,13 +202,16 @@ async fn write_groups<W: Writer + Clone>(
                     // In queue order: the writes taken before it commit first.
                     if !group.is_empty() {
                         write_group(&writer, &texts, group.drain(..)).await;
+                        writer.after_commit();
                     }
                     work(writer.clone()).await;
+                    writer.after_commit();
                 }
             }
         }
         if !group.is_empty() {
             write_group(&writer, &texts, group.drain(..)).await;
+            writer.after_commit();
         }
     }
 }

@@ -84,6 +84,14 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// The events of each commit as it happens, in sequence order, from a backend that writes
+    /// every event itself (SQLite's one writer), so the event pump can publish them without
+    /// reading them back. Best effort: a commit whose events did not fit is left for the pump to
+    /// read. Taken once; `None` where only reading the log can tell (Postgres).
+    fn take_committed_events(&self) -> Option<tokio::sync::mpsc::Receiver<Vec<Event>>> {
+        None
+    }
+
     /// Revokes what `target` names, recording `by`. One transaction.
     async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport>;
 

@@ -808,6 +808,9 @@ pub(super) async fn cancel_in(
 pub trait Writer: Sync {
     type Tx: WriteTx + PolicyTx;
     async fn begin_write(&self) -> Result<Self::Tx>;
+    /// Runs after each group commit (and each piece of work alone), once its callers were
+    /// answered: a backend may publish what was committed. Nothing by default.
+    fn after_commit(&self) {}
 }
 
 /// Expires every call due at `now`, a chunk per transaction. Returns them, decided.

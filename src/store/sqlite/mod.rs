@@ -64,10 +64,22 @@ impl FromStr for Synchronous {
 
 const SELECT_CALLS: &str = select_calls!();
 
+/// Events after a sequence number, with their calls, oldest first, at most a number of them.
+const EVENTS_AFTER: &str = concat!(
+    "SELECT e.seq, e.kind, e.batch_completed, ",
+    call_columns!(),
+    " FROM events e JOIN calls c ON c.id = e.call_rowid \
+     JOIN batches b ON b.batch_id = c.batch_id \
+     LEFT JOIN events r ON r.call_rowid = c.id AND r.kind = 2 \
+     WHERE e.seq > ? ORDER BY e.seq LIMIT ?"
+);
+
 pub struct SqliteStore {
     /// Every write: submits, decisions and cancels group-committed, the rest alone, all on the
     /// one writer thread.
     group: GroupCommit<WriteConnection>,
+    /// What the writer publishes as it commits, until the event pump takes it.
+    committed: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<Vec<Event>>>>,
     reader: SqlitePool,
     texts: ToolResultTexts,
 }
@@ -103,13 +115,14 @@ impl SqliteStore {
             .await?;
         sqlx::migrate!("./migrations/sqlite").run(&migrator).await?;
         migrator.close().await;
-        let writer = WriteConnection::open(Path::new(path), synchronous)?;
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
             .connect_with(options.read_only(true))
             .await?;
+        let (writer, committed) = WriteConnection::open(Path::new(path), synchronous)?;
         Ok(Self {
             group: GroupCommit::start(writer, texts.clone())?,
+            committed: std::sync::Mutex::new(Some(committed)),
             reader,
             texts,
         })
@@ -279,24 +292,24 @@ impl Store for SqliteStore {
     }
 
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
-        let rows = sqlx::query(concat!(
-            "SELECT e.seq, e.kind, e.batch_completed, ",
-            call_columns!(),
-            " FROM events e JOIN calls c ON c.id = e.call_rowid \
-             JOIN batches b ON b.batch_id = c.batch_id \
-             LEFT JOIN events r ON r.call_rowid = c.id AND r.kind = 2 \
-             WHERE e.seq > ? ORDER BY e.seq LIMIT ?"
-        ))
-        .bind(after as i64)
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await?;
+        let rows = sqlx::query(EVENTS_AFTER)
+            .bind(after as i64)
+            .bind(i64::from(limit))
+            .fetch_all(&self.reader)
+            .await?;
         rows.iter().map(event_from_row).collect()
     }
 
     async fn latest_seq(&self) -> Result<u64> {
         let mut conn = self.reader.acquire().await?;
         latest_seq(&mut conn).await
+    }
+
+    fn take_committed_events(&self) -> Option<tokio::sync::mpsc::Receiver<Vec<Event>>> {
+        self.committed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 
     async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport> {

@@ -17,17 +17,19 @@ use async_trait::async_trait;
 use rusqlite::types::Value;
 use rusqlite::{Connection, OpenFlags, Params, params, params_from_iter};
 
-use super::Synchronous;
+use tokio::sync::mpsc;
+
+use super::{EVENTS_AFTER, Synchronous};
 use crate::domain::policy::{Grant, GrantScope, GrantSpec, Rule, RuleId, RuleSource};
 use crate::domain::{
-    AgentId, BatchId, Call, CallKey, EventKind, NewBatch, NewCall, OnDeny, Outcome, SessionId,
-    Timestamp, ToolInput, ToolName,
+    AgentId, BatchId, Call, CallKey, Event, EventKind, NewBatch, NewCall, OnDeny, Outcome,
+    SessionId, Timestamp, ToolInput, ToolName,
 };
 use crate::error::{Error, Result};
 use crate::store::RevokeTarget;
 use crate::store::rows::{
-    Columns, call_columns, call_from_row, grant_from_row, rule_from_row, select_calls,
-    select_grants, select_rules, stored,
+    Columns, call_columns, call_from_row, event_from_row, grant_from_row, rule_from_row,
+    select_calls, select_grants, select_rules, stored,
 };
 use crate::store::writes::{PolicyTx, Resolved, Stored, WriteTx, Writer};
 
@@ -55,12 +57,26 @@ pub struct WriteConnection {
     home: Arc<Mutex<Option<Connection>>>,
     /// Set after each commit, for the checkpointer.
     committed: Arc<AtomicBool>,
+    published: Arc<Mutex<Published>>,
 }
+
+/// The events the writer handed to the event pump: the last sequence number read, and where to.
+struct Published {
+    last: u64,
+    to: mpsc::Sender<Vec<Event>>,
+}
+
+/// Commits whose events may wait for the event pump; beyond, the pump reads them itself.
+const PUBLISHED_QUEUE: usize = 256;
 
 impl WriteConnection {
     /// Opens the database file (already migrated) for writing, with the store's settings.
-    /// Also starts the checkpointer, which ends when the last clone of this is dropped.
-    pub fn open(path: &Path, synchronous: Synchronous) -> Result<Self> {
+    /// Also starts the checkpointer, which ends when the last clone of this is dropped. Returns
+    /// the events of every commit from now on (see `Store::take_committed_events`).
+    pub fn open(
+        path: &Path,
+        synchronous: Synchronous,
+    ) -> Result<(Self, mpsc::Receiver<Vec<Event>>)> {
         let conn = connect(path, synchronous)?;
         let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -76,9 +92,16 @@ impl WriteConnection {
         conn.pragma_update(None, "temp_store", "MEMORY")?;
         conn.busy_timeout(Duration::from_secs(10))?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        let last: Option<i64> =
+            conn.query_row("SELECT MAX(seq) FROM events", [], |row| row.get(0))?;
+        let (to, published) = mpsc::channel(PUBLISHED_QUEUE);
         let writer = Self {
             home: Arc::new(Mutex::new(Some(conn))),
             committed: Arc::new(AtomicBool::new(false)),
+            published: Arc::new(Mutex::new(Published {
+                last: last.unwrap_or(0) as u64,
+                to,
+            })),
         };
         let checkpointer = connect(path, synchronous)?;
         let (home, committed) = (Arc::downgrade(&writer.home), Arc::clone(&writer.committed));
@@ -86,7 +109,38 @@ impl WriteConnection {
             .name("sqlite-checkpoint".into())
             .spawn(move || checkpoint_while_open(&checkpointer, &home, &committed))
             .map_err(|e| Error::Internal(format!("cannot start the checkpointer thread: {e}")))?;
-        Ok(writer)
+        Ok((writer, published))
+    }
+
+    /// Reads the events committed since the last call and hands them to the event pump.
+    fn publish_committed(&self) -> Result<()> {
+        const PAGE: i64 = 1024;
+        let mut published = self
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if published.to.is_closed() {
+            return Ok(());
+        }
+        let mut tx = self.begin_read()?;
+        loop {
+            let events = tx.rows(
+                false,
+                EVENTS_AFTER,
+                params![published.last as i64, PAGE],
+                |row| event_from_row(row),
+            )?;
+            let Some(last) = events.last().map(|e| e.seq) else {
+                return Ok(());
+            };
+            let full = events.len() == PAGE as usize;
+            published.last = last;
+            // A full queue drops them: the pump sees the gap and reads the log instead.
+            let _ = published.to.try_send(events);
+            if !full {
+                return Ok(());
+            }
+        }
     }
 
     /// A read transaction on the write connection (Explain: it reads what a submit reads, and
@@ -168,6 +222,13 @@ impl Writer for WriteConnection {
 
     async fn begin_write(&self) -> Result<Self::Tx> {
         self.begin("BEGIN IMMEDIATE")
+    }
+
+    fn after_commit(&self) {
+        if let Err(err) = self.publish_committed() {
+            // The pump reads what it was not handed.
+            tracing::warn!(error = %err, "reading committed events on the writer failed");
+        }
     }
 }
 
@@ -718,8 +779,11 @@ mod tests {
     async fn the_checkpointer_copies_commits_into_the_database_file_without_the_writer() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.db");
-        drop(Connection::open(&path).unwrap());
-        let writer = WriteConnection::open(&path, Synchronous::Full).unwrap();
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("CREATE TABLE events (seq INTEGER PRIMARY KEY)")
+            .unwrap();
+        let (writer, _) = WriteConnection::open(&path, Synchronous::Full).unwrap();
         let mut tx = writer.begin_write().await.unwrap();
         // About 300 KiB: far below the pages after which the writer would checkpoint itself.
         tx.execute("CREATE TABLE t (x BLOB)", []).unwrap();
