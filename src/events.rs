@@ -85,7 +85,10 @@ impl EventBus {
     pub async fn pump(self: Arc<Self>) {
         let mut last = self.published.load(Ordering::SeqCst);
         let remote = self.store.remote_commits().unwrap_or_default();
-        let mut handed = self.store.take_committed_events();
+        let (mut handed, missed) = match self.store.take_committed_events() {
+            Some(committed) => (Some(committed.events), committed.missed),
+            None => (None, Arc::default()),
+        };
         loop {
             let mut read = true;
             tokio::select! {
@@ -103,8 +106,10 @@ impl EventBus {
                     Some(_) => {}
                     None => handed = None,
                 },
-                // Where the store hands events over, a local commit needs no read.
+                // Where the store hands events over, a local commit needs no read, unless some
+                // were not handed over.
                 _ = self.committed.notified(), if handed.is_none() => {}
+                _ = missed.notified() => {}
                 _ = remote.notified() => {}
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }

@@ -1,7 +1,7 @@
 //! Group commit: the writes queued while a commit is on its way to disk share the next
 //! transaction, and so one fsync.
 //!
-//! One task owns the write path. It takes every write waiting in its queue (up to
+//! One thread owns the write path. It takes every write waiting in its queue (up to
 //! [`MAX_GROUP`]), runs them in one transaction, commits, and only then answers each caller. A
 //! write that fails fails alone, and none of its changes are kept (see [`write_group`]); a commit
 //! that fails fails every write of the group, and none of them was acknowledged. Writes run in queue order, one after the other, exactly as if each

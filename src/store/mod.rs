@@ -84,11 +84,10 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// The events of each commit as it happens, in sequence order, from a backend that writes
-    /// every event itself (SQLite's one writer), so the event pump can publish them without
-    /// reading them back. Best effort: a commit whose events did not fit is left for the pump to
-    /// read. Taken once; `None` where only reading the log can tell (Postgres).
-    fn take_committed_events(&self) -> Option<tokio::sync::mpsc::Receiver<Vec<Event>>> {
+    /// The events committed from now on, as they commit, from a backend that writes every event
+    /// itself (SQLite's one writer), so the event pump can publish them without reading them
+    /// back. Taken once; `None` where only reading the log can tell (Postgres).
+    fn take_committed_events(&self) -> Option<CommittedEvents> {
         None
     }
 
@@ -113,6 +112,15 @@ pub trait Store: Send + Sync + 'static {
 
     /// What would decide `target` if it were submitted now, read as a submit reads it.
     async fn explain(&self, target: &ExplainTarget) -> Result<Explanation>;
+}
+
+/// Committed events, handed over by the writer (see [`Store::take_committed_events`]). Best
+/// effort: events that could not be handed over (the queue was full, or reading them failed) are
+/// signalled on `missed`, and the pump reads them from the log.
+pub struct CommittedEvents {
+    /// The events of each group of commits, in sequence order.
+    pub events: tokio::sync::mpsc::Receiver<Vec<Event>>,
+    pub missed: std::sync::Arc<tokio::sync::Notify>,
 }
 
 /// What a submit did, call by call.

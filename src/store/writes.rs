@@ -808,8 +808,9 @@ pub(super) async fn cancel_in(
 pub trait Writer: Sync {
     type Tx: WriteTx + PolicyTx;
     async fn begin_write(&self) -> Result<Self::Tx>;
-    /// Runs after each group commit (and each piece of work alone), once its callers were
-    /// answered: a backend may publish what was committed. Nothing by default.
+    /// Runs on the group-commit writer after each group and each piece of work alone (whether
+    /// or not they committed), once their callers were answered: a backend may hand over what
+    /// was committed. Nothing by default.
     fn after_commit(&self) {}
 }
 
@@ -819,24 +820,44 @@ pub async fn expire_due(
     texts: &ToolResultTexts,
     now: Timestamp,
 ) -> Result<Vec<Call>> {
-    const CHUNK: i64 = 256;
+    expire_in_chunks(|| expire_chunk(writer, texts, now)).await
+}
+
+/// Runs `chunk` (an [`expire_chunk`]) until it reports the last one; returns every call expired.
+pub async fn expire_in_chunks<F, Fut>(mut chunk: F) -> Result<Vec<Call>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(Vec<Call>, bool)>>,
+{
     let mut expired = Vec::new();
     loop {
-        let started = Instant::now();
-        let mut tx = writer.begin_write().await?;
-        let chunk = expire_chunk(&mut tx, texts, now, CHUNK).await?;
-        tx.commit().await?;
-        meters::committed(1, started.elapsed());
-        let done = (chunk.len() as i64) < CHUNK;
-        expired.extend(chunk);
-        if done {
+        let (calls, last) = chunk().await?;
+        expired.extend(calls);
+        if last {
             return Ok(expired);
         }
     }
 }
 
+/// Expires a chunk of the calls due at `now` in one transaction. Returns them, decided, and
+/// whether it was the last chunk.
+pub async fn expire_chunk(
+    writer: &impl Writer,
+    texts: &ToolResultTexts,
+    now: Timestamp,
+) -> Result<(Vec<Call>, bool)> {
+    const CHUNK: i64 = 256;
+    let started = Instant::now();
+    let mut tx = writer.begin_write().await?;
+    let chunk = expire_some(&mut tx, texts, now, CHUNK).await?;
+    tx.commit().await?;
+    meters::committed(1, started.elapsed());
+    let last = (chunk.len() as i64) < CHUNK;
+    Ok((chunk, last))
+}
+
 /// Expires up to `limit` due calls. Returns them, decided.
-async fn expire_chunk(
+async fn expire_some(
     tx: &mut impl WriteTx,
     texts: &ToolResultTexts,
     now: Timestamp,

@@ -2,7 +2,9 @@
 //!
 //! Every write runs on one thread over one connection (`write`), group-committed, and begins
 //! with `BEGIN IMMEDIATE`, so write transactions are serialised and sequence numbers are
-//! assigned in commit order; reads use a separate pool (sqlx) and WAL snapshots.
+//! assigned in commit order. Reads use a separate pool (sqlx) and WAL snapshots, except those
+//! that belong with the writes: Explain (what a submit would read now) and the events each
+//! commit hands to the event pump.
 //! `synchronous=FULL` by default: a commit is on disk before it is acknowledged, even across
 //! power loss.
 
@@ -28,9 +30,9 @@ use super::rows::{
 };
 use super::writes::{self, Stored, Writer};
 use super::{
-    CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, DecidedByFilter,
-    ExplainTarget, Explanation, GrantPage, GrantQuery, RevokeReport, RevokeTarget, Store,
-    SubmitReport,
+    CallPage, CallQuery, CancelReport, CancelTarget, CommittedEvents, Cursor, DecideReport,
+    DecidedByFilter, ExplainTarget, Explanation, GrantPage, GrantQuery, RevokeReport, RevokeTarget,
+    Store, SubmitReport,
 };
 use crate::domain::policy::{Rule, RuleId};
 use crate::domain::{
@@ -78,8 +80,8 @@ pub struct SqliteStore {
     /// Every write: submits, decisions and cancels group-committed, the rest alone, all on the
     /// one writer thread.
     group: GroupCommit<WriteConnection>,
-    /// What the writer publishes as it commits, until the event pump takes it.
-    committed: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<Vec<Event>>>>,
+    /// Only to hand committed events over (every write goes through `group`).
+    writer: WriteConnection,
     reader: SqlitePool,
     texts: ToolResultTexts,
 }
@@ -119,10 +121,10 @@ impl SqliteStore {
             .max_connections(4)
             .connect_with(options.read_only(true))
             .await?;
-        let (writer, committed) = WriteConnection::open(Path::new(path), synchronous)?;
+        let writer = WriteConnection::open(Path::new(path), synchronous)?;
         Ok(Self {
-            group: GroupCommit::start(writer, texts.clone())?,
-            committed: std::sync::Mutex::new(Some(committed)),
+            group: GroupCommit::start(writer.clone(), texts.clone())?,
+            writer,
             reader,
             texts,
         })
@@ -144,10 +146,14 @@ impl Store for SqliteStore {
     }
 
     async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
-        let texts = self.texts.clone();
-        self.group
-            .alone(move |writer| async move { writes::expire_due(&writer, &texts, now).await })
-            .await
+        // A chunk per turn of the writer, so groups of writes run between chunks.
+        writes::expire_in_chunks(|| {
+            let texts = self.texts.clone();
+            self.group.alone(move |writer| async move {
+                writes::expire_chunk(&writer, &texts, now).await
+            })
+        })
+        .await
     }
 
     async fn pending_count(&self) -> Result<u64> {
@@ -305,11 +311,8 @@ impl Store for SqliteStore {
         latest_seq(&mut conn).await
     }
 
-    fn take_committed_events(&self) -> Option<tokio::sync::mpsc::Receiver<Vec<Event>>> {
-        self.committed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
+    fn take_committed_events(&self) -> Option<CommittedEvents> {
+        self.writer.hand_over()
     }
 
     async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport> {
@@ -470,6 +473,61 @@ mod tests {
         drop(store);
         let relaxed = open(&url, Synchronous::Normal).await;
         assert_eq!(pragma(&relaxed, "synchronous").await, "1", "1 is NORMAL");
+    }
+
+    fn one_call(session: &str, call_id: &str) -> NewBatch {
+        use crate::domain::{NewCall, OnDeny, ToolInput, ToolName};
+        NewBatch {
+            agent: AgentId::from_stored("agent".into()),
+            session: SessionId::from_stored(session.into()),
+            on_deny: OnDeny::default(),
+            supersede_pending: false,
+            calls: vec![NewCall {
+                index: 0,
+                call_id: CallId::from_stored(call_id.into()),
+                tool: ToolName::from_stored("tool".into()),
+                input: ToolInput::from_stored("{}".into()),
+                title: String::new(),
+                message: String::new(),
+                workspace: String::new(),
+                supersede_key: None,
+                deadline: None,
+            }],
+        }
+    }
+
+    #[tokio::test]
+    async fn each_commits_events_are_handed_over_in_order_and_an_overflow_is_signalled() {
+        use super::write::PUBLISHED_QUEUE;
+        use crate::domain::EventKind;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("a.db").display());
+        let store = open(&url, Synchronous::default()).await;
+        let mut committed = store.take_committed_events().expect("handed over");
+        assert!(store.take_committed_events().is_none(), "taken once");
+
+        store.submit(one_call("s", "first")).await.unwrap();
+        let events = committed.events.recv().await.unwrap();
+        let got: Vec<(u64, EventKind, &str)> = events
+            .iter()
+            .map(|e| (e.seq, e.kind, e.call.key.call_id.as_str()))
+            .collect();
+        assert_eq!(got, [(1, EventKind::Requested, "first")]);
+
+        // Nobody reads: the queue fills, and the commit after that is signalled as missed.
+        for i in 0..PUBLISHED_QUEUE {
+            store.submit(one_call("s", &format!("c{i}"))).await.unwrap();
+        }
+        store.submit(one_call("s", "overflow")).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), committed.missed.notified())
+            .await
+            .expect("the dropped hand-over is signalled");
+        let mut seqs = Vec::new();
+        while let Ok(events) = committed.events.try_recv() {
+            seqs.extend(events.iter().map(|e| e.seq));
+        }
+        let expected: Vec<u64> = (2..=PUBLISHED_QUEUE as u64 + 1).collect();
+        assert_eq!(seqs, expected, "in order, without repeats");
     }
 
     #[tokio::test]

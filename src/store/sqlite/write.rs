@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use rusqlite::types::Value;
 use rusqlite::{Connection, OpenFlags, Params, params, params_from_iter};
 
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 use super::{EVENTS_AFTER, Synchronous};
 use crate::domain::policy::{Grant, GrantScope, GrantSpec, Rule, RuleId, RuleSource};
@@ -26,6 +26,7 @@ use crate::domain::{
     SessionId, Timestamp, ToolInput, ToolName,
 };
 use crate::error::{Error, Result};
+use crate::store::CommittedEvents;
 use crate::store::RevokeTarget;
 use crate::store::rows::{
     Columns, call_columns, call_from_row, event_from_row, grant_from_row, rule_from_row,
@@ -60,23 +61,21 @@ pub struct WriteConnection {
     published: Arc<Mutex<Published>>,
 }
 
-/// The events the writer handed to the event pump: the last sequence number read, and where to.
+/// The events the writer hands to the event pump: the last sequence number read, and where to
+/// (nowhere until the pump takes them).
 struct Published {
     last: u64,
-    to: mpsc::Sender<Vec<Event>>,
+    to: Option<mpsc::Sender<Vec<Event>>>,
+    missed: Arc<Notify>,
 }
 
 /// Commits whose events may wait for the event pump; beyond, the pump reads them itself.
-const PUBLISHED_QUEUE: usize = 256;
+pub(super) const PUBLISHED_QUEUE: usize = 256;
 
 impl WriteConnection {
     /// Opens the database file (already migrated) for writing, with the store's settings.
-    /// Also starts the checkpointer, which ends when the last clone of this is dropped. Returns
-    /// the events of every commit from now on (see `Store::take_committed_events`).
-    pub fn open(
-        path: &Path,
-        synchronous: Synchronous,
-    ) -> Result<(Self, mpsc::Receiver<Vec<Event>>)> {
+    /// Also starts the checkpointer, which ends when the last clone of this is dropped.
+    pub fn open(path: &Path, synchronous: Synchronous) -> Result<Self> {
         let conn = connect(path, synchronous)?;
         let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -94,13 +93,13 @@ impl WriteConnection {
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         let last: Option<i64> =
             conn.query_row("SELECT MAX(seq) FROM events", [], |row| row.get(0))?;
-        let (to, published) = mpsc::channel(PUBLISHED_QUEUE);
         let writer = Self {
             home: Arc::new(Mutex::new(Some(conn))),
             committed: Arc::new(AtomicBool::new(false)),
             published: Arc::new(Mutex::new(Published {
                 last: last.unwrap_or(0) as u64,
-                to,
+                to: None,
+                missed: Arc::default(),
             })),
         };
         let checkpointer = connect(path, synchronous)?;
@@ -109,19 +108,45 @@ impl WriteConnection {
             .name("sqlite-checkpoint".into())
             .spawn(move || checkpoint_while_open(&checkpointer, &home, &committed))
             .map_err(|e| Error::Internal(format!("cannot start the checkpointer thread: {e}")))?;
-        Ok((writer, published))
+        Ok(writer)
     }
 
-    /// Reads the events committed since the last call and hands them to the event pump.
-    fn publish_committed(&self) -> Result<()> {
-        const PAGE: i64 = 1024;
+    /// Starts handing the events of every commit over (see `Store::take_committed_events`);
+    /// `None` if they already are.
+    pub fn hand_over(&self) -> Option<CommittedEvents> {
         let mut published = self
             .published
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if published.to.is_closed() {
-            return Ok(());
+        if published.to.is_some() {
+            return None;
         }
+        let (to, events) = mpsc::channel(PUBLISHED_QUEUE);
+        published.to = Some(to);
+        Some(CommittedEvents {
+            events,
+            missed: Arc::clone(&published.missed),
+        })
+    }
+
+    /// Reads the events committed since the last call and hands them over. On failure (or a
+    /// full queue) the pump is told to read the log.
+    fn publish_committed(&self) {
+        let mut published = self
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if published.to.as_ref().is_none_or(mpsc::Sender::is_closed) {
+            return;
+        }
+        if let Err(err) = self.read_committed(&mut published) {
+            tracing::warn!(error = %err, "reading committed events on the writer failed");
+            published.missed.notify_one();
+        }
+    }
+
+    fn read_committed(&self, published: &mut Published) -> Result<()> {
+        const PAGE: i64 = 1024;
         let mut tx = self.begin_read()?;
         loop {
             let events = tx.rows(
@@ -135,8 +160,11 @@ impl WriteConnection {
             };
             let full = events.len() == PAGE as usize;
             published.last = last;
-            // A full queue drops them: the pump sees the gap and reads the log instead.
-            let _ = published.to.try_send(events);
+            let handed = published.to.as_ref().map(|to| to.try_send(events));
+            if !matches!(handed, Some(Ok(()))) {
+                // Dropped: the pump reads them from the log.
+                published.missed.notify_one();
+            }
             if !full {
                 return Ok(());
             }
@@ -156,6 +184,7 @@ impl WriteConnection {
             .unwrap_or_else(PoisonError::into_inner)
             .take()
             .ok_or_else(|| Error::Internal("the SQLite write connection is in use".into()))?;
+
         let tx = SqliteTx {
             conn: Some(conn),
             home: Arc::clone(&self.home),
@@ -163,6 +192,11 @@ impl WriteConnection {
             writes: 0,
             rules: None,
         };
+        if !tx.conn().is_autocommit() {
+            // The rollback that ended the last transaction failed: try again, or the BEGIN
+            // below fails (and every one after it).
+            tx.conn().execute_batch("ROLLBACK")?;
+        }
         tx.conn().execute_batch(sql)?;
         Ok(tx)
     }
@@ -225,10 +259,7 @@ impl Writer for WriteConnection {
     }
 
     fn after_commit(&self) {
-        if let Err(err) = self.publish_committed() {
-            // The pump reads what it was not handed.
-            tracing::warn!(error = %err, "reading committed events on the writer failed");
-        }
+        self.publish_committed();
     }
 }
 
@@ -526,8 +557,10 @@ impl WriteTx for SqliteTx {
         Ok(())
     }
 
+    /// `None` once SQLite rolled the transaction back by itself (after some errors: I/O, a full
+    /// disk, no memory), so the group starts over rather than run the rest in autocommit.
     fn writes(&self) -> Option<u64> {
-        Some(self.writes)
+        (!self.conn().is_autocommit()).then_some(self.writes)
     }
 
     async fn commit(self) -> Result<()> {
@@ -783,7 +816,7 @@ mod tests {
             .unwrap()
             .execute_batch("CREATE TABLE events (seq INTEGER PRIMARY KEY)")
             .unwrap();
-        let (writer, _) = WriteConnection::open(&path, Synchronous::Full).unwrap();
+        let writer = WriteConnection::open(&path, Synchronous::Full).unwrap();
         let mut tx = writer.begin_write().await.unwrap();
         // About 300 KiB: far below the pages after which the writer would checkpoint itself.
         tx.execute("CREATE TABLE t (x BLOB)", []).unwrap();
