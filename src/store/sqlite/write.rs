@@ -184,7 +184,6 @@ impl WriteConnection {
             .unwrap_or_else(PoisonError::into_inner)
             .take()
             .ok_or_else(|| Error::Internal("the SQLite write connection is in use".into()))?;
-
         let tx = SqliteTx {
             conn: Some(conn),
             home: Arc::clone(&self.home),
