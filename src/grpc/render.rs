@@ -3,7 +3,7 @@
 use crate::domain::policy::{
     Effect, FieldTest, Grant, GrantScope, Matcher, Rule, RuleEffect, Scope,
 };
-use crate::domain::{Call, DecidedBy, Status, Timestamp};
+use crate::domain::{Call, Status, Timestamp};
 use crate::error::Error;
 use crate::proto::v1 as pb;
 use crate::store::{CancelReport, Explanation, SubmitReport, SubmitResult};
@@ -245,15 +245,13 @@ pub fn explanation(e: &Explanation, now: Timestamp) -> pb::ExplainResponse {
         Some(Effect::Allow) => pb::CallStatus::Approved,
         Some(Effect::Deny) => pb::CallStatus::Denied,
     };
-    let decided_by = match (e.effect, &e.grant, &e.rule) {
-        (None, _, _) => String::new(),
-        (Some(_), Some(g), _) => DecidedBy::Grant(g.id).to_string(),
-        (Some(_), None, Some(r)) => DecidedBy::Policy(r.id.to_string()).to_string(),
-        (Some(_), None, None) => String::new(),
-    };
     pb::ExplainResponse {
         verdict: verdict as i32,
-        decided_by,
+        decided_by: e
+            .decided_by
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
         rule: e.rule.as_ref().map(rule),
         grant: e.grant.as_ref().map(|g| grant(g, now)),
         reason: e.reason.clone(),

@@ -42,16 +42,20 @@ pub async fn explain(
         .live_grants(subject.agent, Some(subject.session), &[subject.tool], now)
         .await?;
     let ruling = evaluate(&subject, &rules, &grants, now);
-    let (effect, rule, grant) = match ruling {
-        Ruling::Decided { effect, by } => match by {
-            Decider::Rule(rule) => (Some(effect), Some(rule.clone()), None),
-            Decider::Grant(grant) => (Some(effect), None, Some(grant.clone())),
-        },
-        Ruling::AskHuman { rule } => (None, rule.cloned(), None),
+    let (effect, decided_by, rule, grant) = match ruling {
+        Ruling::Decided { effect, by } => {
+            let decided_by = Some(by.decided_by());
+            match by {
+                Decider::Rule(rule) => (Some(effect), decided_by, Some(rule.clone()), None),
+                Decider::Grant(grant) => (Some(effect), decided_by, None, Some(grant.clone())),
+            }
+        }
+        Ruling::AskHuman { rule } => (None, None, rule.cloned(), None),
     };
     let reason = ruling.explain();
     Ok(Explanation {
         effect,
+        decided_by,
         rule,
         grant,
         reason,

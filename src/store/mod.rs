@@ -226,6 +226,8 @@ pub enum ExplainTarget {
 pub struct Explanation {
     /// `None`: a human decides.
     pub effect: Option<crate::domain::policy::Effect>,
+    /// Who the outcome would name as its decider, when a rule or grant decides.
+    pub decided_by: Option<crate::domain::DecidedBy>,
     /// The rule that decides, or the ask rule that requires a human.
     pub rule: Option<Rule>,
     /// The grant that decides.

@@ -18,12 +18,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use sqlx::{Postgres, QueryBuilder, Row};
+use sqlx::{Postgres, QueryBuilder};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::rows::{
-    call_columns, call_from_row, event_from_row, grant_from_row, rule_from_row, select_calls,
+    call_columns, call_from_row, event_from_row, grant_from_row, page, rule_from_row, select_calls,
     select_grants, select_rules, stored,
 };
 use super::writes::{self, PolicyTx, Resolved, Stored, WriteTx, Writer};
@@ -291,15 +291,8 @@ impl Store for PostgresStore {
             .push(" ORDER BY c.id LIMIT ")
             .push_bind(i64::from(q.limit) + 1);
         let rows = query.build().fetch_all(&self.pool).await?;
-        let mut page = CallPage::default();
-        for row in rows.iter().take(q.limit as usize) {
-            page.calls.push(call_from_row(row)?);
-            page.next = Some(Cursor(row.try_get("id")?));
-        }
-        if rows.len() <= q.limit as usize {
-            page.next = None;
-        }
-        Ok(page)
+        let (calls, next) = page(&rows, q.limit, call_from_row)?;
+        Ok(CallPage { calls, next })
     }
 
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
@@ -394,16 +387,8 @@ impl Store for PostgresStore {
             .push(" ORDER BY id LIMIT ")
             .push_bind(i64::from(q.limit) + 1);
         let rows = query.build().fetch_all(&self.pool).await?;
-        let mut page = GrantPage::default();
-        for row in rows.iter().take(q.limit as usize) {
-            let grant = grant_from_row(row)?;
-            page.next = Some(Cursor(grant.id));
-            page.grants.push(grant);
-        }
-        if rows.len() <= q.limit as usize {
-            page.next = None;
-        }
-        Ok(page)
+        let (grants, next) = page(&rows, q.limit, grant_from_row)?;
+        Ok(GrantPage { grants, next })
     }
 
     async fn create_rule(&self, rule: &Rule) -> Result<Rule> {

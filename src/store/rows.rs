@@ -58,6 +58,7 @@ impl Columns for rusqlite::Row<'_> {
     }
 }
 
+use super::Cursor;
 use super::writes::Stored;
 use crate::domain::policy::{
     Effect, Glob, Grant, GrantScope, GrantSpec, Matcher, Rule, RuleEffect, RuleId, RuleSource,
@@ -132,6 +133,25 @@ pub fn call_from_row(row: &impl Columns) -> Result<Call> {
         created_at: Timestamp::from_micros(row.int("created_at")?),
         outcome,
     })
+}
+
+/// One page of a keyset query that fetched `limit + 1` rows ordered by `id`: the first `limit`
+/// decoded, and the cursor after the last of them when the extra row shows that more follow.
+pub fn page<R: Columns, T>(
+    rows: &[R],
+    limit: u32,
+    decode: impl Fn(&R) -> Result<T>,
+) -> Result<(Vec<T>, Option<Cursor>)> {
+    let limit = limit as usize;
+    let items = rows[..rows.len().min(limit)]
+        .iter()
+        .map(decode)
+        .collect::<Result<Vec<T>>>()?;
+    let next = match items.len().checked_sub(1) {
+        Some(last) if rows.len() > limit => Some(Cursor(rows[last].int("id")?)),
+        _ => None,
+    };
+    Ok((items, next))
 }
 
 /// A call and its row id, from a row holding the [`call_columns`].

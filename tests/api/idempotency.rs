@@ -134,7 +134,36 @@ async fn a_lookup_naming_a_call_twice_answers_both(app: TestApp) {
     ));
 }
 
+/// Identical submits at once share one group commit (one transaction) on SQLite and race as
+/// separate transactions on Postgres: either way one stores the call and the rest are duplicates.
+async fn identical_submits_at_once_store_one_call_and_one_event(app: TestApp) {
+    const SUBMITS: usize = 32;
+    let mut submits = tokio::task::JoinSet::new();
+    for _ in 0..SUBMITS {
+        let mut agent = app.agent();
+        submits.spawn(async move {
+            let request = pb::SubmitRequest {
+                batch: Some(batch("s", vec![call("c1", "t", r#"{"a":1}"#)])),
+            };
+            agent.submit(request).await.expect("submit").into_inner()
+        });
+    }
+    let (mut accepted, mut duplicates) = (0, 0);
+    while let Some(response) = submits.join_next().await {
+        match response.expect("submit task").acks[0].result {
+            Some(pb::call_ack::Result::Accepted(_)) => accepted += 1,
+            Some(pb::call_ack::Result::Duplicate(_)) => duplicates += 1,
+            ref other => panic!("accepted or duplicate: {other:?}"),
+        }
+    }
+    assert_eq!((accepted, duplicates), (1, SUBMITS - 1));
+    assert_eq!(all_calls(&app).await.len(), 1);
+    let events = event_log(&app).await;
+    assert_eq!(events.len(), 1, "one requested event only: {events:?}");
+}
+
 backend_tests! {
+    identical_submits_at_once_store_one_call_and_one_event,
     a_lookup_naming_a_call_twice_answers_both,
     resubmitting_a_call_is_a_duplicate_with_no_new_row_and_no_new_event,
     a_resubmitted_decided_call_returns_its_outcome_at_once,

@@ -25,10 +25,10 @@ use sqlx::{QueryBuilder, Sqlite};
 use self::write::WriteConnection;
 use super::group_commit::GroupCommit;
 use super::rows::{
-    call_columns, call_from_row, event_from_row, grant_from_row, rule_from_row, select_calls,
-    select_grants, select_rules, stored,
+    call_columns, call_from_row, event_from_row, grant_from_row, page, rule_from_row, select_calls,
+    select_grants, select_rules,
 };
-use super::writes::{self, Stored, Writer};
+use super::writes::{self, Writer};
 use super::{
     CallPage, CallQuery, CancelReport, CancelTarget, CommittedEvents, Cursor, DecideReport,
     DecidedByFilter, ExplainTarget, Explanation, GrantPage, GrantQuery, RevokeReport, RevokeTarget,
@@ -285,16 +285,8 @@ impl Store for SqliteStore {
             .push(" ORDER BY c.id LIMIT ")
             .push_bind(i64::from(q.limit) + 1);
         let rows = query.build().fetch_all(&self.reader).await?;
-        let mut page = CallPage::default();
-        for row in rows.iter().take(q.limit as usize) {
-            let Stored { rowid, call } = stored(row)?;
-            page.calls.push(call);
-            page.next = Some(Cursor(rowid));
-        }
-        if rows.len() <= q.limit as usize {
-            page.next = None;
-        }
-        Ok(page)
+        let (calls, next) = page(&rows, q.limit, call_from_row)?;
+        Ok(CallPage { calls, next })
     }
 
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
@@ -357,16 +349,8 @@ impl Store for SqliteStore {
             .push(" ORDER BY id LIMIT ")
             .push_bind(i64::from(q.limit) + 1);
         let rows = query.build().fetch_all(&self.reader).await?;
-        let mut page = GrantPage::default();
-        for row in rows.iter().take(q.limit as usize) {
-            let grant = grant_from_row(row)?;
-            page.next = Some(Cursor(grant.id));
-            page.grants.push(grant);
-        }
-        if rows.len() <= q.limit as usize {
-            page.next = None;
-        }
-        Ok(page)
+        let (grants, next) = page(&rows, q.limit, grant_from_row)?;
+        Ok(GrantPage { grants, next })
     }
 
     async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
