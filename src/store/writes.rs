@@ -337,19 +337,44 @@ async fn decide_by_policy(
         return Ok(resolved);
     }
     for Stored { rowid, call } in accepted {
-        let ruling = evaluate(&Subject::of_call(call), &rules, &grants, now);
-        let Some(outcome) = ruling.outcome(&call.input, texts, now) else {
-            continue;
-        };
-        // Conditional: an earlier denial of this batch may have skipped it already.
-        if let Some(r) = tx.resolve(*rowid, &outcome).await? {
-            resolved.push(r);
-            if outcome.kind == OutcomeKind::Denied && batch.on_deny == OnDeny::SkipRest {
-                resolved.extend(skip_rest_of_batch(tx, &call.batch_id, texts, now).await?);
-            }
+        if let Some((own, skipped)) =
+            decide_by_ruling(tx, *rowid, call, &rules, &grants, texts, now).await?
+        {
+            resolved.push(own);
+            resolved.extend(skipped);
         }
     }
     Ok(resolved)
+}
+
+/// Decides a pending call if a rule or grant does, with what a human decision would bring
+/// along (a denial skips the rest of a SKIP_REST batch). Returns its resolution and the
+/// siblings skipped; `None` if nothing decides it, or it is decided already (an earlier denial
+/// of the same pass may have skipped it: `resolve` is conditional).
+async fn decide_by_ruling(
+    tx: &mut (impl WriteTx + PolicyTx),
+    rowid: i64,
+    call: &Call,
+    rules: &[Rule],
+    grants: &[Grant],
+    texts: &ToolResultTexts,
+    now: Timestamp,
+) -> Result<Option<(Resolved, Vec<Resolved>)>> {
+    let ruling = evaluate(&Subject::of_call(call), rules, grants, now);
+    let Some(outcome) = ruling.outcome(&call.input, texts, now) else {
+        return Ok(None);
+    };
+    let Some(own) = tx.resolve(rowid, &outcome).await? else {
+        return Ok(None);
+    };
+    let skipped = if outcome.kind == OutcomeKind::Denied
+        && tx.on_deny(&call.batch_id).await? == OnDeny::SkipRest
+    {
+        skip_rest_of_batch(tx, &call.batch_id, texts, now).await?
+    } else {
+        Vec::new()
+    };
+    Ok(Some((own, skipped)))
 }
 
 /// Skips every still-pending call of a batch (one of its calls was denied).
@@ -612,20 +637,11 @@ async fn decide_covered(
         .live_grants(&grant.spec.agent, None, &[&grant.spec.tool], now)
         .await?;
     for Stored { rowid, call } in covered {
-        let ruling = evaluate(&Subject::of_call(&call), &rules, &grants, now);
-        let Some(outcome) = ruling.outcome(&call.input, texts, now) else {
-            continue;
-        };
-        // Conditional: a denial decided here may have skipped it already.
-        let Some(r) = tx.resolve(rowid, &outcome).await? else {
-            continue;
-        };
-        resolved.push(r);
-        decided.push(rowid);
-        if outcome.kind == OutcomeKind::Denied
-            && tx.on_deny(&call.batch_id).await? == OnDeny::SkipRest
+        if let Some((own, siblings)) =
+            decide_by_ruling(tx, rowid, &call, &rules, &grants, texts, now).await?
         {
-            let siblings = skip_rest_of_batch(tx, &call.batch_id, texts, now).await?;
+            resolved.push(own);
+            decided.push(rowid);
             skipped.extend(siblings.iter().map(|r| r.rowid));
             resolved.extend(siblings);
         }
