@@ -231,8 +231,9 @@ pub(super) async fn submit_in(
         }
     }
 
-    // Calls stored now, with their row ids, in position order.
-    let mut accepted: Vec<Stored> = Vec::new();
+    // Calls stored now, in position order: their row ids, and where their items are in the
+    // report (which holds the calls themselves).
+    let mut accepted: Vec<(i64, usize)> = Vec::new();
     if !fresh.is_empty() {
         let batch_id = BatchId::generate();
         let planned = fresh.len();
@@ -254,12 +255,8 @@ pub(super) async fn submit_in(
             {
                 Some(rowid) => {
                     position += 1;
-                    let call = tx.load_call(rowid).await?;
-                    accepted.push(Stored {
-                        rowid,
-                        call: call.clone(),
-                    });
-                    SubmitResult::Accepted(call)
+                    accepted.push((rowid, report.items.len()));
+                    SubmitResult::Accepted(tx.load_call(rowid).await?)
                 }
                 // A concurrent submit stored the same identity first: answer as if it had
                 // been there all along.
@@ -285,7 +282,13 @@ pub(super) async fn submit_in(
     }
 
     let superseded = resolved.len();
-    let decided = decide_by_policy(tx, batch, &tools, &accepted, texts, now).await?;
+    let mut accepted_calls: Vec<(i64, &Call)> = Vec::with_capacity(accepted.len());
+    for &(rowid, item) in &accepted {
+        if let SubmitResult::Accepted(call) = &report.items[item].result {
+            accepted_calls.push((rowid, call));
+        }
+    }
+    let decided = decide_by_policy(tx, batch, &tools, &accepted_calls, texts, now).await?;
     resolved.extend(decided);
     complete_batches(tx, &resolved).await?;
     for r in &resolved[..superseded] {
@@ -294,13 +297,8 @@ pub(super) async fn submit_in(
     // The calls rules or grants decided (or whose batch a denial skipped) are acknowledged with
     // their outcome.
     for r in &resolved[superseded..] {
-        let call = tx.load_call(r.rowid).await?;
-        for item in &mut report.items {
-            if let SubmitResult::Accepted(c) = &mut item.result
-                && c.key == call.key
-            {
-                *c = call.clone();
-            }
+        if let Some(&(_, item)) = accepted.iter().find(|(rowid, _)| *rowid == r.rowid) {
+            report.items[item].result = SubmitResult::Accepted(tx.load_call(r.rowid).await?);
         }
     }
     report.items.sort_by_key(|item| item.index);
@@ -321,7 +319,7 @@ async fn decide_by_policy(
     tx: &mut (impl WriteTx + PolicyTx),
     batch: &NewBatch,
     tools: &[&ToolName],
-    accepted: &[Stored],
+    accepted: &[(i64, &Call)],
     texts: &ToolResultTexts,
     now: Timestamp,
 ) -> Result<Vec<Resolved>> {
@@ -336,9 +334,9 @@ async fn decide_by_policy(
     if rules.is_empty() && grants.is_empty() {
         return Ok(resolved);
     }
-    for Stored { rowid, call } in accepted {
+    for &(rowid, call) in accepted {
         if let Some((own, skipped)) =
-            decide_by_ruling(tx, *rowid, call, &rules, &grants, texts, now).await?
+            decide_by_ruling(tx, rowid, call, &rules, &grants, texts, now).await?
         {
             resolved.push(own);
             resolved.extend(skipped);
