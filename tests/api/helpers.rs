@@ -99,13 +99,13 @@ impl Backend {
 }
 
 /// A Postgres schema a test owns; dropped with it.
-struct Schema {
+pub struct Schema {
     base_url: String,
     name: String,
 }
 
 impl Schema {
-    async fn create(base_url: &str) -> Schema {
+    pub async fn create(base_url: &str) -> Schema {
         use sqlx::Connection as _;
         let name = format!("test_{}", uuid::Uuid::new_v4().simple());
         let mut conn = sqlx::PgConnection::connect(base_url)
@@ -122,7 +122,7 @@ impl Schema {
     }
 
     /// The database URL with this schema first on the search path.
-    fn url(&self) -> String {
+    pub fn url(&self) -> String {
         let sep = if self.base_url.contains('?') {
             '&'
         } else {

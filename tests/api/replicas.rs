@@ -970,3 +970,60 @@ async fn a_grant_racing_matching_submits_across_replicas_leaves_none_of_them_pen
         );
     }
 }
+
+/// Numbering events sends a notification that wakes the other replicas, and names its sender,
+/// so it does not wake the replica that sent it (whose pump reads right after numbering).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numbering_wakes_the_other_replicas_but_not_its_own() {
+    use approval_broker::domain::ToolResultTexts;
+    use approval_broker::store::{PostgresStore, Store};
+
+    let Some(Backend::Postgres(url)) = Backend::postgres() else {
+        return;
+    };
+    // Two stores and no broker: nothing else numbers events on this schema.
+    let schema = Schema::create(&url).await;
+    let url = schema.url();
+    let open = || PostgresStore::open(&url, 2, ToolResultTexts::default());
+    let (one, two) = (
+        open().await.expect("store one"),
+        open().await.expect("store two"),
+    );
+    let (woken_one, woken_two) = (
+        one.remote_commits().expect("one is woken"),
+        two.remote_commits().expect("two is woken"),
+    );
+    // Each listener wakes its replica once when it starts listening; after that, both listen.
+    let wait = Duration::from_secs(10);
+    for woken in [&woken_one, &woken_two] {
+        tokio::time::timeout(wait, woken.notified())
+            .await
+            .expect("woken once listening");
+    }
+
+    // An event committed without a number (as a broker of an earlier version wrote them),
+    // numbered by replica one.
+    let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+    sqlx::query(
+        "WITH b AS (INSERT INTO batches (batch_id, agent, session_id, on_deny, size, created_at) \
+         VALUES ('by-hand', 'default', 's', 1, 1, 0)), \
+         c AS (INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, \
+         title, message, workspace, created_at) VALUES ('default', 's', 'by-hand', 'by-hand', 0, \
+         't', '{}', '', '', '', 0) RETURNING id) \
+         INSERT INTO events (kind, call_rowid, created_at) SELECT 1, id, 0 FROM c",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("an unnumbered event");
+    assert_eq!(one.sequence_events().await.expect("numbering"), 1);
+
+    tokio::time::timeout(wait, woken_two.notified())
+        .await
+        .expect("the other replica is woken");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), woken_one.notified())
+            .await
+            .is_err(),
+        "a replica is not woken by its own notification"
+    );
+}
