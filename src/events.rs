@@ -209,3 +209,196 @@ impl Feed {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::AtomicUsize;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::domain::policy::{Rule, RuleId};
+    use crate::domain::{
+        AgentId, BatchId, Call, CallId, CallKey, Decision, EventKind, NewBatch, SessionId,
+        Timestamp, ToolInput, ToolName,
+    };
+    use crate::store::{
+        CallPage, CallQuery, CancelReport, CancelTarget, CommittedEvents, DecideReport,
+        ExplainTarget, Explanation, GrantPage, GrantQuery, RevokeReport, RevokeTarget,
+        SubmitReport,
+    };
+
+    /// A log the test appends to ("commits"), and whose hand-overs the test makes, right or
+    /// wrong: the pump is the only user.
+    struct Log {
+        events: Mutex<Vec<Event>>,
+        reads: AtomicUsize,
+        handed: Mutex<Option<CommittedEvents>>,
+    }
+
+    impl Log {
+        fn commit(&self, seqs: impl IntoIterator<Item = u64>) {
+            self.events
+                .lock()
+                .unwrap()
+                .extend(seqs.into_iter().map(event));
+        }
+    }
+
+    fn event(seq: u64) -> Event {
+        let id = |s: &str| s.to_owned();
+        Event {
+            seq,
+            kind: EventKind::Requested,
+            call: Call {
+                key: CallKey {
+                    agent: AgentId::from_stored(id("agent")),
+                    session: SessionId::from_stored(id("session")),
+                    call_id: CallId::from_stored(format!("call-{seq}")),
+                },
+                batch_id: BatchId::from_stored(format!("batch-{seq}")),
+                position: 0,
+                batch_size: 1,
+                tool: ToolName::from_stored(id("tool")),
+                input: ToolInput::from_stored(id("{}")),
+                title: String::new(),
+                message: String::new(),
+                workspace: String::new(),
+                supersede_key: None,
+                deadline: None,
+                created_at: Timestamp::from_micros(0),
+                outcome: None,
+            },
+            batch_completed: false,
+        }
+    }
+
+    #[async_trait]
+    impl Store for Log {
+        async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            let events = self.events.lock().unwrap();
+            let after = events.iter().filter(|e| e.seq > after);
+            Ok(after.take(limit as usize).cloned().collect())
+        }
+        async fn latest_seq(&self) -> Result<u64> {
+            Ok(0)
+        }
+        fn take_committed_events(&self) -> Option<CommittedEvents> {
+            self.handed.lock().unwrap().take()
+        }
+
+        async fn submit(&self, _: NewBatch) -> Result<SubmitReport> {
+            unreachable!("the pump only reads")
+        }
+        async fn decide(&self, _: &CallKey, _: &Decision) -> Result<DecideReport> {
+            unreachable!("the pump only reads")
+        }
+        async fn cancel(&self, _: &CancelTarget) -> Result<CancelReport> {
+            unreachable!("the pump only reads")
+        }
+        async fn expire_due(&self, _: Timestamp) -> Result<Vec<Call>> {
+            unreachable!("the pump only reads")
+        }
+        async fn pending_count(&self) -> Result<u64> {
+            unreachable!("not used by the pump")
+        }
+        async fn next_deadline(&self) -> Result<Option<Timestamp>> {
+            unreachable!("not used by the pump")
+        }
+        async fn calls_by_id(
+            &self,
+            _: &AgentId,
+            _: &SessionId,
+            _: &[CallId],
+        ) -> Result<Vec<Option<Call>>> {
+            unreachable!("not used by the pump")
+        }
+        async fn session_calls(&self, _: &AgentId, _: &SessionId) -> Result<(Vec<Call>, u64)> {
+            unreachable!("not used by the pump")
+        }
+        async fn batch_calls(&self, _: &BatchId) -> Result<Vec<Call>> {
+            unreachable!("not used by the pump")
+        }
+        async fn list_calls(&self, _: &CallQuery) -> Result<CallPage> {
+            unreachable!("not used by the pump")
+        }
+        async fn revoke_grants(&self, _: &RevokeTarget, _: &str) -> Result<RevokeReport> {
+            unreachable!("the pump only reads")
+        }
+        async fn list_grants(&self, _: &GrantQuery) -> Result<GrantPage> {
+            unreachable!("not used by the pump")
+        }
+        async fn create_rule(&self, _: &Rule) -> Result<Rule> {
+            unreachable!("the pump only reads")
+        }
+        async fn delete_rule(&self, _: &RuleId) -> Result<Rule> {
+            unreachable!("the pump only reads")
+        }
+        async fn list_rules(&self) -> Result<Vec<Rule>> {
+            unreachable!("not used by the pump")
+        }
+        async fn load_file_rules(&self, _: &[Rule]) -> Result<()> {
+            unreachable!("the pump only reads")
+        }
+        async fn explain(&self, _: &ExplainTarget) -> Result<Explanation> {
+            unreachable!("not used by the pump")
+        }
+    }
+
+    /// The pump publishes a hand-over that follows what it published without reading the log,
+    /// ignores one it already published (read from the log meanwhile), and on a gap reads the
+    /// log at once, rather than at its next poll: every event is published once, in order.
+    /// The clock is paused, and only advances when every task waits, so "at once" means the
+    /// clock did not move (the poll is a second away).
+    #[tokio::test(start_paused = true)]
+    async fn hand_overs_are_published_once_in_order_and_a_gap_is_read_from_the_log_at_once() {
+        let (hand, events) = mpsc::channel(16);
+        let log = Arc::new(Log {
+            events: Mutex::new(Vec::new()),
+            reads: AtomicUsize::new(0),
+            handed: Mutex::new(Some(CommittedEvents {
+                events,
+                missed: Arc::default(),
+            })),
+        });
+        let bus = EventBus::new(log.clone(), 64).await.unwrap();
+        let mut published = bus.tx.subscribe();
+        let pump = tokio::spawn(Arc::clone(&bus).pump());
+        let started = tokio::time::Instant::now();
+        let mut next = async || published.recv().await.unwrap().seq;
+
+        // The next events: published as handed, without a read.
+        log.commit([1, 2]);
+        hand.send(vec![event(1), event(2)]).await.unwrap();
+        assert_eq!((next().await, next().await), (1, 2));
+
+        // Handed again (say, late): not published twice. The next hand-over still follows.
+        hand.send(vec![event(1), event(2)]).await.unwrap();
+        log.commit([3]);
+        hand.send(vec![event(3)]).await.unwrap();
+        assert_eq!(next().await, 3);
+        assert_eq!(log.reads.load(Ordering::SeqCst), 0, "no read so far");
+
+        // 4 is committed but not handed over, 5 is: the pump reads the log and publishes both.
+        log.commit([4, 5]);
+        hand.send(vec![event(5)]).await.unwrap();
+        assert_eq!((next().await, next().await), (4, 5));
+        assert_eq!(log.reads.load(Ordering::SeqCst), 1, "the gap is read once");
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "the gap was read at once, not at the next poll"
+        );
+
+        // 4 and 5 handed late: ignored; then 6 follows as usual.
+        hand.send(vec![event(4), event(5)]).await.unwrap();
+        log.commit([6]);
+        hand.send(vec![event(6)]).await.unwrap();
+        assert_eq!(next().await, 6);
+        assert_eq!(bus.published(), 6);
+        assert_eq!(log.reads.load(Ordering::SeqCst), 1);
+        pump.abort();
+    }
+}
