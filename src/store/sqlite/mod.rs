@@ -514,6 +514,77 @@ mod tests {
         assert_eq!(seqs, expected, "in order, without repeats");
     }
 
+    /// A commit that fails fails every write of its group: none is acknowledged, none is kept,
+    /// and each is stored when retried. The COMMIT itself is made to fail: a trigger breaks a
+    /// deferred foreign key when the call `poison` is stored, which SQLite checks only then.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_that_fails_fails_every_write_of_its_group_and_keeps_none() {
+        use sqlx::Connection as _;
+        use tokio::sync::oneshot;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("a.db").display());
+        let store = open(&url, Synchronous::default()).await;
+        let mut conn = SqliteConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql(
+            "CREATE TABLE poison_parent (id INTEGER PRIMARY KEY); \
+             CREATE TABLE poison_child (parent INTEGER \
+                 REFERENCES poison_parent (id) DEFERRABLE INITIALLY DEFERRED); \
+             CREATE TRIGGER poison AFTER INSERT ON calls WHEN NEW.call_id = 'poison' \
+             BEGIN INSERT INTO poison_child VALUES (42); END;",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+
+        // Hold the writer, queue three submits behind it (each polled once: enqueued), then
+        // let go: they run as one group.
+        let (started, running) = oneshot::channel();
+        let (release, held) = oneshot::channel::<()>();
+        let holding = store.group.alone(move |_| async move {
+            let _ = started.send(());
+            let _ = held.await;
+            Ok(())
+        });
+        let mut holding = Box::pin(holding);
+        let _ = tokio::time::timeout(Duration::ZERO, &mut holding).await;
+        running.await.unwrap();
+        let ids = ["first", "poison", "last"];
+        let mut submits: Vec<_> = ids
+            .iter()
+            .map(|id| Box::pin(store.submit(one_call("s", id))))
+            .collect();
+        for submit in &mut submits {
+            let _ = tokio::time::timeout(Duration::ZERO, submit).await;
+        }
+        release.send(()).unwrap();
+        holding.await.unwrap();
+        for (id, submit) in ids.iter().zip(submits) {
+            let err = submit
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("`{id}` acknowledged"));
+            assert!(err.to_string().contains("not committed"), "{id}: {err}");
+        }
+
+        let agent = AgentId::from_stored("agent".into());
+        let session = SessionId::from_stored("s".into());
+        let call_ids: Vec<CallId> = ids
+            .iter()
+            .map(|id| CallId::from_stored(id.to_string()))
+            .collect();
+        let stored = store
+            .calls_by_id(&agent, &session, &call_ids)
+            .await
+            .unwrap();
+        assert!(stored.iter().all(Option::is_none), "none kept: {stored:?}");
+        assert_eq!(store.latest_seq().await.unwrap(), 0, "no event kept");
+
+        // The writer goes on: a retry is stored.
+        let retried = store.submit(one_call("s", "first")).await.unwrap();
+        assert!(retried.batch_id.is_some(), "stored on retry");
+        assert_eq!(store.latest_seq().await.unwrap(), 1);
+    }
+
     #[tokio::test]
     async fn an_in_memory_database_is_refused() {
         let err = SqliteStore::open(
