@@ -22,7 +22,7 @@ async fn explain_names_the_rule_the_grant_or_the_human_that_would_decide(app: Te
     );
 
     submit(&app, batch("s", vec![call("c1", "shell", ls)])).await;
-    let grant = decide_remembering(
+    let grant = grant_by_deciding(
         &app,
         "s",
         "c1",
@@ -30,9 +30,7 @@ async fn explain_names_the_rule_the_grant_or_the_human_that_would_decide(app: Te
         pb::Scope::Session,
         None,
     )
-    .await
-    .grant
-    .expect("a grant");
+    .await;
     let by_grant = explain_inline(&app, "s", "", "shell", ls).await;
     assert_eq!(by_grant.verdict, CallStatus::Approved as i32);
     assert_eq!(by_grant.decided_by, format!("grant:{}", grant.id));

@@ -104,7 +104,7 @@ async fn a_workspace_grant_decides_later_calls_in_that_workspace_only(app: TestA
         call_in("repo-a", "c1", "read_file", r#"{"path":"a"}"#),
     )
     .await;
-    let grant = decide_remembering(
+    let grant = grant_by_deciding(
         &app,
         "s1",
         "c1",
@@ -112,9 +112,7 @@ async fn a_workspace_grant_decides_later_calls_in_that_workspace_only(app: TestA
         pb::Scope::Workspace,
         Some(any_input()),
     )
-    .await
-    .grant
-    .expect("a grant");
+    .await;
     assert_eq!(
         (grant.scope, grant.workspace.as_str()),
         (pb::Scope::Workspace as i32, "repo-a")
@@ -151,7 +149,7 @@ async fn a_workspace_scope_needs_a_call_with_a_workspace(app: TestApp) {
 
 async fn an_always_grant_decides_every_later_call_of_the_agent(app: TestApp) {
     submit_one(&app, "s1", call("c1", "web_search", r#"{"q":"rust"}"#)).await;
-    let grant = decide_remembering(
+    let grant = grant_by_deciding(
         &app,
         "s1",
         "c1",
@@ -159,9 +157,7 @@ async fn an_always_grant_decides_every_later_call_of_the_agent(app: TestApp) {
         pb::Scope::Always,
         Some(any_input()),
     )
-    .await
-    .grant
-    .expect("a grant");
+    .await;
     assert_eq!(grant.scope, pb::Scope::Always as i32);
     let by_grant = format!("grant:{}", grant.id);
     for (i, (session, workspace)) in [("s1", ""), ("s2", ""), ("s3", "repo")]
@@ -322,7 +318,7 @@ async fn each_matcher_decides_exactly_the_inputs_it_describes(app: TestApp) {
         let session = format!("session-{name}");
         let tool = format!("tool_{name}");
         submit_one(&app, &session, call("first", &tool, r#"{"seed":true}"#)).await;
-        let grant = decide_remembering(
+        let grant = grant_by_deciding(
             &app,
             &session,
             "first",
@@ -330,9 +326,7 @@ async fn each_matcher_decides_exactly_the_inputs_it_describes(app: TestApp) {
             pb::Scope::Session,
             Some(matcher.clone()),
         )
-        .await
-        .grant
-        .expect("a grant");
+        .await;
         assert_eq!(grant.matcher.as_ref(), Some(&canonical(&matcher)), "{name}");
         for (i, (input, decided)) in inputs.into_iter().enumerate() {
             let (status, by) =
@@ -575,7 +569,7 @@ async fn a_grant_decides_until_it_expires_and_nothing_after(app: TestApp) {
 
 async fn a_revoked_grant_decides_nothing_after(app: TestApp) {
     submit_one(&app, "s", call("c1", "shell", GIT_STATUS)).await;
-    let grant = decide_remembering(
+    let grant = grant_by_deciding(
         &app,
         "s",
         "c1",
@@ -583,9 +577,7 @@ async fn a_revoked_grant_decides_nothing_after(app: TestApp) {
         pb::Scope::Session,
         None,
     )
-    .await
-    .grant
-    .expect("a grant");
+    .await;
     assert_eq!(
         submitted(&app, "s", call("c2", "shell", GIT_STATUS))
             .await
@@ -647,7 +639,7 @@ async fn grants_of_every_scope(app: &TestApp) -> Vec<pb::Grant> {
         ("s1", "w", "e", "tool_d", pb::Scope::Always),
     ] {
         submit_one(app, session, call_in(workspace, call_id, tool, "{}")).await;
-        let grant = decide_remembering(
+        let grant = grant_by_deciding(
             app,
             session,
             call_id,
@@ -655,9 +647,7 @@ async fn grants_of_every_scope(app: &TestApp) -> Vec<pb::Grant> {
             scope,
             Some(any_input()),
         )
-        .await
-        .grant
-        .expect("a grant");
+        .await;
         grants.push(grant);
     }
     grants

@@ -689,6 +689,22 @@ pub async fn decide_remembering(
         .into_inner()
 }
 
+/// Decides a call remembering the decision (see [`decide_remembering`]); returns the grant
+/// that made.
+pub async fn grant_by_deciding(
+    app: &TestApp,
+    session: &str,
+    call_id: &str,
+    decision: pb::Decision,
+    scope: pb::Scope,
+    matcher: Option<pb::InputMatcher>,
+) -> pb::Grant {
+    decide_remembering(app, session, call_id, decision, scope, matcher)
+        .await
+        .grant
+        .expect("a grant")
+}
+
 /// A matcher of every input.
 pub fn any_input() -> pb::InputMatcher {
     pb::InputMatcher {

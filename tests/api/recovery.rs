@@ -102,7 +102,7 @@ async fn grants_and_rules_survive_a_crash(app: TestApp) {
         batch("s", vec![call("c1", "shell", r#"{"command":"ls"}"#)]),
     )
     .await;
-    let grant = decide_remembering(
+    let grant = grant_by_deciding(
         &app,
         "s",
         "c1",
@@ -110,9 +110,7 @@ async fn grants_and_rules_survive_a_crash(app: TestApp) {
         pb::Scope::Always,
         Some(any_input()),
     )
-    .await
-    .grant
-    .expect("a grant");
+    .await;
     create_rule(&app, rule("no-rm", "rm", pb::Effect::Deny, 0, None)).await;
     let app = app.crash_and_restart().await;
     let listed = list_grants(&app, Default::default()).await;

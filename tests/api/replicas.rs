@@ -860,7 +860,7 @@ async fn a_grant_created_through_one_replica_applies_to_a_submit_on_another() {
         ),
     )
     .await;
-    let grant = decide_remembering(
+    let grant = grant_by_deciding(
         &a,
         "s",
         "c1",
@@ -868,9 +868,7 @@ async fn a_grant_created_through_one_replica_applies_to_a_submit_on_another() {
         pb::Scope::Session,
         Some(fields(vec![prefix("command", "git status")])),
     )
-    .await
-    .grant
-    .expect("a grant");
+    .await;
     let by_grant = format!("grant:{}", grant.id);
     let input = r#"{"command":"git status --short"}"#;
     let response = submit(&b, batch("s", vec![call("c2", "shell", input)])).await;
@@ -929,7 +927,7 @@ async fn a_grant_racing_matching_submits_across_replicas_leaves_none_of_them_pen
             }));
         }
         tokio::time::sleep(Duration::from_millis(20 * round as u64 + 10)).await;
-        let grant = decide_remembering(
+        let grant = grant_by_deciding(
             &a,
             &session,
             "seed",
@@ -937,9 +935,7 @@ async fn a_grant_racing_matching_submits_across_replicas_leaves_none_of_them_pen
             pb::Scope::Session,
             Some(any_input()),
         )
-        .await
-        .grant
-        .expect("a grant");
+        .await;
         for submitter in submitters {
             submitter.await.expect("submitter");
         }

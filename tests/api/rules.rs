@@ -84,7 +84,7 @@ async fn deny_rules_come_first_then_allow_rules_then_grants_then_a_human(app: Te
         batch("s", vec![call("g", "shell", r#"{"command":"ls"}"#)]),
     )
     .await;
-    let grant = decide_remembering(
+    let grant = grant_by_deciding(
         &app,
         "s",
         "g",
@@ -92,9 +92,7 @@ async fn deny_rules_come_first_then_allow_rules_then_grants_then_a_human(app: Te
         pb::Scope::Always,
         Some(any_input()),
     )
-    .await
-    .grant
-    .expect("a grant");
+    .await;
     let by_grant = format!("grant:{}", grant.id);
     let rm = r#"{"command":"rm -rf /"}"#;
     let ls = r#"{"command":"ls"}"#;
@@ -140,7 +138,7 @@ async fn deny_rules_come_first_then_allow_rules_then_grants_then_a_human(app: Te
         batch("s", vec![call("g3", "tool_x", r#"{"danger":true}"#)]),
     )
     .await;
-    let deny = decide_remembering(
+    let deny = grant_by_deciding(
         &app,
         "s",
         "g3",
@@ -148,11 +146,9 @@ async fn deny_rules_come_first_then_allow_rules_then_grants_then_a_human(app: Te
         pb::Scope::Session,
         Some(fields(vec![equals_json("danger", "true")])),
     )
-    .await
-    .grant
-    .expect("a grant");
+    .await;
     submit(&app, batch("s", vec![call("g2", "tool_x", "{}")])).await;
-    let allow = decide_remembering(
+    let allow = grant_by_deciding(
         &app,
         "s",
         "g2",
@@ -160,9 +156,7 @@ async fn deny_rules_come_first_then_allow_rules_then_grants_then_a_human(app: Te
         pb::Scope::Always,
         Some(any_input()),
     )
-    .await
-    .grant
-    .expect("a grant");
+    .await;
     assert_eq!(
         submit_one(&app, "s", call("c5", "tool_x", r#"{"danger":true}"#)).await,
         by(CallStatus::Denied, &format!("grant:{}", deny.id))
