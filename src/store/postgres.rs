@@ -48,12 +48,11 @@ const SELECT_CALLS: &str = select_calls!();
 /// How many events one run of [`Store::sequence_events`] numbers at most.
 const SEQUENCER_CHUNK: i64 = 10_000;
 
-/// The run-time parameter naming the replica a connection belongs to: the payload of the
-/// NOTIFY its commits send, so a replica can tell its own notifications from the others'.
-const REPLICA_PARAMETER: &str = "approvals.replica";
-
 pub struct PostgresStore {
     pool: PgPool,
+    /// This replica's name, for this process's lifetime: the payload of the NOTIFY its sequencer
+    /// sends, so its listener can tell its own notifications from the other replicas'.
+    replica: String,
     texts: ToolResultTexts,
     remote_commits: Arc<Notify>,
     listener: JoinHandle<()>,
@@ -72,7 +71,6 @@ impl PostgresStore {
     pub async fn open(url: &str, max_connections: u32, texts: ToolResultTexts) -> Result<Self> {
         let replica = uuid::Uuid::new_v4().simple().to_string();
         let options: PgConnectOptions = url.parse()?;
-        let options = options.options([(REPLICA_PARAMETER, replica.as_str())]);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(2))
             .connect_with(options)
@@ -86,11 +84,12 @@ impl PostgresStore {
         let listener = tokio::spawn(listen(
             pool.clone(),
             channel,
-            replica,
+            replica.clone(),
             Arc::clone(&remote_commits),
         ));
         Ok(Self {
             pool,
+            replica,
             texts,
             remote_commits,
             listener,
@@ -349,7 +348,7 @@ impl Store for PostgresStore {
         // Waiting for the lock (rather than skipping when another holds it) guarantees this
         // run sees every event committed before it started.
         lock_sequencer(&mut tx).await?;
-        let numbered = number_events(&mut tx, SEQUENCER_CHUNK).await?;
+        let numbered = number_events(&mut tx, SEQUENCER_CHUNK, &self.replica).await?;
         tx.commit().await?;
         Ok(numbered)
     }
@@ -437,11 +436,11 @@ async fn lock_sequencer(conn: &mut sqlx::PgConnection) -> Result<()> {
 
 /// Under the sequencer lock: numbers the committed events without a number, at most `limit`,
 /// in id order after the last number, and if it numbered any, notifies the other replicas at
-/// commit (the payload names this replica). Returns how many it numbered.
+/// commit, naming `replica` as the sender. Returns how many it numbered.
 ///
 /// It must run in a statement of its own after the lock is granted: in READ COMMITTED that
 /// statement's snapshot sees the previous holder's commit, so its numbers come after.
-async fn number_events(conn: &mut sqlx::PgConnection, limit: i64) -> Result<u64> {
+async fn number_events(conn: &mut sqlx::PgConnection, limit: i64, replica: &str) -> Result<u64> {
     // `sent` is read only to make it run.
     let (numbered, _sent): (i64, i64) = sqlx::query_as(
         "WITH base AS (SELECT COALESCE(MAX(seq), 0) AS last FROM events), \
@@ -450,12 +449,12 @@ async fn number_events(conn: &mut sqlx::PgConnection, limit: i64) -> Result<u64>
          numbered AS (UPDATE events e SET seq = base.last + next.n FROM base, next \
                       WHERE e.id = next.id RETURNING 1), \
          total AS (SELECT count(*) AS n FROM numbered), \
-         sent AS (SELECT pg_notify('approvals_events_' || current_schema(), current_setting($2)) \
+         sent AS (SELECT pg_notify('approvals_events_' || current_schema(), $2) \
                   FROM total WHERE n > 0) \
          SELECT n, (SELECT count(*) FROM sent) FROM total",
     )
     .bind(limit)
-    .bind(REPLICA_PARAMETER)
+    .bind(replica)
     .fetch_one(conn)
     .await?;
     Ok(numbered as u64)
