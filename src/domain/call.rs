@@ -32,6 +32,34 @@ impl NewCall {
     pub fn is_same_request_as(&self, stored: &Call) -> bool {
         self.tool == stored.tool && self.input == stored.input
     }
+
+    /// This call as a submit stores it, and reading it back returns it: pending, identified by
+    /// `key`, at `position` of the batch `batch_id` of `batch_size` calls, stored at
+    /// `created_at`.
+    pub fn pending(
+        &self,
+        key: CallKey,
+        batch_id: &BatchId,
+        position: u32,
+        batch_size: u32,
+        created_at: Timestamp,
+    ) -> Call {
+        Call {
+            key,
+            batch_id: batch_id.clone(),
+            position,
+            batch_size,
+            tool: self.tool.clone(),
+            input: self.input.clone(),
+            title: self.title.clone(),
+            message: self.message.clone(),
+            workspace: self.workspace.clone(),
+            supersede_key: self.supersede_key.clone(),
+            deadline: self.deadline,
+            created_at,
+            outcome: None,
+        }
+    }
 }
 
 /// A stored call, with its outcome once decided.

@@ -254,9 +254,12 @@ pub(super) async fn submit_in(
                 .await?
             {
                 Some(rowid) => {
-                    position += 1;
                     accepted.push((rowid, report.items.len()));
-                    SubmitResult::Accepted(tx.load_call(rowid).await?)
+                    // What was just stored, without reading it back.
+                    let key = key_of(batch, &call.call_id);
+                    let stored = call.pending(key, &batch_id, position as u32, planned as u32, now);
+                    position += 1;
+                    SubmitResult::Accepted(stored)
                 }
                 // A concurrent submit stored the same identity first: answer as if it had
                 // been there all along.

@@ -585,6 +585,46 @@ mod tests {
         assert_eq!(store.latest_seq().await.unwrap(), 1);
     }
 
+    /// A submit answers with the calls it stored without reading them back; they are exactly
+    /// what reading them back returns.
+    #[tokio::test]
+    async fn the_calls_a_submit_answers_with_are_the_calls_stored() {
+        use crate::domain::Timestamp;
+        use crate::store::SubmitResult;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("a.db").display());
+        let store = open(&url, Synchronous::default()).await;
+        let mut batch = one_call("s", "plain");
+        let mut rich = batch.calls[0].clone();
+        rich.index = 1;
+        rich.call_id = CallId::from_stored("rich".into());
+        rich.title = "Edit a file".into();
+        rich.message = "Replaces one line".into();
+        rich.workspace = "repo".into();
+        rich.supersede_key = Some("edit:src/main.rs".into());
+        rich.deadline = Some(Timestamp::from_micros(4_102_444_800_000_000));
+        batch.calls.push(rich);
+
+        let report = store.submit(batch).await.unwrap();
+        let answered: Vec<String> = report
+            .items
+            .iter()
+            .map(|item| match &item.result {
+                SubmitResult::Accepted(call) => format!("{call:?}"),
+                other => panic!("not accepted: {other:?}"),
+            })
+            .collect();
+        let batch_id = report.batch_id.expect("stored");
+        let read: Vec<String> = store
+            .batch_calls(&batch_id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|call| format!("{call:?}"))
+            .collect();
+        assert_eq!(answered, read);
+    }
+
     #[tokio::test]
     async fn an_in_memory_database_is_refused() {
         let err = SqliteStore::open(
