@@ -514,75 +514,122 @@ mod tests {
         assert_eq!(seqs, expected, "in order, without repeats");
     }
 
-    /// A commit that fails fails every write of its group: none is acknowledged, none is kept,
-    /// and each is stored when retried. The COMMIT itself is made to fail: a trigger breaks a
-    /// deferred foreign key when the call `poison` is stored, which SQLite checks only then.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_commit_that_fails_fails_every_write_of_its_group_and_keeps_none() {
+    /// A store whose database runs `sql` (triggers that poison some writes) once migrated.
+    async fn poisoned(dir: &tempfile::TempDir, sql: &'static str) -> SqliteStore {
         use sqlx::Connection as _;
-        use tokio::sync::oneshot;
-        let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("a.db").display());
         let store = open(&url, Synchronous::default()).await;
         let mut conn = SqliteConnection::connect(&url).await.unwrap();
-        sqlx::raw_sql(
-            "CREATE TABLE poison_parent (id INTEGER PRIMARY KEY); \
-             CREATE TABLE poison_child (parent INTEGER \
-                 REFERENCES poison_parent (id) DEFERRABLE INITIALLY DEFERRED); \
-             CREATE TRIGGER poison AFTER INSERT ON calls WHEN NEW.call_id = 'poison' \
-             BEGIN INSERT INTO poison_child VALUES (42); END;",
-        )
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
+        store
+    }
 
-        // Hold the writer, queue three submits behind it (each polled once: enqueued), then
-        // let go: they run as one group.
+    /// Submits one call per (session, call id), all in one group: the writer is held while they
+    /// queue (each is polled once, which enqueues it), then let go. Returns each submit's result.
+    async fn submit_as_one_group(
+        store: &SqliteStore,
+        calls: &[(&str, &str)],
+    ) -> Vec<Result<SubmitReport>> {
+        use tokio::sync::oneshot;
         let (started, running) = oneshot::channel();
         let (release, held) = oneshot::channel::<()>();
-        let holding = store.group.alone(move |_| async move {
+        let mut holding = Box::pin(store.group.alone(move |_| async move {
             let _ = started.send(());
             let _ = held.await;
             Ok(())
-        });
-        let mut holding = Box::pin(holding);
+        }));
         let _ = tokio::time::timeout(Duration::ZERO, &mut holding).await;
         running.await.unwrap();
-        let ids = ["first", "poison", "last"];
-        let mut submits: Vec<_> = ids
+        let mut submits: Vec<_> = calls
             .iter()
-            .map(|id| Box::pin(store.submit(one_call("s", id))))
+            .map(|(session, id)| Box::pin(store.submit(one_call(session, id))))
             .collect();
         for submit in &mut submits {
             let _ = tokio::time::timeout(Duration::ZERO, submit).await;
         }
         release.send(()).unwrap();
         holding.await.unwrap();
-        for (id, submit) in ids.iter().zip(submits) {
-            let err = submit
-                .await
-                .err()
-                .unwrap_or_else(|| panic!("`{id}` acknowledged"));
-            assert!(err.to_string().contains("not committed"), "{id}: {err}");
+        let mut results = Vec::new();
+        for submit in submits {
+            results.push(submit.await);
         }
+        results
+    }
 
+    /// Which of these (session, call id) are stored.
+    async fn stored(store: &SqliteStore, calls: &[(&str, &str)]) -> Vec<bool> {
         let agent = AgentId::from_stored("agent".into());
-        let session = SessionId::from_stored("s".into());
-        let call_ids: Vec<CallId> = ids
-            .iter()
-            .map(|id| CallId::from_stored(id.to_string()))
-            .collect();
-        let stored = store
-            .calls_by_id(&agent, &session, &call_ids)
-            .await
-            .unwrap();
-        assert!(stored.iter().all(Option::is_none), "none kept: {stored:?}");
+        let mut stored = Vec::new();
+        for (session, id) in calls {
+            let session = SessionId::from_stored(session.to_string());
+            let found = store
+                .calls_by_id(&agent, &session, &[CallId::from_stored(id.to_string())])
+                .await
+                .unwrap();
+            stored.push(found[0].is_some());
+        }
+        stored
+    }
+
+    /// A commit that fails fails every write of its group: none is acknowledged, none is kept,
+    /// and each is stored when retried. The COMMIT itself is made to fail: a trigger breaks a
+    /// deferred foreign key when the call `poison` is stored, which SQLite checks only then.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_that_fails_fails_every_write_of_its_group_and_keeps_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = poisoned(
+            &dir,
+            "CREATE TABLE poison_parent (id INTEGER PRIMARY KEY); \
+             CREATE TABLE poison_child (parent INTEGER \
+                 REFERENCES poison_parent (id) DEFERRABLE INITIALLY DEFERRED); \
+             CREATE TRIGGER poison AFTER INSERT ON calls WHEN NEW.call_id = 'poison' \
+             BEGIN INSERT INTO poison_child VALUES (42); END;",
+        )
+        .await;
+        let calls = [("s", "first"), ("s", "poison"), ("s", "last")];
+        for (call, result) in calls.iter().zip(submit_as_one_group(&store, &calls).await) {
+            let err = result
+                .err()
+                .unwrap_or_else(|| panic!("{call:?} acknowledged"));
+            assert!(err.to_string().contains("not committed"), "{call:?}: {err}");
+        }
+        assert_eq!(stored(&store, &calls).await, [false; 3], "none kept");
         assert_eq!(store.latest_seq().await.unwrap(), 0, "no event kept");
 
         // The writer goes on: a retry is stored.
         let retried = store.submit(one_call("s", "first")).await.unwrap();
         assert!(retried.batch_id.is_some(), "stored on retry");
         assert_eq!(store.latest_seq().await.unwrap(), 1);
+    }
+
+    /// When SQLite rolls a group's transaction back by itself (here a trigger's
+    /// `RAISE(ROLLBACK)`, as SQLite does on a full disk or an interrupt), the writes before it
+    /// are undone too: the group starts over without the failed write, so every write
+    /// acknowledged is stored, and the failed one alone is refused. Two guards tell the group
+    /// that something was undone: the failed statement counts as a write, and `writes()` is
+    /// `None` once the connection is back in autocommit; the test fails without both (had the
+    /// rest of the group run in autocommit, `last` would be stored yet refused).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_group_sqlite_rolled_back_by_itself_starts_over_without_the_failed_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = poisoned(
+            &dir,
+            "CREATE TRIGGER poison BEFORE INSERT ON batches WHEN NEW.session_id = 'poisoned' \
+             BEGIN SELECT RAISE(ROLLBACK, 'poisoned'); END;",
+        )
+        .await;
+        let calls = [("s", "first"), ("poisoned", "poison"), ("s", "last")];
+        let results = submit_as_one_group(&store, &calls).await;
+        let acknowledged: Vec<bool> = results.iter().map(Result::is_ok).collect();
+        assert_eq!(acknowledged, [true, false, true], "{results:?}");
+        let refused = results[1].as_ref().err().unwrap().to_string();
+        assert!(refused.contains("poisoned"), "{refused}");
+        assert_eq!(stored(&store, &calls).await, [true, false, true]);
+        assert_eq!(
+            store.latest_seq().await.unwrap(),
+            2,
+            "one event per stored call"
+        );
     }
 
     /// A submit answers with the calls it stored without reading them back; they are exactly
