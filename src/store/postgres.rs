@@ -45,13 +45,15 @@ use crate::error::Result;
 
 const SELECT_CALLS: &str = select_calls!();
 
-/// How many events one run of [`Store::sequence_events`] numbers at most.
+/// How many events one transaction of [`Store::sequence_events`] numbers at most.
 const SEQUENCER_CHUNK: i64 = 10_000;
 
 pub struct PostgresStore {
     pool: PgPool,
-    /// This replica's name, for this process's lifetime: the payload of the NOTIFY its sequencer
-    /// sends, so its listener can tell its own notifications from the other replicas'.
+    /// The NOTIFY channel of this database schema.
+    channel: String,
+    /// This replica's (this store's) name: the payload of the NOTIFY its sequencer sends, so its
+    /// listener can tell its own notifications from the other replicas'.
     replica: String,
     texts: ToolResultTexts,
     remote_commits: Arc<Notify>,
@@ -83,21 +85,20 @@ impl PostgresStore {
         let remote_commits = Arc::new(Notify::new());
         let listener = tokio::spawn(listen(
             pool.clone(),
-            channel,
+            channel.clone(),
             replica.clone(),
             Arc::clone(&remote_commits),
         ));
         Ok(Self {
             pool,
+            channel,
             replica,
             texts,
             remote_commits,
             listener,
         })
     }
-}
 
-impl PostgresStore {
     /// Runs the sequencer for a reader other than the event pump, and wakes the pump if it
     /// numbered anything: the pump ignores this replica's own notifications, and the events may
     /// be another replica's, whose sequencer then finds nothing to number or announce.
@@ -344,13 +345,43 @@ impl Store for PostgresStore {
     }
 
     async fn sequence_events(&self) -> Result<u64> {
-        let mut tx = self.pool.begin().await?;
-        // Waiting for the lock (rather than skipping when another holds it) guarantees this
-        // run sees every event committed before it started.
-        lock_sequencer(&mut tx).await?;
-        let numbered = number_events(&mut tx, SEQUENCER_CHUNK, &self.replica).await?;
-        tx.commit().await?;
-        Ok(numbered)
+        let mut total = 0;
+        // A chunk per transaction, until a chunk is not full: every event committed before
+        // this call is numbered when it returns (this replica ignores its own notification,
+        // which would otherwise have brought it back for the rest).
+        loop {
+            let mut tx = self.pool.begin().await?;
+            // One sequencer at a time, across every replica of this schema. Waiting (rather than
+            // skipping when another holds it) guarantees this run sees every event committed
+            // before it started.
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':sequencer'))")
+                .execute(&mut *tx)
+                .await?;
+            // In a statement of its own after the lock: in READ COMMITTED its snapshot sees the
+            // previous holder's commit, so its numbers come after. If it numbered any, the other
+            // replicas are notified at commit, with this replica's name. (`sent` is read only to
+            // make it run.)
+            let (numbered, _sent): (i64, i64) = sqlx::query_as(
+                "WITH base AS (SELECT COALESCE(MAX(seq), 0) AS last FROM events), \
+                 next AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM events \
+                          WHERE seq IS NULL ORDER BY id LIMIT $1), \
+                 numbered AS (UPDATE events e SET seq = base.last + next.n FROM base, next \
+                              WHERE e.id = next.id RETURNING 1), \
+                 total AS (SELECT count(*) AS n FROM numbered), \
+                 sent AS (SELECT pg_notify($2, $3) FROM total WHERE n > 0) \
+                 SELECT n, (SELECT count(*) FROM sent) FROM total",
+            )
+            .bind(SEQUENCER_CHUNK)
+            .bind(&self.channel)
+            .bind(&self.replica)
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            total += numbered as u64;
+            if numbered < SEQUENCER_CHUNK {
+                return Ok(total);
+            }
+        }
     }
 
     fn remote_commits(&self) -> Option<Arc<Notify>> {
@@ -423,41 +454,6 @@ impl Store for PostgresStore {
             .await?;
         super::explain::explain(tx, target).await
     }
-}
-
-/// Takes the sequencer lock until the transaction ends: one numbering at a time, across every
-/// replica of this schema.
-async fn lock_sequencer(conn: &mut sqlx::PgConnection) -> Result<()> {
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':sequencer'))")
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
-/// Under the sequencer lock: numbers the committed events without a number, at most `limit`,
-/// in id order after the last number, and if it numbered any, notifies the other replicas at
-/// commit, naming `replica` as the sender. Returns how many it numbered.
-///
-/// It must run in a statement of its own after the lock is granted: in READ COMMITTED that
-/// statement's snapshot sees the previous holder's commit, so its numbers come after.
-async fn number_events(conn: &mut sqlx::PgConnection, limit: i64, replica: &str) -> Result<u64> {
-    // `sent` is read only to make it run.
-    let (numbered, _sent): (i64, i64) = sqlx::query_as(
-        "WITH base AS (SELECT COALESCE(MAX(seq), 0) AS last FROM events), \
-         next AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM events \
-                  WHERE seq IS NULL ORDER BY id LIMIT $1), \
-         numbered AS (UPDATE events e SET seq = base.last + next.n FROM base, next \
-                      WHERE e.id = next.id RETURNING 1), \
-         total AS (SELECT count(*) AS n FROM numbered), \
-         sent AS (SELECT pg_notify('approvals_events_' || current_schema(), $2) \
-                  FROM total WHERE n > 0) \
-         SELECT n, (SELECT count(*) FROM sent) FROM total",
-    )
-    .bind(limit)
-    .bind(replica)
-    .fetch_one(conn)
-    .await?;
-    Ok(numbered as u64)
 }
 
 async fn latest_seq(conn: &mut sqlx::PgConnection) -> Result<u64> {

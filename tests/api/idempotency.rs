@@ -134,8 +134,9 @@ async fn a_lookup_naming_a_call_twice_answers_both(app: TestApp) {
     ));
 }
 
-/// Identical submits at once share one group commit (one transaction) on SQLite and race as
-/// separate transactions on Postgres: either way one stores the call and the rest are duplicates.
+/// Identical submits at once: on SQLite they may share a group commit (one transaction), on
+/// Postgres their transactions queue on the session's lock; either way one stores the call and
+/// the rest are duplicates.
 async fn identical_submits_at_once_store_one_call_and_one_event(app: TestApp) {
     const SUBMITS: usize = 32;
     let mut submits = tokio::task::JoinSet::new();

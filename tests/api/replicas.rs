@@ -968,7 +968,8 @@ async fn a_grant_racing_matching_submits_across_replicas_leaves_none_of_them_pen
 }
 
 /// Numbering events sends a notification that wakes the other replicas, and names its sender,
-/// so it does not wake the replica that sent it (whose pump reads right after numbering).
+/// so it does not wake the replica that sent it (whose pump reads right after numbering); a
+/// reader other than the pump that numbers events wakes its own replica's pump itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn numbering_wakes_the_other_replicas_but_not_its_own() {
     use approval_broker::domain::ToolResultTexts;
@@ -997,20 +998,24 @@ async fn numbering_wakes_the_other_replicas_but_not_its_own() {
             .expect("woken once listening");
     }
 
-    // An event committed without a number (as a broker of an earlier version wrote them),
-    // numbered by replica one.
+    // Events committed without a number (as every broker commits them, to be numbered after
+    // commit), numbered by replica one.
     let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
-    sqlx::query(
-        "WITH b AS (INSERT INTO batches (batch_id, agent, session_id, on_deny, size, created_at) \
-         VALUES ('by-hand', 'default', 's', 1, 1, 0)), \
-         c AS (INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, \
-         title, message, workspace, created_at) VALUES ('default', 's', 'by-hand', 'by-hand', 0, \
-         't', '{}', '', '', '', 0) RETURNING id) \
-         INSERT INTO events (kind, call_rowid, created_at) SELECT 1, id, 0 FROM c",
-    )
-    .execute(&mut conn)
-    .await
-    .expect("an unnumbered event");
+    let mut commit_unnumbered = async |id: &str| {
+        sqlx::query(
+            "WITH b AS (INSERT INTO batches (batch_id, agent, session_id, on_deny, size, \
+             created_at) VALUES ($1, 'default', 's', 1, 1, 0)), \
+             c AS (INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, \
+             input, title, message, workspace, created_at) VALUES ('default', 's', $1, $1, 0, \
+             't', '{}', '', '', '', 0) RETURNING id) \
+             INSERT INTO events (kind, call_rowid, created_at) SELECT 1, id, 0 FROM c",
+        )
+        .bind(id)
+        .execute(&mut conn)
+        .await
+        .expect("an unnumbered event");
+    };
+    commit_unnumbered("by-hand").await;
     assert_eq!(one.sequence_events().await.expect("numbering"), 1);
 
     tokio::time::timeout(wait, woken_two.notified())
@@ -1022,4 +1027,12 @@ async fn numbering_wakes_the_other_replicas_but_not_its_own() {
             .is_err(),
         "a replica is not woken by its own notification"
     );
+
+    // Numbered by a reader of replica one (here `latest_seq`), not its pump: it wakes one's
+    // pump itself.
+    commit_unnumbered("by-hand-2").await;
+    assert_eq!(one.latest_seq().await.expect("latest"), 2);
+    tokio::time::timeout(wait, woken_one.notified())
+        .await
+        .expect("the reader wakes its own replica's pump");
 }
