@@ -415,6 +415,15 @@ mod tests {
             .unwrap()
     }
 
+    /// A store on a new database file with the default settings, its URL, and the directory
+    /// holding it (removed when dropped).
+    async fn fresh() -> (tempfile::TempDir, String, SqliteStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("a.db").display());
+        let store = open(&url, Synchronous::default()).await;
+        (dir, url, store)
+    }
+
     async fn pragma(store: &SqliteStore, name: &'static str) -> String {
         store
             .group
@@ -425,9 +434,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_batchs_pending_calls_are_found_through_their_index_not_a_scan() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("a.db").display());
-        let store = open(&url, Synchronous::default()).await;
+        let (_dir, _, store) = fresh().await;
         for sql in [PENDING_IN_BATCH, COMPLETE_BATCH_IF_DONE] {
             let plan: Vec<String> =
                 sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
@@ -448,9 +455,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_database_is_power_safe_by_default_wal_with_synchronous_full() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("a.db").display());
-        let store = open(&url, Synchronous::default()).await;
+        let (_dir, url, store) = fresh().await;
         assert_eq!(pragma(&store, "journal_mode").await, "wal");
         assert_eq!(pragma(&store, "synchronous").await, "2", "2 is FULL");
         assert_eq!(pragma(&store, "foreign_keys").await, "1");
@@ -484,9 +489,7 @@ mod tests {
     async fn each_commits_events_are_handed_over_in_order_and_an_overflow_is_signalled() {
         use super::write::PUBLISHED_QUEUE;
         use crate::domain::EventKind;
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("a.db").display());
-        let store = open(&url, Synchronous::default()).await;
+        let (_dir, _, store) = fresh().await;
         let mut committed = store.take_committed_events().expect("handed over");
         assert!(store.take_committed_events().is_none(), "taken once");
 
@@ -515,13 +518,12 @@ mod tests {
     }
 
     /// A store whose database runs `sql` (triggers that poison some writes) once migrated.
-    async fn poisoned(dir: &tempfile::TempDir, sql: &'static str) -> SqliteStore {
+    async fn poisoned(sql: &'static str) -> (tempfile::TempDir, SqliteStore) {
         use sqlx::Connection as _;
-        let url = format!("sqlite://{}", dir.path().join("a.db").display());
-        let store = open(&url, Synchronous::default()).await;
+        let (dir, url, store) = fresh().await;
         let mut conn = SqliteConnection::connect(&url).await.unwrap();
         sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
-        store
+        (dir, store)
     }
 
     /// Submits one call per (session, call id), all in one group: the writer is held while they
@@ -576,9 +578,7 @@ mod tests {
     /// deferred foreign key when the call `poison` is stored, which SQLite checks only then.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_commit_that_fails_fails_every_write_of_its_group_and_keeps_none() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = poisoned(
-            &dir,
+        let (_dir, store) = poisoned(
             "CREATE TABLE poison_parent (id INTEGER PRIMARY KEY); \
              CREATE TABLE poison_child (parent INTEGER \
                  REFERENCES poison_parent (id) DEFERRABLE INITIALLY DEFERRED); \
@@ -611,9 +611,7 @@ mod tests {
     /// rest of the group run in autocommit, `last` would be stored yet refused).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_group_sqlite_rolled_back_by_itself_starts_over_without_the_failed_write() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = poisoned(
-            &dir,
+        let (_dir, store) = poisoned(
             "CREATE TRIGGER poison BEFORE INSERT ON batches WHEN NEW.session_id = 'poisoned' \
              BEGIN SELECT RAISE(ROLLBACK, 'poisoned'); END;",
         )
@@ -638,9 +636,7 @@ mod tests {
     async fn the_calls_a_submit_answers_with_are_the_calls_stored() {
         use crate::domain::Timestamp;
         use crate::store::SubmitResult;
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("a.db").display());
-        let store = open(&url, Synchronous::default()).await;
+        let (_dir, _, store) = fresh().await;
         let mut batch = one_call("s", "plain");
         let mut rich = batch.calls[0].clone();
         rich.index = 1;
