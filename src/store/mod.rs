@@ -85,8 +85,9 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// The events committed from now on, as they commit, from a backend that writes every event
-    /// itself (SQLite's one writer), so the event pump can publish them without reading them
-    /// back. Taken once; `None` where only reading the log can tell (Postgres).
+    /// itself (SQLite's one writer reads them back on its own connection right after each
+    /// commit), so the event pump need not read the log for them. Taken once; `None` where only
+    /// reading the log can tell (Postgres).
     fn take_committed_events(&self) -> Option<CommittedEvents> {
         None
     }

@@ -279,6 +279,12 @@ pub(super) async fn submit_in(
         } else {
             if position < planned {
                 tx.resize_batch(&batch_id, position).await?;
+                // The calls answered so far carry the planned size.
+                for &(_, item) in &accepted {
+                    if let SubmitResult::Accepted(call) = &mut report.items[item].result {
+                        call.batch_size = position as u32;
+                    }
+                }
             }
             report.batch_id = Some(batch_id);
         }

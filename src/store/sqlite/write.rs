@@ -8,7 +8,7 @@
 //! there is nothing to lock, and an event's row id is its sequence number.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::thread;
 use std::time::Duration;
@@ -52,19 +52,21 @@ const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 const WRITER_CHECKPOINT_PAGES: u32 = 4_096;
 
 /// The one write connection. A transaction takes it out and puts it back when it ends, so a
-/// transaction is an owned value that can cross `await`s; only the writer thread uses it.
+/// transaction is an owned value that can cross `await`s; only the writer thread runs
+/// transactions on it (the store's clone only starts the hand-over of events).
 #[derive(Clone)]
 pub struct WriteConnection {
     home: Arc<Mutex<Option<Connection>>>,
-    /// Set after each commit, for the checkpointer.
-    committed: Arc<AtomicBool>,
+    /// Commits so far: the checkpointer and the hand-over of events each act only when it moved.
+    commits: Arc<AtomicU64>,
     published: Arc<Mutex<Published>>,
 }
 
-/// The events the writer hands to the event pump: the last sequence number read, and where to
-/// (nowhere until the pump takes them).
+/// The events the writer hands to the event pump: the last sequence number read, the commit
+/// count then, and where to (nowhere until the pump takes them).
 struct Published {
     last: u64,
+    commits: u64,
     to: Option<mpsc::Sender<Vec<Event>>>,
     missed: Arc<Notify>,
 }
@@ -95,18 +97,19 @@ impl WriteConnection {
             conn.query_row("SELECT MAX(seq) FROM events", [], |row| row.get(0))?;
         let writer = Self {
             home: Arc::new(Mutex::new(Some(conn))),
-            committed: Arc::new(AtomicBool::new(false)),
+            commits: Arc::new(AtomicU64::new(0)),
             published: Arc::new(Mutex::new(Published {
                 last: last.unwrap_or(0) as u64,
+                commits: 0,
                 to: None,
                 missed: Arc::default(),
             })),
         };
         let checkpointer = connect(path, synchronous)?;
-        let (home, committed) = (Arc::downgrade(&writer.home), Arc::clone(&writer.committed));
+        let (home, commits) = (Arc::downgrade(&writer.home), Arc::clone(&writer.commits));
         thread::Builder::new()
             .name("sqlite-checkpoint".into())
-            .spawn(move || checkpoint_while_open(&checkpointer, &home, &committed))
+            .spawn(move || checkpoint_while_open(&checkpointer, &home, &commits))
             .map_err(|e| Error::Internal(format!("cannot start the checkpointer thread: {e}")))?;
         Ok(writer)
     }
@@ -129,16 +132,20 @@ impl WriteConnection {
         })
     }
 
-    /// Reads the events committed since the last call and hands them over. On failure (or a
-    /// full queue) the pump is told to read the log.
+    /// Reads the events committed since the last call and hands them over, if anything was
+    /// committed since (not after a group that failed, or an Explain). On failure (or a full
+    /// queue) the pump is told to read the log.
     fn publish_committed(&self) {
         let mut published = self
             .published
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if published.to.as_ref().is_none_or(mpsc::Sender::is_closed) {
+        let commits = self.commits.load(Ordering::Relaxed);
+        if published.to.as_ref().is_none_or(mpsc::Sender::is_closed) || commits == published.commits
+        {
             return;
         }
+        published.commits = commits;
         if let Err(err) = self.read_committed(&mut published) {
             tracing::warn!(error = %err, "reading committed events on the writer failed");
             published.missed.notify_one();
@@ -162,8 +169,9 @@ impl WriteConnection {
             published.last = last;
             let handed = published.to.as_ref().map(|to| to.try_send(events));
             if !matches!(handed, Some(Ok(()))) {
-                // Dropped: the pump reads them from the log.
+                // Dropped: the pump reads them, and any after them, from the log.
                 published.missed.notify_one();
+                return Ok(());
             }
             if !full {
                 return Ok(());
@@ -171,8 +179,8 @@ impl WriteConnection {
         }
     }
 
-    /// A read transaction on the write connection (Explain: it reads what a submit reads, and
-    /// is rolled back).
+    /// A read transaction on the write connection, rolled back: for Explain (it reads what a
+    /// submit reads) and for reading back the events just committed.
     pub fn begin_read(&self) -> Result<SqliteTx> {
         self.begin("BEGIN")
     }
@@ -187,7 +195,7 @@ impl WriteConnection {
         let tx = SqliteTx {
             conn: Some(conn),
             home: Arc::clone(&self.home),
-            committed: Arc::clone(&self.committed),
+            commits: Arc::clone(&self.commits),
             writes: 0,
             rules: None,
         };
@@ -237,14 +245,19 @@ fn connect(path: &Path, synchronous: Synchronous) -> Result<Connection> {
 fn checkpoint_while_open(
     conn: &Connection,
     writer: &Weak<Mutex<Option<Connection>>>,
-    committed: &AtomicBool,
+    commits: &AtomicU64,
 ) {
+    let mut checkpointed = 0;
     while writer.strong_count() > 0 {
         thread::sleep(CHECKPOINT_EVERY);
-        if committed.swap(false, Ordering::Relaxed)
-            && let Err(err) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-        {
-            tracing::warn!(error = %err, "a SQLite checkpoint failed; the next one retries");
+        let now = commits.load(Ordering::Relaxed);
+        if now != checkpointed {
+            match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                Ok(()) => checkpointed = now,
+                Err(err) => {
+                    tracing::warn!(error = %err, "a SQLite checkpoint failed; the next one retries");
+                }
+            }
         }
     }
 }
@@ -268,7 +281,7 @@ impl Writer for WriteConnection {
 pub struct SqliteTx {
     conn: Option<Connection>,
     home: Arc<Mutex<Option<Connection>>>,
-    committed: Arc<AtomicBool>,
+    commits: Arc<AtomicU64>,
     writes: u64,
     /// The rules as this transaction sees them, read once: a group of submits shares one read.
     /// Only this transaction could change them before it ends (it is the only writer), and its
@@ -565,7 +578,7 @@ impl WriteTx for SqliteTx {
     async fn commit(self) -> Result<()> {
         // On failure the drop rolls back what is left of the transaction.
         self.conn().execute_batch("COMMIT")?;
-        self.committed.store(true, Ordering::Relaxed);
+        self.commits.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 }
