@@ -668,6 +668,39 @@ mod tests {
         assert_eq!(answered, read);
     }
 
+    /// Expiry runs a chunk of due calls per turn of the writer (256): more than a chunk due at
+    /// once are all expired, each once, in one call.
+    #[tokio::test]
+    async fn more_calls_due_than_one_chunk_all_expire() {
+        use crate::domain::{OutcomeKind, Status, Timestamp};
+        let (_dir, _, store) = fresh().await;
+        for b in 0..3 {
+            let mut batch = one_call("s", "unused");
+            let template = batch.calls.pop().unwrap();
+            for i in 0..100 {
+                let mut call = template.clone();
+                call.index = i;
+                call.call_id = CallId::from_stored(format!("c{b}-{i}"));
+                call.deadline = Some(Timestamp::from_micros(1));
+                batch.calls.push(call);
+            }
+            store.submit(batch).await.unwrap();
+        }
+        let expired = store.expire_due(Timestamp::now()).await.unwrap();
+        assert_eq!(expired.len(), 300);
+        let mut ids: Vec<&str> = expired.iter().map(|c| c.key.call_id.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 300, "each once");
+        assert!(
+            expired
+                .iter()
+                .all(|c| c.status() == Status::Decided(OutcomeKind::Expired))
+        );
+        assert_eq!(store.pending_count().await.unwrap(), 0);
+        assert!(store.expire_due(Timestamp::now()).await.unwrap().is_empty());
+    }
+
     #[tokio::test]
     async fn an_in_memory_database_is_refused() {
         let err = SqliteStore::open(
