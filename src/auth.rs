@@ -62,6 +62,8 @@ struct Entry {
 #[derive(Debug, Default)]
 pub struct Tokens {
     entries: Vec<Entry>,
+    /// The entry number each of `entries` was read from, for errors.
+    lines: Vec<usize>,
 }
 
 /// The line to configure `token` with: `sha256:<hex>`.
@@ -110,11 +112,22 @@ impl Tokens {
                     "the identity must be at most 256 bytes, no control characters",
                 ));
             }
+            // One token, one role and identity: a second listing would make the role depend on
+            // the order of lines, so it is refused rather than resolved.
+            if let Some(first) = tokens.entries.iter().position(|e| e.hash == hash) {
+                let earlier = &tokens.entries[first];
+                return Err(bad(&format!(
+                    "this token is already configured by entry {} (role {}, identity {}); a \
+                     token may have only one role and identity",
+                    tokens.lines[first], earlier.role, earlier.identity
+                )));
+            }
             tokens.entries.push(Entry {
                 hash,
                 role,
                 identity: identity.to_owned(),
             });
+            tokens.lines.push(n + 1);
         }
         Ok(tokens)
     }
@@ -275,6 +288,21 @@ mod tests {
         );
         assert!(tokens.authenticate("s3cret ").is_none());
         assert!(tokens.authenticate("").is_none());
+    }
+
+    #[test]
+    fn the_same_token_under_two_roles_is_refused_naming_both_entries() {
+        let hash = hash_token("shared");
+        let text = format!(
+            "agent bot {hash}\napprover alice {}\napprover alice {hash}",
+            hash_token("x")
+        );
+        let err = Tokens::parse(&text, "tokens").unwrap_err().to_string();
+        assert!(err.starts_with("tokens: entry 3"), "{err}");
+        assert!(err.contains("entry 1 (role agent, identity bot)"), "{err}");
+        // Listed twice with the same role is as ambiguous to a reader: refused too.
+        let text = format!("agent bot {hash}; agent bot {hash}");
+        assert!(Tokens::parse(&text, "tokens").is_err());
     }
 
     #[test]

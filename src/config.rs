@@ -39,6 +39,8 @@ pub struct Config {
         long,
         env = "DATABASE_URL",
         default_value = "sqlite://approvals.db",
+        // It may carry a password: `--help` must not print it from the environment.
+        hide_env_values = true,
         global = true
     )]
     pub database_url: String,
@@ -65,7 +67,8 @@ pub struct Config {
     #[arg(long, env = "APPROVALS_MAX_MESSAGE_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_message_bytes: usize,
 
-    /// The deadline given to calls submitted without one, e.g. `90s`, `15m`, `2h`. None by default.
+    /// The deadline given to calls submitted without one, e.g. `90s`, `15m`, `1h30m`, `1d` (at most
+    /// 366d). None by default.
     #[arg(long, env = "APPROVALS_DEFAULT_DEADLINE", value_parser = parse_duration)]
     pub default_deadline: Option<Duration>,
 
@@ -79,12 +82,13 @@ pub struct Config {
     pub event_buffer: u32,
 
     /// A file of bearer tokens, one per line: `ROLE IDENTITY sha256:HEX` (role agent, approver
-    /// or admin; hash from `approval-broker hash-token`). With no tokens at all, auth is off.
+    /// or admin; hash from `approval-broker hash-token`). Naming no token source turns auth
+    /// off; a named source with no token in it stops the broker.
     #[arg(long, env = "APPROVALS_TOKENS_FILE")]
     pub tokens_file: Option<std::path::PathBuf>,
 
     /// Bearer tokens inline, in the same form, entries separated by `;` or new lines.
-    #[arg(long, env = "APPROVALS_TOKENS", hide_env_values = true)]
+    #[arg(long, env = TOKENS_ENV, hide_env_values = true)]
     pub tokens: Option<String>,
 
     /// A JSON file of policy rules, loaded at start: `{"rules": [{"id", "tool", "effect", ...}]}`.
@@ -219,27 +223,57 @@ impl Config {
         }
     }
 
-    /// The configured bearer tokens (file and inline together); `None` when there are none,
-    /// which turns auth off.
+    /// The configured bearer tokens (file and inline together); `None` when no token source is
+    /// named at all, which turns auth off. A source that is named but holds no token (an empty or
+    /// comment-only file, `APPROVALS_TOKENS=""`) is an error: running without auth must be chosen
+    /// by naming no source, never reached by a file that lost its contents.
     pub fn tokens(&self) -> crate::Result<Option<crate::auth::Tokens>> {
         let mut text = String::new();
+        let mut named = false;
         if let Some(path) = &self.tokens_file {
-            text = std::fs::read_to_string(path).map_err(|e| {
-                crate::Error::invalid(
-                    "--tokens-file",
-                    format!("cannot read {}: {e}", path.display()),
-                )
+            let setting = "--tokens-file / APPROVALS_TOKENS_FILE";
+            let file = std::fs::read_to_string(path).map_err(|e| {
+                crate::Error::invalid(setting, format!("cannot read {}: {e}", path.display()))
             })?;
-            crate::auth::Tokens::parse(&text, "--tokens-file")?;
+            let what = format!("{setting} ({})", path.display());
+            let tokens = crate::auth::Tokens::parse(&file, &what)?;
+            if tokens.is_empty() {
+                return Err(no_token_in(&what));
+            }
+            named = true;
+            text.push_str(&file);
             text.push('\n');
         }
-        if let Some(inline) = &self.tokens {
-            crate::auth::Tokens::parse(inline, "--tokens / APPROVALS_TOKENS")?;
-            text.push_str(inline);
+        // clap treats an empty environment variable as unset; an operator who set it meant it.
+        let inline = self
+            .tokens
+            .clone()
+            .or_else(|| std::env::var_os(TOKENS_ENV).map(|v| v.to_string_lossy().into_owned()));
+        if let Some(inline) = inline {
+            let what = "--tokens / APPROVALS_TOKENS";
+            if crate::auth::Tokens::parse(&inline, what)?.is_empty() {
+                return Err(no_token_in(what));
+            }
+            named = true;
+            text.push_str(&inline);
         }
-        let tokens = crate::auth::Tokens::parse(&text, "tokens")?;
-        Ok((!tokens.is_empty()).then_some(tokens))
+        if !named {
+            return Ok(None);
+        }
+        // Parsed together, so the same token under two sources is refused like one listed twice.
+        crate::auth::Tokens::parse(&text, "--tokens-file and --tokens together").map(Some)
     }
+}
+
+/// The environment variable of `--tokens`.
+const TOKENS_ENV: &str = "APPROVALS_TOKENS";
+
+fn no_token_in(source: &str) -> crate::Error {
+    crate::Error::invalid(
+        source,
+        "holds no token, so authentication would be off; add `ROLE IDENTITY sha256:HEX` lines, \
+         or name no token source at all to run without authentication",
+    )
 }
 
 impl Config {
@@ -259,23 +293,30 @@ impl Config {
     }
 }
 
-/// `500ms`, `90s`, `15m`, `2h`, or a bare number of seconds.
+/// The longest duration any setting takes: longer is surely a typo (and far beyond it, instants
+/// would overflow). Deadlines have the same cap ([`crate::domain::MAX_DEADLINE_AHEAD`]).
+const MAX_SETTING_DURATION: Duration = crate::domain::MAX_DEADLINE_AHEAD;
+
+/// A duration such as `500ms`, `90s`, `15m`, `1h30m` or `1d` (humantime's syntax), or a bare
+/// number of seconds. Zero, overflow and anything over [`MAX_SETTING_DURATION`] are refused.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration like 90s, 15m or 2h"))?;
-    let d = match unit {
-        "" | "s" => Duration::from_secs(n),
-        "ms" => Duration::from_millis(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s, m or h)")),
+    let d = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        s.parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| format!("`{s}` is too large"))?
+    } else {
+        humantime::parse_duration(s)
+            .map_err(|e| format!("`{s}` is not a duration like 90s, 15m, 1h30m or 1d: {e}"))?
     };
     if d.is_zero() {
         return Err("must be greater than zero".into());
+    }
+    if d > MAX_SETTING_DURATION {
+        return Err(format!(
+            "`{s}` is longer than the most a setting takes, {}",
+            humantime::format_duration(MAX_SETTING_DURATION)
+        ));
     }
     Ok(d)
 }
@@ -290,9 +331,27 @@ mod tests {
         assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5_400)));
+        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5_400)));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("5d").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn durations_that_overflow_or_exceed_the_cap_are_refused_not_wrapped() {
+        // Once accepted and wrapped to 59 minutes.
+        let err = parse_duration("5124095576030432h").unwrap_err();
+        assert!(err.contains("5124095576030432h"), "{err}");
+        assert!(parse_duration("99999999999999999999").is_err());
+        assert!(parse_duration("367d").unwrap_err().contains("longer than"));
+        assert_eq!(parse_duration("366d"), Ok(MAX_SETTING_DURATION));
+        let err =
+            Config::try_parse_from(["approval-broker", "--default-deadline", "5124095576030432h"])
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("--default-deadline"), "{err}");
     }
 
     #[test]

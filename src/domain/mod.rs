@@ -18,4 +18,4 @@ pub use event::{Event, EventKind};
 pub use ids::{AgentId, BatchId, CallId, SessionId, ToolName};
 pub use input::{DEFAULT_MAX_INPUT_BYTES, ToolInput};
 pub use outcome::{DecidedBy, Decision, Outcome, OutcomeKind, ToolResultTexts, Verdict};
-pub use time::Timestamp;
+pub use time::{MAX_DEADLINE_AHEAD, PROTO_TIMESTAMP_SECONDS, Timestamp};

@@ -3,6 +3,15 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The furthest ahead a deadline may be: a call nobody may decide for more than a year is a
+/// mistake, and the cap keeps every deadline printable as a protobuf Timestamp.
+pub const MAX_DEADLINE_AHEAD: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// The range of a protobuf `Timestamp` (0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999999Z),
+/// in seconds since the Unix epoch. Outside it, clients' JSON libraries cannot print an instant.
+pub const PROTO_TIMESTAMP_SECONDS: std::ops::RangeInclusive<i64> =
+    -62_135_596_800..=253_402_300_799;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp(i64);
 

@@ -111,6 +111,14 @@ fn new_call(
         .map(|t| timestamp(&field("deadline"), t))
         .transpose()?;
     if let Some(deadline) = deadline
+        && deadline > now.saturating_add(crate::domain::MAX_DEADLINE_AHEAD)
+    {
+        return Err(Error::invalid(
+            field("deadline"),
+            "is more than 366 days ahead, the most a deadline may be",
+        ));
+    }
+    if let Some(deadline) = deadline
         && deadline <= now
     {
         return Err(Error::invalid(field("deadline"), "is in the past"));
@@ -155,9 +163,17 @@ fn text(field: &str, value: String, max: usize) -> Result<String> {
     Ok(value)
 }
 
+/// A protobuf Timestamp, refused outside the range the protobuf spec defines (years 1 to 9999):
+/// stored, such an instant could not be printed by clients' JSON libraries.
 fn timestamp(field: &str, t: prost_types::Timestamp) -> Result<Timestamp> {
     if !(0..1_000_000_000).contains(&t.nanos) {
         return Err(Error::invalid(field, "nanos must be in 0..1e9"));
+    }
+    if !crate::domain::PROTO_TIMESTAMP_SECONDS.contains(&t.seconds) {
+        return Err(Error::invalid(
+            field,
+            "is outside the protobuf Timestamp range (0001-01-01 to 9999-12-31)",
+        ));
     }
     let micros = t
         .seconds

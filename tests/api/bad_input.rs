@@ -671,6 +671,17 @@ fn cases(last_seq: u64) -> Vec<Case> {
             "batch.calls[0].deadline",
         ),
         submit_call(
+            // Once stored, and then unprintable by clients' protobuf JSON libraries.
+            "call: deadline after the year 9999",
+            with(|c| c.deadline = ts(253_402_300_800, 0)),
+            "batch.calls[0].deadline",
+        ),
+        submit_call(
+            "call: deadline more than 366 days ahead (in 2096)",
+            with(|c| c.deadline = ts(4_000_000_000, 0)),
+            "batch.calls[0].deadline",
+        ),
+        submit_call(
             "call: title with a newline",
             with(|c| c.title = "Delete\nfile".into()),
             "batch.calls[0].title",

@@ -197,6 +197,146 @@ fn with_no_tokens_the_broker_warns_at_start_that_auth_is_off() {
     assert!(warned, "a warning that authentication is off");
 }
 
+/// Runs the broker to its exit, on a free port and a fresh SQLite file, with `setup` applied;
+/// `None` if it was still running (serving) after 30 s, when it is killed.
+fn run_to_exit(setup: impl FnOnce(&mut Command)) -> Option<std::process::Output> {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut command = broker();
+    command
+        .args(["--listen", "127.0.0.1:0", "--database-url"])
+        .arg(format!("sqlite://{}", dir.path().join("a.db").display()))
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    setup(&mut command);
+    let mut child = command.spawn().expect("start");
+    let started = std::time::Instant::now();
+    while started.elapsed() < std::time::Duration::from_secs(30) {
+        if child.try_wait().expect("wait").is_some() {
+            return Some(child.wait_with_output().expect("output"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+#[test]
+fn a_token_source_that_holds_no_token_stops_the_broker_instead_of_turning_auth_off() {
+    let dir = tempfile::tempdir().expect("dir");
+    let empty = dir.path().join("empty-tokens");
+    std::fs::write(&empty, "").expect("write");
+    let comments = dir.path().join("comment-tokens");
+    std::fs::write(&comments, "# the tokens\n\n   # none yet\n").expect("write");
+    type Setup<'a> = Box<dyn Fn(&mut Command) + 'a>;
+    let cases: [(&str, Setup); 4] = [
+        (
+            "an empty --tokens-file",
+            Box::new(|c| {
+                c.arg("--tokens-file").arg(&empty);
+            }),
+        ),
+        (
+            "a comment-only APPROVALS_TOKENS_FILE",
+            Box::new(|c| {
+                c.env("APPROVALS_TOKENS_FILE", &comments);
+            }),
+        ),
+        (
+            "APPROVALS_TOKENS=\"\"",
+            Box::new(|c| {
+                c.env("APPROVALS_TOKENS", "");
+            }),
+        ),
+        (
+            "--tokens ' ; '",
+            Box::new(|c| {
+                c.args(["--tokens", " ; "]);
+            }),
+        ),
+    ];
+    for (what, setup) in cases {
+        let output = run_to_exit(setup)
+            .unwrap_or_else(|| panic!("{what}: the broker started (with authentication off)"));
+        assert!(!output.status.success(), "{what}: {output:?}");
+        let said = String::from_utf8_lossy(&output.stdout);
+        assert!(said.contains("holds no token"), "{what}: {said}");
+        assert!(said.contains("TOKENS"), "{what} names the setting: {said}");
+    }
+}
+
+#[test]
+fn the_same_token_under_two_roles_stops_the_broker() {
+    let hash = approval_broker::auth::hash_token("shared-secret");
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("tokens");
+    std::fs::write(&file, format!("agent bot {hash}\n")).expect("write");
+    // Within one source, and across the file and the inline tokens.
+    for inline in [None, Some(format!("admin root {hash}"))] {
+        let output = run_to_exit(|c| {
+            match &inline {
+                None => c.args([
+                    "--tokens",
+                    &format!("agent bot {hash}; approver alice {hash}"),
+                ]),
+                Some(inline) => c.arg("--tokens-file").arg(&file).args(["--tokens", inline]),
+            };
+        })
+        .expect("the broker refused to start");
+        assert!(!output.status.success(), "{output:?}");
+        let said = String::from_utf8_lossy(&output.stdout);
+        assert!(said.contains("already configured by entry 1"), "{said}");
+    }
+}
+
+#[test]
+fn help_never_prints_a_secret_from_the_environment() {
+    let output = broker()
+        .arg("--help")
+        .env(
+            "DATABASE_URL",
+            "postgres://broker:hunter2@db.internal:5432/approvals",
+        )
+        .env(
+            "APPROVALS_TOKENS",
+            "agent bot sha256:not-a-secret-but-hidden",
+        )
+        .output()
+        .expect("run");
+    assert!(output.status.success(), "{output:?}");
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        help.contains("DATABASE_URL"),
+        "the setting is still documented: {help}"
+    );
+    assert!(!help.contains("hunter2"), "{help}");
+    assert!(!help.contains("not-a-secret-but-hidden"), "{help}");
+}
+
+#[test]
+fn durations_take_days_and_compound_forms_and_refuse_overflow() {
+    // Once silently wrapped to 59 minutes.
+    let output = run_to_exit(|c| {
+        c.args(["--default-deadline", "5124095576030432h"]);
+    })
+    .expect("refused at start");
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("--default-deadline"), "{said}");
+    for ok in ["1d", "1h30m"] {
+        assert!(
+            <approval_broker::config::Config as clap::Parser>::try_parse_from([
+                "approval-broker",
+                "--default-deadline",
+                ok
+            ])
+            .is_ok(),
+            "{ok}"
+        );
+    }
+}
+
 backend_tests! {
     the_migrate_subcommand_applies_the_migrations_and_exits,
 }

@@ -1,8 +1,8 @@
 //! Several broker processes on one Postgres database are one broker: outcomes decided through one
 //! replica reach agents on another, every subscriber on every replica sees every event once and
 //! in order, the first decision wins across replicas, a transaction that commits late never
-//! makes a reader skip its event, and grants and rules made through one replica apply on all. Postgres only (these pass without running when
-//! `APPROVALS_TEST_POSTGRES_URL` is not set).
+//! makes a reader skip its event, and grants and rules made through one replica apply on all. Postgres only: without
+//! `APPROVALS_TEST_POSTGRES_URL` they are compiled as ignored, and the summary counts them so.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -18,13 +18,12 @@ use tonic::transport::Channel;
 
 use crate::helpers::*;
 
-/// Three brokers on one fresh schema, or `None` without Postgres.
-async fn three_replicas() -> Option<[TestApp; 3]> {
-    let backend = Backend::postgres()?;
-    let a = spawn_app_on(backend, |_| {}).await;
+/// Three brokers on one fresh schema.
+async fn three_replicas() -> [TestApp; 3] {
+    let a = spawn_app_on(Backend::postgres(), |_| {}).await;
     let b = a.replica(|_| {}).await;
     let c = a.replica(|_| {}).await;
-    Some([a, b, c])
+    [a, b, c]
 }
 
 fn agent(channel: &Channel) -> AgentServiceClient<Channel> {
@@ -36,10 +35,12 @@ fn approver(channel: &Channel) -> ApproverServiceClient<Channel> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+)]
 async fn an_outcome_decided_through_one_replica_reaches_the_agent_and_subscribers_on_others() {
-    let Some([a, b, c]) = three_replicas().await else {
-        return;
-    };
+    let [a, b, c] = three_replicas().await;
     let mut agent_stream = AgentStream::open(&a).await;
     let mut subscriber = Subscription::open(&b, pb::CallFilter::default(), None).await;
     let (snapshot, _) = subscriber.snapshot().await;
@@ -74,10 +75,12 @@ async fn an_outcome_decided_through_one_replica_reaches_the_agent_and_subscriber
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+)]
 async fn the_same_call_decided_through_two_replicas_at_once_has_exactly_one_winner() {
-    let Some([a, b, _c]) = three_replicas().await else {
-        return;
-    };
+    let [a, b, _c] = three_replicas().await;
     const CALLS: usize = 200;
     for chunk in 0..CALLS / 100 {
         let calls = (0..100)
@@ -182,9 +185,7 @@ fn decide_everything(watch: Channel, decide_through: Channel, decided: Arc<Atomi
 /// 2,000 calls submitted across three replicas by six agents, decided through other replicas,
 /// with supersedes and cancels; optionally with the LISTEN connections killed throughout.
 async fn load_across_replicas(kill_listeners: bool) {
-    let Some(replicas) = three_replicas().await else {
-        return;
-    };
+    let replicas = three_replicas().await;
     let channels: Vec<Channel> = replicas.iter().map(|r| r.channel.clone()).collect();
     let logs: Vec<Arc<Mutex<Vec<pb::ApproverEvent>>>> =
         (0..3).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
@@ -423,20 +424,30 @@ async fn load_across_replicas(kill_listeners: bool) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+)]
 async fn under_load_across_replicas_every_outcome_and_every_event_arrives_exactly_once() {
     load_across_replicas(false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+)]
 async fn killing_the_listen_connections_under_load_loses_nothing() {
     load_across_replicas(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+)]
 async fn an_event_whose_transaction_commits_late_is_not_skipped() {
-    let Some([a, b, c]) = three_replicas().await else {
-        return;
-    };
+    let [a, b, c] = three_replicas().await;
     submit(&a, batch("s", vec![call("fast", "t", "{}")])).await;
     let mut subscriber = Subscription::open(&c, pb::CallFilter::default(), None).await;
     let (pending, _) = subscriber.snapshot().await;
@@ -520,10 +531,12 @@ async fn an_event_whose_transaction_commits_late_is_not_skipped() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+)]
 async fn every_replica_sweeps_deadlines_and_each_call_expires_exactly_once() {
-    let Some([a, b, c]) = three_replicas().await else {
-        return;
-    };
+    let [a, b, c] = three_replicas().await;
     let deadline = {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -581,10 +594,12 @@ async fn every_replica_sweeps_deadlines_and_each_call_expires_exactly_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+)]
 async fn a_denial_skips_the_rest_of_its_batch_atomically_across_replicas() {
-    let Some([a, b, c]) = three_replicas().await else {
-        return;
-    };
+    let [a, b, c] = three_replicas().await;
     let mut watch = agent(&c.channel)
         .watch_outcomes(pb::WatchOutcomesRequest {
             session_id: "s".into(),
@@ -660,10 +675,12 @@ async fn a_denial_skips_the_rest_of_its_batch_atomically_across_replicas() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+)]
 async fn concurrent_supersedes_through_two_replicas_leave_one_pending_question() {
-    let Some([a, b, c]) = three_replicas().await else {
-        return;
-    };
+    let [a, b, c] = three_replicas().await;
     let ask = |id: String| pb::CallSpec {
         supersede_key: "ask".into(),
         ..call(&id, "ask_user", "{}")
@@ -708,10 +725,12 @@ async fn concurrent_supersedes_through_two_replicas_leave_one_pending_question()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+)]
 async fn a_batch_decided_through_two_replicas_at_once_completes_exactly_once() {
-    let Some([a, b, c]) = three_replicas().await else {
-        return;
-    };
+    let [a, b, c] = three_replicas().await;
     let mut watch = agent(&c.channel)
         .watch_outcomes(pb::WatchOutcomesRequest {
             session_id: "s".into(),
@@ -753,10 +772,12 @@ async fn a_batch_decided_through_two_replicas_at_once_completes_exactly_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+)]
 async fn writers_racing_on_one_batch_never_deadlock() {
-    let Some([a, b, _c]) = three_replicas().await else {
-        return;
-    };
+    let [a, b, _c] = three_replicas().await;
     const ROUNDS: usize = 60;
     let mut failures = Vec::new();
     for round in 0..ROUNDS {
@@ -815,10 +836,12 @@ async fn writers_racing_on_one_batch_never_deadlock() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+)]
 async fn a_resume_of_named_calls_never_hides_another_outcome_of_a_followed_session() {
-    let Some([a, b, _c]) = three_replicas().await else {
-        return;
-    };
+    let [a, b, _c] = three_replicas().await;
     for round in 0..20 {
         let session = format!("s{round}");
         let mut stream = AgentStream::open(&a).await;
@@ -848,10 +871,12 @@ async fn a_resume_of_named_calls_never_hides_another_outcome_of_a_followed_sessi
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+)]
 async fn a_grant_created_through_one_replica_applies_to_a_submit_on_another() {
-    let Some([a, b, c]) = three_replicas().await else {
-        return;
-    };
+    let [a, b, c] = three_replicas().await;
     submit(
         &a,
         batch(
@@ -900,10 +925,12 @@ async fn a_grant_created_through_one_replica_applies_to_a_submit_on_another() {
 /// through a third: each call is decided by the grant, at its submit or at the grant's creation;
 /// none is left pending (the grant saw it, or it saw the grant).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+)]
 async fn a_grant_racing_matching_submits_across_replicas_leaves_none_of_them_pending() {
-    let Some([a, b, c]) = three_replicas().await else {
-        return;
-    };
+    let [a, b, c] = three_replicas().await;
     const PER_SUBMITTER: usize = 60;
     for round in 0..3 {
         let session = format!("race{round}");
@@ -971,12 +998,16 @@ async fn a_grant_racing_matching_submits_across_replicas_leaves_none_of_them_pen
 /// so it does not wake the replica that sent it (whose pump reads right after numbering); a
 /// reader other than the pump that numbers events wakes its own replica's pump itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+)]
 async fn numbering_wakes_the_other_replicas_but_not_its_own() {
     use approval_broker::domain::ToolResultTexts;
     use approval_broker::store::{PostgresStore, Store};
 
-    let Some(Backend::Postgres(url)) = Backend::postgres() else {
-        return;
+    let Backend::Postgres(url) = Backend::postgres() else {
+        unreachable!("Backend::postgres is Postgres");
     };
     // Two stores and no broker: nothing else numbers events on this schema.
     let schema = Schema::create(&url).await;
