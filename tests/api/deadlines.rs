@@ -97,6 +97,13 @@ async fn a_decision_before_the_deadline_stands_and_the_call_never_expires(app: T
 }
 
 async fn the_configured_default_deadline_applies_to_calls_without_one(app: TestApp) {
+    let now = || {
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock");
+        since.as_micros() as i64
+    };
+    let before = now();
     submit(
         &app,
         batch(
@@ -108,10 +115,14 @@ async fn the_configured_default_deadline_applies_to_calls_without_one(app: TestA
         ),
     )
     .await;
+    let after = now();
     let calls = all_calls(&app).await;
-    let created = micros(calls[0].created_at.as_ref().unwrap());
     let deadline = micros(calls[0].deadline.as_ref().expect("default deadline set"));
-    assert!((300_000..=1_000_000).contains(&(deadline - created)));
+    // The default (400 ms) counts from the submit, however long its commit took.
+    assert!(
+        (before + 400_000..=after + 400_000).contains(&deadline),
+        "deadline {deadline} not 400 ms after the submit ({before}..{after})"
+    );
     assert_eq!(
         status_of(&wait_for_outcome(&app, "s", "c1").await),
         CallStatus::Expired
