@@ -473,6 +473,7 @@ mod tests {
             supersede_pending: false,
             calls: vec![NewCall {
                 index: 0,
+                path: "batch.calls[0]".into(),
                 call_id: CallId::from_stored(call_id.into()),
                 tool: ToolName::from_stored("tool".into()),
                 input: ToolInput::from_stored("{}".into()),
