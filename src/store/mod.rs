@@ -131,8 +131,8 @@ pub struct SubmitReport {
     pub batch_id: Option<BatchId>,
     /// One per call of the `NewBatch`, in its order.
     pub items: Vec<SubmitItem>,
-    /// Pending calls of earlier batches this submit superseded (a call of this batch that a
-    /// later call of it superseded is in `items`, with its outcome).
+    /// Pending calls this submit superseded; those it carries itself (superseded by a later
+    /// call of it with the same key) are in `items` too, with their outcome.
     pub superseded: Vec<Call>,
 }
 

@@ -317,21 +317,19 @@ pub(super) async fn submit_in(
     resolved.extend(decided);
     complete_batches(tx, &resolved).await?;
     // A call this request carries (stored now, or resubmitted) that a later call of it
-    // superseded (the same supersede key) is acknowledged with its outcome, so one reply never
-    // calls it both pending and superseded; `superseded` holds the calls it does not carry.
+    // superseded (the same supersede key) is acknowledged with its outcome, so the reply never
+    // calls it pending.
     let carried: HashMap<i64, usize> = accepted.iter().copied().chain(resubmitted).collect();
     for r in &resolved[..superseded] {
         let call = tx.load_call(r.rowid).await?;
-        match carried.get(&r.rowid) {
-            Some(&item) => {
-                let result = &mut report.items[item].result;
-                *result = match result {
-                    SubmitResult::Duplicate(_) => SubmitResult::Duplicate(call),
-                    _ => SubmitResult::Accepted(call),
-                };
-            }
-            None => report.superseded.push(call),
+        if let Some(&item) = carried.get(&r.rowid) {
+            let result = &mut report.items[item].result;
+            *result = match result {
+                SubmitResult::Duplicate(_) => SubmitResult::Duplicate(call.clone()),
+                _ => SubmitResult::Accepted(call.clone()),
+            };
         }
+        report.superseded.push(call);
     }
     // The calls rules or grants decided (or whose batch a denial skipped) are acknowledged with
     // their outcome.
