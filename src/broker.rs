@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::domain::{Call, CallKey, Decision, NewBatch, Timestamp};
+use crate::domain::{Call, CallKey, Decision, NewBatch, OutcomeKind, Status, Timestamp};
 use crate::error::{Error, Result};
 use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
@@ -134,8 +134,12 @@ impl Broker {
             })
             .collect();
         meters::calls_submitted(accepted.len());
-        // Calls a rule or grant decided at once, and those their denial skipped, count too.
-        meters::outcomes(accepted.into_iter().chain(&report.superseded));
+        // Calls a rule or grant decided at once, and those their denial skipped, count too; one
+        // superseded by a later call of the batch counts once, among `superseded`.
+        let decided_at_once = accepted
+            .into_iter()
+            .filter(|call| !matches!(call.status(), Status::Decided(OutcomeKind::Superseded)));
+        meters::outcomes(decided_at_once.chain(&report.superseded));
         if has_deadline {
             self.sweeper.deadline_added();
         }

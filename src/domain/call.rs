@@ -3,6 +3,7 @@
 use super::{
     AgentId, BatchId, CallId, Outcome, OutcomeKind, SessionId, Timestamp, ToolInput, ToolName,
 };
+use crate::error::Error;
 
 /// The identity of a call.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -17,6 +18,9 @@ pub struct CallKey {
 pub struct NewCall {
     /// Its index in the submitted batch.
     pub index: u32,
+    /// Where it is in the request (`batch.calls[2]`), so that a refusal made after parsing
+    /// (a deadline that has passed, for a call that is new) names the field too.
+    pub path: String,
     pub call_id: CallId,
     pub tool: ToolName,
     pub input: ToolInput,
@@ -31,6 +35,14 @@ impl NewCall {
     /// Whether a stored call is this same call submitted again (same tool, same canonical input).
     pub fn is_same_request_as(&self, stored: &Call) -> bool {
         self.tool == stored.tool && self.input == stored.input
+    }
+
+    /// Whether this call, if it is new, must be refused: its deadline has passed at `now`. A
+    /// call already stored is answered as stored whatever the clock says (a retry).
+    pub fn refusal_if_new(&self, now: Timestamp) -> Option<Error> {
+        let deadline = self.deadline?;
+        (deadline <= now)
+            .then(|| Error::invalid(format!("{}.deadline", self.path), "is in the past"))
     }
 
     /// This call as a submit stores it, and reading it back returns it: pending, identified by

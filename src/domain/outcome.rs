@@ -163,6 +163,12 @@ impl Decision {
     /// Checks a decision against the outcome that already stands: the same verdict, running
     /// the same input, is a harmless repeat (`Ok`); anything else is refused, naming the outcome
     /// that stands. `submitted` is the call's own input.
+    ///
+    /// An approval that would run another input than the one that stands (another edit, no
+    /// edit after an edit, an edit after none) approved something else: refused, since
+    /// replaying it would tell that approver their approval runs. A denial's reason changes
+    /// nothing that runs, so a denial repeated with another reason is a repeat (the first
+    /// reason stands).
     pub fn check_against(&self, standing: &Outcome, submitted: &ToolInput) -> Result<()> {
         let same_verdict = standing.kind == self.verdict.kind();
         let would_run = self.edited_input.as_ref().unwrap_or(submitted);
@@ -171,10 +177,12 @@ impl Decision {
         if same_verdict && same_input {
             return Ok(());
         }
-        let what = if same_verdict {
-            format!("{} with another input", standing.kind)
-        } else {
-            standing.kind.to_string()
+        let what = match standing.kind {
+            OutcomeKind::Approved if standing.input_edited => {
+                "APPROVED with an edited input".to_owned()
+            }
+            OutcomeKind::Approved => "APPROVED with its input as submitted".to_owned(),
+            kind => kind.to_string(),
         };
         Err(Error::FailedPrecondition(format!(
             "the call is already {what} (decided by {}); that outcome stands",

@@ -76,12 +76,11 @@ pub fn batch(
             ));
         }
     }
-    let now = Timestamp::now();
     let mut calls = Vec::with_capacity(spec.calls.len());
     let mut refused = Vec::new();
     for (i, call) in spec.calls.into_iter().enumerate() {
         let call_id = call.call_id.clone();
-        match new_call(field, i as u32, call, max_input_bytes, now) {
+        match new_call(field, i as u32, call, max_input_bytes) {
             Ok(call) => calls.push(call),
             Err(err) => refused.push((i as u32, call_id, err)),
         }
@@ -103,28 +102,26 @@ fn new_call(
     index: u32,
     spec: pb::CallSpec,
     max_input_bytes: usize,
-    now: Timestamp,
 ) -> Result<NewCall> {
     let field = |name: &str| format!("{batch}.calls[{index}].{name}");
     let deadline = spec
         .deadline
         .map(|t| timestamp(&field("deadline"), t))
         .transpose()?;
+    // The cap holds for retries too: time only brings a stored deadline closer.
     if let Some(deadline) = deadline
-        && deadline > now.saturating_add(crate::domain::MAX_DEADLINE_AHEAD)
+        && deadline > Timestamp::now().saturating_add(crate::domain::MAX_DEADLINE_AHEAD)
     {
         return Err(Error::invalid(
             field("deadline"),
             "is more than 366 days ahead, the most a deadline may be",
         ));
     }
-    if let Some(deadline) = deadline
-        && deadline <= now
-    {
-        return Err(Error::invalid(field("deadline"), "is in the past"));
-    }
+    // A deadline in the past refuses a new call only: the store checks it once it knows the
+    // call is not stored already (a retry gets the stored call, whatever the clock says).
     Ok(NewCall {
         index,
+        path: format!("{batch}.calls[{index}]"),
         call_id: CallId::parse(&field("call_id"), spec.call_id)?,
         tool: ToolName::parse(&field("tool"), spec.tool)?,
         input: ToolInput::parse(&field("input_json"), &spec.input_json, max_input_bytes)?,

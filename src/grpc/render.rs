@@ -1,9 +1,11 @@
 //! Domain values become protobuf messages here.
 
+use std::collections::HashSet;
+
 use crate::domain::policy::{
     Effect, FieldTest, Grant, GrantScope, Matcher, Rule, RuleEffect, Scope,
 };
-use crate::domain::{Call, Status, Timestamp};
+use crate::domain::{Call, CallId, Status, Timestamp};
 use crate::error::Error;
 use crate::proto::v1 as pb;
 use crate::store::{CancelReport, Explanation, SubmitReport, SubmitResult};
@@ -104,6 +106,14 @@ pub fn submit_response(
         result: Some(pb::call_ack::Result::Error(item_error(err))),
     }));
     acks.sort_by_key(|ack| ack.index);
+    // A call the request carries is answered by its ack (and `outcomes`); `superseded` lists the
+    // others, so one reply never names a call twice.
+    let carried: HashSet<&CallId> = report
+        .items
+        .iter()
+        .filter(|item| !matches!(item.result, SubmitResult::Refused(_)))
+        .map(|item| &item.call_id)
+        .collect();
     pb::SubmitResponse {
         session_id: session_id.to_owned(),
         batch_id: report
@@ -120,7 +130,12 @@ pub fn submit_response(
                 SubmitResult::Refused(_) => None,
             })
             .collect(),
-        superseded: outcomes(&report.superseded),
+        superseded: outcomes(
+            report
+                .superseded
+                .iter()
+                .filter(|c| !carried.contains(&c.key.call_id)),
+        ),
     }
 }
 

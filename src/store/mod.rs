@@ -131,7 +131,8 @@ pub struct SubmitReport {
     pub batch_id: Option<BatchId>,
     /// One per call of the `NewBatch`, in its order.
     pub items: Vec<SubmitItem>,
-    /// Pending calls of the session this submit superseded.
+    /// Pending calls this submit superseded; those it carries itself (superseded by a later
+    /// call of it with the same key) are in `items` too, with their outcome.
     pub superseded: Vec<Call>,
 }
 
@@ -148,7 +149,8 @@ pub enum SubmitResult {
     Accepted(Call),
     /// The same call was already stored; nothing was written.
     Duplicate(Call),
-    /// Refused for this call alone (ALREADY_EXISTS).
+    /// Refused for this call alone (ALREADY_EXISTS; INVALID_ARGUMENT for a new call whose
+    /// deadline has passed).
     Refused(Error),
 }
 

@@ -22,7 +22,7 @@
 //! Rules and grants are read inside the submit's transaction and judged by the one pure
 //! function, [`evaluate`], that Explain calls too.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -196,10 +196,25 @@ pub(super) async fn submit_in(
     let mut resolved = Vec::new();
 
     let mut fresh: Vec<&NewCall> = Vec::new();
+    // Stored calls this request resubmits: their row ids, and where their items are.
+    let mut resubmitted: HashMap<i64, usize> = HashMap::new();
     for call in &batch.calls {
         match tx.find_call(&key_of(batch, &call.call_id)).await? {
-            Some(stored) => report.items.push(existing(batch, call, stored.call)),
-            None => fresh.push(call),
+            Some(stored) => {
+                let item = existing(batch, call, stored.call);
+                if matches!(item.result, SubmitResult::Duplicate(_)) {
+                    resubmitted.insert(stored.rowid, report.items.len());
+                }
+                report.items.push(item);
+            }
+            None => match call.refusal_if_new(now) {
+                Some(refusal) => report.items.push(SubmitItem {
+                    index: call.index,
+                    call_id: call.call_id.clone(),
+                    result: SubmitResult::Refused(refusal),
+                }),
+                None => fresh.push(call),
+            },
         }
     }
     let tools = tools_of(fresh.iter().map(|c| &c.tool));
@@ -207,8 +222,9 @@ pub(super) async fn submit_in(
         tx.lock_policy(&batch.agent, &tools, false).await?;
     }
 
-    // A batch whose every call was refused replaces nothing: it supersedes nothing either.
-    let supersede_pending = batch.supersede_pending && !batch.calls.is_empty();
+    // Supersede replaces what is pending with what this batch stores, so a batch that stores no
+    // new call (a retry, or every call refused) supersedes nothing.
+    let supersede_pending = batch.supersede_pending && !fresh.is_empty();
     let supersedes = supersede_pending || fresh.iter().any(|c| c.supersede_key.is_some());
     let pending = if supersedes {
         tx.pending_in_session(&batch.agent, &batch.session).await?
@@ -219,13 +235,13 @@ pub(super) async fn submit_in(
         .await?;
 
     if supersede_pending {
+        // A pending call this batch resubmits (a duplicate) is one of its own and stays. One
+        // whose id a refused call reuses for another request is not in the batch: it is
+        // superseded like the others (left pending, it could be approved and run while the
+        // model's turn holds another request under its id).
         let superseded = texts.outcome(OutcomeKind::Superseded, DecidedBy::Broker, "", now);
         for pending in pending {
-            if !batch
-                .calls
-                .iter()
-                .any(|c| c.call_id == pending.call.key.call_id)
-            {
+            if !resubmitted.contains_key(&pending.rowid) {
                 resolved.extend(tx.resolve(pending.rowid, &superseded).await?);
             }
         }
@@ -300,8 +316,20 @@ pub(super) async fn submit_in(
     let decided = decide_by_policy(tx, batch, &tools, &accepted_calls, texts, now).await?;
     resolved.extend(decided);
     complete_batches(tx, &resolved).await?;
+    // A call this request carries (stored now, or resubmitted) that a later call of it
+    // superseded (the same supersede key) is acknowledged with its outcome, so the reply never
+    // calls it pending.
+    let carried: HashMap<i64, usize> = accepted.iter().copied().chain(resubmitted).collect();
     for r in &resolved[..superseded] {
-        report.superseded.push(tx.load_call(r.rowid).await?);
+        let call = tx.load_call(r.rowid).await?;
+        if let Some(&item) = carried.get(&r.rowid) {
+            let result = &mut report.items[item].result;
+            *result = match result {
+                SubmitResult::Duplicate(_) => SubmitResult::Duplicate(call.clone()),
+                _ => SubmitResult::Accepted(call.clone()),
+            };
+        }
+        report.superseded.push(call);
     }
     // The calls rules or grants decided (or whose batch a denial skipped) are acknowledged with
     // their outcome.

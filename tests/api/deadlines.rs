@@ -170,10 +170,109 @@ async fn a_decision_after_the_deadline_loses_to_it(app: TestApp) {
     );
 }
 
+fn ack_error(response: &pb::SubmitResponse, index: usize) -> &pb::ItemError {
+    match &response.acks[index].result {
+        Some(pb::call_ack::Result::Error(e)) => e,
+        other => panic!("call {index} was not refused: {other:?}"),
+    }
+}
+
+async fn retrying_a_submit_after_its_deadline_returns_the_stored_calls_and_their_outcomes(
+    app: TestApp,
+) {
+    let spec = pb::BatchSpec {
+        on_deny: pb::OnDeny::Independent as i32,
+        ..batch(
+            "s",
+            vec![
+                with_deadline("c1", Duration::from_millis(300)),
+                with_deadline("c2", Duration::from_millis(300)),
+            ],
+        )
+    };
+    submit(&app, spec.clone()).await;
+    approve(&app, "s", "c2").await;
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    // Past the deadline, whether or not the sweeper has expired `c1` yet: the stored calls.
+    let early = submit(&app, spec.clone()).await;
+    for ack in &early.acks {
+        assert!(
+            matches!(ack.result, Some(pb::call_ack::Result::Duplicate(_))),
+            "{ack:?}"
+        );
+    }
+    assert!(matches!(
+        ack_status(&early, 0),
+        CallStatus::Pending | CallStatus::Expired
+    ));
+    assert_eq!(ack_status(&early, 1), CallStatus::Approved);
+
+    let expired = wait_for_outcome(&app, "s", "c1").await;
+    assert_eq!(status_of(&expired), CallStatus::Expired);
+    let retry = submit(&app, spec).await;
+    assert_eq!(ack_status(&retry, 0), CallStatus::Expired);
+    assert_eq!(ack_status(&retry, 1), CallStatus::Approved);
+    let outcomes: Vec<_> = retry.outcomes.iter().map(|o| o.call_id.as_str()).collect();
+    assert_eq!(outcomes, ["c1", "c2"]);
+    assert_eq!(retry.outcomes[0], expired);
+    assert_eq!(all_calls(&app).await.len(), 2, "no second row");
+}
+
+async fn a_past_deadline_refuses_new_calls_only(app: TestApp) {
+    let late = pb::CallSpec {
+        deadline: Some(prost_types::Timestamp {
+            seconds: 1,
+            nanos: 0,
+        }),
+        ..call("new", "t", "{}")
+    };
+    submit(
+        &app,
+        batch("s", vec![with_deadline("c1", Duration::from_secs(3600))]),
+    )
+    .await;
+    // A retry of `c1` with a deadline now past, another input under `c1`, and a new call whose
+    // deadline has passed: the stored call, ALREADY_EXISTS, and INVALID_ARGUMENT.
+    let stale = |input: &str| pb::CallSpec {
+        deadline: late.deadline,
+        ..call("c1", "t", input)
+    };
+    let response = submit(&app, batch("s", vec![stale("{}"), late.clone()])).await;
+    assert_eq!(ack_status(&response, 0), CallStatus::Pending);
+    let refused = ack_error(&response, 1);
+    assert_eq!(refused.code, tonic::Code::InvalidArgument as i32);
+    assert!(
+        refused
+            .message
+            .contains("batch.calls[1].deadline: is in the past"),
+        "{}",
+        refused.message
+    );
+    let other = submit(&app, batch("s", vec![stale(r#"{"v":2}"#)])).await;
+    assert_eq!(ack_error(&other, 0).code, tonic::Code::AlreadyExists as i32);
+    // On the agent's stream, the field is named by its path there.
+    let mut agent = AgentStream::open(&app).await;
+    agent
+        .submit("r1", batch("s", vec![stale("{}"), late]))
+        .await;
+    let acks = agent.next_submitted().await;
+    assert_eq!(ack_status(&acks, 0), CallStatus::Pending);
+    assert!(
+        ack_error(&acks, 1)
+            .message
+            .contains("submit.calls[1].deadline"),
+        "{:?}",
+        acks.acks[1]
+    );
+    assert_eq!(all_calls(&app).await.len(), 1, "nothing new was stored");
+}
+
 backend_tests! {
     a_decision_after_the_deadline_loses_to_it,
     a_call_expires_within_a_second_of_its_deadline,
     a_decision_before_the_deadline_stands_and_the_call_never_expires,
     the_configured_default_deadline_applies_to_calls_without_one => |c| c.default_deadline = Some(std::time::Duration::from_millis(400)),
     calls_that_fell_due_while_the_broker_was_down_expire_at_start,
+    retrying_a_submit_after_its_deadline_returns_the_stored_calls_and_their_outcomes,
+    a_past_deadline_refuses_new_calls_only,
 }

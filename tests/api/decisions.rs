@@ -226,42 +226,124 @@ async fn outcomes_never_change_once_written(app: TestApp) {
     assert_eq!(outcome_of(&app, "s", "c1").await, before);
 }
 
-async fn an_approval_running_another_input_conflicts_with_the_one_that_stands(app: TestApp) {
+/// Submits `s/c1` (`shell`, `{"cmd":"ls"}`) and approves it, with `edit` as the edited input
+/// when given.
+async fn approved_c1(app: &TestApp, edit: Option<&str>) -> pb::Outcome {
     submit(
-        &app,
+        app,
         batch("s", vec![call("c1", "shell", r#"{"cmd":"ls"}"#)]),
     )
     .await;
     let mut first = decide_request("s", "c1", pb::Decision::Approve, "");
-    first.edited_input_json = r#"{"cmd":"ls -l"}"#.into();
-    app.approver().decide(first.clone()).await.expect("approve");
-    // The same edit again is a repeat; another edit, or none, would run something else.
+    first.edited_input_json = edit.unwrap_or_default().into();
+    let response = app.approver().decide(first).await.expect("approve");
+    response.into_inner().outcome.expect("outcome")
+}
+
+fn approve_c1(edit: Option<&str>, approver: &str) -> pb::DecideRequest {
+    let mut request = decide_request("s", "c1", pb::Decision::Approve, "again");
+    request.edited_input_json = edit.unwrap_or_default().into();
+    request.approver = approver.into();
+    request
+}
+
+async fn repeating_an_edited_approval_with_the_same_edit_is_replayed(app: TestApp) {
+    let first = approved_c1(&app, Some(r#"{"cmd":"ls -l"}"#)).await;
+    // The same edit as other JSON text (white space, key order) is the same input.
     let repeat = app
         .approver()
-        .decide(first)
+        .decide(approve_c1(
+            Some(r#"{ "cmd" : "ls -l" }"#),
+            "bob@example.com",
+        ))
         .await
-        .expect("repeat")
+        .expect("a repeat")
         .into_inner();
     assert!(repeat.replayed);
-    let mut other = decide_request("s", "c1", pb::Decision::Approve, "");
-    other.edited_input_json = r#"{"cmd":"rm -rf /"}"#.into();
+    assert_eq!(repeat.outcome, Some(first), "the stored outcome, unchanged");
+}
+
+async fn an_approval_with_another_edit_is_refused_naming_the_edited_approval_that_stands(
+    app: TestApp,
+) {
+    approved_c1(&app, Some(r#"{"cmd":"ls -l"}"#)).await;
     assert_status(
-        app.approver().decide(other).await,
+        app.approver()
+            .decide(approve_c1(Some(r#"{"cmd":"rm -rf /"}"#), "bob@example.com"))
+            .await,
         Code::FailedPrecondition,
-        "another input",
+        "already APPROVED with an edited input (decided by approver:alice@example.com)",
     );
-    let unedited = decide_request("s", "c1", pb::Decision::Approve, "");
+    assert_eq!(
+        outcome_of(&app, "s", "c1").await.input_json,
+        r#"{"cmd":"ls -l"}"#
+    );
+}
+
+async fn a_plain_approval_after_an_edited_one_is_refused(app: TestApp) {
+    approved_c1(&app, Some(r#"{"cmd":"ls -l"}"#)).await;
+    // The second approver approved the input as submitted, which is not what runs.
     assert_status(
-        app.approver().decide(unedited).await,
+        app.approver()
+            .decide(approve_c1(None, "bob@example.com"))
+            .await,
         Code::FailedPrecondition,
-        "another input",
+        "already APPROVED with an edited input",
     );
+    assert_eq!(
+        outcome_of(&app, "s", "c1").await.input_json,
+        r#"{"cmd":"ls -l"}"#
+    );
+}
+
+async fn an_edited_approval_after_a_plain_one_is_refused(app: TestApp) {
+    approved_c1(&app, None).await;
+    assert_status(
+        app.approver()
+            .decide(approve_c1(Some(r#"{"cmd":"ls -l"}"#), "bob@example.com"))
+            .await,
+        Code::FailedPrecondition,
+        "already APPROVED with its input as submitted",
+    );
+    // An "edit" that is the submitted input itself runs the same thing: a repeat.
+    let same = app
+        .approver()
+        .decide(approve_c1(Some(r#"{"cmd":"ls"}"#), "bob@example.com"))
+        .await
+        .expect("a repeat")
+        .into_inner();
+    assert!(same.replayed);
     let stored = outcome_of(&app, "s", "c1").await;
-    assert_eq!(stored.input_json, r#"{"cmd":"ls -l"}"#);
+    assert!(!stored.input_edited);
+    assert_eq!(stored.input_json, r#"{"cmd":"ls"}"#);
+}
+
+async fn a_repeated_denial_with_another_reason_is_replayed_and_the_first_reason_stands(
+    app: TestApp,
+) {
+    submit(&app, batch("s", vec![call("c1", "t", "{}")])).await;
+    let first = deny(&app, "s", "c1", "too risky").await;
+    let mut again = decide_request("s", "c1", pb::Decision::Deny, "not today");
+    again.approver = "bob@example.com".into();
+    let repeat = app
+        .approver()
+        .decide(again)
+        .await
+        .expect("a repeat")
+        .into_inner();
+    assert!(repeat.replayed);
+    assert_eq!(repeat.outcome, first.outcome);
+    let stored = outcome_of(&app, "s", "c1").await;
+    assert_eq!(stored.reason, "too risky");
+    assert_eq!(stored.decided_by, "approver:alice@example.com");
 }
 
 backend_tests! {
-    an_approval_running_another_input_conflicts_with_the_one_that_stands,
+    repeating_an_edited_approval_with_the_same_edit_is_replayed,
+    an_approval_with_another_edit_is_refused_naming_the_edited_approval_that_stands,
+    a_plain_approval_after_an_edited_one_is_refused,
+    an_edited_approval_after_a_plain_one_is_refused,
+    a_repeated_denial_with_another_reason_is_replayed_and_the_first_reason_stands,
     tool_result_texts_are_configurable => |c| {
         c.text_denied = Some("Refused by the operator.".into());
         c.text_skipped = Some("Skipped.".into());

@@ -263,6 +263,50 @@ async fn metrics_count_one_approval_cycle_and_logs_name_its_ids(mut app: TestApp
     assert_eq!(decided[1]["span"]["session"], "metrics-session", "{log}");
 }
 
+async fn each_superseded_call_is_counted_once(mut app: TestApp) {
+    app.shut_down().await;
+    let port = free_port();
+    let metrics_listen = format!("127.0.0.1:{port}");
+    let broker = BrokerProcess::start(
+        &app.database_url,
+        &["--metrics-listen", &metrics_listen],
+        &[],
+    )
+    .await;
+    let mut agent = AgentServiceClient::new(broker.channel.clone());
+    let keyed = |call_id: &str| pb::CallSpec {
+        supersede_key: "ask".into(),
+        ..call(call_id, "ask_user", "{}")
+    };
+    // `q1` superseded by a later call of its own batch, `q2` by a later call of the request
+    // that resubmits it, `q3` by a superseding batch: three SUPERSEDED outcomes.
+    let submits = [
+        batch("s", vec![keyed("q1"), keyed("q2")]),
+        batch("s", vec![keyed("q2"), keyed("q3")]),
+        pb::BatchSpec {
+            supersede_pending: true,
+            ..batch("s", vec![call("x", "t", "{}")])
+        },
+    ];
+    for spec in submits {
+        agent
+            .submit(pb::SubmitRequest { batch: Some(spec) })
+            .await
+            .expect("submit");
+    }
+    let s = scrape(port).await;
+    assert_eq!(
+        value(
+            &s,
+            "approvals_outcomes_total",
+            &[("decided_by", "broker"), ("kind", "superseded")]
+        ),
+        Some(3.0),
+        "{s:#?}"
+    );
+}
+
 backend_tests! {
     metrics_count_one_approval_cycle_and_logs_name_its_ids,
+    each_superseded_call_is_counted_once,
 }

@@ -412,7 +412,14 @@ impl Agent {
                 for outcome in &submitted.outcomes {
                     self.saw(outcome);
                 }
-                for outcome in submitted.superseded {
+                // A call superseded by a later call of its own batch is acknowledged with its
+                // outcome among `outcomes`; the calls of earlier batches are in `superseded`.
+                let own_superseded = submitted
+                    .outcomes
+                    .iter()
+                    .filter(|o| o.status == pb::CallStatus::Superseded as i32)
+                    .cloned();
+                for outcome in own_superseded.chain(submitted.superseded) {
                     self.saw(&outcome);
                     self.report.decisions.push(Acked {
                         source: "superseded",

@@ -473,6 +473,7 @@ mod tests {
             supersede_pending: false,
             calls: vec![NewCall {
                 index: 0,
+                path: "batch.calls[0]".into(),
                 call_id: CallId::from_stored(call_id.into()),
                 tool: ToolName::from_stored("tool".into()),
                 input: ToolInput::from_stored("{}".into()),
@@ -674,6 +675,10 @@ mod tests {
     async fn more_calls_due_than_one_chunk_all_expire() {
         use crate::domain::{OutcomeKind, Status, Timestamp};
         let (_dir, _, store) = fresh().await;
+        // A deadline still ahead at submit (one passed already would refuse the new call),
+        // swept as of a later time.
+        let deadline = Timestamp::now().saturating_add(std::time::Duration::from_secs(3600));
+        let later = deadline.saturating_add(std::time::Duration::from_secs(1));
         for b in 0..3 {
             let mut batch = one_call("s", "unused");
             let template = batch.calls.pop().unwrap();
@@ -681,12 +686,12 @@ mod tests {
                 let mut call = template.clone();
                 call.index = i;
                 call.call_id = CallId::from_stored(format!("c{b}-{i}"));
-                call.deadline = Some(Timestamp::from_micros(1));
+                call.deadline = Some(deadline);
                 batch.calls.push(call);
             }
             store.submit(batch).await.unwrap();
         }
-        let expired = store.expire_due(Timestamp::now()).await.unwrap();
+        let expired = store.expire_due(later).await.unwrap();
         assert_eq!(expired.len(), 300);
         let mut ids: Vec<&str> = expired.iter().map(|c| c.key.call_id.as_str()).collect();
         ids.sort_unstable();
@@ -698,7 +703,7 @@ mod tests {
                 .all(|c| c.status() == Status::Decided(OutcomeKind::Expired))
         );
         assert_eq!(store.pending_count().await.unwrap(), 0);
-        assert!(store.expire_due(Timestamp::now()).await.unwrap().is_empty());
+        assert!(store.expire_due(later).await.unwrap().is_empty());
     }
 
     #[tokio::test]
