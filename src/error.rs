@@ -71,7 +71,8 @@ impl std::fmt::Display for StorageFault {
 }
 
 /// What a client is told when the database cannot be written.
-pub const STORAGE_UNAVAILABLE: &str = "storage unavailable: the database cannot be written; retry later";
+pub const STORAGE_UNAVAILABLE: &str =
+    "storage unavailable: the database cannot be written; retry later";
 /// What a client is told when the database's disk is full.
 pub const STORAGE_FULL: &str =
     "storage full: the database's disk is full; retry later, once an operator has freed space";

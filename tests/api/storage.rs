@@ -94,10 +94,7 @@ async fn deleting_the_sqlite_files_stops_acknowledgements_and_turns_health_not_s
         .await
         .expect_err("still refused");
     assert_eq!(refused.code(), Code::Unavailable);
-    assert_eq!(
-        health_of(&app.channel, "").await,
-        ServingStatus::NotServing
-    );
+    assert_eq!(health_of(&app.channel, "").await, ServingStatus::NotServing);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,24 +112,24 @@ async fn a_second_broker_on_the_same_sqlite_file_is_refused_at_start() {
     let url = format!("sqlite://{}", dir.path().join("one.db").display());
     let mut first = BrokerProcess::start(&url, &[], &[]).await;
 
-    let second = std::process::Command::new(env!("CARGO_BIN_EXE_approval-broker"))
-        .args(["--listen", "127.0.0.1:0", "--database-url", &url])
-        .env_clear()
-        .env("APPROVALS_METRICS_LISTEN", "off")
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run");
+    let second = exits_within_patience(
+        std::process::Command::new(env!("CARGO_BIN_EXE_approval-broker"))
+            .args(["--listen", "127.0.0.1:0", "--database-url", &url])
+            .env_clear()
+            .env("APPROVALS_METRICS_LISTEN", "off")
+            .env("NO_COLOR", "1"),
+    );
     assert!(!second.status.success(), "{second:?}");
     let said = String::from_utf8_lossy(&second.stdout);
     assert!(
         said.contains("in use by another broker process") && said.contains("one.db.lock"),
         "{said}"
     );
-    let migrate = std::process::Command::new(env!("CARGO_BIN_EXE_approval-broker"))
-        .args(["migrate", "--database-url", &url])
-        .env_clear()
-        .output()
-        .expect("run");
+    let migrate = exits_within_patience(
+        std::process::Command::new(env!("CARGO_BIN_EXE_approval-broker"))
+            .args(["migrate", "--database-url", &url])
+            .env_clear(),
+    );
     assert!(!migrate.status.success(), "migrate is refused too");
 
     let channel = first.channel.clone();
@@ -143,6 +140,26 @@ async fn a_second_broker_on_the_same_sqlite_file_is_refused_at_start() {
     first.child.wait().expect("reap");
     // A killed broker's lock goes with it.
     let _again = BrokerProcess::start(&url, &[], &[]).await;
+}
+
+/// Runs `command` to its end, which must come within [`PATIENCE`] (a broker that starts serving
+/// instead is killed, and the test fails).
+fn exits_within_patience(command: &mut std::process::Command) -> std::process::Output {
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run");
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("it did not exit: it runs beside the first broker");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
 }
 
 /// A broker process whose database lives on a small file system of its own (a 4 MiB tmpfs
@@ -284,9 +301,12 @@ async fn a_full_disk_is_resource_exhausted_and_not_serving_until_space_is_freed(
 
     broker.free_up();
     wait_for_health(&broker.channel, ServingStatus::Serving).await;
-    let retried = try_submit(&broker.channel, batch("s", vec![call("after", "t", &input)]))
-        .await
-        .expect("stored once there is room");
+    let retried = try_submit(
+        &broker.channel,
+        batch("s", vec![call("after", "t", &input)]),
+    )
+    .await
+    .expect("stored once there is room");
     assert_eq!(ack_status(&retried, 0), CallStatus::Pending);
     let read = AgentServiceClient::new(broker.channel.clone())
         .get_outcomes(pb::GetOutcomesRequest {
