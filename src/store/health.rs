@@ -4,7 +4,7 @@
 //! must not look healthy: load balancers and orchestrators would keep sending it clients.
 //! [`Watched`] wraps the store and watches the results that prove something: a storage fault
 //! (`Error::storage_fault`) from any operation makes the storage *failing*; a write that stored
-//! something makes it *writable* again. [`probe_while_open`] writes a little every second, so the
+//! something makes it *writable* again, except after corruption, which only an operator mends. [`probe_while_open`] writes a little every second, so the
 //! state follows the storage when no client writes, and recovers as soon as writes work again.
 //! It never retries or hides a client's failure: it only reports.
 
@@ -53,7 +53,7 @@ impl StorageHealth {
                     return;
                 };
                 self.state.send_if_modified(|state| {
-                    if *state == Some(fault) {
+                    if *state == Some(fault) || *state == Some(StorageFault::Corrupt) {
                         return false;
                     }
                     tracing::error!(
@@ -67,7 +67,9 @@ impl StorageHealth {
             }
             Ok(value) if wrote(value) => {
                 self.state.send_if_modified(|state| {
-                    if state.is_none() {
+                    // Corruption does not mend itself, however many writes succeed: only an
+                    // operator restoring the database (and restarting the broker) does.
+                    if matches!(state, None | Some(StorageFault::Corrupt)) {
                         return false;
                     }
                     tracing::info!("storage writable again: health is SERVING");

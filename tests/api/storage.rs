@@ -457,3 +457,56 @@ async fn postgres_going_away_makes_writes_unavailable_and_health_not_serving_unt
         broker.log_text()
     );
 }
+
+/// A corrupt page reaches clients as UNAVAILABLE (the log says corruption), never INTERNAL, and
+/// health turns NOT_SERVING and stays so: writes that still work elsewhere in the file do not
+/// mend a damaged database; an operator restoring it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_sqlite_page_is_unavailable_and_health_stays_not_serving() {
+    use sqlx::Connection as _;
+    let mut app = spawn_app().await;
+    for i in 0..20 {
+        submit(&app, batch("s", vec![call(&format!("c{i}"), "t", "{}")])).await;
+    }
+    app.shut_down().await;
+    // Everything in the database file, then the root page of an index every new call updates
+    // (and nothing reads at start) made invalid.
+    let mut conn = sqlx::SqliteConnection::connect(&app.database_url)
+        .await
+        .expect("open");
+    sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+        .execute(&mut conn)
+        .await
+        .expect("checkpoint");
+    let root: i64 =
+        sqlx::query_scalar("SELECT rootpage FROM sqlite_master WHERE name = 'calls_session'")
+            .fetch_one(&mut conn)
+            .await
+            .expect("root page");
+    let page_size: i64 = sqlx::query_scalar("PRAGMA page_size")
+        .fetch_one(&mut conn)
+        .await
+        .expect("page size");
+    conn.close().await.expect("close");
+    {
+        use std::io::{Seek as _, SeekFrom, Write as _};
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(app.dir.path().join("approvals.db"))
+            .expect("open the file");
+        file.seek(SeekFrom::Start(((root - 1) * page_size) as u64))
+            .expect("seek");
+        file.write_all(&[0xff; 16]).expect("corrupt");
+    }
+    let app = app.start_again().await;
+
+    let refused = try_submit(&app.channel, batch("s", vec![call("new", "t", "{}")]))
+        .await
+        .expect_err("a corrupt index cannot be written");
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert_eq!(refused.message(), UNAVAILABLE);
+    wait_for_health(&app.channel, ServingStatus::NotServing).await;
+    // The storage probe's writes (the file's header) still succeed: corruption stays reported.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(health_of(&app.channel, "").await, ServingStatus::NotServing);
+}
