@@ -231,3 +231,38 @@ impl Store for Watched {
         result
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    fn failed(fault: StorageFault) -> Result<bool> {
+        Err(Error::StorageFault {
+            fault,
+            cause: "for the test".into(),
+        })
+    }
+
+    /// Storage is failing from the first storage fault until a success that wrote something; a
+    /// client's own error or a success that wrote nothing proves nothing either way. Corruption
+    /// stays reported whatever succeeds after it.
+    #[test]
+    fn only_a_write_that_wrote_mends_failing_storage_and_corruption_stays() {
+        let health = StorageHealth::new();
+        let state = health.subscribe();
+        let wrote = |wrote: &bool| *wrote;
+        health.observe(&failed(StorageFault::Unavailable), wrote);
+        assert_eq!(*state.borrow(), Some(StorageFault::Unavailable));
+        health.observe(&Err(Error::NotFound("no such call".into())), wrote);
+        health.observe(&Ok(false), wrote);
+        assert_eq!(*state.borrow(), Some(StorageFault::Unavailable));
+        health.observe(&Ok(true), wrote);
+        assert_eq!(*state.borrow(), None);
+
+        health.observe(&failed(StorageFault::Corrupt), wrote);
+        health.observe(&Ok(true), wrote);
+        health.observe(&failed(StorageFault::Full), wrote);
+        assert_eq!(*state.borrow(), Some(StorageFault::Corrupt));
+    }
+}
