@@ -103,7 +103,7 @@ impl DatabaseFiles {
     }
 
     /// Whether every file is still the one opened. Once one is not, never again (logged once).
-    pub(super) fn check(&self) -> Result<()> {
+    fn check(&self) -> Result<()> {
         let mut lost = self.lost.lock().unwrap_or_else(PoisonError::into_inner);
         if lost.is_none() {
             for (path, identity) in &self.opened {
@@ -111,7 +111,13 @@ impl DatabaseFiles {
                 let what = match now {
                     Ok(now) if now == *identity => continue,
                     Ok(_) => "was replaced by another file",
-                    Err(_) => "was deleted",
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => "was deleted",
+                    // Not a verdict on the file (the next look decides): its own errors are the
+                    // statements' to report.
+                    Err(e) => {
+                        tracing::debug!(error = %e, file = %path.display(), "cannot look at a database file");
+                        continue;
+                    }
                 };
                 let why = format!(
                     "the SQLite file {} {what} while the broker ran; nothing is acknowledged \
