@@ -345,6 +345,9 @@ mod tests {
         async fn explain(&self, _: &ExplainTarget) -> Result<Explanation> {
             unreachable!("not used by the pump")
         }
+        async fn probe(&self) -> Result<()> {
+            unreachable!("the pump only reads")
+        }
     }
 
     /// The pump publishes a hand-over that follows what it published without reading the log,

@@ -15,13 +15,14 @@ use tonic_health::ServingStatus;
 use crate::auth::{Gate, Role};
 use crate::broker::Broker;
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StorageFault};
 use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
 use crate::grpc::oversize::MessageLimitStatus;
 use crate::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi};
 use crate::proto::{self, v1 as pb};
 use crate::store;
+use crate::store::health::{self, StorageHealth, Watched};
 
 use pb::admin_service_server::AdminServiceServer;
 use pb::agent_service_server::AgentServiceServer;
@@ -38,7 +39,13 @@ pub async fn run(
 ) -> Result<()> {
     // An invalid policy file stops the broker before anything else happens.
     let policy_rules = config.policy_rules()?;
-    let store = store::open(&config.store_options()).await?;
+    // Held until the server stops (or its task is dropped): one broker per SQLite file.
+    let _only_broker = store::claim(&config.store_options())?;
+    let storage = StorageHealth::new();
+    let store: Arc<dyn store::Store> = Arc::new(Watched::new(
+        store::open(&config.store_options()).await?,
+        Arc::clone(&storage),
+    ));
     if let Some(rules) = &policy_rules {
         store.load_file_rules(rules).await?;
         tracing::info!(rules = rules.len(), "policy file loaded");
@@ -51,6 +58,7 @@ pub async fn run(
         tokio::spawn(Arc::clone(&bus).pump()),
         tokio::spawn(Arc::clone(&sweeper).run()),
         tokio::spawn(count_pending(Arc::clone(&store))),
+        tokio::spawn(health::probe_while_open(Arc::clone(&store))),
     ];
 
     let (stop, stopping) = watch::channel(false);
@@ -91,6 +99,13 @@ pub async fn run(
             .set_service_status(service, ServingStatus::Serving)
             .await;
     }
+    // Set once draining starts, under its lock, so storage never turns health SERVING again.
+    let health_drained = Arc::new(tokio::sync::Mutex::new(false));
+    let storage_health = tokio::spawn(report_storage(
+        health.clone(),
+        storage.subscribe(),
+        Arc::clone(&health_drained),
+    ));
 
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -132,11 +147,14 @@ pub async fn run(
         shutdown.await;
         tracing::info!("shutting down: no new streams, ending open ones, finishing requests");
         // Liveness stays SERVING: a draining broker is healthy, only no longer ready.
+        let mut drained = health_drained.lock().await;
+        *drained = true;
         for service in SERVICES.into_iter().chain([READINESS]) {
             health
                 .set_service_status(service, ServingStatus::NotServing)
                 .await;
         }
+        drop(drained);
         let _ = stop.send(true);
         let _ = draining.send(());
     };
@@ -165,6 +183,7 @@ pub async fn run(
     for task in background {
         task.abort();
     }
+    storage_health.abort();
     if served.is_ok() {
         tracing::info!("stopped");
     }
@@ -181,6 +200,34 @@ async fn count_pending(store: Arc<dyn store::Store>) {
             Err(e) => tracing::warn!(error = %e, "cannot count pending calls for the metrics"),
         }
         tokio::time::sleep(EVERY).await;
+    }
+}
+
+/// Reports the storage's state on the health service: readiness and every service NOT_SERVING
+/// while writes fail, SERVING again once one succeeds; never SERVING once the broker drains.
+/// Liveness stays SERVING: restarting the broker does not mend a disk, and a broker whose
+/// database file was deleted would start on a new, empty one.
+async fn report_storage(
+    health: tonic_health::server::HealthReporter,
+    mut storage: watch::Receiver<Option<StorageFault>>,
+    draining: Arc<tokio::sync::Mutex<bool>>,
+) {
+    loop {
+        let status = match *storage.borrow_and_update() {
+            None => ServingStatus::Serving,
+            Some(_) => ServingStatus::NotServing,
+        };
+        {
+            let draining = draining.lock().await;
+            if !*draining {
+                for service in SERVICES.into_iter().chain([READINESS]) {
+                    health.set_service_status(service, status).await;
+                }
+            }
+        }
+        if storage.changed().await.is_err() {
+            return;
+        }
     }
 }
 
@@ -235,6 +282,7 @@ fn backend_name(config: &Config) -> &'static str {
 
 /// Applies the migrations of the configured database and returns (`approval-broker migrate`).
 pub async fn migrate(config: &Config) -> Result<()> {
+    let _only_broker = store::claim(&config.store_options())?;
     store::open(&config.store_options()).await?;
     tracing::info!(backend = backend_name(config), "migrations applied");
     Ok(())

@@ -93,9 +93,7 @@ impl<Q, A> Slot<Q, A> {
         let result = match (committed, self.result) {
             (Ok(()), Some(result)) => result,
             (Ok(()), None) => Err(Error::Internal("a write of the group did not run".into())),
-            (Err(cause), _) => Err(Error::Internal(format!(
-                "the write was not committed: {cause}"
-            ))),
+            (Err(cause), _) => Err(Error::not_committed(cause)),
         };
         let _ = self.reply.send(result);
     }

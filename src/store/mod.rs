@@ -4,6 +4,7 @@
 
 mod explain;
 mod group_commit;
+pub mod health;
 mod postgres;
 mod rows;
 mod sqlite;
@@ -19,7 +20,7 @@ use crate::domain::{
 use crate::error::{Error, Result};
 
 pub use postgres::PostgresStore;
-pub use sqlite::{SqliteStore, Synchronous};
+pub use sqlite::{ProcessLock, SqliteStore, Synchronous};
 
 /// The broker's durable state.
 #[async_trait]
@@ -113,6 +114,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// What would decide `target` if it were submitted now, read as a submit reads it.
     async fn explain(&self, target: &ExplainTarget) -> Result<Explanation>;
+
+    /// A small write transaction that reaches the disk as every commit does, and changes
+    /// nothing the broker reads: whether writes work (see `health`).
+    async fn probe(&self) -> Result<()>;
 }
 
 /// Committed events, handed over by the writer (see [`Store::take_committed_events`]). Best
@@ -318,6 +323,16 @@ pub struct StoreOptions {
 /// Whether `database_url` names a Postgres database.
 pub fn is_postgres(database_url: &str) -> bool {
     database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")
+}
+
+/// Makes this process the only broker on the database the options name, for as long as the
+/// returned lock is held: a SQLite file serves one broker process (a second one is refused with
+/// an error saying so); any number of replicas share Postgres, so there is nothing to hold.
+pub fn claim(options: &StoreOptions) -> Result<Option<ProcessLock>> {
+    if is_postgres(&options.database_url) {
+        return Ok(None);
+    }
+    ProcessLock::claim(&options.database_url).map(Some)
 }
 
 /// Opens the store the options name and applies its migrations.

@@ -454,6 +454,16 @@ impl Store for PostgresStore {
             .await?;
         super::explain::explain(tx, target).await
     }
+
+    async fn probe(&self) -> Result<()> {
+        // Taking a transaction id makes the commit write (and flush) a commit record.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT txid_current()")
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
 }
 
 async fn latest_seq(conn: &mut sqlx::PgConnection) -> Result<u64> {

@@ -17,13 +17,6 @@ fn with_params(base: &str, params: &str) -> String {
     format!("{base}{sep}{params}")
 }
 
-fn postgres_url() -> String {
-    match Backend::postgres() {
-        Backend::Postgres(url) => url,
-        Backend::Sqlite => unreachable!("Backend::postgres is Postgres"),
-    }
-}
-
 /// Whether the server sees every connection named `application_name` as TLS, and how many.
 async fn tls_connections(base: &str, application_name: &str) -> (i64, bool) {
     let mut conn = sqlx::PgConnection::connect(&with_params(base, "sslmode=disable"))

@@ -89,6 +89,14 @@ impl Backend {
     }
 }
 
+/// The URL of the Postgres database the tests use (see [`Backend::postgres`]).
+pub fn postgres_url() -> String {
+    match Backend::postgres() {
+        Backend::Postgres(url) => url,
+        Backend::Sqlite => unreachable!("Backend::postgres is Postgres"),
+    }
+}
+
 /// A Postgres schema a test owns; dropped with it.
 pub struct Schema {
     base_url: String,

@@ -25,6 +25,7 @@ mod limits;
 mod recovery;
 mod replicas;
 mod rules;
+mod storage;
 mod supersede;
 mod surface;
 mod telemetry;

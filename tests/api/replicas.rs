@@ -1006,9 +1006,7 @@ async fn numbering_wakes_the_other_replicas_but_not_its_own() {
     use approval_broker::domain::ToolResultTexts;
     use approval_broker::store::{PostgresStore, Store};
 
-    let Backend::Postgres(url) = Backend::postgres() else {
-        unreachable!("Backend::postgres is Postgres");
-    };
+    let url = postgres_url();
     // Two stores and no broker: nothing else numbers events on this schema.
     let schema = Schema::create(&url).await;
     let url = schema.url();

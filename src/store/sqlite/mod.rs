@@ -90,17 +90,7 @@ impl SqliteStore {
     /// Opens (creating if needed) the database at `url` (`sqlite://path`, `sqlite:path` or a
     /// plain path) and applies the migrations under `migrations/sqlite`.
     pub async fn open(url: &str, synchronous: Synchronous, texts: ToolResultTexts) -> Result<Self> {
-        let path = url
-            .strip_prefix("sqlite://")
-            .or_else(|| url.strip_prefix("sqlite:"))
-            .unwrap_or(url);
-        let path = path.split('?').next().unwrap_or(path);
-        if path.is_empty() || path.contains(":memory:") {
-            return Err(Error::invalid(
-                "DATABASE_URL",
-                "must name a SQLite file (an in-memory database would lose every call)",
-            ));
-        }
+        let path = database_path(url)?;
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -128,6 +118,57 @@ impl SqliteStore {
             reader,
             texts,
         })
+    }
+}
+
+/// The database file a SQLite URL (`sqlite://path`, `sqlite:path` or a plain path) names.
+fn database_path(url: &str) -> Result<&str> {
+    let path = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .unwrap_or(url);
+    let path = path.split('?').next().unwrap_or(path);
+    if path.is_empty() || path.contains(":memory:") {
+        return Err(Error::invalid(
+            "DATABASE_URL",
+            "must name a SQLite file (an in-memory database would lose every call)",
+        ));
+    }
+    Ok(path)
+}
+
+/// An exclusive lock on `<database>.lock`, held while the broker runs: one broker process per
+/// SQLite file, as the design assumes (its one writer numbers events in commit order, and its
+/// event fan-out sees every commit only because it makes them). Released when dropped, and by the
+/// operating system when the process dies, so a crash never leaves the file locked. A file of
+/// its own, not the database: SQLite's own (POSIX) locks on the database would be released by
+/// any close of it in this process.
+pub struct ProcessLock {
+    _file: std::fs::File,
+}
+
+impl ProcessLock {
+    pub fn claim(url: &str) -> Result<Self> {
+        let database = database_path(url)?;
+        let path = format!("{database}.lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::invalid("DATABASE_URL", format!("cannot open {path}: {e}")))?;
+        match file.try_lock() {
+            Ok(()) => Ok(Self { _file: file }),
+            Err(std::fs::TryLockError::WouldBlock) => Err(Error::FailedPrecondition(format!(
+                "the SQLite database {database} is in use by another broker process (it holds \
+                 {path}); one SQLite file serves one broker: stop the other one, or use Postgres \
+                 to run several"
+            ))),
+            Err(std::fs::TryLockError::Error(e)) => Err(Error::invalid(
+                "DATABASE_URL",
+                format!("cannot lock {path}: {e}"),
+            )),
+        }
     }
 }
 
@@ -392,6 +433,12 @@ impl Store for SqliteStore {
             .alone(move |writer| async move {
                 super::explain::explain(writer.begin_read()?, &target).await
             })
+            .await
+    }
+
+    async fn probe(&self) -> Result<()> {
+        self.group
+            .alone(move |writer| async move { writer.probe() })
             .await
     }
 }

@@ -7,7 +7,8 @@
 //! statements are cached. Writers are serialised by the one connection and `BEGIN IMMEDIATE`, so
 //! there is nothing to lock, and an event's row id is its sequence number.
 
-use std::path::Path;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::thread;
@@ -25,7 +26,7 @@ use crate::domain::{
     AgentId, BatchId, Call, CallKey, Event, EventKind, NewBatch, NewCall, OnDeny, Outcome,
     SessionId, Timestamp, ToolInput, ToolName,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StorageFault};
 use crate::store::CommittedEvents;
 use crate::store::RevokeTarget;
 use crate::store::rows::{
@@ -60,6 +61,93 @@ pub struct WriteConnection {
     /// Commits so far: the checkpointer and the hand-over of events each act only when it moved.
     commits: Arc<AtomicU64>,
     published: Arc<Mutex<Published>>,
+    files: Arc<DatabaseFiles>,
+}
+
+/// The database's files as this process opened them (device and inode of the database, its WAL
+/// and its shared-memory file). Once one of them is deleted or replaced, SQLite goes on writing
+/// to the open (unlinked) files: commits succeed, and all of them are gone at the next start,
+/// which finds no file or another one. So every commit and every checkpoint compares the paths
+/// with what was opened, and once they differ the store stops acknowledging for good: only an
+/// operator can tell what became of the database.
+pub(super) struct DatabaseFiles {
+    opened: Vec<(PathBuf, (u64, u64))>,
+    /// Why the store stopped writing, once it did.
+    lost: Mutex<Option<String>>,
+}
+
+impl DatabaseFiles {
+    /// Notes the identity of the database's files that exist now (after a connection opened it
+    /// in WAL mode, all three).
+    fn of(database: &Path) -> Result<Self> {
+        let mut opened = Vec::new();
+        for suffix in ["", "-wal", "-shm"] {
+            let mut path = database.as_os_str().to_owned();
+            path.push(suffix);
+            let path = PathBuf::from(path);
+            match std::fs::metadata(&path) {
+                Ok(meta) => opened.push((path, (meta.dev(), meta.ino()))),
+                Err(_) if !suffix.is_empty() => {}
+                Err(e) => {
+                    return Err(Error::StorageFault {
+                        fault: StorageFault::Unavailable,
+                        cause: format!("cannot read {}: {e}", path.display()),
+                    });
+                }
+            }
+        }
+        Ok(Self {
+            opened,
+            lost: Mutex::new(None),
+        })
+    }
+
+    /// Whether every file is still the one opened. Once one is not, never again (logged once).
+    fn check(&self) -> Result<()> {
+        let mut lost = self.lost.lock().unwrap_or_else(PoisonError::into_inner);
+        if lost.is_none() {
+            for (path, identity) in &self.opened {
+                let now = std::fs::metadata(path).map(|meta| (meta.dev(), meta.ino()));
+                let what = match now {
+                    Ok(now) if now == *identity => continue,
+                    Ok(_) => "was replaced by another file",
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => "was deleted",
+                    // Not a verdict on the file (the next look decides): its own errors are the
+                    // statements' to report.
+                    Err(e) => {
+                        tracing::debug!(error = %e, file = %path.display(), "cannot look at a database file");
+                        continue;
+                    }
+                };
+                let why = format!(
+                    "the SQLite file {} {what} while the broker ran; nothing is acknowledged \
+                     from now on: stop the broker and restore the database",
+                    path.display()
+                );
+                tracing::error!("{why}");
+                *lost = Some(why);
+                break;
+            }
+        }
+        match &*lost {
+            None => Ok(()),
+            Some(why) => Err(Error::StorageFault {
+                fault: StorageFault::Unavailable,
+                cause: why.clone(),
+            }),
+        }
+    }
+
+    /// The failure of [`Self::check`] once it failed, without looking at the files again.
+    fn lost(&self) -> Result<()> {
+        match &*self.lost.lock().unwrap_or_else(PoisonError::into_inner) {
+            None => Ok(()),
+            Some(why) => Err(Error::StorageFault {
+                fault: StorageFault::Unavailable,
+                cause: why.clone(),
+            }),
+        }
+    }
 }
 
 /// The events the writer hands to the event pump: the last sequence number read, the commit
@@ -95,6 +183,7 @@ impl WriteConnection {
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         let last: Option<i64> =
             conn.query_row("SELECT MAX(seq) FROM events", [], |row| row.get(0))?;
+        let files = Arc::new(DatabaseFiles::of(path)?);
         let writer = Self {
             home: Arc::new(Mutex::new(Some(conn))),
             commits: Arc::new(AtomicU64::new(0)),
@@ -104,12 +193,13 @@ impl WriteConnection {
                 to: None,
                 missed: Arc::default(),
             })),
+            files: Arc::clone(&files),
         };
         let checkpointer = connect(path, synchronous)?;
         let (home, commits) = (Arc::downgrade(&writer.home), Arc::clone(&writer.commits));
         thread::Builder::new()
             .name("sqlite-checkpoint".into())
-            .spawn(move || checkpoint_while_open(&checkpointer, &home, &commits))
+            .spawn(move || checkpoint_while_open(&checkpointer, &home, &commits, &files))
             .map_err(|e| Error::Internal(format!("cannot start the checkpointer thread: {e}")))?;
         Ok(writer)
     }
@@ -196,6 +286,7 @@ impl WriteConnection {
             conn: Some(conn),
             home: Arc::clone(&self.home),
             commits: Arc::clone(&self.commits),
+            files: Arc::clone(&self.files),
             writes: 0,
             rules: None,
         };
@@ -206,6 +297,21 @@ impl WriteConnection {
         }
         tx.conn().execute_batch(sql)?;
         Ok(tx)
+    }
+
+    /// A write transaction that changes nothing the broker reads but reaches the disk as any
+    /// commit does (it rewrites the database header's `user_version`, which the broker does not
+    /// use: migrations are recorded in `_sqlx_migrations`): whether writes work.
+    pub fn probe(&self) -> Result<()> {
+        let mut tx = self.begin_write_now()?;
+        tx.execute("PRAGMA user_version = 0", [])?;
+        tx.commit_now()
+    }
+
+    /// A write transaction, refused at once if the database's files are gone.
+    fn begin_write_now(&self) -> Result<SqliteTx> {
+        self.files.lost()?;
+        self.begin("BEGIN IMMEDIATE")
     }
 
     /// A pragma's value on the write connection.
@@ -242,14 +348,22 @@ fn connect(path: &Path, synchronous: Synchronous) -> Result<Connection> {
 /// Copies committed pages from the WAL into the database file every [`CHECKPOINT_EVERY`] while
 /// there are new commits, on its own thread and connection: a passive checkpoint waits for
 /// no one, and the writer spends none of its time on it. Ends when the writer is gone.
+///
+/// It also compares the database's files with those opened on every turn (see
+/// [`DatabaseFiles`]), so a deletion is noticed even while nothing is written.
 fn checkpoint_while_open(
     conn: &Connection,
     writer: &Weak<Mutex<Option<Connection>>>,
     commits: &AtomicU64,
+    files: &DatabaseFiles,
 ) {
     let mut checkpointed = 0;
     while writer.strong_count() > 0 {
         thread::sleep(CHECKPOINT_EVERY);
+        if files.check().is_err() {
+            // Copying pages into a file nobody will open again is pointless.
+            continue;
+        }
         let now = commits.load(Ordering::Relaxed);
         if now != checkpointed {
             match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
@@ -267,7 +381,7 @@ impl Writer for WriteConnection {
     type Tx = SqliteTx;
 
     async fn begin_write(&self) -> Result<Self::Tx> {
-        self.begin("BEGIN IMMEDIATE")
+        self.begin_write_now()
     }
 
     fn after_commit(&self) {
@@ -282,6 +396,7 @@ pub struct SqliteTx {
     conn: Option<Connection>,
     home: Arc<Mutex<Option<Connection>>>,
     commits: Arc<AtomicU64>,
+    files: Arc<DatabaseFiles>,
     writes: u64,
     /// The rules as this transaction sees them, read once: a group of submits shares one read.
     /// Only this transaction could change them before it ends (it is the only writer), and its
@@ -344,6 +459,17 @@ impl SqliteTx {
         decode: impl FnMut(&rusqlite::Row<'_>) -> Result<T>,
     ) -> Result<Option<T>> {
         Ok(self.rows(writes, sql, params, decode)?.into_iter().next())
+    }
+
+    /// Commits, then checks that the commit went to the database's own files before anyone is
+    /// told (a `stat` of each, next to the commit's fsync): a commit into a deleted file is
+    /// lost, so it must not be acknowledged, nor its events published.
+    fn commit_now(self) -> Result<()> {
+        // On failure the drop rolls back what is left of the transaction.
+        self.conn().execute_batch("COMMIT")?;
+        self.files.check()?;
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     fn append_event(&mut self, kind: EventKind, rowid: i64, now: Timestamp) -> Result<i64> {
@@ -576,10 +702,7 @@ impl WriteTx for SqliteTx {
     }
 
     async fn commit(self) -> Result<()> {
-        // On failure the drop rolls back what is left of the transaction.
-        self.conn().execute_batch("COMMIT")?;
-        self.commits.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        self.commit_now()
     }
 }
 
