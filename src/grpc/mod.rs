@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod agent;
 pub mod approver;
+pub mod health;
 pub mod oversize;
 pub mod parse;
 mod render;
