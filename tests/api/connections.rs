@@ -16,9 +16,9 @@ use crate::helpers::*;
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const SETTINGS: u8 = 0x4;
-const PING: u8 = 0x6;
+pub const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
-const ENHANCE_YOUR_CALM: u32 = 0xb;
+pub const ENHANCE_YOUR_CALM: u32 = 0xb;
 
 /// An HTTP/2 frame: header and payload.
 pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
@@ -31,7 +31,7 @@ pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 
 /// How a connection ended, as its client saw it.
 #[derive(Debug, PartialEq, Eq)]
-enum Ended {
+pub enum Ended {
     /// The server closed it (end of stream or reset).
     Closed,
     /// Still open after [`PATIENCE`].
@@ -39,7 +39,7 @@ enum Ended {
 }
 
 /// Reads until the server closes the connection or [`PATIENCE`] runs out.
-async fn read_until_closed(socket: &mut (impl tokio::io::AsyncRead + Unpin)) -> Ended {
+pub async fn read_until_closed(socket: &mut (impl tokio::io::AsyncRead + Unpin)) -> Ended {
     let mut sink = vec![0; 64 * 1024];
     let closed = tokio::time::timeout(PATIENCE, async {
         loop {
@@ -158,7 +158,16 @@ async fn past_the_connection_cap_new_connections_are_closed_and_open_ones_are_se
 /// takes it; returns what the client saw: the GOAWAY code, if any, once the server closed.
 async fn flood_with(address: SocketAddr, flood: Vec<u8>, times: usize) -> Option<Option<u32>> {
     let socket = TcpStream::connect(address).await.expect("connect");
-    let (mut reader, mut writer) = socket.into_split();
+    flood_on(socket, flood, times).await
+}
+
+/// [`flood_with`] on a connection already made (a TLS one, say).
+pub async fn flood_on(
+    socket: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+    flood: Vec<u8>,
+    times: usize,
+) -> Option<Option<u32>> {
+    let (mut reader, mut writer) = tokio::io::split(socket);
     let writing = tokio::spawn(async move {
         writer.write_all(PREFACE).await?;
         writer.write_all(&frame(SETTINGS, 0, 0, &[])).await?;
