@@ -50,6 +50,7 @@ pub fn admit(
     limits: ConnectionLimits,
     tls: Option<TlsAcceptor>,
 ) -> ReceiverStream<io::Result<Connection>> {
+    warn_if_above_file_limit(limits.max_connections);
     let (ready, incoming) = mpsc::channel(64);
     let admission = Arc::new(Admission {
         slots: Arc::new(Semaphore::new(limits.max_connections)),
@@ -150,6 +151,38 @@ impl Admission {
             self.limits.max_control_frames_per_second,
         ))
     }
+}
+
+/// File descriptors the broker needs besides client connections: the database (a pool on
+/// Postgres; the file, its WAL and index on SQLite), listeners, logs.
+const OTHER_FILES: u64 = 64;
+
+/// Warns at start when `--max-connections` could use up the open-file limit before the cap is
+/// reached: then the database, not the cap, would be what fails ("unable to open database file").
+fn warn_if_above_file_limit(max_connections: usize) {
+    let Some(limit) = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|limits| soft_open_files(&limits))
+    else {
+        return;
+    };
+    if max_connections as u64 + OTHER_FILES > limit {
+        tracing::warn!(
+            max_connections,
+            open_file_limit = limit,
+            "--max-connections is too close to the open-file limit (ulimit -n): raise the limit or \
+             lower the cap, or the database may fail to open files before the cap is reached"
+        );
+    }
+}
+
+/// The soft "Max open files" of a `/proc/<pid>/limits` text (Linux).
+fn soft_open_files(limits: &str) -> Option<u64> {
+    limits
+        .lines()
+        .find_map(|line| line.strip_prefix("Max open files"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|soft| soft.parse().ok())
 }
 
 /// One place among `--max-connections`, given back when the connection is dropped.
@@ -319,4 +352,21 @@ pub fn tls_acceptor(
         .map_err(|e| invalid("--tls-cert", &e))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_soft_open_file_limit_is_read_from_proc_limits() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max cpu time              unlimited            unlimited            seconds   \n\
+                      Max open files            1024                 1048576              files     \n";
+        assert_eq!(soft_open_files(limits), Some(1024));
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(soft_open_files(unlimited), None);
+        assert_eq!(soft_open_files(""), None);
+    }
 }
