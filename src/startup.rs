@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
@@ -22,7 +23,6 @@ use crate::grpc::oversize::MessageLimitStatus;
 use crate::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi};
 use crate::proto::{self, v1 as pb};
 use crate::store;
-use tokio_rustls::TlsAcceptor;
 
 use pb::admin_service_server::AdminServiceServer;
 use pb::agent_service_server::AgentServiceServer;

@@ -92,6 +92,8 @@ async fn accept(
             refusals.note(admission.limits.max_connections);
             continue;
         };
+        // Nagle off: a reply is a small write that must leave at once, not wait up to 40 ms for
+        // the peer's delayed ACK.
         let _ = tcp.set_nodelay(true);
         let admission = Arc::clone(&admission);
         let ready = ready.clone();
