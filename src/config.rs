@@ -141,6 +141,11 @@ pub struct Config {
     #[arg(long, env = "APPROVALS_MAX_HEALTH_WATCHES", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_health_watches: u32,
 
+    /// The most server reflection streams (v1 and v1alpha together) open at once; reflection
+    /// needs no token, so this is what bounds them.
+    #[arg(long, env = "APPROVALS_MAX_REFLECTION_STREAMS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_reflection_streams: u32,
+
     /// How often to ping an idle client connection (HTTP/2 keepalive), so dead clients are noticed.
     #[arg(long, env = "APPROVALS_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub keepalive_interval: Duration,

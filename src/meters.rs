@@ -29,6 +29,7 @@ const CONNECTIONS_OPEN: &str = "approvals_connections_open";
 const CONNECTIONS_REFUSED: &str = "approvals_connections_refused_total";
 const CONNECTIONS_CLOSED: &str = "approvals_connections_closed_total";
 const HEALTH_WATCHES: &str = "approvals_health_watches";
+const REFLECTION_STREAMS: &str = "approvals_reflection_streams";
 
 /// Installs the Prometheus recorder and serves its scrape endpoint (any path) on `address`.
 /// Must run inside the Tokio runtime; fails if the address cannot be bound.
@@ -155,6 +156,7 @@ pub enum StreamKind {
     Agent,
     Subscriber,
     HealthWatch,
+    Reflection,
 }
 
 pub fn streams_open(kind: StreamKind, open: usize) {
@@ -162,6 +164,7 @@ pub fn streams_open(kind: StreamKind, open: usize) {
         StreamKind::Agent => AGENT_STREAMS,
         StreamKind::Subscriber => SUBSCRIBERS,
         StreamKind::HealthWatch => HEALTH_WATCHES,
+        StreamKind::Reflection => REFLECTION_STREAMS,
     };
     gauge!(name).set(open as f64);
 }
@@ -191,6 +194,7 @@ fn describe_connections() {
         "Client connections the broker closed, by reason: handshake_timeout, ping_flood, settings_flood."
     );
     describe_gauge!(HEALTH_WATCHES, "Open Health/Watch streams.");
+    describe_gauge!(REFLECTION_STREAMS, "Open server reflection streams.");
 }
 
 pub fn connections_open(open: usize) {

@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
 use crate::grpc::oversize::MessageLimitStatus;
-use crate::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi};
+use crate::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi, reflection};
 use crate::proto::{self, v1 as pb};
 use crate::store;
 
@@ -106,6 +106,9 @@ pub async fn run(
     let reflection_v1alpha = reflection()
         .build_v1alpha()
         .map_err(|e| Error::Internal(format!("reflection: {e}")))?;
+    let reflection_streams = reflection::stream_slots(config.max_reflection_streams as usize);
+    let reflection_v1 = reflection::Capped::new(reflection_v1, Arc::clone(&reflection_streams));
+    let reflection_v1alpha = reflection::Capped::new(reflection_v1alpha, reflection_streams);
 
     let mut server = Server::builder()
         // Every request's log lines carry its RPC; the broker's own spans add the session and

@@ -8,4 +8,5 @@ pub mod approver;
 pub mod health;
 pub mod oversize;
 pub mod parse;
+pub mod reflection;
 mod render;

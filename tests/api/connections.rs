@@ -297,3 +297,62 @@ async fn past_the_health_watch_cap_a_new_watch_is_refused_and_checks_still_answe
     }
     assert!(reopened, "a watch can open once a place is free");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_reflection_stream_cap_a_new_reflection_stream_is_refused() {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
+
+    let app = spawn_app_on(Backend::Sqlite, |config| {
+        config.max_reflection_streams = 2;
+    })
+    .await;
+    let list = || ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    // Each stream stays open (its request stream is not closed) after its first answer.
+    let mut open = Vec::new();
+    let mut reflection = ServerReflectionClient::new(app.channel.clone());
+    for _ in 0..2 {
+        let (requests, rx) = tokio::sync::mpsc::channel(1);
+        requests.send(list()).await.expect("send");
+        let mut responses = reflection
+            .server_reflection_info(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("reflection")
+            .into_inner();
+        let first: Option<ServerReflectionResponse> =
+            tokio::time::timeout(PATIENCE, responses.message())
+                .await
+                .expect("an answer in time")
+                .expect("stream healthy");
+        assert!(first.is_some(), "the services are listed");
+        open.push((requests, responses));
+    }
+    let refused = reflection
+        .server_reflection_info(tokio_stream::once(list()))
+        .await;
+    assert_status(refused, Code::ResourceExhausted, "--max-reflection-streams");
+
+    // A closed stream frees its place.
+    drop(open.pop());
+    let mut reopened = false;
+    for _ in 0..100 {
+        let mut attempt = ServerReflectionClient::new(app.channel.clone());
+        if attempt
+            .server_reflection_info(tokio_stream::once(list()))
+            .await
+            .is_ok()
+        {
+            reopened = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        reopened,
+        "a reflection stream can open once a place is free"
+    );
+}
