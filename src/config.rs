@@ -124,6 +124,32 @@ pub struct Config {
     #[arg(long, env = "APPROVALS_MAX_CONCURRENT_STREAMS", default_value_t = 1_024, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_streams: u32,
 
+    /// The most client connections open at once; more are closed as soon as they are accepted.
+    /// Keep it below the process's open-file limit (`ulimit -n`), which the store needs too.
+    #[arg(long, env = "APPROVALS_MAX_CONNECTIONS", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
+    /// How long a new connection has to finish its TLS handshake and send the HTTP/2 preface
+    /// before it is closed.
+    #[arg(long, env = "APPROVALS_HANDSHAKE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+
+    /// The most HTTP/2 PING frames, and apart from them SETTINGS frames, a client connection may
+    /// send in a second (pings that follow data the broker sent are free); past it the
+    /// connection is closed with GOAWAY ENHANCE_YOUR_CALM.
+    #[arg(long, env = "APPROVALS_MAX_CONTROL_FRAMES_PER_SECOND", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_control_frames_per_second: u32,
+
+    /// The most `grpc.health.v1.Health/Watch` streams open at once (health needs no token, so
+    /// this is what bounds them).
+    #[arg(long, env = "APPROVALS_MAX_HEALTH_WATCHES", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_health_watches: u32,
+
+    /// The most server reflection streams (v1 and v1alpha together) open at once; reflection
+    /// needs no token, so this is what bounds them.
+    #[arg(long, env = "APPROVALS_MAX_REFLECTION_STREAMS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_reflection_streams: u32,
+
     /// How often to ping an idle client connection (HTTP/2 keepalive), so dead clients are noticed.
     #[arg(long, env = "APPROVALS_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub keepalive_interval: Duration,
@@ -220,6 +246,14 @@ impl Config {
             subscriber_buffer: self.subscriber_buffer as usize,
             max_agent_streams: self.max_agent_streams as usize,
             max_subscribers: self.max_subscribers as usize,
+        }
+    }
+
+    pub fn connection_limits(&self) -> crate::connections::ConnectionLimits {
+        crate::connections::ConnectionLimits {
+            max_connections: self.max_connections as usize,
+            handshake_timeout: self.handshake_timeout,
+            max_control_frames_per_second: self.max_control_frames_per_second,
         }
     }
 

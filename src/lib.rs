@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod broker;
 pub mod config;
+pub mod connections;
 pub mod domain;
 pub mod error;
 pub mod events;

@@ -25,6 +25,11 @@ const SUBSCRIBERS: &str = "approvals_subscribers";
 const SUBSCRIBER_LAG: &str = "approvals_subscriber_lag_events";
 const COMMIT_SECONDS: &str = "approvals_store_commit_seconds";
 const COMMIT_WRITES: &str = "approvals_store_commit_writes";
+const CONNECTIONS_OPEN: &str = "approvals_connections_open";
+const CONNECTIONS_REFUSED: &str = "approvals_connections_refused_total";
+const CONNECTIONS_CLOSED: &str = "approvals_connections_closed_total";
+const HEALTH_WATCHES: &str = "approvals_health_watches";
+const REFLECTION_STREAMS: &str = "approvals_reflection_streams";
 
 /// Installs the Prometheus recorder and serves its scrape endpoint (any path) on `address`.
 /// Must run inside the Tokio runtime; fails if the address cannot be bound.
@@ -96,6 +101,7 @@ fn describe() {
         COMMIT_WRITES,
         "Writes (submits, decisions, cancels) sharing one committed transaction."
     );
+    describe_connections();
 }
 
 /// `n` new calls were stored.
@@ -149,12 +155,16 @@ pub fn pending_calls(n: u64) {
 pub enum StreamKind {
     Agent,
     Subscriber,
+    HealthWatch,
+    Reflection,
 }
 
 pub fn streams_open(kind: StreamKind, open: usize) {
     let name = match kind {
         StreamKind::Agent => AGENT_STREAMS,
         StreamKind::Subscriber => SUBSCRIBERS,
+        StreamKind::HealthWatch => HEALTH_WATCHES,
+        StreamKind::Reflection => REFLECTION_STREAMS,
     };
     gauge!(name).set(open as f64);
 }
@@ -168,4 +178,35 @@ pub fn subscriber_lag(behind: u64) {
 pub fn committed(writes: usize, took: Duration) {
     histogram!(COMMIT_SECONDS).record(took.as_secs_f64());
     histogram!(COMMIT_WRITES).record(writes as f64);
+}
+
+fn describe_connections() {
+    describe_gauge!(
+        CONNECTIONS_OPEN,
+        "Open client connections, handshakes included (at most --max-connections)."
+    );
+    describe_counter!(
+        CONNECTIONS_REFUSED,
+        "Client connections closed at once because --max-connections were open."
+    );
+    describe_counter!(
+        CONNECTIONS_CLOSED,
+        "Client connections the broker closed, by reason: handshake_timeout, ping_flood, settings_flood."
+    );
+    describe_gauge!(HEALTH_WATCHES, "Open Health/Watch streams.");
+    describe_gauge!(REFLECTION_STREAMS, "Open server reflection streams.");
+}
+
+pub fn connections_open(open: usize) {
+    gauge!(CONNECTIONS_OPEN).set(open as f64);
+}
+
+/// A connection was closed at once: --max-connections were open.
+pub fn connection_refused() {
+    counter!(CONNECTIONS_REFUSED).increment(1);
+}
+
+/// The broker closed a client connection, for `reason`.
+pub fn connection_closed(reason: &'static str) {
+    counter!(CONNECTIONS_CLOSED, "reason" => reason).increment(1);
 }

@@ -7,19 +7,20 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 use tonic_health::ServingStatus;
 
 use crate::auth::{Gate, Role};
 use crate::broker::Broker;
 use crate::config::Config;
+use crate::connections;
 use crate::error::{Error, Result, StorageFault};
 use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
 use crate::grpc::oversize::MessageLimitStatus;
-use crate::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi};
+use crate::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi, reflection};
 use crate::proto::{self, v1 as pb};
 use crate::store;
 use crate::store::health::{self, StorageHealth, Watched};
@@ -93,7 +94,9 @@ pub async fn run(
         gate(Role::Admin),
     );
 
-    let (health, health_service) = tonic_health::server::health_reporter();
+    let health = tonic_health::server::HealthReporter::new();
+    let health_service =
+        crate::grpc::health::capped(health.clone(), config.max_health_watches as usize);
     for service in SERVICES.into_iter().chain([READINESS, LIVENESS]) {
         health
             .set_service_status(service, ServingStatus::Serving)
@@ -118,6 +121,9 @@ pub async fn run(
     let reflection_v1alpha = reflection()
         .build_v1alpha()
         .map_err(|e| Error::Internal(format!("reflection: {e}")))?;
+    let reflection_streams = reflection::stream_slots(config.max_reflection_streams as usize);
+    let reflection_v1 = reflection::Capped::new(reflection_v1, Arc::clone(&reflection_streams));
+    let reflection_v1alpha = reflection::Capped::new(reflection_v1alpha, reflection_streams);
 
     let mut server = Server::builder()
         // Every request's log lines carry its RPC; the broker's own spans add the session and
@@ -127,11 +133,7 @@ pub async fn run(
         .max_concurrent_streams(config.max_concurrent_streams)
         .http2_keepalive_interval(Some(config.keepalive_interval))
         .http2_keepalive_timeout(Some(config.keepalive_timeout));
-    if let Some(tls) = tls_config(&config)? {
-        server = server
-            .tls_config(tls)
-            .map_err(|e| Error::invalid("--tls-cert", format!("cannot serve TLS: {e}")))?;
-    }
+    let tls = tls_acceptor(&config)?;
 
     let local = listener.local_addr().ok();
     tracing::info!(
@@ -165,7 +167,10 @@ pub async fn run(
         .add_service(agent)
         .add_service(approver)
         .add_service(admin)
-        .serve_with_incoming_shutdown(incoming(listener), drain);
+        .serve_with_incoming_shutdown(
+            connections::admit(listener, config.connection_limits(), tls),
+            drain,
+        );
     let drain_timeout = config.drain_timeout;
     let served = tokio::select! {
         served = serve => served.map_err(|e| Error::Internal(format!("server: {e}"))),
@@ -231,12 +236,6 @@ async fn report_storage(
     }
 }
 
-/// Accepted connections with Nagle's algorithm off: a reply is a small write that must leave at
-/// once, not wait up to 40 ms for the peer's delayed ACK.
-fn incoming(listener: TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener).with_nodelay(Some(true))
-}
-
 /// The health service name for readiness probes: SERVING until the broker starts draining.
 pub const READINESS: &str = "readiness";
 /// The health service name for liveness probes: SERVING for as long as the broker serves at all,
@@ -254,7 +253,7 @@ const SERVICES: [&str; 4] = [
 
 /// TLS from --tls-cert and --tls-key, with client certificates required when --tls-client-ca
 /// is set.
-fn tls_config(config: &Config) -> Result<Option<ServerTlsConfig>> {
+fn tls_acceptor(config: &Config) -> Result<Option<TlsAcceptor>> {
     let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) else {
         return Ok(None);
     };
@@ -262,14 +261,16 @@ fn tls_config(config: &Config) -> Result<Option<ServerTlsConfig>> {
         std::fs::read(path)
             .map_err(|e| Error::invalid(setting, format!("cannot read {}: {e}", path.display())))
     };
-    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(
-        read("--tls-cert", cert)?,
-        read("--tls-key", key)?,
-    ));
-    if let Some(ca) = &config.tls_client_ca {
-        tls = tls.client_ca_root(Certificate::from_pem(read("--tls-client-ca", ca)?));
-    }
-    Ok(Some(tls))
+    let client_ca = match &config.tls_client_ca {
+        Some(ca) => Some(read("--tls-client-ca", ca)?),
+        None => None,
+    };
+    connections::tls_acceptor(
+        &read("--tls-cert", cert)?,
+        &read("--tls-key", key)?,
+        client_ca.as_deref(),
+    )
+    .map(Some)
 }
 
 fn backend_name(config: &Config) -> &'static str {

@@ -5,6 +5,8 @@
 pub mod admin;
 pub mod agent;
 pub mod approver;
+pub mod health;
 pub mod oversize;
 pub mod parse;
+pub mod reflection;
 mod render;

@@ -13,6 +13,7 @@ mod bad_input;
 mod batches;
 mod cancel;
 mod cli;
+mod connections;
 mod database_tls;
 mod deadlines;
 mod decisions;

@@ -49,6 +49,16 @@ async fn serve_tls(
     ca: &Authority,
     client_ca: Option<&Authority>,
 ) -> std::net::SocketAddr {
+    serve_tls_with(dir, ca, client_ca, |_| {}).await
+}
+
+/// [`serve_tls`], with the configuration adjusted by `configure`.
+async fn serve_tls_with(
+    dir: &Path,
+    ca: &Authority,
+    client_ca: Option<&Authority>,
+    configure: impl FnOnce(&mut Config),
+) -> std::net::SocketAddr {
     let (cert, key) = ca.issue(&["localhost"]);
     std::fs::write(dir.join("server.pem"), cert).expect("write");
     std::fs::write(dir.join("server.key"), key).expect("write");
@@ -59,6 +69,7 @@ async fn serve_tls(
         std::fs::write(dir.join("clients.pem"), client_ca.pem()).expect("write");
         config.tls_client_ca = Some(dir.join("clients.pem"));
     }
+    configure(&mut config);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address");
     tokio::spawn(startup::run(listener, config, std::future::pending()));
@@ -149,5 +160,59 @@ async fn with_a_client_ca_only_clients_with_a_certificate_it_signed_are_served()
     assert!(
         !serves(channel(address, Some(with_rogue_cert)).await).await,
         "a client whose certificate another CA signed is not"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_starts_its_tls_handshake_is_closed_after_the_timeout() {
+    use crate::connections::{Ended, read_until_closed};
+    let dir = tempfile::tempdir().expect("dir");
+    let ca = Authority::new("server CA");
+    let address = serve_tls_with(dir.path(), &ca, None, |config| {
+        config.handshake_timeout = Duration::from_millis(300);
+    })
+    .await;
+    // Wait until the broker serves, so the silent socket below meets the real thing.
+    assert!(serves(channel(address, Some(trusting(&ca))).await).await);
+    let mut silent = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    assert_eq!(read_until_closed(&mut silent).await, Ended::Closed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ping_flood_inside_tls_gets_goaway_enhance_your_calm() {
+    use crate::connections::{ENHANCE_YOUR_CALM, PING, flood_on, frame};
+    use tokio_rustls::rustls;
+    let dir = tempfile::tempdir().expect("dir");
+    let ca = Authority::new("server CA");
+    let address = serve_tls_with(dir.path(), &ca, None, |config| {
+        config.max_control_frames_per_second = 20;
+    })
+    .await;
+    assert!(serves(channel(address, Some(trusting(&ca))).await).await);
+
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    let ca_der = rustls::pki_types::CertificateDer::from(ca.0.der().to_vec());
+    roots.add(ca_der).expect("root");
+    let mut client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    client.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client))
+        .connect("localhost".try_into().expect("name"), tcp)
+        .await
+        .expect("TLS handshake");
+    let seen = flood_on(tls, frame(PING, 0, 0, b"12345678"), 5_000).await;
+    assert_eq!(
+        seen,
+        Some(Some(ENHANCE_YOUR_CALM)),
+        "closed with GOAWAY ENHANCE_YOUR_CALM (None: still served)"
     );
 }

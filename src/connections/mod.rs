@@ -1,0 +1,374 @@
+//! Client connections, before gRPC sees them: the broker accepts TCP itself so that no client
+//! can hold a file descriptor for nothing. A connection beyond `--max-connections` is closed at
+//! once; one that has not finished its TLS handshake and sent the HTTP/2 client preface within
+//! `--handshake-timeout` is closed; and every admitted connection goes to tonic inside the
+//! [`FloodGuard`](flood::FloodGuard), which ends PING and SETTINGS floods. TLS is done here,
+//! not by tonic, so the guard sees frames rather than ciphertext.
+//!
+//! Nothing here may stall the accept loop: each handshake runs in a task of its own.
+
+pub mod flood;
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use crate::meters;
+use flood::FloodGuard;
+
+/// `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`: what every HTTP/2 client sends first (RFC 9113 §3.4).
+const PREFACE_LEN: usize = 24;
+
+/// How connections are admitted.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// The most client connections open at once, handshakes included.
+    pub max_connections: usize,
+    /// How long a new connection has to finish TLS and send the HTTP/2 preface.
+    pub handshake_timeout: Duration,
+    /// PING frames, and apart from them SETTINGS frames, a client may send in a second.
+    pub max_control_frames_per_second: u32,
+}
+
+/// The connections tonic serves: admitted, past their handshake, flood-guarded.
+pub type Connection = FloodGuard<ClientIo>;
+
+/// Accepts connections on `listener` and yields each one once its handshake is done, until the
+/// stream is dropped (tonic drops it when it stops accepting; the listener closes with it).
+pub fn admit(
+    listener: TcpListener,
+    limits: ConnectionLimits,
+    tls: Option<TlsAcceptor>,
+) -> ReceiverStream<io::Result<Connection>> {
+    warn_if_above_file_limit(limits.max_connections);
+    let (ready, incoming) = mpsc::channel(64);
+    let admission = Arc::new(Admission {
+        slots: Arc::new(Semaphore::new(limits.max_connections)),
+        limits,
+        tls,
+    });
+    tokio::spawn(accept(listener, admission, ready));
+    ReceiverStream::new(incoming)
+}
+
+struct Admission {
+    limits: ConnectionLimits,
+    slots: Arc<Semaphore>,
+    tls: Option<TlsAcceptor>,
+}
+
+async fn accept(
+    listener: TcpListener,
+    admission: Arc<Admission>,
+    ready: mpsc::Sender<io::Result<Connection>>,
+) {
+    let mut refusals = Refusals::default();
+    loop {
+        let tcp = tokio::select! {
+            _ = ready.closed() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of file descriptors, usually: wait for some to close rather than spin.
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Some(permit) = admission.take_slot() else {
+            drop(tcp);
+            meters::connection_refused();
+            refusals.note(admission.limits.max_connections);
+            continue;
+        };
+        // Nagle off: a reply is a small write that must leave at once, not wait up to 40 ms for
+        // the peer's delayed ACK.
+        let _ = tcp.set_nodelay(true);
+        let admission = Arc::clone(&admission);
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let timeout = admission.limits.handshake_timeout;
+            match tokio::time::timeout(timeout, admission.handshake(tcp, permit)).await {
+                Ok(Ok(connection)) => {
+                    let _ = ready.send(Ok(connection)).await;
+                }
+                Ok(Err(e)) => tracing::debug!(error = %e, "a connection failed its handshake"),
+                Err(_) => {
+                    tracing::debug!(
+                        ?timeout,
+                        "closing a connection that did not complete its handshake in time \
+                         (--handshake-timeout)"
+                    );
+                    meters::connection_closed("handshake_timeout");
+                }
+            }
+        });
+    }
+}
+
+impl Admission {
+    fn take_slot(&self) -> Option<Slot> {
+        let permit = Arc::clone(&self.slots).try_acquire_owned().ok()?;
+        let slot = Slot {
+            permit: Some(permit),
+            slots: Arc::clone(&self.slots),
+            max: self.limits.max_connections,
+        };
+        slot.count();
+        Some(slot)
+    }
+
+    /// TLS, if configured, then the HTTP/2 client preface.
+    async fn handshake(&self, tcp: TcpStream, slot: Slot) -> io::Result<Connection> {
+        let info = TcpConnectInfo {
+            local_addr: tcp.local_addr().ok(),
+            remote_addr: tcp.peer_addr().ok(),
+        };
+        let transport = match &self.tls {
+            None => Transport::Plain(tcp),
+            Some(tls) => Transport::Tls(Box::new(tls.accept(tcp).await?)),
+        };
+        let mut io = ClientIo {
+            transport,
+            info,
+            _slot: slot,
+        };
+        // Read, not checked: anything but HTTP/2 is hyper's to refuse, as before.
+        let mut preface = vec![0; PREFACE_LEN];
+        io.read_exact(&mut preface).await?;
+        Ok(FloodGuard::new(
+            io,
+            preface,
+            self.limits.max_control_frames_per_second,
+        ))
+    }
+}
+
+/// File descriptors the broker needs besides client connections: the database (a pool on
+/// Postgres; the file, its WAL and index on SQLite), listeners, logs.
+const OTHER_FILES: u64 = 64;
+
+/// Warns at start when `--max-connections` could use up the open-file limit before the cap is
+/// reached: then the database, not the cap, would be what fails ("unable to open database file").
+fn warn_if_above_file_limit(max_connections: usize) {
+    let Some(limit) = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|limits| soft_open_files(&limits))
+    else {
+        return;
+    };
+    if max_connections as u64 + OTHER_FILES > limit {
+        tracing::warn!(
+            max_connections,
+            open_file_limit = limit,
+            "--max-connections is too close to the open-file limit (ulimit -n): raise the limit or \
+             lower the cap, or the database may fail to open files before the cap is reached"
+        );
+    }
+}
+
+/// The soft "Max open files" of a `/proc/<pid>/limits` text (Linux).
+fn soft_open_files(limits: &str) -> Option<u64> {
+    limits
+        .lines()
+        .find_map(|line| line.strip_prefix("Max open files"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|soft| soft.parse().ok())
+}
+
+/// One place among `--max-connections`, given back when the connection is dropped.
+struct Slot {
+    permit: Option<OwnedSemaphorePermit>,
+    slots: Arc<Semaphore>,
+    max: usize,
+}
+
+impl Slot {
+    fn count(&self) {
+        meters::connections_open(self.max - self.slots.available_permits());
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        self.count();
+    }
+}
+
+/// Says that connections are being refused, at most every ten seconds (a flood of refusals
+/// must not become a flood of log lines); the metric counts each one.
+#[derive(Default)]
+struct Refusals {
+    since_last_log: u64,
+    last_log: Option<Instant>,
+}
+
+impl Refusals {
+    fn note(&mut self, max: usize) {
+        const EVERY: Duration = Duration::from_secs(10);
+        self.since_last_log += 1;
+        if self.last_log.is_none_or(|at| at.elapsed() >= EVERY) {
+            tracing::warn!(
+                refused = self.since_last_log,
+                max_connections = max,
+                "refusing client connections: --max-connections are open"
+            );
+            self.since_last_log = 0;
+            self.last_log = Some(Instant::now());
+        }
+    }
+}
+
+/// An admitted client connection, plain or TLS, holding its place among `--max-connections`.
+pub struct ClientIo {
+    transport: Transport,
+    info: TcpConnectInfo,
+    _slot: Slot,
+}
+
+enum Transport {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Connected for Connection {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.get_ref().info.clone()
+    }
+}
+
+impl AsyncRead for ClientIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().transport {
+            Transport::Plain(io) => Pin::new(io).poll_read(cx, buf),
+            Transport::Tls(io) => Pin::new(io).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ClientIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match &mut self.get_mut().transport {
+            Transport::Plain(io) => Pin::new(io).poll_write(cx, buf),
+            Transport::Tls(io) => Pin::new(io).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match &mut self.get_mut().transport {
+            Transport::Plain(io) => Pin::new(io).poll_write_vectored(cx, bufs),
+            Transport::Tls(io) => Pin::new(io).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match &self.transport {
+            Transport::Plain(io) => io.is_write_vectored(),
+            Transport::Tls(io) => io.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().transport {
+            Transport::Plain(io) => Pin::new(io).poll_flush(cx),
+            Transport::Tls(io) => Pin::new(io).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().transport {
+            Transport::Plain(io) => Pin::new(io).poll_shutdown(cx),
+            Transport::Tls(io) => Pin::new(io).poll_shutdown(cx),
+        }
+    }
+}
+
+/// The TLS acceptor for `--tls-cert`/`--tls-key` (PEM), requiring client certificates signed by
+/// `client_ca` (PEM) when given; it offers HTTP/2 only (ALPN `h2`), as tonic's own did.
+pub fn tls_acceptor(
+    cert: &[u8],
+    key: &[u8],
+    client_ca: Option<&[u8]>,
+) -> crate::Result<TlsAcceptor> {
+    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio_rustls::rustls::server::WebPkiClientVerifier;
+    use tokio_rustls::rustls::{RootCertStore, ServerConfig, crypto};
+
+    let invalid = |setting: &str, e: &dyn std::fmt::Display| {
+        crate::Error::invalid(setting, format!("cannot serve TLS: {e}"))
+    };
+    // One provider named here, whatever other crates enable: rustls refuses to guess.
+    let provider = Arc::new(crypto::ring::default_provider());
+    let chain = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid("--tls-cert", &e))?;
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| invalid("--tls-key", &e))?;
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid("--tls-cert", &e))?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(ca) {
+                let cert = cert.map_err(|e| invalid("--tls-client-ca", &e))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| invalid("--tls-client-ca", &e))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                .build()
+                .map_err(|e| invalid("--tls-client-ca", &e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| invalid("--tls-cert", &e))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_soft_open_file_limit_is_read_from_proc_limits() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max cpu time              unlimited            unlimited            seconds   \n\
+                      Max open files            1024                 1048576              files     \n";
+        assert_eq!(soft_open_files(limits), Some(1024));
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(soft_open_files(unlimited), None);
+        assert_eq!(soft_open_files(""), None);
+    }
+}

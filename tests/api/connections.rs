@@ -1,0 +1,358 @@
+//! Connections and floods: a connection that never completes its handshake is closed; past
+//! `--max-connections` new connections are closed while the open ones are served; a client that
+//! floods PING or SETTINGS frames is sent away; Health/Watch streams are capped. The hostile
+//! clients here write HTTP/2 frames by hand on a plain TCP socket, as an attacker would.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tonic::Code;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+
+use crate::helpers::*;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const SETTINGS: u8 = 0x4;
+pub const PING: u8 = 0x6;
+const GOAWAY: u8 = 0x7;
+pub const ENHANCE_YOUR_CALM: u32 = 0xb;
+
+/// An HTTP/2 frame: header and payload.
+pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut bytes = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    bytes.extend_from_slice(&[kind, flags]);
+    bytes.extend_from_slice(&stream.to_be_bytes());
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+/// How a connection ended, as its client saw it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The server closed it (end of stream or reset).
+    Closed,
+    /// Still open after [`PATIENCE`].
+    StillOpen,
+}
+
+/// Reads until the server closes the connection or [`PATIENCE`] runs out.
+pub async fn read_until_closed(socket: &mut (impl tokio::io::AsyncRead + Unpin)) -> Ended {
+    let mut sink = vec![0; 64 * 1024];
+    let closed = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match socket.read(&mut sink).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    if closed.is_ok() {
+        Ended::Closed
+    } else {
+        Ended::StillOpen
+    }
+}
+
+/// Reads the server's frames until it closes the connection; returns the error code of the
+/// GOAWAY it sent, if one arrived, or `None` if the connection outlived [`PATIENCE`].
+async fn goaway_until_closed(
+    socket: &mut (impl tokio::io::AsyncRead + Unpin),
+) -> Option<Option<u32>> {
+    let read = async {
+        let mut goaway = None;
+        loop {
+            let mut header = [0u8; 9];
+            if socket.read_exact(&mut header).await.is_err() {
+                return goaway;
+            }
+            let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+            let mut payload = vec![0; length];
+            if socket.read_exact(&mut payload).await.is_err() {
+                return goaway;
+            }
+            if header[3] == GOAWAY {
+                goaway = Some(u32::from_be_bytes([
+                    payload[4], payload[5], payload[6], payload[7],
+                ]));
+            }
+        }
+    };
+    tokio::time::timeout(PATIENCE, read).await.ok()
+}
+
+async fn health_check(channel: tonic::transport::Channel) -> Result<(), tonic::Status> {
+    HealthClient::new(channel)
+        .check(HealthCheckRequest::default())
+        .await
+        .map(|_| ())
+}
+
+/// A fresh channel (its own connection) to `address`.
+fn new_channel(address: SocketAddr) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .expect("endpoint")
+        .connect_lazy()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_sends_nothing_is_closed_after_the_handshake_timeout() {
+    let app = spawn_app_on(Backend::Sqlite, |config| {
+        config.handshake_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let mut silent = TcpStream::connect(app.address).await.expect("connect");
+    assert_eq!(read_until_closed(&mut silent).await, Ended::Closed);
+    // A client that sent only part of the preface is no better.
+    let mut halting = TcpStream::connect(app.address).await.expect("connect");
+    halting.write_all(&PREFACE[..10]).await.expect("write");
+    assert_eq!(read_until_closed(&mut halting).await, Ended::Closed);
+    // Clients that speak are served as before.
+    health_check(new_channel(app.address))
+        .await
+        .expect("a real client is served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_connection_cap_new_connections_are_closed_and_open_ones_are_served() {
+    let app = spawn_app_on(Backend::Sqlite, |config| {
+        config.max_connections = 3;
+        // Long enough that only the cap can close a connection in this test.
+        config.handshake_timeout = Duration::from_secs(600);
+    })
+    .await;
+    // The app's own channel holds one connection; two idle sockets take the other places.
+    health_check(app.channel.clone()).await.expect("health");
+    let first_idle = TcpStream::connect(app.address).await.expect("connect");
+    let _second_idle = TcpStream::connect(app.address).await.expect("connect");
+
+    // Each extra connection is closed at once, however many come.
+    for _ in 0..5 {
+        let mut extra = TcpStream::connect(app.address).await.expect("connect");
+        assert_eq!(read_until_closed(&mut extra).await, Ended::Closed);
+    }
+    // The connection within the cap still answers health checks, again and again.
+    for _ in 0..3 {
+        health_check(app.channel.clone())
+            .await
+            .expect("health on an open connection");
+    }
+
+    // A closed connection gives its place back.
+    drop(first_idle);
+    let mut served = false;
+    for _ in 0..100 {
+        if health_check(new_channel(app.address)).await.is_ok() {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(served, "a new client is served once a place is free");
+}
+
+/// Connects, sends the preface and an empty SETTINGS frame, then `flood` as fast as the server
+/// takes it; returns what the client saw: the GOAWAY code, if any, once the server closed.
+async fn flood_with(address: SocketAddr, flood: Vec<u8>, times: usize) -> Option<Option<u32>> {
+    let socket = TcpStream::connect(address).await.expect("connect");
+    flood_on(socket, flood, times).await
+}
+
+/// [`flood_with`] on a connection already made (a TLS one, say).
+pub async fn flood_on(
+    socket: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+    flood: Vec<u8>,
+    times: usize,
+) -> Option<Option<u32>> {
+    let (mut reader, mut writer) = tokio::io::split(socket);
+    let writing = tokio::spawn(async move {
+        writer.write_all(PREFACE).await?;
+        writer.write_all(&frame(SETTINGS, 0, 0, &[])).await?;
+        for _ in 0..times {
+            writer.write_all(&flood).await?;
+        }
+        // Keep the socket open: only the server may end this connection.
+        tokio::time::sleep(PATIENCE * 2).await;
+        Ok::<_, std::io::Error>(writer)
+    });
+    let seen = goaway_until_closed(&mut reader).await;
+    writing.abort();
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ping_flood_gets_goaway_enhance_your_calm_and_the_connection_closed() {
+    let app = spawn_app_on(Backend::Sqlite, |config| {
+        config.max_control_frames_per_second = 20;
+    })
+    .await;
+    let ping = frame(PING, 0, 0, b"12345678");
+    let seen = flood_with(app.address, ping, 5_000).await;
+    assert_eq!(
+        seen,
+        Some(Some(ENHANCE_YOUR_CALM)),
+        "closed with GOAWAY ENHANCE_YOUR_CALM (None: still served)"
+    );
+    health_check(new_channel(app.address))
+        .await
+        .expect("other clients are served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settings_flood_gets_goaway_enhance_your_calm_and_the_connection_closed() {
+    let app = spawn_app_on(Backend::Sqlite, |config| {
+        config.max_control_frames_per_second = 20;
+    })
+    .await;
+    let settings = frame(SETTINGS, 0, 0, &[]);
+    let seen = flood_with(app.address, settings, 5_000).await;
+    assert_eq!(
+        seen,
+        Some(Some(ENHANCE_YOUR_CALM)),
+        "closed with GOAWAY ENHANCE_YOUR_CALM (None: still served)"
+    );
+    health_check(new_channel(app.address))
+        .await
+        .expect("other clients are served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_few_pings_within_the_limit_leave_the_connection_open() {
+    let app = spawn_app_on(Backend::Sqlite, |config| {
+        config.max_control_frames_per_second = 20;
+    })
+    .await;
+    let mut socket = TcpStream::connect(app.address).await.expect("connect");
+    socket.write_all(PREFACE).await.expect("write");
+    socket
+        .write_all(&frame(SETTINGS, 0, 0, &[]))
+        .await
+        .expect("write");
+    for _ in 0..10 {
+        socket
+            .write_all(&frame(PING, 0, 0, b"12345678"))
+            .await
+            .expect("write");
+    }
+    // Every ping is answered, and the connection is not closed.
+    let mut acks = 0;
+    while acks < 10 {
+        let mut header = [0u8; 9];
+        tokio::time::timeout(PATIENCE, socket.read_exact(&mut header))
+            .await
+            .expect("a frame in time")
+            .expect("the connection stays open");
+        let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let mut payload = vec![0; length];
+        socket.read_exact(&mut payload).await.expect("payload");
+        assert_ne!(header[3], GOAWAY, "no GOAWAY for a few pings");
+        if header[3] == PING && header[4] & 1 == 1 {
+            acks += 1;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_health_watch_cap_a_new_watch_is_refused_and_checks_still_answer() {
+    let app = spawn_app_on(Backend::Sqlite, |config| {
+        config.max_health_watches = 2;
+    })
+    .await;
+    let mut health = HealthClient::new(app.channel.clone());
+    let mut watches = Vec::new();
+    for _ in 0..2 {
+        let mut watch = health
+            .watch(HealthCheckRequest::default())
+            .await
+            .expect("watch")
+            .into_inner();
+        tokio::time::timeout(PATIENCE, watch.message())
+            .await
+            .expect("a status in time")
+            .expect("stream healthy")
+            .expect("a status");
+        watches.push(watch);
+    }
+    assert_status(
+        health.watch(HealthCheckRequest::default()).await,
+        Code::ResourceExhausted,
+        "--max-health-watches",
+    );
+    health_check(app.channel.clone())
+        .await
+        .expect("Check is not capped");
+
+    // A closed watch frees its place.
+    drop(watches.pop());
+    let mut reopened = false;
+    for _ in 0..100 {
+        if health.watch(HealthCheckRequest::default()).await.is_ok() {
+            reopened = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(reopened, "a watch can open once a place is free");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_reflection_stream_cap_a_new_reflection_stream_is_refused() {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
+
+    let app = spawn_app_on(Backend::Sqlite, |config| {
+        config.max_reflection_streams = 2;
+    })
+    .await;
+    let list = || ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    // Each stream stays open (its request stream is not closed) after its first answer.
+    let mut open = Vec::new();
+    let mut reflection = ServerReflectionClient::new(app.channel.clone());
+    for _ in 0..2 {
+        let (requests, rx) = tokio::sync::mpsc::channel(1);
+        requests.send(list()).await.expect("send");
+        let mut responses = reflection
+            .server_reflection_info(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("reflection")
+            .into_inner();
+        let first: Option<ServerReflectionResponse> =
+            tokio::time::timeout(PATIENCE, responses.message())
+                .await
+                .expect("an answer in time")
+                .expect("stream healthy");
+        assert!(first.is_some(), "the services are listed");
+        open.push((requests, responses));
+    }
+    let refused = reflection
+        .server_reflection_info(tokio_stream::once(list()))
+        .await;
+    assert_status(refused, Code::ResourceExhausted, "--max-reflection-streams");
+
+    // A closed stream frees its place.
+    drop(open.pop());
+    let mut reopened = false;
+    for _ in 0..100 {
+        let mut attempt = ServerReflectionClient::new(app.channel.clone());
+        if attempt
+            .server_reflection_info(tokio_stream::once(list()))
+            .await
+            .is_ok()
+        {
+            reopened = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        reopened,
+        "a reflection stream can open once a place is free"
+    );
+}
