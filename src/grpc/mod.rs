@@ -6,5 +6,6 @@ pub mod admin;
 pub mod agent;
 pub mod approver;
 pub mod oversize;
+mod paging;
 pub mod parse;
 mod render;

@@ -22,6 +22,7 @@ mod group_commit;
 mod idempotency;
 mod limits;
 mod recovery;
+mod replies;
 mod replicas;
 mod rules;
 mod supersede;
