@@ -87,7 +87,9 @@ impl Room {
     /// an acknowledgement per submitted call), fitting or not: [`reply_limit`] makes sure such
     /// parts fit, and the lists after them get what is left.
     pub fn charge<M: Message>(&mut self, item: &M) {
-        self.left = self.left.saturating_sub(Self::element_len(item.encoded_len()));
+        self.left = self
+            .left
+            .saturating_sub(Self::element_len(item.encoded_len()));
     }
 
     /// As [`Room::charge`], for a string element.

@@ -66,8 +66,8 @@ pub async fn grants(
             })
         }
     };
-    let render = |grant: &_| render::grant(grant, now);
-    fill(query.limit, query.after, reply_limit, read, render).await
+    let render_grant = |grant: &_| render::grant(grant, now);
+    fill(query.limit, query.after, reply_limit, read, render_grant).await
 }
 
 /// Rows of one store read, each with the cursor after it.
@@ -210,7 +210,10 @@ impl RulePlace {
             return Ok(None);
         }
         let invalid = || Error::invalid("page_token", "is not a token this broker issued");
-        let mut parts = token.strip_prefix("r1.").ok_or_else(invalid)?.splitn(4, '.');
+        let mut parts = token
+            .strip_prefix("r1.")
+            .ok_or_else(invalid)?
+            .splitn(4, '.');
         let mut next = || parts.next().ok_or_else(invalid);
         Ok(Some(RulePlace {
             class: next()?.parse().map_err(|_| invalid())?,
@@ -268,7 +271,10 @@ mod tests {
 
         // The last rule of the page is deleted and one is added before it: nothing repeats or
         // goes missing after it.
-        let mut changed: Vec<Rule> = rules.into_iter().filter(|r| r.id.as_str() != "ask.b").collect();
+        let mut changed: Vec<Rule> = rules
+            .into_iter()
+            .filter(|r| r.id.as_str() != "ask.b")
+            .collect();
         changed.push(rule("deny.y", RuleEffect::Deny, 0));
         let (rest, token) = rules_page(changed, 0, &token, 1 << 20).unwrap();
         assert_eq!(ids(&rest), ["allow.c", "allow.a"]);

@@ -111,12 +111,11 @@ pub fn submit_response(
     let mut room = Room::new(reply_limit);
     room.charge_text(session_id);
     acks.iter().for_each(|ack| room.charge(ack));
-    let (outcomes, all_outcomes) = room.fill(report.items.iter().filter_map(|item| {
-        match &item.result {
+    let (outcomes, all_outcomes) =
+        room.fill(report.items.iter().filter_map(|item| match &item.result {
             SubmitResult::Accepted(c) | SubmitResult::Duplicate(c) => outcome(c),
             SubmitResult::Refused(_) => None,
-        }
-    }));
+        }));
     let (superseded, all_superseded) = room.fill(report.superseded.iter().filter_map(outcome));
     pb::SubmitResponse {
         session_id: session_id.to_owned(),
@@ -215,11 +214,10 @@ pub fn fit_resume_done(mut done: pb::ResumeDone, reply_limit: usize) -> pb::Resu
     done.unknown_call_ids
         .iter()
         .for_each(|id| room.charge_text(id));
-    let pending = std::mem::take(&mut done.pending_call_ids);
+    let pending = &mut done.pending_call_ids;
     let fitting = pending.iter().take_while(|id| room.take_text(id)).count();
     done.truncated |= fitting < pending.len();
-    done.pending_call_ids = pending;
-    done.pending_call_ids.truncate(fitting);
+    pending.truncate(fitting);
     done
 }
 

@@ -126,7 +126,11 @@ async fn all_states(
             .expect("get outcomes")
             .into_inner();
         requests += 1;
-        assert!(reply.encoded_len() <= limit, "{} bytes", reply.encoded_len());
+        assert!(
+            reply.encoded_len() <= limit,
+            "{} bytes",
+            reply.encoded_len()
+        );
         assert!(!reply.calls.is_empty(), "a reply answering no id");
         assert_eq!(reply.truncated, reply.calls.len() < asked.len());
         for (state, id) in reply.calls.iter().zip(asked) {
@@ -159,7 +163,11 @@ async fn listing_forty_pending_calls_of_256_kib_pages_through_all_of_them_under_
         list_all_calls(&app, pb::ListCallsRequest::default(), DEFAULT_REPLY_LIMIT).await;
     assert!(pages > 1);
     assert_eq!(calls.len(), 42);
-    assert!(calls.iter().all(|c| c.input_json.len() > 250 * 1024 || c.session_id == "small"));
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.input_json.len() > 250 * 1024 || c.session_id == "small")
+    );
 
     let (states, requests) = all_states(&app, "big", &ids(40), DEFAULT_REPLY_LIMIT).await;
     assert!(requests > 1, "one reply cannot hold 40 calls of 256 KiB");
@@ -222,9 +230,7 @@ async fn a_remembered_decision_that_approves_41_large_calls_answers_ok_and_count
     }
 }
 
-async fn cancelling_a_session_of_many_pending_calls_answers_ok_with_the_count_of_all(
-    app: TestApp,
-) {
+async fn cancelling_a_session_of_many_pending_calls_answers_ok_with_the_count_of_all(app: TestApp) {
     submit_calls(&app, "s", MANY, 125, |_| "{}".into()).await;
     let result = app
         .agent()
@@ -313,7 +319,13 @@ async fn rules_and_grants_with_large_matchers_page_through_all_of_them_under_the
         let exact = exact_input(&big_input(i));
         create_rule(
             &app,
-            rule(&format!("r{i:02}"), "other_tool", pb::Effect::Ask, 0, Some(exact)),
+            rule(
+                &format!("r{i:02}"),
+                "other_tool",
+                pb::Effect::Ask,
+                0,
+                Some(exact),
+            ),
         )
         .await;
     }
@@ -354,7 +366,10 @@ async fn rules_and_grants_with_large_matchers_page_through_all_of_them_under_the
             .await
             .expect("decide")
             .into_inner();
-        assert!(reply.decided_by_grant.is_empty(), "each grant matches its own input");
+        assert!(
+            reply.decided_by_grant.is_empty(),
+            "each grant matches its own input"
+        );
     }
     let mut grants = 0;
     let mut request = pb::ListGrantsRequest::default();
@@ -410,10 +425,83 @@ async fn a_batch_of_large_approved_calls_completes_on_the_agent_stream_under_the
     }
     let complete = stream.next_batch_complete().await;
     assert!(complete.encoded_len() <= DEFAULT_REPLY_LIMIT);
-    assert!(complete.truncated, "20 approved inputs of 250 KiB outgrow one message");
-    let listed: Vec<String> = complete.outcomes.iter().map(|o| o.call_id.clone()).collect();
+    assert!(
+        complete.truncated,
+        "20 approved inputs of 250 KiB outgrow one message"
+    );
+    let listed: Vec<String> = complete
+        .outcomes
+        .iter()
+        .map(|o| o.call_id.clone())
+        .collect();
     assert!(!listed.is_empty());
-    assert_eq!(listed, ids(20)[..listed.len()], "the first outcomes, in order");
+    assert_eq!(
+        listed,
+        ids(20)[..listed.len()],
+        "the first outcomes, in order"
+    );
+}
+
+async fn resuming_and_cancelling_a_session_of_many_calls_on_the_agent_stream_stays_under_the_limit(
+    app: TestApp,
+) {
+    // Call ids of 250 bytes: a thousand of them outgrow a 64 KiB message.
+    let long_id = |i: usize| format!("{i:0>250}");
+    for start in (0..MANY).step_by(125) {
+        let calls = (start..start + 125)
+            .map(|i| call(&long_id(i), "write_file", "{}"))
+            .collect();
+        submit(&app, batch("s", calls)).await;
+    }
+    let mut stream = AgentStream::open(&app).await;
+    let resume = pb::ResumeRequest {
+        session_id: "s".into(),
+        call_ids: vec![],
+    };
+    stream
+        .send("r1", pb::agent_request::Request::Resume(resume))
+        .await;
+    let done = match stream.next_with_id().await {
+        (id, pb::agent_response::Response::Resumed(done)) if id == "r1" => done,
+        other => panic!("expected the resume's answer, got {other:?}"),
+    };
+    assert!(done.encoded_len() <= SMALL_MESSAGE_LIMIT);
+    assert!(done.truncated);
+    let listed = done.pending_call_ids.len();
+    assert!(listed > 0 && listed < MANY);
+    assert_eq!(
+        done.pending_call_ids,
+        (0..listed).map(long_id).collect::<Vec<_>>()
+    );
+
+    let cancel = pb::CancelTarget {
+        session_id: "s".into(),
+        target: Some(pb::cancel_target::Target::WholeSession(true)),
+        reason: String::new(),
+    };
+    stream
+        .send("r2", pb::agent_request::Request::Cancel(cancel))
+        .await;
+    let mut outcomes = std::collections::HashSet::new();
+    let mut answered = false;
+    while !answered || outcomes.len() < MANY {
+        match stream.next_with_id().await {
+            (id, pb::agent_response::Response::Cancelled(result)) if id == "r2" => {
+                assert!(result.encoded_len() <= SMALL_MESSAGE_LIMIT);
+                assert_eq!(result.cancelled_count, MANY as u64);
+                assert!(result.truncated);
+                answered = true;
+            }
+            (_, pb::agent_response::Response::Outcome(o)) => {
+                assert_eq!(status_of(&o), CallStatus::Cancelled);
+                assert!(outcomes.insert(o.call_id), "each outcome once");
+            }
+            (_, pb::agent_response::Response::BatchComplete(b)) => {
+                assert!(b.encoded_len() <= SMALL_MESSAGE_LIMIT);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
 }
 
 /// A small message limit (and inputs small enough that one call fits it).
@@ -428,5 +516,6 @@ backend_tests! {
     cancelling_a_session_of_many_pending_calls_answers_ok_with_the_count_of_all => super::small_messages,
     superseding_many_pending_calls_answers_ok_with_the_count_of_all => super::small_messages,
     rules_and_grants_with_large_matchers_page_through_all_of_them_under_the_limit,
+    resuming_and_cancelling_a_session_of_many_calls_on_the_agent_stream_stays_under_the_limit => super::small_messages,
     a_batch_of_large_approved_calls_completes_on_the_agent_stream_under_the_limit,
 }
