@@ -8,7 +8,8 @@
 //! must never exceed it: a write that committed must never be reported as a failure because its
 //! reply grew too large, and a listing must never break because its items did. Every reply that
 //! holds a list is built through a [`Room`]: a page ends where the next item would not fit (its
-//! `next_page_token` continues there), and a write's reply lists what fits and counts the rest.
+//! `next_page_token` continues there; see `paging`), and a write's reply lists what fits and
+//! counts the rest (see `render`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -32,7 +33,7 @@ const CALL_TEXTS: usize = 32 * 1024;
 /// The most one call can take in a reply with inputs of at most `max_input_bytes`: its input,
 /// an approver's edited input, and its texts. Pages hold at least one call (or outcome, or
 /// grant, which take less with default matchers), and a write's reply its own outcome.
-pub fn largest_call(max_input_bytes: usize) -> usize {
+fn largest_call(max_input_bytes: usize) -> usize {
     2 * max_input_bytes + CALL_TEXTS
 }
 

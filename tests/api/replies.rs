@@ -504,6 +504,44 @@ async fn resuming_and_cancelling_a_session_of_many_calls_on_the_agent_stream_sta
     }
 }
 
+#[test]
+fn a_message_limit_too_small_for_one_call_stops_the_broker_naming_the_settings() {
+    let dir = tempfile::tempdir().expect("dir");
+    // 300 KB cannot hold a call with a 256 KiB input and a 256 KiB edited input.
+    let mut broker = std::process::Command::new(env!("CARGO_BIN_EXE_approval-broker"))
+        .env_remove("DATABASE_URL")
+        .env("APPROVALS_METRICS_LISTEN", "off")
+        .args(["--listen", "127.0.0.1:0", "--max-message-bytes", "300000"])
+        .arg("--database-url")
+        .arg(format!("sqlite://{}", dir.path().join("r.db").display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run");
+    let started = std::time::Instant::now();
+    while broker.try_wait().expect("wait").is_none() {
+        if started.elapsed() > PATIENCE {
+            let _ = broker.kill();
+            panic!("the broker started with replies that cannot hold one call");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let output = broker.wait_with_output().expect("output");
+    assert!(!output.status.success());
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for setting in [
+        "--max-message-bytes",
+        "--max-reply-bytes",
+        "--max-input-bytes",
+    ] {
+        assert!(said.contains(setting), "{setting}: {said}");
+    }
+}
+
 /// A small message limit (and inputs small enough that one call fits it).
 fn small_messages(config: &mut approval_broker::config::Config) {
     config.max_message_bytes = SMALL_MESSAGE_LIMIT;
