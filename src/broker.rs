@@ -28,6 +28,8 @@ pub struct Limits {
     pub max_agent_streams: usize,
     /// The most `Subscribe` streams open at once.
     pub max_subscribers: usize,
+    /// The largest reply, encoded (`grpc::oversize`).
+    pub max_reply_bytes: usize,
 }
 
 pub struct Broker {
@@ -241,6 +243,7 @@ mod tests {
             subscriber_buffer: 4,
             max_agent_streams: 4,
             max_subscribers: 4,
+            max_reply_bytes: 64 * 1024,
         };
         let (stop, stopping) = watch::channel(false);
         let broker = Broker::new(store, bus, sweeper, limits, stopping);

@@ -67,6 +67,12 @@ pub struct Config {
     #[arg(long, env = "APPROVALS_MAX_MESSAGE_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_message_bytes: usize,
 
+    /// The largest reply sent, in bytes (never more than --max-message-bytes). Listings are cut
+    /// into pages under it; a write's reply lists what fits and counts the rest. The default,
+    /// 4 MiB, is the receive limit of gRPC clients in most languages.
+    #[arg(long, env = "APPROVALS_MAX_REPLY_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_reply_bytes: usize,
+
     /// The deadline given to calls submitted without one, e.g. `90s`, `15m`, `1h30m`, `1d` (at most
     /// 366d). None by default.
     #[arg(long, env = "APPROVALS_DEFAULT_DEADLINE", value_parser = parse_duration)]
@@ -246,6 +252,7 @@ impl Config {
             subscriber_buffer: self.subscriber_buffer as usize,
             max_agent_streams: self.max_agent_streams as usize,
             max_subscribers: self.max_subscribers as usize,
+            max_reply_bytes: self.max_reply_bytes.min(self.max_message_bytes),
         }
     }
 
@@ -255,6 +262,16 @@ impl Config {
             handshake_timeout: self.handshake_timeout,
             max_control_frames_per_second: self.max_control_frames_per_second,
         }
+    }
+
+    /// The size no reply may exceed; refused when one item of the largest input allowed could
+    /// not fit.
+    pub fn reply_limit(&self) -> crate::Result<usize> {
+        crate::grpc::oversize::reply_limit(
+            self.max_reply_bytes,
+            self.max_message_bytes,
+            self.max_input_bytes,
+        )
     }
 
     /// The configured bearer tokens (file and inline together); `None` when no token source is

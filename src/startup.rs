@@ -40,6 +40,7 @@ pub async fn run(
 ) -> Result<()> {
     // An invalid policy file stops the broker before anything else happens.
     let policy_rules = config.policy_rules()?;
+    let reply_limit = config.reply_limit()?;
     // Held until the server stops (or its task is dropped): one broker per SQLite file.
     let _only_broker = store::claim(&config.store_options())?;
     let storage = StorageHealth::new();
@@ -78,19 +79,19 @@ pub async fn run(
     let agent = InterceptedService::new(
         AgentServiceServer::new(AgentApi::new(Arc::clone(&broker)))
             .max_decoding_message_size(max)
-            .max_encoding_message_size(max),
+            .max_encoding_message_size(reply_limit),
         gate(Role::Agent),
     );
     let approver = InterceptedService::new(
         ApproverServiceServer::new(ApproverApi::new(Arc::clone(&broker)))
             .max_decoding_message_size(max)
-            .max_encoding_message_size(max),
+            .max_encoding_message_size(reply_limit),
         gate(Role::Approver),
     );
     let admin = InterceptedService::new(
         AdminServiceServer::new(AdminApi::new(Arc::clone(&broker)))
             .max_decoding_message_size(max)
-            .max_encoding_message_size(max),
+            .max_encoding_message_size(reply_limit),
         gate(Role::Admin),
     );
 

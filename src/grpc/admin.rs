@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::{parse, render};
+use super::oversize::Room;
+use super::{paging, parse, render};
 use crate::auth::Caller;
 use crate::broker::Broker;
 use crate::domain::Timestamp;
-use crate::domain::policy::sort_by_precedence;
 use crate::error::Error;
 use crate::proto::v1 as pb;
 
@@ -44,9 +44,14 @@ impl pb::admin_service_server::AdminService for AdminApi {
         query.created_before = parse::time_bound("created_before", req.created_before)?;
         query.decided_by = parse::decided_by("decided_by", req.decided_by)?;
         parse::page(&mut query, req.page_size, &req.page_token)?;
-        let page = self.broker.store().list_calls(&query).await?;
+        let page = paging::calls(
+            self.broker.store(),
+            &query,
+            self.broker.limits().max_reply_bytes,
+        )
+        .await?;
         Ok(Response::new(pb::ListCallsResponse {
-            calls: page.calls.iter().map(render::call).collect(),
+            calls: page.items,
             next_page_token: parse::page_token(page.next),
         }))
     }
@@ -79,9 +84,15 @@ impl pb::admin_service_server::AdminService for AdminApi {
         let mut query = parse::list_grants(request.into_inner())?;
         let now = Timestamp::now();
         query.now = Some(now);
-        let page = self.broker.store().list_grants(&query).await?;
+        let page = paging::grants(
+            self.broker.store(),
+            &query,
+            self.broker.limits().max_reply_bytes,
+            now,
+        )
+        .await?;
         Ok(Response::new(pb::ListGrantsResponse {
-            grants: page.grants.iter().map(|g| render::grant(g, now)).collect(),
+            grants: page.items,
             next_page_token: parse::page_token(page.next),
         }))
     }
@@ -94,13 +105,12 @@ impl pb::admin_service_server::AdminService for AdminApi {
         let target = parse::revoke_target(request.into_inner())?;
         let report = self.broker.store().revoke_grants(&target, &by).await?;
         let now = Timestamp::now();
+        let mut room = Room::new(self.broker.limits().max_reply_bytes);
+        let (grants, all) = room.fill(report.grants.iter().map(|g| render::grant(g, now)));
         Ok(Response::new(pb::RevokeGrantResponse {
             revoked: report.revoked as u32,
-            grants: report
-                .grants
-                .iter()
-                .map(|g| render::grant(g, now))
-                .collect(),
+            grants,
+            truncated: !all,
         }))
     }
 
@@ -119,12 +129,19 @@ impl pb::admin_service_server::AdminService for AdminApi {
 
     async fn list_rules(
         &self,
-        _request: Request<pb::ListRulesRequest>,
+        request: Request<pb::ListRulesRequest>,
     ) -> Result<Response<pb::ListRulesResponse>, Status> {
-        let mut rules = self.broker.store().list_rules().await?;
-        sort_by_precedence(&mut rules);
+        let req = request.into_inner();
+        let rules = self.broker.store().list_rules().await?;
+        let (rules, next_page_token) = paging::rules(
+            rules,
+            req.page_size,
+            &req.page_token,
+            self.broker.limits().max_reply_bytes,
+        )?;
         Ok(Response::new(pb::ListRulesResponse {
-            rules: rules.iter().map(render::rule).collect(),
+            rules,
+            next_page_token,
         }))
     }
 

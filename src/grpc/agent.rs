@@ -13,7 +13,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 
-use super::{oversize, parse, render};
+use super::oversize::{self, Room};
+use super::{parse, render};
 use crate::auth::Caller;
 use crate::broker::Broker;
 use crate::domain::{AgentId, BatchId, Call, CallId, Event, EventKind, SessionId};
@@ -86,6 +87,7 @@ impl pb::agent_service_server::AgentService for AgentApi {
             &report,
             &session,
             &parsed.refused,
+            self.broker.limits().max_reply_bytes,
         )))
     }
 
@@ -126,21 +128,21 @@ impl pb::agent_service_server::AgentService for AgentApi {
             .store()
             .calls_by_id(&agent, &session, &ids)
             .await?;
-        let calls = ids
-            .iter()
-            .zip(found)
-            .map(|(id, call)| pb::CallState {
-                call_id: id.to_string(),
-                state: Some(match call {
-                    Some(c) if c.outcome.is_some() => {
-                        pb::call_state::State::Outcome(render::outcome(&c).unwrap_or_default())
-                    }
-                    Some(c) => pb::call_state::State::Pending(render::call(&c)),
-                    None => pb::call_state::State::Unknown(pb::Unknown {}),
-                }),
-            })
-            .collect();
-        Ok(Response::new(pb::GetOutcomesResponse { calls }))
+        let states = ids.iter().zip(found).map(|(id, call)| pb::CallState {
+            call_id: id.to_string(),
+            state: Some(match call {
+                Some(c) if c.outcome.is_some() => {
+                    pb::call_state::State::Outcome(render::outcome(&c).unwrap_or_default())
+                }
+                Some(c) => pb::call_state::State::Pending(render::call(&c)),
+                None => pb::call_state::State::Unknown(pb::Unknown {}),
+            }),
+        });
+        let (calls, all) = Room::new(self.broker.limits().max_reply_bytes).fill(states);
+        Ok(Response::new(pb::GetOutcomesResponse {
+            calls,
+            truncated: !all,
+        }))
     }
 
     async fn cancel(
@@ -152,7 +154,10 @@ impl pb::agent_service_server::AgentService for AgentApi {
         target.agent = agent;
         let report = self.broker.cancel(&target).await?;
         Ok(Response::new(pb::CancelResponse {
-            result: Some(render::cancel_result(&report)),
+            result: Some(render::cancel_result(
+                &report,
+                self.broker.limits().max_reply_bytes,
+            )),
         }))
     }
 }
@@ -280,6 +285,14 @@ impl AgentConnection {
     }
 
     async fn send(&self, request_id: &str, reply: Reply) -> Result<(), Gone> {
+        // Every message of the stream passes here: the ones that list a whole batch or session
+        // are cut to the reply limit (the others are built within it, or hold one item).
+        let limit = self.broker.limits().max_reply_bytes;
+        let reply = match reply {
+            Reply::BatchComplete(c) => Reply::BatchComplete(render::fit_batch_complete(c, limit)),
+            Reply::Resumed(done) => Reply::Resumed(render::fit_resume_done(done, limit)),
+            other => other,
+        };
         let response = pb::AgentResponse {
             request_id: request_id.to_owned(),
             response: Some(reply),
@@ -311,7 +324,12 @@ impl AgentConnection {
         let session = parsed.batch.session.clone();
         self.follow(&session).await?;
         let report = self.broker.submit(parsed.batch).await?;
-        let response = render::submit_response(&report, session.as_str(), &parsed.refused);
+        let response = render::submit_response(
+            &report,
+            session.as_str(),
+            &parsed.refused,
+            self.broker.limits().max_reply_bytes,
+        );
         let mut sent = self.send(id, Reply::Submitted(response)).await;
         if sent.is_ok() {
             let followed_from = self.watched.get(&session).copied().unwrap_or(0);
@@ -388,7 +406,13 @@ impl AgentConnection {
         self.follow(&target.session).await?;
         let report = self.broker.cancel(&target).await?;
         Ok(self
-            .send(id, Reply::Cancelled(render::cancel_result(&report)))
+            .send(
+                id,
+                Reply::Cancelled(render::cancel_result(
+                    &report,
+                    self.broker.limits().max_reply_bytes,
+                )),
+            )
             .await)
     }
 
@@ -429,6 +453,7 @@ impl AgentConnection {
             session_id: session.to_string(),
             pending_call_ids: replay.pending.iter().map(ToString::to_string).collect(),
             unknown_call_ids: replay.unknown.iter().map(ToString::to_string).collect(),
+            truncated: false,
         };
         Ok(self.send(id, Reply::Resumed(done)).await)
     }
@@ -474,6 +499,14 @@ struct OutcomeWatch {
 
 impl OutcomeWatch {
     async fn send(&self, event: pb::watch_outcomes_response::Event) -> Result<(), Gone> {
+        use pb::watch_outcomes_response::Event as E;
+        let event = match event {
+            E::BatchComplete(c) => E::BatchComplete(render::fit_batch_complete(
+                c,
+                self.broker.limits().max_reply_bytes,
+            )),
+            other => other,
+        };
         let message = pb::WatchOutcomesResponse { event: Some(event) };
         self.out.send(Ok(message)).await.map_err(|_| Gone)
     }

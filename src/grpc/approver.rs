@@ -16,7 +16,7 @@ use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
-use super::{parse, render};
+use super::{paging, parse, render};
 use crate::auth::Caller;
 use crate::broker::Broker;
 use crate::domain::{EventKind, Status as CallStatus};
@@ -84,14 +84,11 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         // With auth on, the token says who decides; the request cannot.
         decision.approver = caller.approver(decision.approver)?;
         let report = self.broker.decide(&key, &decision).await?;
-        let now = crate::domain::Timestamp::now();
-        Ok(Response::new(pb::DecideResponse {
-            outcome: render::outcome(&report.call),
-            replayed: report.replayed,
-            skipped: render::outcomes(&report.skipped),
-            grant: report.grant.as_ref().map(|g| render::grant(g, now)),
-            decided_by_grant: render::outcomes(&report.decided_by_grant),
-        }))
+        Ok(Response::new(render::decide_response(
+            &report,
+            crate::domain::Timestamp::now(),
+            self.broker.limits().max_reply_bytes,
+        )))
     }
 
     async fn list_pending(
@@ -102,9 +99,14 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         let mut query = parse::filter("filter.", req.filter)?;
         parse::page(&mut query, req.page_size, &req.page_token)?;
         query.statuses = vec![CallStatus::Pending];
-        let page = self.broker.store().list_calls(&query).await?;
+        let page = paging::calls(
+            self.broker.store(),
+            &query,
+            self.broker.limits().max_reply_bytes,
+        )
+        .await?;
         Ok(Response::new(pb::ListPendingResponse {
-            calls: page.calls.iter().map(render::call).collect(),
+            calls: page.items,
             next_page_token: parse::page_token(page.next),
         }))
     }

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod approver;
 pub mod health;
 pub mod oversize;
+mod paging;
 pub mod parse;
 pub mod reflection;
 mod render;

@@ -3,13 +3,129 @@
 //! a unary or server-streaming handler runs (the status travels in the response headers, which
 //! [`MessageLimitStatus`] rewrites), or inside a client stream (which the handler maps with
 //! [`map_status`]).
+//!
+//! Replies have a limit too, `--max-reply-bytes` (capped by `--max-message-bytes`), and a reply
+//! must never exceed it: a write that committed must never be reported as a failure because its
+//! reply grew too large, and a listing must never break because its items did. Every reply that
+//! holds a list is built through a [`Room`]: a page ends where the next item would not fit (its
+//! `next_page_token` continues there; see `paging`), and a write's reply lists what fits and
+//! counts the rest (see `render`).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use prost::Message;
+use prost::encoding::encoded_len_varint;
 use tonic::codegen::http;
 use tonic::{Code, Status};
+
+use crate::error::{Error, Result};
+
+/// Room kept in every reply for its fields that are not lists (ids, page tokens, counts, flags)
+/// and for the envelope of a stream message. Those fields are capped far below it.
+const RESERVED: usize = 8 * 1024;
+
+/// What one call may take beyond its tool inputs: ids, title, message, workspace, reason,
+/// tool-result text (each capped, together well below this).
+const CALL_TEXTS: usize = 32 * 1024;
+
+/// The most one call can take in a reply with inputs of at most `max_input_bytes`: its input,
+/// an approver's edited input, and its texts. Pages hold at least one call (or outcome, or
+/// grant, which take less with default matchers), and a write's reply its own outcome.
+fn largest_call(max_input_bytes: usize) -> usize {
+    2 * max_input_bytes + CALL_TEXTS
+}
+
+/// The reply limit for `--max-reply-bytes` and `--max-message-bytes`: the smaller of the two.
+/// Refused when a single call could not fit in one reply (a page must never be empty, and a
+/// write's own outcome must always be sent), naming the setting to raise.
+pub fn reply_limit(
+    max_reply_bytes: usize,
+    max_message_bytes: usize,
+    max_input_bytes: usize,
+) -> Result<usize> {
+    let limit = max_reply_bytes.min(max_message_bytes);
+    let needed = RESERVED + largest_call(max_input_bytes);
+    if limit < needed {
+        return Err(Error::invalid(
+            "--max-reply-bytes / --max-message-bytes",
+            format!(
+                "a reply must hold at least one call with the largest input allowed \
+                 (--max-input-bytes {max_input_bytes}): {needed} bytes, but the limit is {limit}"
+            ),
+        ));
+    }
+    Ok(limit)
+}
+
+/// What is left of one reply's size limit while the reply is built.
+#[derive(Debug, Clone)]
+pub struct Room {
+    left: usize,
+}
+
+impl Room {
+    /// The room of one reply under `reply_limit` (see [`reply_limit`]).
+    pub fn new(reply_limit: usize) -> Self {
+        Room {
+            left: reply_limit.saturating_sub(RESERVED),
+        }
+    }
+
+    /// Takes the room `item` needs as one element of a repeated field (or as a message field),
+    /// if it fits; otherwise takes nothing and says so.
+    pub fn take<M: Message>(&mut self, item: &M) -> bool {
+        self.take_len(item.encoded_len())
+    }
+
+    /// As [`Room::take`], for a string element.
+    pub fn take_text(&mut self, text: &str) -> bool {
+        self.take_len(text.len())
+    }
+
+    /// Takes the room of a part the reply cannot do without (the outcome of the decided call,
+    /// an acknowledgement per submitted call), fitting or not: [`reply_limit`] makes sure such
+    /// parts fit, and the lists after them get what is left.
+    pub fn charge<M: Message>(&mut self, item: &M) {
+        self.left = self
+            .left
+            .saturating_sub(Self::element_len(item.encoded_len()));
+    }
+
+    /// As [`Room::charge`], for a string element.
+    pub fn charge_text(&mut self, text: &str) {
+        self.left = self.left.saturating_sub(Self::element_len(text.len()));
+    }
+
+    /// The longest prefix of `items` that fits (taken lazily: nothing after the first item that
+    /// does not fit is even rendered), and whether every item did.
+    pub fn fill<M: Message>(&mut self, items: impl IntoIterator<Item = M>) -> (Vec<M>, bool) {
+        let mut kept = Vec::new();
+        for item in items {
+            if !self.take(&item) {
+                return (kept, false);
+            }
+            kept.push(item);
+        }
+        (kept, true)
+    }
+
+    fn take_len(&mut self, len: usize) -> bool {
+        let needed = Self::element_len(len);
+        if needed > self.left {
+            return false;
+        }
+        self.left -= needed;
+        true
+    }
+
+    /// An element's encoded size: its field key (at most 2 bytes for field numbers below 2048),
+    /// its length, its bytes.
+    fn element_len(len: usize) -> usize {
+        2 + encoded_len_varint(len as u64) + len
+    }
+}
 
 /// Whether `message` is tonic's "message too large" text, percent-encoded or not.
 fn is_too_large(message: &str) -> bool {
@@ -78,5 +194,56 @@ where
             }
             Ok(response)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::v1 as pb;
+
+    fn outcome(reason_bytes: usize) -> pb::Outcome {
+        pb::Outcome {
+            reason: "r".repeat(reason_bytes),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_room_keeps_the_longest_prefix_that_fits_and_the_list_under_the_limit() {
+        let limit = RESERVED + 10_000;
+        let items: Vec<pb::Outcome> = (0..10).map(|_| outcome(3_000)).collect();
+        let (kept, all) = Room::new(limit).fill(items.clone());
+        assert!(!all);
+        assert_eq!(kept.len(), 3);
+        let reply = pb::DecideResponse {
+            skipped: kept,
+            truncated: true,
+            skipped_count: 10,
+            ..Default::default()
+        };
+        assert!(reply.encoded_len() <= limit);
+
+        let (kept, all) = Room::new(limit).fill(items[..3].to_vec());
+        assert!(all);
+        assert_eq!(kept.len(), 3);
+    }
+
+    #[test]
+    fn a_room_stops_at_the_first_item_that_does_not_fit() {
+        let limit = RESERVED + 10_000;
+        let items = vec![outcome(2_000), outcome(9_000), outcome(10)];
+        let (kept, all) = Room::new(limit).fill(items);
+        assert!(!all);
+        assert_eq!(kept.len(), 1, "order is kept: nothing after a gap");
+    }
+
+    #[test]
+    fn a_reply_limit_that_cannot_hold_one_call_is_refused_naming_the_settings() {
+        assert_eq!(reply_limit(4 << 20, 8 << 20, 256 << 10).unwrap(), 4 << 20);
+        assert_eq!(reply_limit(4 << 20, 1 << 20, 256 << 10).unwrap(), 1 << 20);
+        let err = reply_limit(300 << 10, 8 << 20, 256 << 10).unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(err.to_string().contains("--max-reply-bytes"), "{err}");
     }
 }

@@ -1,4 +1,5 @@
-//! Domain values become protobuf messages here.
+//! Domain values become protobuf messages here. Replies that list what a write did are built
+//! within the reply limit (see [`oversize`](super::oversize)): they list what fits and count all.
 
 use std::collections::HashSet;
 
@@ -8,7 +9,9 @@ use crate::domain::policy::{
 use crate::domain::{Call, CallId, Status, Timestamp};
 use crate::error::Error;
 use crate::proto::v1 as pb;
-use crate::store::{CancelReport, Explanation, SubmitReport, SubmitResult};
+use crate::store::{CancelReport, DecideReport, Explanation, SubmitReport, SubmitResult};
+
+use super::oversize::Room;
 
 pub fn timestamp(t: Timestamp) -> prost_types::Timestamp {
     let micros = t.as_micros();
@@ -78,11 +81,12 @@ pub fn item_error(err: &Error) -> pb::ItemError {
 }
 
 /// The acknowledgements of a submit, merged with the calls refused at validation, in the
-/// request's order.
+/// request's order, then the outcomes it decided and superseded that fit in `reply_limit`.
 pub fn submit_response(
     report: &SubmitReport,
     session_id: &str,
     refused: &[(u32, String, Error)],
+    reply_limit: usize,
 ) -> pb::SubmitResponse {
     let mut acks: Vec<pb::CallAck> = report
         .items
@@ -114,6 +118,21 @@ pub fn submit_response(
         .filter(|item| !matches!(item.result, SubmitResult::Refused(_)))
         .map(|item| &item.call_id)
         .collect();
+    let mut room = Room::new(reply_limit);
+    room.charge_text(session_id);
+    acks.iter().for_each(|ack| room.charge(ack));
+    let (outcomes, all_outcomes) =
+        room.fill(report.items.iter().filter_map(|item| match &item.result {
+            SubmitResult::Accepted(c) | SubmitResult::Duplicate(c) => outcome(c),
+            SubmitResult::Refused(_) => None,
+        }));
+    let (superseded, all_superseded) = room.fill(
+        report
+            .superseded
+            .iter()
+            .filter(|c| !carried.contains(&c.key.call_id))
+            .filter_map(outcome),
+    );
     pb::SubmitResponse {
         session_id: session_id.to_owned(),
         batch_id: report
@@ -122,20 +141,14 @@ pub fn submit_response(
             .map(|b| b.as_str().to_owned())
             .unwrap_or_default(),
         acks,
-        outcomes: report
-            .items
+        outcomes,
+        superseded,
+        superseded_count: report
+            .superseded
             .iter()
-            .filter_map(|item| match &item.result {
-                SubmitResult::Accepted(c) | SubmitResult::Duplicate(c) => outcome(c),
-                SubmitResult::Refused(_) => None,
-            })
-            .collect(),
-        superseded: outcomes(
-            report
-                .superseded
-                .iter()
-                .filter(|c| !carried.contains(&c.key.call_id)),
-        ),
+            .filter(|c| !carried.contains(&c.key.call_id))
+            .count() as u64,
+        truncated: !(all_outcomes && all_superseded),
     }
 }
 
@@ -147,11 +160,48 @@ fn accepted(c: &Call) -> pb::Accepted {
     }
 }
 
-pub fn cancel_result(report: &CancelReport) -> pb::CancelResult {
+/// What a cancel did: every unknown id, and the outcomes that fit in `reply_limit`.
+pub fn cancel_result(report: &CancelReport, reply_limit: usize) -> pb::CancelResult {
+    let unknown_call_ids: Vec<String> = report.unknown.iter().map(ToString::to_string).collect();
+    let mut room = Room::new(reply_limit);
+    unknown_call_ids.iter().for_each(|id| room.charge_text(id));
+    let (cancelled, all_cancelled) = room.fill(report.cancelled.iter().filter_map(outcome));
+    let (already_decided, all_decided) =
+        room.fill(report.already_decided.iter().filter_map(outcome));
     pb::CancelResult {
-        cancelled: outcomes(&report.cancelled),
-        already_decided: outcomes(&report.already_decided),
-        unknown_call_ids: report.unknown.iter().map(ToString::to_string).collect(),
+        cancelled,
+        already_decided,
+        unknown_call_ids,
+        cancelled_count: report.cancelled.len() as u64,
+        already_decided_count: report.already_decided.len() as u64,
+        truncated: !(all_cancelled && all_decided),
+    }
+}
+
+/// What a decision did: the outcome that stands and its grant, then the outcomes it skipped and
+/// its grant decided that fit in `reply_limit`.
+pub fn decide_response(
+    report: &DecideReport,
+    now: Timestamp,
+    reply_limit: usize,
+) -> pb::DecideResponse {
+    let decided = outcome(&report.call);
+    let grant = report.grant.as_ref().map(|g| grant(g, now));
+    let mut room = Room::new(reply_limit);
+    decided.iter().for_each(|o| room.charge(o));
+    grant.iter().for_each(|g| room.charge(g));
+    let (skipped, all_skipped) = room.fill(report.skipped.iter().filter_map(outcome));
+    let (decided_by_grant, all_by_grant) =
+        room.fill(report.decided_by_grant.iter().filter_map(outcome));
+    pb::DecideResponse {
+        outcome: decided,
+        replayed: report.replayed,
+        skipped,
+        grant,
+        decided_by_grant,
+        skipped_count: report.skipped.len() as u64,
+        decided_by_grant_count: report.decided_by_grant.len() as u64,
+        truncated: !(all_skipped && all_by_grant),
     }
 }
 
@@ -161,7 +211,34 @@ pub fn batch_complete(calls: &[Call]) -> Option<pb::BatchComplete> {
         session_id: first.key.session.to_string(),
         batch_id: first.batch_id.as_str().to_owned(),
         outcomes: outcomes(calls),
+        truncated: false,
     })
+}
+
+/// A batch-complete message cut to `reply_limit`: the outcomes that fit (each was also sent on
+/// its own before).
+pub fn fit_batch_complete(
+    mut complete: pb::BatchComplete,
+    reply_limit: usize,
+) -> pb::BatchComplete {
+    let (outcomes, all) = Room::new(reply_limit).fill(std::mem::take(&mut complete.outcomes));
+    complete.outcomes = outcomes;
+    complete.truncated |= !all;
+    complete
+}
+
+/// A resume's answer cut to `reply_limit`: every unknown id (at most the 1,024 named), and the
+/// pending ids that fit.
+pub fn fit_resume_done(mut done: pb::ResumeDone, reply_limit: usize) -> pb::ResumeDone {
+    let mut room = Room::new(reply_limit);
+    done.unknown_call_ids
+        .iter()
+        .for_each(|id| room.charge_text(id));
+    let pending = &mut done.pending_call_ids;
+    let fitting = pending.iter().take_while(|id| room.take_text(id)).count();
+    done.truncated |= fitting < pending.len();
+    pending.truncate(fitting);
+    done
 }
 
 fn scope(s: Scope) -> pb::Scope {

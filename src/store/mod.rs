@@ -213,6 +213,8 @@ pub struct GrantQuery {
 #[derive(Debug, Default)]
 pub struct GrantPage {
     pub grants: Vec<Grant>,
+    /// The cursor after each grant, in order: a reply cut short continues after its last grant.
+    pub cursors: Vec<Cursor>,
     pub next: Option<Cursor>,
 }
 
@@ -297,13 +299,15 @@ pub enum DecidedByFilter {
     Prefix(String),
 }
 
-/// A position in a call listing; opaque to clients (see `grpc::paging`).
+/// A position in a listing; opaque to clients (see `grpc::paging`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cursor(pub i64);
 
 #[derive(Debug, Default)]
 pub struct CallPage {
     pub calls: Vec<Call>,
+    /// The cursor after each call, in order: a reply cut short continues after its last call.
+    pub cursors: Vec<Cursor>,
     /// Set when more calls may follow.
     pub next: Option<Cursor>,
 }

@@ -317,8 +317,12 @@ impl Store for PostgresStore {
             .push(" ORDER BY c.id LIMIT ")
             .push_bind(i64::from(q.limit) + 1);
         let rows = query.build().fetch_all(&self.pool).await?;
-        let (calls, next) = page(&rows, q.limit, call_from_row)?;
-        Ok(CallPage { calls, next })
+        let (calls, cursors, next) = page(&rows, q.limit, call_from_row)?;
+        Ok(CallPage {
+            calls,
+            cursors,
+            next,
+        })
     }
 
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
@@ -425,8 +429,12 @@ impl Store for PostgresStore {
             .push(" ORDER BY id LIMIT ")
             .push_bind(i64::from(q.limit) + 1);
         let rows = query.build().fetch_all(&self.pool).await?;
-        let (grants, next) = page(&rows, q.limit, grant_from_row)?;
-        Ok(GrantPage { grants, next })
+        let (grants, cursors, next) = page(&rows, q.limit, grant_from_row)?;
+        Ok(GrantPage {
+            grants,
+            cursors,
+            next,
+        })
     }
 
     async fn create_rule(&self, rule: &Rule) -> Result<Rule> {

@@ -136,22 +136,22 @@ pub fn call_from_row(row: &impl Columns) -> Result<Call> {
 }
 
 /// One page of a keyset query that fetched `limit + 1` rows ordered by `id`: the first `limit`
-/// decoded, and the cursor after the last of them when the extra row shows that more follow.
+/// decoded, the cursor after each of them, and the cursor after the last of them when the extra
+/// row shows that more follow.
 pub fn page<R: Columns, T>(
     rows: &[R],
     limit: u32,
     decode: impl Fn(&R) -> Result<T>,
-) -> Result<(Vec<T>, Option<Cursor>)> {
+) -> Result<(Vec<T>, Vec<Cursor>, Option<Cursor>)> {
     let limit = limit as usize;
-    let items = rows[..rows.len().min(limit)]
+    let kept = &rows[..rows.len().min(limit)];
+    let items = kept.iter().map(decode).collect::<Result<Vec<T>>>()?;
+    let cursors = kept
         .iter()
-        .map(decode)
-        .collect::<Result<Vec<T>>>()?;
-    let next = match items.len().checked_sub(1) {
-        Some(last) if rows.len() > limit => Some(Cursor(rows[last].int("id")?)),
-        _ => None,
-    };
-    Ok((items, next))
+        .map(|row| row.int("id").map(Cursor))
+        .collect::<Result<Vec<Cursor>>>()?;
+    let next = cursors.last().copied().filter(|_| rows.len() > limit);
+    Ok((items, cursors, next))
 }
 
 /// A call and its row id, from a row holding the [`call_columns`].

@@ -25,6 +25,7 @@ mod idempotency;
 mod limits;
 mod recovery;
 mod replicas;
+mod replies;
 mod rules;
 mod storage;
 mod supersede;

@@ -282,7 +282,7 @@ async fn rules_are_created_listed_in_precedence_order_and_deleted(app: TestApp) 
     create_rule(&app, rule("z-deny", "t", pb::Effect::Deny, -9, None)).await;
     let listed = app
         .admin()
-        .list_rules(pb::ListRulesRequest {})
+        .list_rules(pb::ListRulesRequest::default())
         .await
         .expect("list")
         .into_inner()
@@ -352,7 +352,7 @@ async fn invalid_rules_are_refused_naming_the_field(app: TestApp) {
     }
     let rules = app
         .admin()
-        .list_rules(pb::ListRulesRequest {})
+        .list_rules(pb::ListRulesRequest::default())
         .await
         .expect("list")
         .into_inner()
@@ -468,7 +468,7 @@ async fn the_policy_file_is_loaded_at_start_and_replaces_the_rules_it_loaded_bef
         let app = app.restart_with(|c| c.policy_file = Some(v1)).await;
         let rules = app
             .admin()
-            .list_rules(pb::ListRulesRequest {})
+            .list_rules(pb::ListRulesRequest::default())
             .await
             .expect("list")
             .into_inner()
@@ -505,7 +505,7 @@ async fn the_policy_file_is_loaded_at_start_and_replaces_the_rules_it_loaded_bef
             let mut admin = app.admin();
             async move {
                 admin
-                    .list_rules(pb::ListRulesRequest {})
+                    .list_rules(pb::ListRulesRequest::default())
                     .await
                     .expect("list")
                     .into_inner()

@@ -73,7 +73,7 @@ pub fn sort_by_precedence(rules: &mut [Rule]) {
 }
 
 /// Deny rules first; then by priority (highest first), ask before allow, id.
-fn rule_precedence(rule: &Rule) -> (u8, Reverse<i32>, u8, &str) {
+pub fn rule_precedence(rule: &Rule) -> (u8, Reverse<i32>, u8, &str) {
     let (class, effect) = match rule.effect {
         RuleEffect::Deny => (0, 0),
         RuleEffect::Ask => (1, 0),

@@ -8,7 +8,7 @@ mod grant;
 mod matcher;
 mod rule;
 
-pub use evaluate::{Decider, Ruling, evaluate, sort_by_precedence};
+pub use evaluate::{Decider, Ruling, evaluate, rule_precedence, sort_by_precedence};
 pub use glob::Glob;
 pub use grant::{Effect, Grant, GrantScope, GrantSpec, Remember, Scope};
 pub use matcher::{FieldCondition, FieldPath, FieldTest, InputView, Matcher};
