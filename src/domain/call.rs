@@ -30,7 +30,7 @@ pub struct NewCall {
 impl NewCall {
     /// Whether a stored call is this same call submitted again (same tool, same canonical input).
     pub fn is_same_request_as(&self, stored: &Call) -> bool {
-        self.tool == stored.tool && self.input == stored.input
+        self.tool == stored.tool && self.input.is_stored_as(&stored.input)
     }
 
     /// This call as a submit stores it, and reading it back returns it: pending, identified by

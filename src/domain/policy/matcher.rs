@@ -4,8 +4,8 @@
 //!
 //! A field is a top-level key (`command`) or a dotted path into nested objects (`options.force`).
 //! A condition on a field that is missing never holds; `prefix` and `glob` hold only for string
-//! fields; `equals` compares any JSON value, by its canonical text (so the number `1` is not
-//! `1.0`). Matchers are stored, and written in the policy file, as JSON:
+//! fields; `equals` compares any JSON value, by its canonical text (RFC 8785: so the number `1`
+//! is `1.0`, and `"\u0041"` is `"A"`). Matchers are stored, and written in the policy file, as JSON:
 //! `{"any": true}`, `{"exact": {...}}` or `{"fields": [{"field": "command", "prefix": "git status"}]}`.
 
 use std::cell::OnceCell;
@@ -14,7 +14,7 @@ use std::fmt;
 use serde_json::{Map, Value, json};
 
 use super::glob::Glob;
-use crate::domain::ToolInput;
+use crate::domain::{ToolInput, json};
 use crate::error::{Error, Result};
 
 /// At most this many conditions in one matcher.
@@ -96,7 +96,7 @@ impl FieldPath {
 impl FieldTest {
     /// `equals`: any JSON value.
     pub fn equals(field: &str, value: &Value) -> Result<Self> {
-        let canonical = value.to_string();
+        let canonical = json::canonical(value);
         check_value_size(field, &canonical)?;
         // Read back from canonical text, as inputs are: equal values, equal canonical text.
         let value = serde_json::from_str(&canonical).unwrap_or_else(|_| value.clone());
@@ -328,7 +328,9 @@ impl fmt::Display for Matcher {
                     }
                     let path = c.path.as_str();
                     match &c.test {
-                        FieldTest::Equals(v) => write!(f, "`{path}` equals {v}")?,
+                        FieldTest::Equals(v) => {
+                            write!(f, "`{path}` equals {}", json::canonical(v))?
+                        }
                         FieldTest::Prefix(p) => write!(f, "`{path}` starts with {p:?}")?,
                         FieldTest::Glob(g) => write!(f, "`{path}` matches glob {:?}", g.as_str())?,
                     }
@@ -403,9 +405,11 @@ mod tests {
         let m = matcher(r#"{"fields": [{"field": "n", "equals": 3}]}"#);
         assert!(matches(&m, r#"{"n":3}"#));
         assert!(
-            !matches(&m, r#"{"n":3.0}"#),
-            "numbers compare by their digits"
+            matches(&m, r#"{"n":3.0}"#),
+            "numbers compare by value (RFC 8785)"
         );
+        assert!(matches(&m, r#"{"n":3e0}"#));
+        assert!(!matches(&m, r#"{"n":3.5}"#));
         let m = matcher(r#"{"fields": [{"field": "o", "equals": {"y": 1, "x": [true]}}]}"#);
         assert!(matches(&m, r#"{"o":{"x":[true],"y":1}}"#));
     }
