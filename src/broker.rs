@@ -7,13 +7,20 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::domain::{Call, CallKey, Decision, NewBatch, Timestamp};
+use crate::domain::policy::{GrantScope, InputView, Matcher, Prejudged};
+use crate::domain::{Call, CallKey, Decision, NewBatch, NewCall, Timestamp, ToolName};
 use crate::error::{Error, Result};
 use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
 use crate::limits::{Slot, StreamSlots};
 use crate::meters::{self, StreamKind};
-use crate::store::{CancelReport, CancelTarget, DecideReport, Store, SubmitReport, SubmitResult};
+use crate::store::{
+    CancelReport, CancelTarget, DecideReport, GrantQuery, Store, SubmitReport, SubmitResult,
+};
+
+/// Inputs at least this large have their rules' and grants' matchers judged before the submit
+/// is queued, off the store's writer (see `Broker::prejudge`).
+pub const PREJUDGE_FROM_BYTES: usize = 16 * 1024;
 
 /// Limits and defaults the broker applies to what clients send.
 #[derive(Debug, Clone)]
@@ -123,6 +130,7 @@ impl Broker {
             }
         }
         let has_deadline = batch.calls.iter().any(|c| c.deadline.is_some());
+        let batch = self.prejudge(batch).await?;
         let report = self.store.submit(batch).await?;
         self.bus.notify_committed();
         let accepted: Vec<&Call> = report
@@ -145,6 +153,78 @@ impl Broker {
             "submitted"
         );
         Ok(report)
+    }
+
+    /// Judges the field matchers of the rules and grants that may decide `batch`'s calls against
+    /// their inputs, on a blocking thread: neither the store's writer (whose transaction then
+    /// only looks the results up, see [`Prejudged`]) nor the runtime's workers wait for it.
+    /// Best effort: a matcher it did not read (created since, or past the first page of an
+    /// agent's grants for a tool) is judged in the transaction. Only inputs of at least
+    /// [`PREJUDGE_FROM_BYTES`] are judged ahead: matching a small input costs the writer less
+    /// than reading the rules and grants twice would cost every submit.
+    async fn prejudge(&self, mut batch: NewBatch) -> Result<NewBatch> {
+        /// Grants of one agent for one tool judged ahead, at most.
+        const GRANTS_PER_TOOL: u32 = 1000;
+        let large = |c: &NewCall| c.input.as_str().len() >= PREJUDGE_FROM_BYTES;
+        if !batch.calls.iter().any(large) {
+            return Ok(batch);
+        }
+        let rules = self.store.list_rules().await?;
+        let mut tools: Vec<&ToolName> =
+            batch.calls.iter().filter(|c| large(c)).map(|c| &c.tool).collect();
+        tools.sort_unstable();
+        tools.dedup();
+        let mut by_tool: Vec<(ToolName, Vec<Matcher>)> = Vec::new();
+        for tool in tools {
+            let mut matchers: Vec<Matcher> = rules
+                .iter()
+                .filter(|r| r.tool.matches(tool.as_str()))
+                .map(|r| r.matcher.clone())
+                .collect();
+            let grants = self
+                .store
+                .list_grants(&GrantQuery {
+                    agent: Some(batch.agent.clone()),
+                    tool: Some(tool.clone()),
+                    limit: GRANTS_PER_TOOL,
+                    ..GrantQuery::default()
+                })
+                .await?;
+            matchers.extend(
+                grants
+                    .grants
+                    .into_iter()
+                    .filter(|g| match &g.spec.scope {
+                        GrantScope::Session(session) => *session == batch.session,
+                        _ => true,
+                    })
+                    .map(|g| g.spec.matcher),
+            );
+            matchers.retain(|m| matches!(m, Matcher::Fields(_)));
+            matchers.dedup();
+            if !matchers.is_empty() {
+                by_tool.push((tool.clone(), matchers));
+            }
+        }
+        if by_tool.is_empty() {
+            return Ok(batch);
+        }
+        tokio::task::spawn_blocking(move || {
+            for call in batch.calls.iter_mut().filter(|c| large(c)) {
+                let Some((_, matchers)) = by_tool.iter().find(|(tool, _)| *tool == call.tool) else {
+                    continue;
+                };
+                let input = InputView::new(&call.input);
+                let mut prejudged = Prejudged::default();
+                for matcher in matchers {
+                    prejudged.judge(matcher, &input);
+                }
+                call.prejudged = prejudged;
+            }
+            batch
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("judging matchers ahead failed: {e}")))
     }
 
     #[tracing::instrument(name = "decide", skip_all, fields(

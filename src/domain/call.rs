@@ -1,5 +1,6 @@
 //! Calls: one tool call a model asked for, identified by (agent, session, call id).
 
+use super::policy::Prejudged;
 use super::{
     AgentId, BatchId, CallId, Outcome, OutcomeKind, SessionId, Timestamp, ToolInput, ToolName,
 };
@@ -25,6 +26,9 @@ pub struct NewCall {
     pub workspace: String,
     pub supersede_key: Option<String>,
     pub deadline: Option<Timestamp>,
+    /// Rule and grant matchers judged against the input before the submit was queued, so the
+    /// write transaction need not (see [`Prejudged`]).
+    pub prejudged: Prejudged,
 }
 
 impl NewCall {

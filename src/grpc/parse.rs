@@ -125,6 +125,7 @@ fn new_call(
         workspace: name(&field("workspace"), spec.workspace, MAX_WORKSPACE_BYTES)?,
         supersede_key: optional_name(&field("supersede_key"), spec.supersede_key, 256)?,
         deadline,
+        prejudged: Default::default(),
     })
 }
 

@@ -20,7 +20,9 @@
 //!   session, policy (sorted), batches (sorted), calls.
 //!
 //! Rules and grants are read inside the submit's transaction and judged by the one pure
-//! function, [`evaluate`], that Explain calls too.
+//! function, [`evaluate`], that Explain calls too. The costly part, matching their conditions
+//! against large inputs, was done before the submit was queued (see [`Prejudged`]): the
+//! transaction looks the results up, so it does not hold the writer while globs run.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -32,8 +34,8 @@ use super::{
     SubmitReport, SubmitResult,
 };
 use crate::domain::policy::{
-    Effect, Grant, GrantScope, GrantSpec, Remember, Rule, RuleId, RuleSource, Scope, Subject,
-    evaluate,
+    Effect, Grant, GrantScope, GrantSpec, Prejudged, Remember, Rule, RuleId, RuleSource, Scope,
+    Subject, evaluate,
 };
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Decision, NewBatch, NewCall, OnDeny,
@@ -234,6 +236,8 @@ pub(super) async fn submit_in(
     // Calls stored now, in position order: their row ids, and where their items are in the
     // report (which holds the calls themselves).
     let mut accepted: Vec<(i64, usize)> = Vec::new();
+    // What was judged of each accepted call's input before the submit was queued, by row id.
+    let mut prejudged: BTreeMap<i64, &Prejudged> = BTreeMap::new();
     if !fresh.is_empty() {
         let batch_id = BatchId::generate();
         let planned = fresh.len();
@@ -255,6 +259,7 @@ pub(super) async fn submit_in(
             {
                 Some(rowid) => {
                     accepted.push((rowid, report.items.len()));
+                    prejudged.insert(rowid, &call.prejudged);
                     // What was just stored, without reading it back.
                     let key = key_of(batch, &call.call_id);
                     let stored = call.pending(key, &batch_id, position as u32, planned as u32, now);
@@ -297,7 +302,7 @@ pub(super) async fn submit_in(
             accepted_calls.push((rowid, call));
         }
     }
-    let decided = decide_by_policy(tx, batch, &tools, &accepted_calls, texts, now).await?;
+    let decided = decide_by_policy(tx, batch, &tools, &accepted_calls, &prejudged, texts, now).await?;
     resolved.extend(decided);
     complete_batches(tx, &resolved).await?;
     for r in &resolved[..superseded] {
@@ -329,6 +334,7 @@ async fn decide_by_policy(
     batch: &NewBatch,
     tools: &[&ToolName],
     accepted: &[(i64, &Call)],
+    prejudged: &BTreeMap<i64, &Prejudged>,
     texts: &ToolResultTexts,
     now: Timestamp,
 ) -> Result<Vec<Resolved>> {
@@ -345,7 +351,7 @@ async fn decide_by_policy(
     }
     for &(rowid, call) in accepted {
         if let Some((own, skipped)) =
-            decide_by_ruling(tx, rowid, call, &rules, &grants, texts, now).await?
+            decide_by_ruling(tx, rowid, call, prejudged.get(&rowid).copied(), &rules, &grants, texts, now).await?
         {
             resolved.push(own);
             resolved.extend(skipped);
@@ -362,12 +368,14 @@ async fn decide_by_ruling(
     tx: &mut (impl WriteTx + PolicyTx),
     rowid: i64,
     call: &Call,
+    prejudged: Option<&Prejudged>,
     rules: &[Rule],
     grants: &[Grant],
     texts: &ToolResultTexts,
     now: Timestamp,
 ) -> Result<Option<(Resolved, Vec<Resolved>)>> {
-    let ruling = evaluate(&Subject::of_call(call), rules, grants, now);
+    let subject = Subject::of_call(call).with_prejudged(prejudged);
+    let ruling = evaluate(&subject, rules, grants, now);
     let Some(outcome) = ruling.outcome(&call.input, texts, now) else {
         return Ok(None);
     };
@@ -645,7 +653,7 @@ async fn decide_covered(
         .await?;
     for Stored { rowid, call } in covered {
         if let Some((own, siblings)) =
-            decide_by_ruling(tx, rowid, &call, &rules, &grants, texts, now).await?
+            decide_by_ruling(tx, rowid, &call, None, &rules, &grants, texts, now).await?
         {
             resolved.push(own);
             decided.push(rowid);

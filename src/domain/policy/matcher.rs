@@ -9,6 +9,7 @@
 //! `{"any": true}`, `{"exact": {...}}` or `{"fields": [{"field": "command", "prefix": "git status"}]}`.
 
 use std::cell::OnceCell;
+use std::collections::HashMap;
 use std::fmt;
 
 use serde_json::{Map, Value, json};
@@ -160,10 +161,49 @@ impl FieldCondition {
 }
 
 /// A tool input as matchers see it: its canonical text, parsed at most once however many
-/// matchers look at its fields.
+/// matchers look at its fields, and what was judged of it ahead of time.
 pub struct InputView<'a> {
     input: &'a ToolInput,
     parsed: OnceCell<Value>,
+    prejudged: Option<&'a Prejudged>,
+}
+
+/// Which field matchers match one input, judged before the call reaches the store's writer.
+///
+/// Matching conditions against a large input (a glob over 256 KiB, linear but not free) is the
+/// costly part of deciding by policy; done inside the write transaction it would hold the one
+/// SQLite writer, and every other write, while it runs. So the broker judges the matchers of
+/// the rules and grants that may apply before queueing the submit (see `Broker::submit`), and
+/// the transaction, which still reads the rules and grants that hold at commit, only looks the
+/// results up. Results are keyed by the matcher itself (its stored text), so a result can never
+/// be applied to another matcher: one created or changed since is simply judged then.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prejudged {
+    results: HashMap<String, bool>,
+}
+
+impl Prejudged {
+    /// Judges `matcher` against `input` and remembers the result (cheap matchers, `any` and
+    /// `exact`, are left to the transaction).
+    pub fn judge(&mut self, matcher: &Matcher, input: &InputView<'_>) {
+        if let Matcher::Fields(conditions) = matcher {
+            let key = matcher.memo_key();
+            if !self.results.contains_key(&key) {
+                let value = input.value();
+                let holds = conditions.iter().all(|c| c.holds(value));
+                self.results.insert(key, holds);
+            }
+        }
+    }
+
+    /// How many matchers were judged.
+    pub fn len(&self) -> usize {
+        self.results.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.results.is_empty()
+    }
 }
 
 impl<'a> InputView<'a> {
@@ -171,7 +211,14 @@ impl<'a> InputView<'a> {
         Self {
             input,
             parsed: OnceCell::new(),
+            prejudged: None,
         }
+    }
+
+    /// The same view, answering the matchers `prejudged` holds from it.
+    pub fn with_prejudged(mut self, prejudged: Option<&'a Prejudged>) -> Self {
+        self.prejudged = prejudged;
+        self
     }
 
     fn value(&self) -> &Value {
@@ -202,10 +249,21 @@ impl Matcher {
             Matcher::Any => true,
             Matcher::Exact(expected) => expected == input.input,
             Matcher::Fields(conditions) => {
+                if let Some(&holds) = input
+                    .prejudged
+                    .and_then(|p| p.results.get(&self.memo_key()))
+                {
+                    return holds;
+                }
                 let value = input.value();
                 conditions.iter().all(|c| c.holds(value))
             }
         }
+    }
+
+    /// What identifies this matcher's result for one input: its stored text.
+    fn memo_key(&self) -> String {
+        self.to_json().to_string()
     }
 
     /// The stored (and policy file) form.
@@ -458,5 +516,25 @@ mod tests {
         assert!(bad(r#"{"any": true, "exact": {}}"#).contains("exactly one"));
         assert!(bad(r#"{"regex": "x"}"#).contains("unknown matcher"));
         assert!(bad(r#""any""#).contains("JSON object"));
+    }
+
+    /// A result judged ahead is used for exactly that matcher; any other is judged as usual.
+    #[test]
+    fn a_prejudged_result_answers_for_its_own_matcher_only() {
+        let input = input(r#"{"path":"src/a.rs"}"#);
+        let src = matcher(r#"{"fields": [{"field": "path", "glob": "src/*"}]}"#);
+        let docs = matcher(r#"{"fields": [{"field": "path", "glob": "docs/*"}]}"#);
+        let mut prejudged = Prejudged::default();
+        prejudged.judge(&src, &InputView::new(&input));
+        prejudged.judge(&matcher(r#"{"any": true}"#), &InputView::new(&input));
+        assert_eq!(prejudged.len(), 1, "only field matchers are worth judging ahead");
+        let view = || InputView::new(&input).with_prejudged(Some(&prejudged));
+        assert!(src.matches(&view()));
+        assert!(!docs.matches(&view()));
+        // The lookup is what answers: a forged result shows it is used, and used only for `src`.
+        prejudged.results.insert(src.memo_key(), false);
+        let view = InputView::new(&input).with_prejudged(Some(&prejudged));
+        assert!(!src.matches(&view));
+        assert!(!docs.matches(&view));
     }
 }
