@@ -307,6 +307,7 @@ pub fn decide(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey
             edited_input,
             approver,
             remember,
+            prejudged: Default::default(),
         },
     ))
 }

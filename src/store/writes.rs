@@ -24,7 +24,7 @@
 //! against large inputs, was done before the submit was queued (see [`Prejudged`]): the
 //! transaction looks the results up, so it does not hold the writer while globs run.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -484,7 +484,7 @@ pub(super) async fn decide_in(
             // The pending calls the new grant covers are decided in this transaction too: lock
             // their batches with the call's own, all at once.
             let covered = match &grant {
-                Some(spec) => pending_covered_by(tx, spec, rowid, now).await?,
+                Some(spec) => pending_covered_by(tx, spec, &decision.prejudged, rowid, now).await?,
                 None => Vec::new(),
             };
             tx.lock_batches(&batches_of(
@@ -521,7 +521,8 @@ pub(super) async fn decide_in(
     if let Some(spec) = grant {
         let grant = tx.insert_grant(&spec).await?;
         let (decided, also_skipped) =
-            decide_covered(tx, &grant, covered, texts, now, &mut resolved).await?;
+            decide_covered(tx, &grant, covered, &decision.prejudged, texts, now, &mut resolved)
+                .await?;
         decided_by_grant = decided;
         skipped.extend(also_skipped);
         created = Some(grant);
@@ -618,6 +619,7 @@ fn grant_spec(
 async fn pending_covered_by(
     tx: &mut (impl WriteTx + PolicyTx),
     spec: &GrantSpec,
+    prejudged: &HashMap<CallKey, Prejudged>,
     except: i64,
     now: Timestamp,
 ) -> Result<Vec<Stored>> {
@@ -628,7 +630,9 @@ async fn pending_covered_by(
         .into_iter()
         .filter(|p| p.rowid != except)
         .filter(|p| p.call.deadline.is_none_or(|d| d > now))
-        .filter(|p| spec.covers(&Subject::of_call(&p.call)))
+        .filter(|p| {
+            spec.covers(&Subject::of_call(&p.call).with_prejudged(prejudged.get(&p.call.key)))
+        })
         .collect())
 }
 
@@ -639,6 +643,7 @@ async fn decide_covered(
     tx: &mut (impl WriteTx + PolicyTx),
     grant: &Grant,
     covered: Vec<Stored>,
+    prejudged: &HashMap<CallKey, Prejudged>,
     texts: &ToolResultTexts,
     now: Timestamp,
     resolved: &mut Vec<Resolved>,
@@ -653,7 +658,7 @@ async fn decide_covered(
         .await?;
     for Stored { rowid, call } in covered {
         if let Some((own, siblings)) =
-            decide_by_ruling(tx, rowid, &call, None, &rules, &grants, texts, now).await?
+            decide_by_ruling(tx, rowid, &call, prejudged.get(&call.key), &rules, &grants, texts, now).await?
         {
             resolved.push(own);
             decided.push(rowid);
