@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::domain::policy::{
-    GrantScope, InputView, Matcher, Prejudged, Remember, Rule, Scope,
-};
+use crate::domain::policy::{GrantScope, InputView, Matcher, Prejudged, Remember, Rule, Scope};
 use crate::domain::{
     AgentId, Call, CallKey, Decision, NewBatch, NewCall, SessionId, Status, Timestamp, ToolName,
 };
@@ -177,8 +175,12 @@ impl Broker {
             return Ok(batch);
         }
         let rules = self.store.list_rules().await?;
-        let mut tools: Vec<&ToolName> =
-            batch.calls.iter().filter(|c| large(c)).map(|c| &c.tool).collect();
+        let mut tools: Vec<&ToolName> = batch
+            .calls
+            .iter()
+            .filter(|c| large(c))
+            .map(|c| &c.tool)
+            .collect();
         tools.sort_unstable();
         tools.dedup();
         let mut by_tool: Vec<(ToolName, Vec<Matcher>)> = Vec::new();
@@ -195,7 +197,8 @@ impl Broker {
         }
         tokio::task::spawn_blocking(move || {
             for call in batch.calls.iter_mut().filter(|c| large(c)) {
-                let Some((_, matchers)) = by_tool.iter().find(|(tool, _)| *tool == call.tool) else {
+                let Some((_, matchers)) = by_tool.iter().find(|(tool, _)| *tool == call.tool)
+                else {
                     continue;
                 };
                 let input = InputView::new(&call.input);

@@ -390,7 +390,10 @@ fn batch_spec() -> impl Strategy<Value = Option<pb::BatchSpec>> {
 // ---- An independent model of the documented limits ------------------------------------------
 
 fn is_id(value: &str, max: usize) -> bool {
-    !value.is_empty() && value.len() <= max && !value.chars().any(char::is_control) && is_visible(value)
+    !value.is_empty()
+        && value.len() <= max
+        && !value.chars().any(char::is_control)
+        && is_visible(value)
 }
 
 /// No character that hides itself (the set is `domain::invisible`'s, tested there).

@@ -132,7 +132,9 @@ mod tests {
 
     #[test]
     fn ids_and_tool_names_refuse_invisible_and_direction_changing_characters() {
-        for c in ['\u{202E}', '\u{2066}', '\u{200F}', '\u{061C}', '\u{200B}', '\u{2060}', '\u{FEFF}'] {
+        for c in [
+            '\u{202E}', '\u{2066}', '\u{200F}', '\u{061C}', '\u{200B}', '\u{2060}', '\u{FEFF}',
+        ] {
             let err = ToolName::parse("batch.calls[0].tool", format!("read{c}_file")).unwrap_err();
             assert_eq!(
                 err.to_string(),

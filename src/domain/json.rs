@@ -321,21 +321,36 @@ mod tests {
             assert_eq!(double(x), text, "{bits:#018x}");
             // And the same through parsing, from the text a client might send.
             let sent = format!(r#"{{"n":{x:e}}}"#);
-            assert_eq!(canonical_text(&sent), format!(r#"{{"n":{text}}}"#), "{sent}");
+            assert_eq!(
+                canonical_text(&sent),
+                format!(r#"{{"n":{text}}}"#),
+                "{sent}"
+            );
         }
     }
 
     #[test]
     fn spellings_of_one_number_are_one_canonical_text() {
-        for text in [r#"{"n":1}"#, r#"{"n":1.0}"#, r#"{"n":1e0}"#, r#"{"n":10E-1}"#] {
+        for text in [
+            r#"{"n":1}"#,
+            r#"{"n":1.0}"#,
+            r#"{"n":1e0}"#,
+            r#"{"n":10E-1}"#,
+        ] {
             assert_eq!(canonical_text(text), r#"{"n":1}"#, "{text}");
         }
         assert_eq!(canonical_text(r#"{"n":-0}"#), r#"{"n":0}"#);
         assert_eq!(canonical_text(r#"{"n":-0.0}"#), r#"{"n":0}"#);
         assert_eq!(canonical_text(r#"{"n":1e21}"#), r#"{"n":1e+21}"#);
-        assert_eq!(canonical_text(r#"{"n":1e20}"#), r#"{"n":100000000000000000000}"#);
+        assert_eq!(
+            canonical_text(r#"{"n":1e20}"#),
+            r#"{"n":100000000000000000000}"#
+        );
         assert_eq!(canonical_text(r#"{"n":1.5e-7}"#), r#"{"n":1.5e-7}"#);
-        assert_eq!(canonical_text(r#"{"n":-9007199254740993}"#), r#"{"n":-9007199254740992}"#);
+        assert_eq!(
+            canonical_text(r#"{"n":-9007199254740993}"#),
+            r#"{"n":-9007199254740992}"#
+        );
     }
 
     /// JavaScript reads an integer beyond 2^53 as the nearest double, and so does the broker.

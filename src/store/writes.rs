@@ -302,7 +302,8 @@ pub(super) async fn submit_in(
             accepted_calls.push((rowid, call));
         }
     }
-    let decided = decide_by_policy(tx, batch, &tools, &accepted_calls, &prejudged, texts, now).await?;
+    let decided =
+        decide_by_policy(tx, batch, &tools, &accepted_calls, &prejudged, texts, now).await?;
     resolved.extend(decided);
     complete_batches(tx, &resolved).await?;
     for r in &resolved[..superseded] {
@@ -350,8 +351,15 @@ async fn decide_by_policy(
         return Ok(resolved);
     }
     for &(rowid, call) in accepted {
-        if let Some((own, skipped)) =
-            decide_by_ruling(tx, rowid, call, prejudged.get(&rowid).copied(), &rules, &grants, texts, now).await?
+        if let Some((own, skipped)) = decide_by_ruling(
+            tx,
+            (rowid, call, prejudged.get(&rowid).copied()),
+            &rules,
+            &grants,
+            texts,
+            now,
+        )
+        .await?
         {
             resolved.push(own);
             resolved.extend(skipped);
@@ -363,12 +371,11 @@ async fn decide_by_policy(
 /// Decides a pending call if a rule or grant does, with what a human decision would bring
 /// along (a denial skips the rest of a SKIP_REST batch). Returns its resolution and the
 /// siblings skipped; `None` if nothing decides it, or it is decided already (an earlier denial
-/// of the same pass may have skipped it: `resolve` is conditional).
+/// of the same pass may have skipped it: `resolve` is conditional). `prejudged`: what was
+/// judged of the call's input before the write was queued.
 async fn decide_by_ruling(
     tx: &mut (impl WriteTx + PolicyTx),
-    rowid: i64,
-    call: &Call,
-    prejudged: Option<&Prejudged>,
+    (rowid, call, prejudged): (i64, &Call, Option<&Prejudged>),
     rules: &[Rule],
     grants: &[Grant],
     texts: &ToolResultTexts,
@@ -520,9 +527,16 @@ pub(super) async fn decide_in(
     let mut decided_by_grant = Vec::new();
     if let Some(spec) = grant {
         let grant = tx.insert_grant(&spec).await?;
-        let (decided, also_skipped) =
-            decide_covered(tx, &grant, covered, &decision.prejudged, texts, now, &mut resolved)
-                .await?;
+        let (decided, also_skipped) = decide_covered(
+            tx,
+            &grant,
+            covered,
+            &decision.prejudged,
+            texts,
+            now,
+            &mut resolved,
+        )
+        .await?;
         decided_by_grant = decided;
         skipped.extend(also_skipped);
         created = Some(grant);
@@ -657,8 +671,15 @@ async fn decide_covered(
         .live_grants(&grant.spec.agent, None, &[&grant.spec.tool], now)
         .await?;
     for Stored { rowid, call } in covered {
-        if let Some((own, siblings)) =
-            decide_by_ruling(tx, rowid, &call, prejudged.get(&call.key), &rules, &grants, texts, now).await?
+        if let Some((own, siblings)) = decide_by_ruling(
+            tx,
+            (rowid, &call, prejudged.get(&call.key)),
+            &rules,
+            &grants,
+            texts,
+            now,
+        )
+        .await?
         {
             resolved.push(own);
             decided.push(rowid);

@@ -846,7 +846,11 @@ async fn an_adversarial_grant_matcher_does_not_stall_an_unrelated_submit(app: Te
     let mut calls: Vec<pb::CallSpec> = (0..8)
         .map(|i| call(&format!("big{i}"), "t", &format!(r#"{{"x":"{text}"}}"#)))
         .collect();
-    calls.push(call("ends-in-b", "t", &format!(r#"{{"x":"{}b"}}"#, &text[1..])));
+    calls.push(call(
+        "ends-in-b",
+        "t",
+        &format!(r#"{{"x":"{}b"}}"#, &text[1..]),
+    ));
     calls.push(call("decided", "t", r#"{"x":"small"}"#));
     let mut pending = batch("s", calls);
     pending.on_deny = pb::OnDeny::Independent as i32;
@@ -856,13 +860,16 @@ async fn an_adversarial_grant_matcher_does_not_stall_an_unrelated_submit(app: Te
     request.scope = pb::Scope::Session as i32;
     request.matcher = Some(fields(vec![glob("x", &wild)]));
     let mut approver = app.approver();
-    let deciding = tokio::spawn(async move {
-        approver.decide(request).await.expect("decide").into_inner()
-    });
+    let deciding =
+        tokio::spawn(async move { approver.decide(request).await.expect("decide").into_inner() });
     // Let the decision arrive and start being judged.
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let started = std::time::Instant::now();
-    let unrelated = submit(&app, batch("unrelated", vec![call("c1", "t", r#"{"x":"a"}"#)])).await;
+    let unrelated = submit(
+        &app,
+        batch("unrelated", vec![call("c1", "t", r#"{"x":"a"}"#)]),
+    )
+    .await;
     let waited = started.elapsed();
     assert_eq!(ack_status(&unrelated, 0), CallStatus::Pending);
     assert!(
@@ -875,7 +882,11 @@ async fn an_adversarial_grant_matcher_does_not_stall_an_unrelated_submit(app: Te
         .iter()
         .map(|o| o.call_id.as_str())
         .collect();
-    assert_eq!(by_grant, ["ends-in-b"], "the grant really matched the large inputs");
+    assert_eq!(
+        by_grant,
+        ["ends-in-b"],
+        "the grant really matched the large inputs"
+    );
 }
 
 backend_tests! {

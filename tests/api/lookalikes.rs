@@ -60,7 +60,9 @@ async fn a_key_named_twice_is_refused_naming_the_field_and_the_key(app: TestApp)
     let error = ack_error(&response, 1);
     assert!(
         error.message.starts_with("batch.calls[1].input_json: ")
-            && error.message.contains("the key `o.list[0].k` appears twice"),
+            && error
+                .message
+                .contains("the key `o.list[0].k` appears twice"),
         "{}",
         error.message
     );
@@ -83,16 +85,16 @@ async fn a_key_named_twice_is_refused_naming_the_field_and_the_key(app: TestApp)
         })
         .await
         .unwrap_err();
-    assert!(edited.message().contains("`a.b` appears twice"), "{edited:?}");
+    assert!(
+        edited.message().contains("`a.b` appears twice"),
+        "{edited:?}"
+    );
     for (matcher, field) in [
         (
             fields(vec![equals_json("n", r#"{"x":1,"x":2}"#)]),
             "rule.matcher.fields.conditions[0].equals_json",
         ),
-        (
-            exact_input(r#"{"a":1,"a":1}"#),
-            "rule.matcher.exact_json",
-        ),
+        (exact_input(r#"{"a":1,"a":1}"#), "rule.matcher.exact_json"),
     ] {
         let created = app
             .admin()
@@ -149,7 +151,9 @@ async fn ids_and_names_holding_hidden_characters_are_refused_naming_the_code_poi
             let error = ack_error(&response, i);
             assert_eq!(error.code, Code::InvalidArgument as i32);
             assert!(
-                error.message.starts_with(&format!("batch.calls[{i}].{field}: "))
+                error
+                    .message
+                    .starts_with(&format!("batch.calls[{i}].{field}: "))
                     && error.message.contains(&code_point),
                 "{}",
                 error.message
@@ -159,7 +163,12 @@ async fn ids_and_names_holding_hidden_characters_are_refused_naming_the_code_poi
         approve(&app, &session, "c5").await;
         let decide = app
             .approver()
-            .decide(decide_request(&session, &format!("c5{c}"), pb::Decision::Approve, ""))
+            .decide(decide_request(
+                &session,
+                &format!("c5{c}"),
+                pb::Decision::Approve,
+                "",
+            ))
             .await;
         assert_status(decide, Code::InvalidArgument, "call_id");
     }
@@ -213,7 +222,10 @@ async fn approvers_are_shown_the_hidden_characters_of_free_text(app: TestApp) {
     assert!(shown("plain").hidden_characters.is_empty());
     // ListCalls (the audit view) shows the same.
     let listed = all_calls(&app).await;
-    let listed = listed.iter().find(|c| c.call_id == "hiding").expect("listed");
+    let listed = listed
+        .iter()
+        .find(|c| c.call_id == "hiding")
+        .expect("listed");
     assert_eq!(listed.hidden_characters, hiding.hidden_characters);
 }
 

@@ -538,18 +538,37 @@ async fn an_adversarial_glob_rule_does_not_stall_an_unrelated_submit(app: TestAp
     // One rule takes the plain suffix path, the other (a `?` between stars) the shift-and scan.
     create_rule(
         &app,
-        rule("suffix", "*", pb::Effect::Deny, 0, Some(fields(vec![glob("x", &format!("*{run}b"))]))),
+        rule(
+            "suffix",
+            "*",
+            pb::Effect::Deny,
+            0,
+            Some(fields(vec![glob("x", &format!("*{run}b"))])),
+        ),
     )
     .await;
     let wild = format!("*{}?b*", &run[..1019]);
-    create_rule(&app, rule("wild", "*", pb::Effect::Deny, 0, Some(fields(vec![glob("x", &wild)]))))
-        .await;
+    create_rule(
+        &app,
+        rule(
+            "wild",
+            "*",
+            pb::Effect::Deny,
+            0,
+            Some(fields(vec![glob("x", &wild)])),
+        ),
+    )
+    .await;
     let text = "a".repeat(256 * 1024 - 16);
     let mut calls: Vec<pb::CallSpec> = (0..8)
         .map(|i| call(&format!("big{i}"), "t", &format!(r#"{{"x":"{text}"}}"#)))
         .collect();
     // The last one ends in `b`: the suffix rule denies it, so the rules really ran.
-    calls.push(call("ends-in-b", "t", &format!(r#"{{"x":"{}b"}}"#, &text[1..])));
+    calls.push(call(
+        "ends-in-b",
+        "t",
+        &format!(r#"{{"x":"{}b"}}"#, &text[1..]),
+    ));
     let mut big = batch("adversarial", calls);
     big.on_deny = pb::OnDeny::Independent as i32;
     let mut agent = app.agent();
@@ -563,7 +582,11 @@ async fn an_adversarial_glob_rule_does_not_stall_an_unrelated_submit(app: TestAp
     // Let the large batch arrive and start being judged.
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let started = std::time::Instant::now();
-    let unrelated = submit(&app, batch("unrelated", vec![call("c1", "t", r#"{"x":"a"}"#)])).await;
+    let unrelated = submit(
+        &app,
+        batch("unrelated", vec![call("c1", "t", r#"{"x":"a"}"#)]),
+    )
+    .await;
     let waited = started.elapsed();
     assert_eq!(ack_status(&unrelated, 0), CallStatus::Pending);
     assert!(
@@ -575,7 +598,10 @@ async fn an_adversarial_glob_rule_does_not_stall_an_unrelated_submit(app: TestAp
         assert_eq!(ack_status(&response, i), CallStatus::Pending, "big{i}");
     }
     assert_eq!(ack_status(&response, 8), CallStatus::Denied);
-    assert_eq!(response.outcomes.last().map(|o| o.decided_by.as_str()), Some("policy:suffix"));
+    assert_eq!(
+        response.outcomes.last().map(|o| o.decided_by.as_str()),
+        Some("policy:suffix")
+    );
 }
 
 backend_tests! {

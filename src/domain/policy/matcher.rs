@@ -187,12 +187,9 @@ impl Prejudged {
     /// `exact`, are left to the transaction).
     pub fn judge(&mut self, matcher: &Matcher, input: &InputView<'_>) {
         if let Matcher::Fields(conditions) = matcher {
-            let key = matcher.memo_key();
-            if !self.results.contains_key(&key) {
-                let value = input.value();
-                let holds = conditions.iter().all(|c| c.holds(value));
-                self.results.insert(key, holds);
-            }
+            self.results
+                .entry(matcher.memo_key())
+                .or_insert_with(|| conditions.iter().all(|c| c.holds(input.value())));
         }
     }
 
@@ -527,7 +524,11 @@ mod tests {
         let mut prejudged = Prejudged::default();
         prejudged.judge(&src, &InputView::new(&input));
         prejudged.judge(&matcher(r#"{"any": true}"#), &InputView::new(&input));
-        assert_eq!(prejudged.len(), 1, "only field matchers are worth judging ahead");
+        assert_eq!(
+            prejudged.len(),
+            1,
+            "only field matchers are worth judging ahead"
+        );
         let view = || InputView::new(&input).with_prejudged(Some(&prejudged));
         assert!(src.matches(&view()));
         assert!(!docs.matches(&view()));
