@@ -18,7 +18,7 @@
 use std::collections::HashSet;
 
 use approval_broker::Error;
-use approval_broker::domain::{AgentId, OnDeny, Timestamp, ToolInput, Verdict};
+use approval_broker::domain::{AgentId, OnDeny, Timestamp, ToolInput, Verdict, invisible, json};
 use approval_broker::grpc::parse;
 use approval_broker::proto::v1 as pb;
 use approval_broker::store::{CallQuery, CancelScope, Cursor};
@@ -397,7 +397,20 @@ fn batch_spec() -> impl Strategy<Value = Option<pb::BatchSpec>> {
 // ---- An independent model of the documented limits ------------------------------------------
 
 fn is_id(value: &str, max: usize) -> bool {
-    !value.is_empty() && value.len() <= max && !value.chars().any(char::is_control)
+    !value.is_empty()
+        && value.len() <= max
+        && !value.chars().any(char::is_control)
+        && is_visible(value)
+}
+
+/// No character that hides itself (the set is `domain::invisible`'s, tested there).
+fn is_visible(value: &str) -> bool {
+    !value.chars().any(invisible::is_invisible)
+}
+
+/// A one-line text that names something (workspace, supersede key): no hidden characters.
+fn is_name(value: &str, max: usize) -> bool {
+    is_line(value, max) && is_visible(value)
 }
 
 fn is_line(value: &str, max: usize) -> bool {
@@ -412,7 +425,7 @@ fn is_text(value: &str, max: usize) -> bool {
 fn is_input(text: &str, max: usize) -> bool {
     text.len() <= max
         && serde_json::from_str::<Value>(text)
-            .is_ok_and(|v| v.is_object() && v.to_string().len() <= max)
+            .is_ok_and(|v| v.is_object() && json::canonical(&v).len() <= max)
 }
 
 /// A timestamp's microseconds, if it is valid: nanos in 0..1e9, and the whole seconds in
@@ -448,10 +461,10 @@ fn call_fault(call: &pb::CallSpec, max_input: usize) -> Option<&'static str> {
         ("input_json", is_input(&call.input_json, max_input)),
         ("title", is_line(&call.title, MAX_TITLE)),
         ("message", is_text(&call.message, MAX_MESSAGE)),
-        ("workspace", is_line(&call.workspace, MAX_WORKSPACE)),
+        ("workspace", is_name(&call.workspace, MAX_WORKSPACE)),
         (
             "supersede_key",
-            is_line(&call.supersede_key, MAX_SUPERSEDE_KEY),
+            is_name(&call.supersede_key, MAX_SUPERSEDE_KEY),
         ),
     ]
     .into_iter()
@@ -564,8 +577,8 @@ proptest! {
                     prop_assert!(serde_json::from_str::<Value>(call.input.as_str()).is_ok_and(|v| v.is_object()));
                     prop_assert!(is_line(&call.title, MAX_TITLE));
                     prop_assert!(is_text(&call.message, MAX_MESSAGE));
-                    prop_assert!(is_line(&call.workspace, MAX_WORKSPACE));
-                    prop_assert!(call.supersede_key.as_deref().is_none_or(|k| !k.is_empty() && is_line(k, MAX_SUPERSEDE_KEY)));
+                    prop_assert!(is_name(&call.workspace, MAX_WORKSPACE));
+                    prop_assert!(call.supersede_key.as_deref().is_none_or(|k| !k.is_empty() && is_name(k, MAX_SUPERSEDE_KEY)));
                     // ...and keeps what was sent.
                     prop_assert_eq!(call.call_id.as_str(), sent.call_id.as_str());
                     prop_assert_eq!(call.tool.as_str(), sent.tool.as_str());
@@ -608,10 +621,12 @@ proptest! {
         let canon_a = canon_a.unwrap_or_default();
         prop_assert_eq!(canonical(&canon_a, limit), Some(canon_a.clone()), "not idempotent");
         prop_assert_eq!(canonical(&b, limit), Some(canon_a.clone()), "{} vs {}", show(&a), show(&b));
+        // The same value (numbers as doubles, RFC 8785), and compact: reading the canonical
+        // text and writing it again changes nothing.
         let reread: Value = serde_json::from_str(&canon_a).expect("canonical JSON parses");
-        prop_assert_eq!(&reread, &serde_json::from_str::<Value>(&a).expect("rendered JSON parses"));
-        // Compact: only string contents may hold white space.
-        prop_assert_eq!(canon_a.len(), serde_json::to_string(&reread).expect("json").len());
+        let rendered: Value = serde_json::from_str(&a).expect("rendered JSON parses");
+        prop_assert_eq!(&json::canonical(&rendered), &canon_a);
+        prop_assert_eq!(&json::canonical(&reread), &canon_a);
     }
 
     /// Decide accepts exactly the valid requests; refusals name the field.
@@ -800,7 +815,7 @@ proptest! {
         let fault = [
             ("filter.agent", agent.is_empty() || is_id(&agent, MAX_ID)),
             ("filter.session_id", session_id.is_empty() || is_id(&session_id, MAX_ID)),
-            ("filter.workspace", is_line(&workspace, MAX_WORKSPACE)),
+            ("filter.workspace", is_name(&workspace, MAX_WORKSPACE)),
             ("filter.tool", tool.is_empty() || is_id(&tool, MAX_TOOL)),
         ]
         .into_iter()
@@ -935,9 +950,10 @@ proptest! {
             prop_assert!(canon.len() <= limit, "{} ({} bytes, limit {}) became {} ({} bytes)", show(&text), text.len(), limit, show(&canon), canon.len());
             prop_assert_eq!(canonical(&canon, canon.len()), Some(canon.clone()), "{}", show(&text));
         } else {
-            // Refused only because the canonical form is longer than the limit.
-            let canon = serde_json::from_str::<Value>(&text).map(|v| v.to_string());
-            prop_assert!(canon.as_ref().is_ok_and(|c| c.len() > limit), "{} refused; canonical {:?}", show(&text), canon.map(|c| show(&c)));
+            // Refused only because the canonical form is longer than the limit, or a number is
+            // beyond the range of a double.
+            let canon = serde_json::from_str::<Value>(&text).map(|v| json::canonical(&v));
+            prop_assert!(canon.as_ref().is_err() || canon.as_ref().is_ok_and(|c| c.len() > limit), "{} refused; canonical {:?}", show(&text), canon.map(|c| show(&c)));
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Calls: one tool call a model asked for, identified by (agent, session, call id).
 
+use super::policy::Prejudged;
 use super::{
     AgentId, BatchId, CallId, Outcome, OutcomeKind, SessionId, Timestamp, ToolInput, ToolName,
 };
@@ -29,12 +30,15 @@ pub struct NewCall {
     pub workspace: String,
     pub supersede_key: Option<String>,
     pub deadline: Option<Timestamp>,
+    /// Rule and grant matchers judged against the input before the submit was queued, so the
+    /// write transaction need not (see [`Prejudged`]).
+    pub prejudged: Prejudged,
 }
 
 impl NewCall {
     /// Whether a stored call is this same call submitted again (same tool, same canonical input).
     pub fn is_same_request_as(&self, stored: &Call) -> bool {
-        self.tool == stored.tool && self.input == stored.input
+        self.tool == stored.tool && self.input.is_stored_as(&stored.input)
     }
 
     /// Whether this call, if it is new, must be refused: its deadline has passed at `now`. A

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use super::invisible;
 use crate::error::{Error, Result};
 
 /// At most this many bytes in a session or call id.
@@ -22,7 +23,23 @@ fn parse_text(field: &str, value: String, max_bytes: usize) -> Result<String> {
     if value.chars().any(char::is_control) {
         return Err(Error::invalid(field, "must not contain control characters"));
     }
+    refuse_invisible(field, &value)?;
     Ok(value)
+}
+
+/// Refuses a name holding a character that changes how text looks without showing itself
+/// (see [`super::invisible`]): two ids that look the same must be the same id.
+pub fn refuse_invisible(field: &str, value: &str) -> Result<()> {
+    match invisible::first_invisible(value) {
+        Some(c) => Err(Error::invalid(
+            field,
+            format!(
+                "must not contain the invisible or direction-changing character {}",
+                invisible::code_point(c)
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 macro_rules! text_id {
@@ -111,5 +128,26 @@ mod tests {
         assert!(ToolName::parse("tool", "t".repeat(129)).is_err());
         let err = SessionId::parse("batch.session_id", "").unwrap_err();
         assert_eq!(err.to_string(), "batch.session_id: must not be empty");
+    }
+
+    #[test]
+    fn ids_and_tool_names_refuse_invisible_and_direction_changing_characters() {
+        for c in [
+            '\u{202E}', '\u{2066}', '\u{200F}', '\u{061C}', '\u{200B}', '\u{2060}', '\u{FEFF}',
+        ] {
+            let err = ToolName::parse("batch.calls[0].tool", format!("read{c}_file")).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "batch.calls[0].tool: must not contain the invisible or direction-changing \
+                     character {}",
+                    invisible::code_point(c)
+                )
+            );
+            assert!(CallId::parse("call_id", format!("{c}toolu_1")).is_err());
+            assert!(SessionId::parse("session_id", format!("s{c}")).is_err());
+            assert!(AgentId::parse("agent", format!("a{c}b")).is_err());
+        }
+        assert!(CallId::parse("call_id", "toolu_é中").is_ok());
     }
 }

@@ -1,9 +1,11 @@
 //! Outcomes: the terminal state of a call, written once and never changed, with who decided it
 //! and, for everything but APPROVED, the tool-result text the agent hands its model.
 
+use std::collections::HashMap;
 use std::fmt;
 
-use super::{Timestamp, ToolInput};
+use super::policy::Prejudged;
+use super::{CallKey, Timestamp, ToolInput};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -157,6 +159,10 @@ pub struct Decision {
     pub approver: String,
     /// Remember this decision as a grant (a scope other than ONCE).
     pub remember: Option<super::policy::Remember>,
+    /// For a remembered decision: the matchers that may decide the pending calls its grant
+    /// covers (the grant's own, rules', other grants'), judged against their inputs before the
+    /// decision was queued, so the write transaction need not (see [`Prejudged`]).
+    pub prejudged: HashMap<CallKey, Prejudged>,
 }
 
 impl Decision {

@@ -12,7 +12,7 @@ use crate::domain::policy::{
 };
 use crate::domain::{
     AgentId, BatchId, CallId, CallKey, Decision, MAX_BATCH_CALLS, NewBatch, NewCall, OnDeny,
-    SessionId, Status, Timestamp, ToolInput, ToolName, Verdict,
+    SessionId, Status, Timestamp, ToolInput, ToolName, Verdict, refuse_invisible,
 };
 use crate::error::{Error, Result};
 use crate::proto::v1 as pb;
@@ -127,9 +127,10 @@ fn new_call(
         input: ToolInput::parse(&field("input_json"), &spec.input_json, max_input_bytes)?,
         title: line(&field("title"), spec.title, MAX_TITLE_BYTES)?,
         message: text(&field("message"), spec.message, MAX_MESSAGE_BYTES)?,
-        workspace: line(&field("workspace"), spec.workspace, MAX_WORKSPACE_BYTES)?,
-        supersede_key: optional_line(&field("supersede_key"), spec.supersede_key, 256)?,
+        workspace: name(&field("workspace"), spec.workspace, MAX_WORKSPACE_BYTES)?,
+        supersede_key: optional_name(&field("supersede_key"), spec.supersede_key, 256)?,
         deadline,
+        prejudged: Default::default(),
     })
 }
 
@@ -141,8 +142,17 @@ fn line(field: &str, value: String, max: usize) -> Result<String> {
     text(field, value, max)
 }
 
-fn optional_line(field: &str, value: String, max: usize) -> Result<Option<String>> {
+/// Optional one-line text that names something (a workspace, a supersede key): as [`line`], and
+/// no character that hides itself (see `domain::invisible`), so two names that look the same
+/// are the same.
+fn name(field: &str, value: String, max: usize) -> Result<String> {
     let value = line(field, value, max)?;
+    refuse_invisible(field, &value)?;
+    Ok(value)
+}
+
+fn optional_name(field: &str, value: String, max: usize) -> Result<Option<String>> {
+    let value = name(field, value, max)?;
     Ok((!value.is_empty()).then_some(value))
 }
 
@@ -310,6 +320,7 @@ pub fn decide(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey
             edited_input,
             approver,
             remember,
+            prejudged: Default::default(),
         },
     ))
 }
@@ -383,8 +394,7 @@ fn condition(field: &str, c: pb::FieldCondition) -> Result<FieldCondition> {
             FieldTest::equals(&at("equals"), &serde_json::Value::String(value))?
         }
         Some(Test::EqualsJson(text)) => {
-            let value: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| Error::invalid(at("equals_json"), format!("is not JSON: {e}")))?;
+            let value = crate::domain::json::parse(&at("equals_json"), &text)?;
             FieldTest::equals(&at("equals_json"), &value)?
         }
         Some(Test::Prefix(prefix)) => FieldTest::prefix(&at("prefix"), &prefix)?,
@@ -460,7 +470,7 @@ pub fn list_grants(req: pb::ListGrantsRequest) -> Result<GrantQuery> {
         agent: non_empty(req.agent, |v| AgentId::parse("agent", v))?,
         scope,
         session: non_empty(req.session_id, |v| SessionId::parse("session_id", v))?,
-        workspace: non_empty(req.workspace, |v| line("workspace", v, MAX_WORKSPACE_BYTES))?,
+        workspace: non_empty(req.workspace, |v| name("workspace", v, MAX_WORKSPACE_BYTES))?,
         tool: non_empty(req.tool, |v| ToolName::parse("tool", v))?,
         include_inactive: req.include_inactive,
         now: None,
@@ -482,7 +492,7 @@ pub fn revoke_target(req: pb::RevokeGrantRequest) -> Result<RevokeTarget> {
         )),
         Some(Target::Workspace(workspace)) if !workspace.is_empty() => Ok(RevokeTarget::Workspace(
             agent()?,
-            line("workspace", workspace, MAX_WORKSPACE_BYTES)?,
+            name("workspace", workspace, MAX_WORKSPACE_BYTES)?,
         )),
         Some(Target::Workspace(_)) => Err(Error::invalid("workspace", "must not be empty")),
         None => Err(Error::invalid(
@@ -503,7 +513,7 @@ pub fn explain(req: pb::ExplainRequest, max_input_bytes: usize) -> Result<Explai
         Some(Call::Inline(c)) => Ok(ExplainTarget::Inline {
             agent: AgentId::parse_or_default("inline.agent", c.agent)?,
             session: SessionId::parse("inline.session_id", c.session_id)?,
-            workspace: line("inline.workspace", c.workspace, MAX_WORKSPACE_BYTES)?,
+            workspace: name("inline.workspace", c.workspace, MAX_WORKSPACE_BYTES)?,
             tool: ToolName::parse("inline.tool", c.tool)?,
             input: ToolInput::parse("inline.input_json", &c.input_json, max_input_bytes)?,
         }),
@@ -525,7 +535,7 @@ pub fn filter(prefix: &str, filter: Option<pb::CallFilter>) -> Result<CallQuery>
             SessionId::parse(&field("session_id"), v).map(|s| s.as_str().to_owned())
         })?,
         workspace: non_empty(f.workspace, |v| {
-            line(&field("workspace"), v, MAX_WORKSPACE_BYTES)
+            name(&field("workspace"), v, MAX_WORKSPACE_BYTES)
         })?,
         tool: non_empty(f.tool, |v| {
             ToolName::parse(&field("tool"), v).map(|t| t.as_str().to_owned())

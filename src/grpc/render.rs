@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use crate::domain::policy::{
     Effect, FieldTest, Grant, GrantScope, Matcher, Rule, RuleEffect, Scope,
 };
-use crate::domain::{Call, CallId, Status, Timestamp};
+use crate::domain::{Call, CallId, Status, Timestamp, invisible, json};
 use crate::error::Error;
 use crate::proto::v1 as pb;
 use crate::store::{CancelReport, DecideReport, Explanation, SubmitReport, SubmitResult};
@@ -43,7 +43,32 @@ pub fn call(c: &Call) -> pb::Call {
         created_at: Some(timestamp(c.created_at)),
         status: status(c.status()) as i32,
         outcome: outcome(c),
+        hidden_characters: hidden_characters(c),
     }
+}
+
+/// What the call's free text hides (see `domain::invisible`), field by field.
+fn hidden_characters(c: &Call) -> Vec<pb::HiddenCharacters> {
+    [
+        ("title", c.title.as_str(), true),
+        ("message", c.message.as_str(), true),
+        ("input_json", c.input.as_str(), false),
+    ]
+    .into_iter()
+    .filter_map(|(field, text, reveal)| {
+        let (found, count) = invisible::found_in(text);
+        (count > 0).then(|| pb::HiddenCharacters {
+            field: field.to_owned(),
+            code_points: found.into_iter().map(invisible::code_point).collect(),
+            count: count as u32,
+            revealed: if reveal {
+                invisible::reveal(text)
+            } else {
+                String::new()
+            },
+        })
+    })
+    .collect()
 }
 
 /// The call's outcome, if it has one.
@@ -278,7 +303,7 @@ pub fn matcher(m: &Matcher) -> pb::InputMatcher {
                     field: c.path().as_str().to_owned(),
                     test: Some(match c.test() {
                         FieldTest::Equals(serde_json::Value::String(s)) => Test::Equals(s.clone()),
-                        FieldTest::Equals(value) => Test::EqualsJson(value.to_string()),
+                        FieldTest::Equals(value) => Test::EqualsJson(json::canonical(value)),
                         FieldTest::Prefix(p) => Test::Prefix(p.clone()),
                         FieldTest::Glob(g) => Test::Glob(g.as_str().to_owned()),
                     }),

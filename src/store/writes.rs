@@ -20,7 +20,9 @@
 //!   session, policy (sorted), batches (sorted), calls.
 //!
 //! Rules and grants are read inside the submit's transaction and judged by the one pure
-//! function, [`evaluate`], that Explain calls too.
+//! function, [`evaluate`], that Explain calls too. The costly part, matching their conditions
+//! against large inputs, was done before the submit was queued (see [`Prejudged`]): the
+//! transaction looks the results up, so it does not hold the writer while globs run.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
@@ -32,8 +34,8 @@ use super::{
     SubmitReport, SubmitResult,
 };
 use crate::domain::policy::{
-    Effect, Grant, GrantScope, GrantSpec, Remember, Rule, RuleId, RuleSource, Scope, Subject,
-    evaluate,
+    Effect, Grant, GrantScope, GrantSpec, Prejudged, Remember, Rule, RuleId, RuleSource, Scope,
+    Subject, evaluate,
 };
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Decision, NewBatch, NewCall, OnDeny,
@@ -250,6 +252,8 @@ pub(super) async fn submit_in(
     // Calls stored now, in position order: their row ids, and where their items are in the
     // report (which holds the calls themselves).
     let mut accepted: Vec<(i64, usize)> = Vec::new();
+    // What was judged of each accepted call's input before the submit was queued, by row id.
+    let mut prejudged: BTreeMap<i64, &Prejudged> = BTreeMap::new();
     if !fresh.is_empty() {
         let batch_id = BatchId::generate();
         let planned = fresh.len();
@@ -271,6 +275,7 @@ pub(super) async fn submit_in(
             {
                 Some(rowid) => {
                     accepted.push((rowid, report.items.len()));
+                    prejudged.insert(rowid, &call.prejudged);
                     // What was just stored, without reading it back.
                     let key = key_of(batch, &call.call_id);
                     let stored = call.pending(key, &batch_id, position as u32, planned as u32, now);
@@ -313,7 +318,8 @@ pub(super) async fn submit_in(
             accepted_calls.push((rowid, call));
         }
     }
-    let decided = decide_by_policy(tx, batch, &tools, &accepted_calls, texts, now).await?;
+    let decided =
+        decide_by_policy(tx, batch, &tools, &accepted_calls, &prejudged, texts, now).await?;
     resolved.extend(decided);
     complete_batches(tx, &resolved).await?;
     // A call this request carries (stored now, or resubmitted) that a later call of it
@@ -357,6 +363,7 @@ async fn decide_by_policy(
     batch: &NewBatch,
     tools: &[&ToolName],
     accepted: &[(i64, &Call)],
+    prejudged: &BTreeMap<i64, &Prejudged>,
     texts: &ToolResultTexts,
     now: Timestamp,
 ) -> Result<Vec<Resolved>> {
@@ -372,8 +379,15 @@ async fn decide_by_policy(
         return Ok(resolved);
     }
     for &(rowid, call) in accepted {
-        if let Some((own, skipped)) =
-            decide_by_ruling(tx, rowid, call, &rules, &grants, texts, now).await?
+        if let Some((own, skipped)) = decide_by_ruling(
+            tx,
+            (rowid, call, prejudged.get(&rowid).copied()),
+            &rules,
+            &grants,
+            texts,
+            now,
+        )
+        .await?
         {
             resolved.push(own);
             resolved.extend(skipped);
@@ -385,17 +399,18 @@ async fn decide_by_policy(
 /// Decides a pending call if a rule or grant does, with what a human decision would bring
 /// along (a denial skips the rest of a SKIP_REST batch). Returns its resolution and the
 /// siblings skipped; `None` if nothing decides it, or it is decided already (an earlier denial
-/// of the same pass may have skipped it: `resolve` is conditional).
+/// of the same pass may have skipped it: `resolve` is conditional). `prejudged`: what was
+/// judged of the call's input before the write was queued.
 async fn decide_by_ruling(
     tx: &mut (impl WriteTx + PolicyTx),
-    rowid: i64,
-    call: &Call,
+    (rowid, call, prejudged): (i64, &Call, Option<&Prejudged>),
     rules: &[Rule],
     grants: &[Grant],
     texts: &ToolResultTexts,
     now: Timestamp,
 ) -> Result<Option<(Resolved, Vec<Resolved>)>> {
-    let ruling = evaluate(&Subject::of_call(call), rules, grants, now);
+    let subject = Subject::of_call(call).with_prejudged(prejudged);
+    let ruling = evaluate(&subject, rules, grants, now);
     let Some(outcome) = ruling.outcome(&call.input, texts, now) else {
         return Ok(None);
     };
@@ -504,7 +519,7 @@ pub(super) async fn decide_in(
             // The pending calls the new grant covers are decided in this transaction too: lock
             // their batches with the call's own, all at once.
             let covered = match &grant {
-                Some(spec) => pending_covered_by(tx, spec, rowid, now).await?,
+                Some(spec) => pending_covered_by(tx, spec, &decision.prejudged, rowid, now).await?,
                 None => Vec::new(),
             };
             tx.lock_batches(&batches_of(
@@ -540,8 +555,16 @@ pub(super) async fn decide_in(
     let mut decided_by_grant = Vec::new();
     if let Some(spec) = grant {
         let grant = tx.insert_grant(&spec).await?;
-        let (decided, also_skipped) =
-            decide_covered(tx, &grant, covered, texts, now, &mut resolved).await?;
+        let (decided, also_skipped) = decide_covered(
+            tx,
+            &grant,
+            covered,
+            &decision.prejudged,
+            texts,
+            now,
+            &mut resolved,
+        )
+        .await?;
         decided_by_grant = decided;
         skipped.extend(also_skipped);
         created = Some(grant);
@@ -638,6 +661,7 @@ fn grant_spec(
 async fn pending_covered_by(
     tx: &mut (impl WriteTx + PolicyTx),
     spec: &GrantSpec,
+    prejudged: &HashMap<CallKey, Prejudged>,
     except: i64,
     now: Timestamp,
 ) -> Result<Vec<Stored>> {
@@ -648,7 +672,9 @@ async fn pending_covered_by(
         .into_iter()
         .filter(|p| p.rowid != except)
         .filter(|p| p.call.deadline.is_none_or(|d| d > now))
-        .filter(|p| spec.covers(&Subject::of_call(&p.call)))
+        .filter(|p| {
+            spec.covers(&Subject::of_call(&p.call).with_prejudged(prejudged.get(&p.call.key)))
+        })
         .collect())
 }
 
@@ -659,6 +685,7 @@ async fn decide_covered(
     tx: &mut (impl WriteTx + PolicyTx),
     grant: &Grant,
     covered: Vec<Stored>,
+    prejudged: &HashMap<CallKey, Prejudged>,
     texts: &ToolResultTexts,
     now: Timestamp,
     resolved: &mut Vec<Resolved>,
@@ -672,8 +699,15 @@ async fn decide_covered(
         .live_grants(&grant.spec.agent, None, &[&grant.spec.tool], now)
         .await?;
     for Stored { rowid, call } in covered {
-        if let Some((own, siblings)) =
-            decide_by_ruling(tx, rowid, &call, &rules, &grants, texts, now).await?
+        if let Some((own, siblings)) = decide_by_ruling(
+            tx,
+            (rowid, &call, prejudged.get(&call.key)),
+            &rules,
+            &grants,
+            texts,
+            now,
+        )
+        .await?
         {
             resolved.push(own);
             decided.push(rowid);

@@ -837,7 +837,60 @@ async fn an_edited_approval_cannot_be_remembered(app: TestApp) {
     );
 }
 
+/// Issue 13: an approver's grant matcher is judged against every pending call it may cover. A
+/// glob that backtracking matched in quadratic time held the one SQLite writer for seconds; now
+/// matching is linear and done before the decision reaches the writer, so an unrelated submit
+/// sent meanwhile is answered at once (the one-second bound tells "not stalled" from seconds).
+async fn an_adversarial_grant_matcher_does_not_stall_an_unrelated_submit(app: TestApp) {
+    let text = "a".repeat(256 * 1024 - 16);
+    let mut calls: Vec<pb::CallSpec> = (0..8)
+        .map(|i| call(&format!("big{i}"), "t", &format!(r#"{{"x":"{text}"}}"#)))
+        .collect();
+    calls.push(call(
+        "ends-in-b",
+        "t",
+        &format!(r#"{{"x":"{}b"}}"#, &text[1..]),
+    ));
+    calls.push(call("decided", "t", r#"{"x":"small"}"#));
+    let mut pending = batch("s", calls);
+    pending.on_deny = pb::OnDeny::Independent as i32;
+    submit(&app, pending).await;
+    let wild = format!("*{}?b*", "a".repeat(1019));
+    let mut request = decide_request("s", "decided", pb::Decision::Approve, "remembered");
+    request.scope = pb::Scope::Session as i32;
+    request.matcher = Some(fields(vec![glob("x", &wild)]));
+    let mut approver = app.approver();
+    let deciding =
+        tokio::spawn(async move { approver.decide(request).await.expect("decide").into_inner() });
+    // Let the decision arrive and start being judged.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    let unrelated = submit(
+        &app,
+        batch("unrelated", vec![call("c1", "t", r#"{"x":"a"}"#)]),
+    )
+    .await;
+    let waited = started.elapsed();
+    assert_eq!(ack_status(&unrelated, 0), CallStatus::Pending);
+    assert!(
+        waited < std::time::Duration::from_secs(1),
+        "an unrelated submit waited {waited:?} behind the adversarial grant"
+    );
+    let decided = deciding.await.expect("the decision");
+    let by_grant: Vec<&str> = decided
+        .decided_by_grant
+        .iter()
+        .map(|o| o.call_id.as_str())
+        .collect();
+    assert_eq!(
+        by_grant,
+        ["ends-in-b"],
+        "the grant really matched the large inputs"
+    );
+}
+
 backend_tests! {
+    an_adversarial_grant_matcher_does_not_stall_an_unrelated_submit,
     a_session_grant_decides_later_calls_of_that_session_only,
     a_workspace_grant_decides_later_calls_in_that_workspace_only,
     a_workspace_scope_needs_a_call_with_a_workspace,

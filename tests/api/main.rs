@@ -23,6 +23,7 @@ mod grants;
 mod group_commit;
 mod idempotency;
 mod limits;
+mod lookalikes;
 mod recovery;
 mod replicas;
 mod replies;

@@ -528,7 +528,84 @@ async fn the_policy_file_is_loaded_at_start_and_replaces_the_rules_it_loaded_bef
     }
 }
 
+/// Issue 13: a 1,024-byte glob that backtracking matched in quadratic time (`*aaa…ab` against
+/// 256 KiB of `a`: 0.46 s a call in a release build) held the one SQLite writer for seconds, and
+/// every other submit waited. Matching is linear now, and done before the batch reaches the
+/// writer: an unrelated submit sent while such a batch is being judged is answered at once. The
+/// bound (one second, against many seconds of stall before) tells "not stalled" from "stalled".
+async fn an_adversarial_glob_rule_does_not_stall_an_unrelated_submit(app: TestApp) {
+    let run = "a".repeat(1022);
+    // One rule takes the plain suffix path, the other (a `?` between stars) the shift-and scan.
+    create_rule(
+        &app,
+        rule(
+            "suffix",
+            "*",
+            pb::Effect::Deny,
+            0,
+            Some(fields(vec![glob("x", &format!("*{run}b"))])),
+        ),
+    )
+    .await;
+    let wild = format!("*{}?b*", &run[..1019]);
+    create_rule(
+        &app,
+        rule(
+            "wild",
+            "*",
+            pb::Effect::Deny,
+            0,
+            Some(fields(vec![glob("x", &wild)])),
+        ),
+    )
+    .await;
+    let text = "a".repeat(256 * 1024 - 16);
+    let mut calls: Vec<pb::CallSpec> = (0..8)
+        .map(|i| call(&format!("big{i}"), "t", &format!(r#"{{"x":"{text}"}}"#)))
+        .collect();
+    // The last one ends in `b`: the suffix rule denies it, so the rules really ran.
+    calls.push(call(
+        "ends-in-b",
+        "t",
+        &format!(r#"{{"x":"{}b"}}"#, &text[1..]),
+    ));
+    let mut big = batch("adversarial", calls);
+    big.on_deny = pb::OnDeny::Independent as i32;
+    let mut agent = app.agent();
+    let adversarial = tokio::spawn(async move {
+        agent
+            .submit(pb::SubmitRequest { batch: Some(big) })
+            .await
+            .expect("submit")
+            .into_inner()
+    });
+    // Let the large batch arrive and start being judged.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    let unrelated = submit(
+        &app,
+        batch("unrelated", vec![call("c1", "t", r#"{"x":"a"}"#)]),
+    )
+    .await;
+    let waited = started.elapsed();
+    assert_eq!(ack_status(&unrelated, 0), CallStatus::Pending);
+    assert!(
+        waited < std::time::Duration::from_secs(1),
+        "an unrelated submit waited {waited:?} behind the adversarial batch"
+    );
+    let response = adversarial.await.expect("the adversarial submit");
+    for i in 0..8 {
+        assert_eq!(ack_status(&response, i), CallStatus::Pending, "big{i}");
+    }
+    assert_eq!(ack_status(&response, 8), CallStatus::Denied);
+    assert_eq!(
+        response.outcomes.last().map(|o| o.decided_by.as_str()),
+        Some("policy:suffix")
+    );
+}
+
 backend_tests! {
+    an_adversarial_glob_rule_does_not_stall_an_unrelated_submit,
     the_policy_file_is_loaded_at_start_and_replaces_the_rules_it_loaded_before,
     a_deny_rule_denies_matching_calls_at_submit_naming_itself,
     an_allow_rule_approves_matching_calls_at_submit,

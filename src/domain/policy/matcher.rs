@@ -4,17 +4,18 @@
 //!
 //! A field is a top-level key (`command`) or a dotted path into nested objects (`options.force`).
 //! A condition on a field that is missing never holds; `prefix` and `glob` hold only for string
-//! fields; `equals` compares any JSON value, by its canonical text (so the number `1` is not
-//! `1.0`). Matchers are stored, and written in the policy file, as JSON:
+//! fields; `equals` compares any JSON value, by its canonical text (RFC 8785: so the number `1`
+//! is `1.0`, and `"\u0041"` is `"A"`). Matchers are stored, and written in the policy file, as JSON:
 //! `{"any": true}`, `{"exact": {...}}` or `{"fields": [{"field": "command", "prefix": "git status"}]}`.
 
 use std::cell::OnceCell;
+use std::collections::HashMap;
 use std::fmt;
 
 use serde_json::{Map, Value, json};
 
 use super::glob::Glob;
-use crate::domain::ToolInput;
+use crate::domain::{ToolInput, json};
 use crate::error::{Error, Result};
 
 /// At most this many conditions in one matcher.
@@ -96,7 +97,7 @@ impl FieldPath {
 impl FieldTest {
     /// `equals`: any JSON value.
     pub fn equals(field: &str, value: &Value) -> Result<Self> {
-        let canonical = value.to_string();
+        let canonical = json::canonical(value);
         check_value_size(field, &canonical)?;
         // Read back from canonical text, as inputs are: equal values, equal canonical text.
         let value = serde_json::from_str(&canonical).unwrap_or_else(|_| value.clone());
@@ -160,10 +161,46 @@ impl FieldCondition {
 }
 
 /// A tool input as matchers see it: its canonical text, parsed at most once however many
-/// matchers look at its fields.
+/// matchers look at its fields, and what was judged of it ahead of time.
 pub struct InputView<'a> {
     input: &'a ToolInput,
     parsed: OnceCell<Value>,
+    prejudged: Option<&'a Prejudged>,
+}
+
+/// Which field matchers match one input, judged before the call reaches the store's writer.
+///
+/// Matching conditions against a large input (a glob over 256 KiB, linear but not free) is the
+/// costly part of deciding by policy; done inside the write transaction it would hold the one
+/// SQLite writer, and every other write, while it runs. So the broker judges the matchers of
+/// the rules and grants that may apply before queueing the submit (see `Broker::submit`), and
+/// the transaction, which still reads the rules and grants that hold at commit, only looks the
+/// results up. Results are keyed by the matcher itself (its stored text), so a result can never
+/// be applied to another matcher: one created or changed since is simply judged then.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prejudged {
+    results: HashMap<String, bool>,
+}
+
+impl Prejudged {
+    /// Judges `matcher` against `input` and remembers the result (cheap matchers, `any` and
+    /// `exact`, are left to the transaction).
+    pub fn judge(&mut self, matcher: &Matcher, input: &InputView<'_>) {
+        if let Matcher::Fields(conditions) = matcher {
+            self.results
+                .entry(matcher.memo_key())
+                .or_insert_with(|| conditions.iter().all(|c| c.holds(input.value())));
+        }
+    }
+
+    /// How many matchers were judged.
+    pub fn len(&self) -> usize {
+        self.results.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.results.is_empty()
+    }
 }
 
 impl<'a> InputView<'a> {
@@ -171,7 +208,14 @@ impl<'a> InputView<'a> {
         Self {
             input,
             parsed: OnceCell::new(),
+            prejudged: None,
         }
+    }
+
+    /// The same view, answering the matchers `prejudged` holds from it.
+    pub fn with_prejudged(mut self, prejudged: Option<&'a Prejudged>) -> Self {
+        self.prejudged = prejudged;
+        self
     }
 
     fn value(&self) -> &Value {
@@ -202,10 +246,21 @@ impl Matcher {
             Matcher::Any => true,
             Matcher::Exact(expected) => expected == input.input,
             Matcher::Fields(conditions) => {
+                if let Some(&holds) = input
+                    .prejudged
+                    .and_then(|p| p.results.get(&self.memo_key()))
+                {
+                    return holds;
+                }
                 let value = input.value();
                 conditions.iter().all(|c| c.holds(value))
             }
         }
+    }
+
+    /// What identifies this matcher's result for one input: its stored text.
+    fn memo_key(&self) -> String {
+        self.to_json().to_string()
     }
 
     /// The stored (and policy file) form.
@@ -328,7 +383,9 @@ impl fmt::Display for Matcher {
                     }
                     let path = c.path.as_str();
                     match &c.test {
-                        FieldTest::Equals(v) => write!(f, "`{path}` equals {v}")?,
+                        FieldTest::Equals(v) => {
+                            write!(f, "`{path}` equals {}", json::canonical(v))?
+                        }
                         FieldTest::Prefix(p) => write!(f, "`{path}` starts with {p:?}")?,
                         FieldTest::Glob(g) => write!(f, "`{path}` matches glob {:?}", g.as_str())?,
                     }
@@ -403,9 +460,11 @@ mod tests {
         let m = matcher(r#"{"fields": [{"field": "n", "equals": 3}]}"#);
         assert!(matches(&m, r#"{"n":3}"#));
         assert!(
-            !matches(&m, r#"{"n":3.0}"#),
-            "numbers compare by their digits"
+            matches(&m, r#"{"n":3.0}"#),
+            "numbers compare by value (RFC 8785)"
         );
+        assert!(matches(&m, r#"{"n":3e0}"#));
+        assert!(!matches(&m, r#"{"n":3.5}"#));
         let m = matcher(r#"{"fields": [{"field": "o", "equals": {"y": 1, "x": [true]}}]}"#);
         assert!(matches(&m, r#"{"o":{"x":[true],"y":1}}"#));
     }
@@ -454,5 +513,29 @@ mod tests {
         assert!(bad(r#"{"any": true, "exact": {}}"#).contains("exactly one"));
         assert!(bad(r#"{"regex": "x"}"#).contains("unknown matcher"));
         assert!(bad(r#""any""#).contains("JSON object"));
+    }
+
+    /// A result judged ahead is used for exactly that matcher; any other is judged as usual.
+    #[test]
+    fn a_prejudged_result_answers_for_its_own_matcher_only() {
+        let input = input(r#"{"path":"src/a.rs"}"#);
+        let src = matcher(r#"{"fields": [{"field": "path", "glob": "src/*"}]}"#);
+        let docs = matcher(r#"{"fields": [{"field": "path", "glob": "docs/*"}]}"#);
+        let mut prejudged = Prejudged::default();
+        prejudged.judge(&src, &InputView::new(&input));
+        prejudged.judge(&matcher(r#"{"any": true}"#), &InputView::new(&input));
+        assert_eq!(
+            prejudged.len(),
+            1,
+            "only field matchers are worth judging ahead"
+        );
+        let view = || InputView::new(&input).with_prejudged(Some(&prejudged));
+        assert!(src.matches(&view()));
+        assert!(!docs.matches(&view()));
+        // The lookup is what answers: a forged result shows it is used, and used only for `src`.
+        prejudged.results.insert(src.memo_key(), false);
+        let view = InputView::new(&input).with_prejudged(Some(&prejudged));
+        assert!(!src.matches(&view));
+        assert!(!docs.matches(&view));
     }
 }

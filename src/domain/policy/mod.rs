@@ -11,7 +11,7 @@ mod rule;
 pub use evaluate::{Decider, Ruling, evaluate, rule_precedence, sort_by_precedence};
 pub use glob::Glob;
 pub use grant::{Effect, Grant, GrantScope, GrantSpec, Remember, Scope};
-pub use matcher::{FieldCondition, FieldPath, FieldTest, InputView, Matcher};
+pub use matcher::{FieldCondition, FieldPath, FieldTest, InputView, Matcher, Prejudged};
 pub use rule::{Rule, RuleEffect, RuleId, RuleSource, description, parse_policy_file};
 
 use super::{AgentId, Call, SessionId, ToolInput, ToolName};
@@ -51,5 +51,11 @@ impl<'a> Subject<'a> {
             &call.tool,
             &call.input,
         )
+    }
+
+    /// The same subject, its input's matchers answered from `prejudged` where it has them.
+    pub fn with_prejudged(mut self, prejudged: Option<&'a Prejudged>) -> Self {
+        self.input = self.input.with_prejudged(prejudged);
+        self
     }
 }

@@ -217,8 +217,8 @@ pub fn description(field: &str, text: &str) -> Result<String> {
 /// Parses a policy file: `{"rules": [...]}`. An error names the rule at fault by its index and,
 /// when it has a readable one, its id.
 pub fn parse_policy_file(text: &str, max_input_bytes: usize) -> Result<Vec<Rule>> {
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| Error::invalid("policy file", format!("is not valid JSON: {e}")))?;
+    // Strict: a key named twice in a rule would leave the operator unsure which one holds.
+    let value: Value = crate::domain::json::parse("policy file", text)?;
     let list = value
         .as_object()
         .filter(|o| o.len() == 1)

@@ -537,6 +537,7 @@ mod tests {
                 workspace: String::new(),
                 supersede_key: None,
                 deadline: None,
+                prejudged: Default::default(),
             }],
         }
     }
