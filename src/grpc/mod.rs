@@ -5,6 +5,8 @@
 pub mod admin;
 pub mod agent;
 pub mod approver;
+pub mod codec;
 pub mod oversize;
 pub mod parse;
+pub mod queue;
 mod render;
