@@ -28,6 +28,8 @@ pub struct Limits {
     pub max_agent_streams: usize,
     /// The most `Subscribe` streams open at once.
     pub max_subscribers: usize,
+    /// The most pending calls one agent may have; new calls beyond it are refused.
+    pub max_pending_per_agent: u64,
 }
 
 pub struct Broker {
@@ -116,6 +118,7 @@ impl Broker {
         calls = %CallIds(batch.calls.iter().map(|c| &c.call_id)),
     ))]
     pub async fn submit(&self, mut batch: NewBatch) -> Result<SubmitReport> {
+        batch.pending_cap = Some(self.limits.max_pending_per_agent);
         if let Some(default) = self.limits.default_deadline {
             let deadline = Timestamp::now().saturating_add(default);
             for call in &mut batch.calls {
@@ -237,6 +240,7 @@ mod tests {
             subscriber_buffer: 4,
             max_agent_streams: 4,
             max_subscribers: 4,
+            max_pending_per_agent: 4,
         };
         let (stop, stopping) = watch::channel(false);
         let broker = Broker::new(store, bus, sweeper, limits, stopping);

@@ -10,3 +10,4 @@ pub mod oversize;
 pub mod parse;
 pub mod queue;
 mod render;
+pub mod replay;

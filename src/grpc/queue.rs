@@ -121,9 +121,14 @@ mod tests {
     use crate::meters::StreamKind;
 
     fn slot() -> Slot {
-        StreamSlots::new(StreamKind::Subscriber, "subscribers", "--max-subscribers", 1)
-            .take()
-            .unwrap()
+        StreamSlots::new(
+            StreamKind::Subscriber,
+            "subscribers",
+            "--max-subscribers",
+            1,
+        )
+        .take()
+        .unwrap()
     }
 
     /// The final status is set while the queue is full and nobody reads: the producer does not
@@ -154,7 +159,12 @@ mod tests {
 
     #[tokio::test]
     async fn the_slot_is_held_until_the_clients_stream_is_dropped() {
-        let slots = StreamSlots::new(StreamKind::Subscriber, "subscribers", "--max-subscribers", 1);
+        let slots = StreamSlots::new(
+            StreamKind::Subscriber,
+            "subscribers",
+            "--max-subscribers",
+            1,
+        );
         let (mut tx, rx) = channel::<u32>(1, slots.take().unwrap());
         tx.end(Status::unavailable("stopping"));
         drop(tx);

@@ -526,19 +526,37 @@ const LONGER_THAN_ANY_SEND_TIMEOUT: std::time::Duration = std::time::Duration::f
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_blocked_for_long_after_falling_behind_is_still_told_where_to_resume() {
     let app = spawn_app_on(Backend::Sqlite, |config| config.subscriber_buffer = 4).await;
-    let mut slow = Subscription::open(&app, everything(), None).await;
+    // A client whose windows hold less than one event: its window is closed from the first big
+    // event on, before the broker finds the subscriber behind, and stays closed while it sleeps.
+    let window = 64 * 1024 - 1;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", app.address))
+        .expect("endpoint")
+        .initial_stream_window_size(window)
+        .initial_connection_window_size(window)
+        .connect_lazy();
+    let stream = ApproverServiceClient::new(channel)
+        .subscribe(pb::SubscribeRequest {
+            filter: Some(everything()),
+            after_seq: None,
+        })
+        .await
+        .expect("subscribe")
+        .into_inner();
+    let mut slow = Subscription { stream };
     read_snapshot(&mut slow).await;
     submit(&app, batch("warm-up", vec![call("w", "read", "{}")])).await;
     let warm_up = slow.next().await;
     assert_eq!(label(&warm_up), "requested w");
 
-    // Far more than flow control and socket buffers hold, while the client does not read.
+    // Events bigger than the client's window, one at a time while the client does not read:
+    // the broker hands the first to HTTP/2, whose window it fills, then queues as many as the
+    // subscriber's queue holds, and finds the subscriber behind at the next. By then nothing
+    // can leave until the client reads.
     let big_input = format!(r#"{{"data":"{}"}}"#, "x".repeat(100 * 1024));
-    for b in 0..8 {
-        let calls = (0..10)
-            .map(|c| call(&format!("big-{b}-{c}"), "write", &big_input))
-            .collect();
+    for n in 0..16 {
+        let calls = vec![call(&format!("big-{n}"), "write", &big_input)];
         submit(&app, batch("flood", calls)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     tokio::time::sleep(LONGER_THAN_ANY_SEND_TIMEOUT).await;
 

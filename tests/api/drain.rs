@@ -191,7 +191,11 @@ async fn on_shutdown_a_subscriber_is_told_where_to_resume_in_the_last_seq_traile
 ) {
     let mut subscriber = Subscription::open(&app, pb::CallFilter::default(), None).await;
     subscriber.snapshot().await;
-    submit(&app, batch("s", vec![call("a", "t", "{}"), call("b", "t", "{}")])).await;
+    submit(
+        &app,
+        batch("s", vec![call("a", "t", "{}"), call("b", "t", "{}")]),
+    )
+    .await;
     let mut last_seq = 0;
     for _ in 0..2 {
         last_seq = subscriber.next().await.seq;
