@@ -1,7 +1,7 @@
 //! Requests whose bytes do not decode (a string field that is not UTF-8, a message cut short, a
 //! field of the wrong wire type) are the client's mistake: INVALID_ARGUMENT naming the decode
 //! problem, never INTERNAL, and on `Connect` the stream ends with that status after answering
-//! the requests before it. The bytes go over a real HTTP/2 gRPC call, framed as any client
+//! the requests before it. So is a request that ends inside a message. The bytes go over a real HTTP/2 gRPC call, framed as any client
 //! frames them, with bodies no generated client would write.
 
 use std::marker::PhantomData;
@@ -158,7 +158,119 @@ async fn an_undecodable_request_on_connect_ends_the_stream_with_invalid_argument
     }
 }
 
+/// A gRPC frame: no compression, the length, the message.
+fn frame(message: &[u8]) -> Vec<u8> {
+    let mut frame = vec![0];
+    frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    frame.extend_from_slice(message);
+    frame
+}
+
+/// `grpc-message` text as sent (percent-encoded, as the gRPC spec allows) made plain.
+fn percent_decoded(text: &str) -> String {
+    let mut bytes = Vec::new();
+    let mut rest = text.as_bytes();
+    while let Some((&first, tail)) = rest.split_first() {
+        match (first, tail) {
+            (b'%', [high, low, tail @ ..]) => {
+                let hex = std::str::from_utf8(&[*high, *low])
+                    .expect("ASCII")
+                    .to_owned();
+                bytes.push(u8::from_str_radix(&hex, 16).expect("percent-encoded"));
+                rest = tail;
+            }
+            _ => {
+                bytes.push(first);
+                rest = tail;
+            }
+        }
+    }
+    String::from_utf8(bytes).expect("UTF-8")
+}
+
+/// Sends `body` as a request's whole body over a raw HTTP/2 connection (so it may end inside a
+/// frame, which no gRPC client sends) and returns the `grpc-status` and `grpc-message` the
+/// broker ends the response with.
+async fn raw_call(app: &TestApp, path: &str, body: Vec<u8>) -> (String, String) {
+    use tonic::codegen::http;
+    let tcp = tokio::net::TcpStream::connect(app.address)
+        .await
+        .expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(connection);
+    let mut client = client.ready().await.expect("ready");
+    let request = http::Request::post(format!("http://{}{path}", app.address))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+    let (response, mut send) = client.send_request(request, false).expect("send");
+    send.send_data(prost::bytes::Bytes::from(body), true)
+        .expect("send body");
+    let response = tokio::time::timeout(PATIENCE, response)
+        .await
+        .expect("in time")
+        .expect("response");
+    let status = |headers: &http::HeaderMap| {
+        let text = |name: &str| {
+            headers
+                .get(name)
+                .map(|v| percent_decoded(v.to_str().expect("ASCII")))
+                .unwrap_or_default()
+        };
+        headers
+            .get("grpc-status")
+            .map(|_| (text("grpc-status"), text("grpc-message")))
+    };
+    let (parts, mut body) = response.into_parts();
+    if let Some(found) = status(&parts.headers) {
+        return found;
+    }
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("data");
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    let trailers = body.trailers().await.expect("trailers").expect("trailers");
+    status(&trailers).expect("a grpc-status trailer")
+}
+
+async fn a_request_that_ends_inside_a_message_is_invalid_argument_never_internal(app: TestApp) {
+    // A frame that promises ten bytes and brings two, then the request ends.
+    let cut = frame(&[0x0a, 0x01, b'a', 0, 0, 0, 0, 0, 0, 0])[..7].to_vec();
+    let (code, message) =
+        raw_call(&app, "/approvals.v1.AgentService/GetOutcomes", cut.clone()).await;
+    assert_eq!(code, "3", "INVALID_ARGUMENT: {message}");
+    assert!(message.contains("could not be decoded"), "{message}");
+
+    // A unary request without any message.
+    let (code, message) = raw_call(&app, "/approvals.v1.AgentService/GetOutcomes", vec![]).await;
+    assert_eq!(code, "3", "INVALID_ARGUMENT: {message}");
+
+    // On Connect: the request before is answered, then the stream ends so.
+    let valid = pb::AgentRequest {
+        request_id: "first".into(),
+        request: Some(pb::agent_request::Request::Submit(batch(
+            "s",
+            vec![call("a", "t", "{}")],
+        ))),
+    }
+    .encode_to_vec();
+    let mut body = frame(&valid);
+    body.extend(cut);
+    let (code, message) = raw_call(&app, "/approvals.v1.AgentService/Connect", body).await;
+    assert_eq!(code, "3", "INVALID_ARGUMENT: {message}");
+    assert!(message.contains("could not be decoded"), "{message}");
+    assert!(
+        matches!(
+            states(&app, "s", &["a"]).await[0].state,
+            Some(pb::call_state::State::Pending(_))
+        ),
+        "the request before the cut was served"
+    );
+}
+
 backend_tests! {
     an_undecodable_unary_request_is_invalid_argument_naming_the_problem,
     an_undecodable_request_on_connect_ends_the_stream_with_invalid_argument,
+    a_request_that_ends_inside_a_message_is_invalid_argument_never_internal,
 }
