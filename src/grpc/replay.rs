@@ -244,7 +244,7 @@ mod tests {
     fn batches_across_page_boundaries_complete_once_after_their_last_call() {
         // Batch 0: three calls decided; batch 1: two calls, the second decided after `upto`;
         // batch 2: one call pending.
-        let calls = vec![
+        let calls = [
             call(0, 0, 0, 3, Some(1)),
             call(1, 0, 1, 3, Some(2)),
             call(2, 0, 2, 3, Some(3)),
@@ -275,7 +275,7 @@ mod tests {
     /// and the named ids the session does not hold are reported.
     #[test]
     fn named_calls_replay_only_theirs_and_report_the_unknown() {
-        let calls = vec![
+        let calls = [
             call(0, 0, 0, 2, Some(1)),
             call(1, 0, 1, 2, Some(2)),
             call(2, 1, 0, 1, Some(3)),

@@ -201,12 +201,10 @@ async fn on_shutdown_a_subscriber_is_told_where_to_resume_in_the_last_seq_traile
         last_seq = subscriber.next().await.seq;
     }
     let reader = tokio::spawn(async move {
-        loop {
-            match subscriber.stream.message().await {
-                Ok(Some(event)) => panic!("no event was expected: {event:?}"),
-                Ok(None) => panic!("the subscriber ended without a status"),
-                Err(status) => return status,
-            }
+        match subscriber.stream.message().await {
+            Ok(Some(event)) => panic!("no event was expected: {event:?}"),
+            Ok(None) => panic!("the subscriber ended without a status"),
+            Err(status) => status,
         }
     });
     app.shut_down().await;
