@@ -41,6 +41,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // The contract names an RPC `Connect`, which would collide with the generated
         // `connect` constructor; clients are built from a `Channel` instead.
         .build_transport(false)
+        // prost's codec, but a message that does not decode is INVALID_ARGUMENT, not INTERNAL.
+        .codec_path("crate::grpc::codec::ProtoCodec")
         .compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }

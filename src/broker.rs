@@ -45,6 +45,8 @@ pub struct Limits {
     pub max_subscribers: usize,
     /// The largest reply, encoded (`grpc::oversize`).
     pub max_reply_bytes: usize,
+    /// The most pending calls one agent may have; new calls beyond it are refused.
+    pub max_pending_per_agent: u64,
 }
 
 pub struct Broker {
@@ -133,6 +135,7 @@ impl Broker {
         calls = %CallIds(batch.calls.iter().map(|c| &c.call_id)),
     ))]
     pub async fn submit(&self, mut batch: NewBatch) -> Result<SubmitReport> {
+        batch.pending_cap = Some(self.limits.max_pending_per_agent);
         if let Some(default) = self.limits.default_deadline {
             let deadline = Timestamp::now().saturating_add(default);
             for call in &mut batch.calls {
@@ -437,6 +440,7 @@ mod tests {
             max_agent_streams: 4,
             max_subscribers: 4,
             max_reply_bytes: 64 * 1024,
+            max_pending_per_agent: 4,
         };
         let (stop, stopping) = watch::channel(false);
         let broker = Broker::new(store, bus, sweeper, limits, stopping);

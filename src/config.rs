@@ -126,6 +126,11 @@ pub struct Config {
     #[arg(long, env = "APPROVALS_MAX_SUBSCRIBERS", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_subscribers: u32,
 
+    /// The most pending calls one agent may have (with auth off, every client is the same
+    /// agent). New calls beyond it are refused with RESOURCE_EXHAUSTED, each for itself.
+    #[arg(long, env = "APPROVALS_MAX_PENDING_PER_AGENT", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_pending_per_agent: u64,
+
     /// The most concurrent HTTP/2 streams (RPCs) one client connection may open.
     #[arg(long, env = "APPROVALS_MAX_CONCURRENT_STREAMS", default_value_t = 1_024, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_streams: u32,
@@ -253,6 +258,7 @@ impl Config {
             max_agent_streams: self.max_agent_streams as usize,
             max_subscribers: self.max_subscribers as usize,
             max_reply_bytes: self.max_reply_bytes.min(self.max_message_bytes),
+            max_pending_per_agent: self.max_pending_per_agent,
         }
     }
 

@@ -315,9 +315,6 @@ mod tests {
         ) -> Result<Vec<Option<Call>>> {
             unreachable!("not used by the pump")
         }
-        async fn session_calls(&self, _: &AgentId, _: &SessionId) -> Result<(Vec<Call>, u64)> {
-            unreachable!("not used by the pump")
-        }
         async fn batch_calls(&self, _: &BatchId) -> Result<Vec<Call>> {
             unreachable!("not used by the pump")
         }

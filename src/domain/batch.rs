@@ -51,4 +51,7 @@ pub struct NewBatch {
     /// Supersede every pending call of the session (but those resubmitted here) first.
     pub supersede_pending: bool,
     pub calls: Vec<NewCall>,
+    /// The most pending calls the agent may have (`--max-pending-per-agent`, set by the broker;
+    /// `None`: no cap). New calls beyond it are refused, each for itself.
+    pub pending_cap: Option<u64>,
 }

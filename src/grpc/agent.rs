@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 
 use super::oversize::{self, Room};
+use super::replay::{Replay, Replayed, SessionPages};
 use super::{parse, render};
 use crate::auth::Caller;
 use crate::broker::Broker;
@@ -101,7 +102,8 @@ impl pb::agent_service_server::AgentService for AgentApi {
         let session = parse::session("session_id", req.session_id)?;
         let named = parse::call_ids("call_ids", req.call_ids, true)?;
         let wanted = (!named.is_empty()).then(|| named.into_iter().collect::<HashSet<_>>());
-        let (calls, seq) = self.broker.store().session_calls(&agent, &session).await?;
+        // Outcomes logged by now are replayed; the later ones come from the feed.
+        let seq = self.broker.store().latest_seq().await?;
         let (out, rx) = mpsc::channel(OUTBOUND);
         let watch = OutcomeWatch {
             broker: Arc::clone(&self.broker),
@@ -111,7 +113,7 @@ impl pb::agent_service_server::AgentService for AgentApi {
             out,
             _slot: slot,
         };
-        tokio::spawn(watch.run(calls, seq).in_current_span());
+        tokio::spawn(watch.run(seq).in_current_span());
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
@@ -159,72 +161,6 @@ impl pb::agent_service_server::AgentService for AgentApi {
                 self.broker.limits().max_reply_bytes,
             )),
         }))
-    }
-}
-
-/// What a session holds for a set of wanted calls, as of sequence number `upto`: the outcomes
-/// logged by then, the batches whose every call was decided by then, and the calls pending
-/// then (their outcomes come later, live) or unknown.
-struct Replay {
-    outcomes: Vec<pb::Outcome>,
-    batches: Vec<pb::BatchComplete>,
-    pending: Vec<CallId>,
-    unknown: Vec<CallId>,
-}
-
-impl Replay {
-    /// `calls` is every call of the session; `wanted` the call ids asked for (all if `None`).
-    fn of(calls: &[Call], wanted: Option<&HashSet<CallId>>, upto: u64) -> Self {
-        let is_wanted = |c: &Call| wanted.is_none_or(|w| w.contains(&c.key.call_id));
-        let logged = |c: &Call| c.outcome.as_ref().is_some_and(|o| o.is_logged_by(upto));
-        let mut outcomes = Vec::new();
-        let mut pending = Vec::new();
-        let mut touched: Vec<&BatchId> = Vec::new();
-        for call in calls.iter().filter(|c| is_wanted(c)) {
-            match render::outcome(call).filter(|_| logged(call)) {
-                Some(outcome) => {
-                    outcomes.push(outcome);
-                    if !touched.contains(&&call.batch_id) {
-                        touched.push(&call.batch_id);
-                    }
-                }
-                None => pending.push(call.key.call_id.clone()),
-            }
-        }
-        let mut by_batch: HashMap<&BatchId, Vec<&Call>> = HashMap::new();
-        for call in calls {
-            by_batch.entry(&call.batch_id).or_default().push(call);
-        }
-        let batches = touched
-            .into_iter()
-            .filter_map(|batch| {
-                let mut members: Vec<Call> = by_batch
-                    .get(batch)
-                    .map(|m| m.iter().map(|c| (*c).clone()).collect())
-                    .unwrap_or_default();
-                members.sort_by_key(|c| c.position);
-                members
-                    .iter()
-                    .all(logged)
-                    .then(|| render::batch_complete(&members))
-                    .flatten()
-            })
-            .collect();
-        let known: HashSet<&CallId> = calls.iter().map(|c| &c.key.call_id).collect();
-        let unknown = wanted
-            .map(|w| {
-                let mut unknown: Vec<CallId> =
-                    w.iter().filter(|id| !known.contains(id)).cloned().collect();
-                unknown.sort();
-                unknown
-            })
-            .unwrap_or_default();
-        Self {
-            outcomes,
-            batches,
-            pending,
-            unknown,
-        }
     }
 }
 
@@ -420,11 +356,7 @@ impl AgentConnection {
         let session = parse::session("resume.session_id", resume.session_id)?;
         let named = parse::call_ids("resume.call_ids", resume.call_ids, true)?;
         let wanted = (!named.is_empty()).then(|| named.into_iter().collect::<HashSet<_>>());
-        let (calls, seq) = self
-            .broker
-            .store()
-            .session_calls(&self.agent, &session)
-            .await?;
+        let seq = self.broker.store().latest_seq().await?;
         // A whole-session resume sends every outcome up to `seq`, so the feed takes over after
         // it. A resume of named calls sends only those: a session the stream already follows
         // keeps its watermark, so the feed still pushes the other calls' outcomes.
@@ -438,21 +370,24 @@ impl AgentConnection {
             }
         };
         self.watched.insert(session.clone(), from);
-        let replay = Replay::of(&calls, wanted.as_ref(), seq);
-        for outcome in replay.outcomes {
-            if self.send("", Reply::Outcome(outcome)).await.is_err() {
-                return Ok(Err(Gone));
+        let mut replay = Replay::new(wanted.as_ref(), seq, true);
+        let mut pages = SessionPages::new(self.broker.store(), &self.agent, &session);
+        while let Some(calls) = pages.next().await? {
+            for message in replay.page(calls) {
+                let reply = match message {
+                    Replayed::Outcome(outcome) => Reply::Outcome(outcome),
+                    Replayed::BatchComplete(complete) => Reply::BatchComplete(complete),
+                };
+                if self.send("", reply).await.is_err() {
+                    return Ok(Err(Gone));
+                }
             }
         }
-        for complete in replay.batches {
-            if self.send("", Reply::BatchComplete(complete)).await.is_err() {
-                return Ok(Err(Gone));
-            }
-        }
+        let (pending, unknown) = replay.finish();
         let done = pb::ResumeDone {
             session_id: session.to_string(),
-            pending_call_ids: replay.pending.iter().map(ToString::to_string).collect(),
-            unknown_call_ids: replay.unknown.iter().map(ToString::to_string).collect(),
+            pending_call_ids: pending.iter().map(ToString::to_string).collect(),
+            unknown_call_ids: unknown.iter().map(ToString::to_string).collect(),
             truncated: false,
         };
         Ok(self.send(id, Reply::Resumed(done)).await)
@@ -511,26 +446,41 @@ impl OutcomeWatch {
         self.out.send(Ok(message)).await.map_err(|_| Gone)
     }
 
-    async fn run(self, calls: Vec<Call>, seq: u64) {
+    async fn run(self, seq: u64) {
         use pb::watch_outcomes_response::Event as E;
-        let replay = Replay::of(&calls, self.wanted.as_ref(), seq);
-        let mut waiting_for: HashSet<CallId> = replay.pending.iter().cloned().collect();
-        for outcome in replay.outcomes {
-            if self.send(E::Outcome(outcome)).await.is_err() {
-                return;
+        // Named calls pending as of `seq` are waited for; a whole-session watch lists none.
+        let named = self.wanted.is_some();
+        let mut replay = Replay::new(self.wanted.as_ref(), seq, named);
+        let mut pages = SessionPages::new(self.broker.store(), &self.agent, &self.session);
+        loop {
+            let calls = match pages.next().await {
+                Ok(Some(calls)) => calls,
+                Ok(None) => break,
+                Err(err) => {
+                    let _ = self.out.send(Err(err.into())).await;
+                    return;
+                }
+            };
+            for message in replay.page(calls) {
+                let event = match message {
+                    Replayed::Outcome(outcome) => E::Outcome(outcome),
+                    Replayed::BatchComplete(complete) => E::BatchComplete(complete),
+                };
+                if self.send(event).await.is_err() {
+                    return;
+                }
             }
         }
-        for complete in replay.batches {
-            if self.send(E::BatchComplete(complete)).await.is_err() {
-                return;
-            }
-        }
-        if self.send(E::CaughtUp(pb::CaughtUp {})).await.is_err() {
+        let (pending, unknown) = replay.finish();
+        // Named calls the session does not hold are said so, and not waited for: the watch
+        // ends once every named call it holds is decided.
+        let caught_up = pb::CaughtUp {
+            unknown_call_ids: unknown.iter().map(ToString::to_string).collect(),
+        };
+        if self.send(E::CaughtUp(caught_up)).await.is_err() {
             return;
         }
-        // Named calls the session does not hold yet may still be submitted: wait for them too.
-        waiting_for.extend(replay.unknown);
-        let named = self.wanted.is_some();
+        let mut waiting_for: HashSet<CallId> = pending.into_iter().collect();
         if named && waiting_for.is_empty() {
             return;
         }

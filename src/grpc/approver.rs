@@ -4,31 +4,31 @@
 //! A subscriber's stream has a bounded queue. Catch-up (snapshot pages, events after a cursor)
 //! waits for the client; a live event that finds the queue full ends the stream with
 //! RESOURCE_EXHAUSTED naming the last sequence number queued, so the UI resumes from there:
-//! never a silent drop, never unbounded memory.
+//! never a silent drop, never unbounded memory. That status, and the one a shutdown ends the
+//! stream with, travel beside the queue (see [`queue`]): however long the client leaves its
+//! window closed, it gets every queued event and then the status, with the resume position in
+//! the `approvals-last-seq` trailer.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::sync::mpsc;
-use tokio::sync::mpsc::error::TrySendError;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
+use super::queue::{self, Full};
 use super::{paging, parse, render};
 use crate::auth::Caller;
 use crate::broker::Broker;
 use crate::domain::{EventKind, Status as CallStatus};
 use crate::error::{Error, Result};
 use crate::events::Feed;
-use crate::limits::Slot;
 use crate::meters;
 use crate::proto::v1 as pb;
 use crate::proto::v1::approver_event::Event as E;
 use crate::store::CallQuery;
 
-/// The trailer naming the last sequence number delivered to a subscriber that fell behind.
+/// The trailer naming the last sequence number delivered to a subscriber whose stream the broker
+/// ended (it fell behind, or the broker is shutting down): resume with `after_seq` set to it.
 pub const LAST_SEQ_TRAILER: &str = "approvals-last-seq";
 
 pub struct ApproverApi {
@@ -43,7 +43,7 @@ impl ApproverApi {
 
 #[tonic::async_trait]
 impl pb::approver_service_server::ApproverService for ApproverApi {
-    type SubscribeStream = ReceiverStream<Result<pb::ApproverEvent, Status>>;
+    type SubscribeStream = queue::Receiver<pb::ApproverEvent>;
 
     async fn subscribe(
         &self,
@@ -62,16 +62,15 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
             )
             .into());
         }
-        let (out, rx) = mpsc::channel(self.broker.limits().subscriber_buffer.max(1));
+        let (out, rx) = queue::channel(self.broker.limits().subscriber_buffer, slot);
         let subscriber = Subscriber {
             broker: Arc::clone(&self.broker),
             filter,
             out,
             last_queued: req.after_seq.unwrap_or(latest),
-            _slot: slot,
         };
         tokio::spawn(subscriber.run(req.after_seq.is_none()).in_current_span());
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(rx))
     }
 
     async fn decide(
@@ -118,10 +117,9 @@ struct Ended;
 struct Subscriber {
     broker: Arc<Broker>,
     filter: CallQuery,
-    out: mpsc::Sender<Result<pb::ApproverEvent, Status>>,
+    out: queue::Sender<pb::ApproverEvent>,
     /// The sequence number of the last event queued for the client.
     last_queued: u64,
-    _slot: Slot,
 }
 
 impl Subscriber {
@@ -144,7 +142,7 @@ impl Subscriber {
         loop {
             let page = match self.broker.store().list_calls(&query).await {
                 Ok(page) => page,
-                Err(err) => return self.fail(err.into()).await,
+                Err(err) => return self.fail(err.into()),
             };
             for call in &page.calls {
                 pending += 1;
@@ -161,22 +159,21 @@ impl Subscriber {
 
     async fn follow(&mut self, feed: &mut Feed) -> Result<(), Ended> {
         let broker = Arc::clone(&self.broker);
-        let out = self.out.clone();
         loop {
             let delivery = tokio::select! {
                 delivery = feed.next() => delivery,
-                _ = out.closed() => return Err(Ended),
+                _ = self.out.closed() => return Err(Ended),
                 _ = broker.stopping() => {
-                    let status = Status::unavailable(format!(
+                    let status = self.resume_status(tonic::Code::Unavailable, format!(
                         "the broker is shutting down; resume with after_seq={}",
                         self.last_queued
                     ));
-                    return self.fail(status).await;
+                    return self.fail(status);
                 }
             };
             let delivery = match delivery {
                 Ok(delivery) => delivery,
-                Err(err) => return self.fail(err.into()).await,
+                Err(err) => return self.fail(err.into()),
             };
             let event = &delivery.event;
             if !self.filter.matches(&event.call) {
@@ -208,7 +205,7 @@ impl Subscriber {
     async fn queue(&mut self, seq: u64, event: E) -> Result<(), Ended> {
         meters::subscriber_lag(self.broker.bus().published().saturating_sub(seq));
         self.out
-            .send(Ok(Self::message(seq, event)))
+            .send(Self::message(seq, event))
             .await
             .map_err(|_| Ended)?;
         self.last_queued = seq;
@@ -218,34 +215,46 @@ impl Subscriber {
     /// Queues a live item if there is room; otherwise the subscriber has fallen too far behind.
     async fn offer(&mut self, seq: u64, event: E) -> Result<(), Ended> {
         meters::subscriber_lag(self.broker.bus().published().saturating_sub(seq));
-        match self.out.try_send(Ok(Self::message(seq, event))) {
+        match self.out.try_send(Self::message(seq, event)) {
             Ok(()) => {
                 self.last_queued = seq;
                 Ok(())
             }
-            Err(TrySendError::Closed(_)) => Err(Ended),
-            Err(TrySendError::Full(_)) => {
-                let mut status = Status::resource_exhausted(format!(
-                    "subscriber fell behind: {} events were waiting to be read; \
-                     resume with after_seq={}",
-                    self.out.max_capacity(),
-                    self.last_queued
-                ));
-                if let Ok(value) = MetadataValue::try_from(self.last_queued.to_string()) {
-                    status.metadata_mut().insert(LAST_SEQ_TRAILER, value);
-                }
+            Err(Full::Closed) => Err(Ended),
+            Err(Full::Full) => {
+                let status = self.resume_status(
+                    tonic::Code::ResourceExhausted,
+                    format!(
+                        "subscriber fell behind: {} events were waiting to be read; \
+                         resume with after_seq={}",
+                        self.out.capacity(),
+                        self.last_queued
+                    ),
+                );
                 tracing::info!(
                     last_seq = self.last_queued,
                     "ending a subscriber that fell behind"
                 );
-                self.fail(status).await
+                self.fail(status)
             }
         }
     }
 
-    /// Ends the stream with `status`, giving a slow client a while to take it.
-    async fn fail(&self, status: Status) -> Result<(), Ended> {
-        let _ = tokio::time::timeout(Duration::from_secs(30), self.out.send(Err(status))).await;
+    /// A status ending the stream, with the position to resume from in the
+    /// [`LAST_SEQ_TRAILER`] (the message says it too, for people reading it).
+    fn resume_status(&self, code: tonic::Code, message: String) -> Status {
+        let mut status = Status::new(code, message);
+        if let Ok(value) = MetadataValue::try_from(self.last_queued.to_string()) {
+            status.metadata_mut().insert(LAST_SEQ_TRAILER, value);
+        }
+        status
+    }
+
+    /// Ends the stream with `status`, after the events already queued. It does not wait for
+    /// the client: the status is kept beside the queue until the client reads it, however long
+    /// that takes.
+    fn fail(&mut self, status: Status) -> Result<(), Ended> {
+        self.out.end(status);
         Err(Ended)
     }
 }

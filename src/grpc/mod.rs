@@ -5,9 +5,12 @@
 pub mod admin;
 pub mod agent;
 pub mod approver;
+pub mod codec;
 pub mod health;
 pub mod oversize;
 mod paging;
 pub mod parse;
+pub mod queue;
 pub mod reflection;
 mod render;
+pub mod replay;

@@ -92,6 +92,7 @@ pub fn batch(
             on_deny,
             supersede_pending: spec.supersede_pending,
             calls,
+            pending_cap: None,
         },
         refused,
     })

@@ -158,14 +158,6 @@ impl Store for Watched {
         self.read(self.inner.calls_by_id(agent, session, call_ids).await)
     }
 
-    async fn session_calls(
-        &self,
-        agent: &AgentId,
-        session: &SessionId,
-    ) -> Result<(Vec<Call>, u64)> {
-        self.read(self.inner.session_calls(agent, session).await)
-    }
-
     async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
         self.read(self.inner.batch_calls(batch).await)
     }

@@ -54,12 +54,6 @@ pub trait Store: Send + Sync + 'static {
         call_ids: &[CallId],
     ) -> Result<Vec<Option<Call>>>;
 
-    /// Every call of a session, oldest first, and the log's last sequence number read in the
-    /// same snapshot. An outcome is part of that state only if its own `seq` is at or before
-    /// the returned number (`Outcome::is_logged_by`); later ones are still to be read.
-    async fn session_calls(&self, agent: &AgentId, session: &SessionId)
-    -> Result<(Vec<Call>, u64)>;
-
     /// The calls of a batch in position order.
     async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>>;
 

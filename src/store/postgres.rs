@@ -222,32 +222,6 @@ impl Store for PostgresStore {
         Ok(call_ids.iter().map(|id| by_id.get(id).cloned()).collect())
     }
 
-    async fn session_calls(
-        &self,
-        agent: &AgentId,
-        session: &SessionId,
-    ) -> Result<(Vec<Call>, u64)> {
-        // Number what is committed, then read both in one snapshot. Changes committed since
-        // the numbering show in the calls without a logged event; readers compare each
-        // outcome's own `seq` with the one returned.
-        self.sequence_for_reader().await?;
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .execute(&mut *tx)
-            .await?;
-        let seq = latest_seq(&mut tx).await?;
-        let rows = sqlx::query(select_calls!(
-            "WHERE c.agent = $1 AND c.session_id = $2 ORDER BY c.id"
-        ))
-        .bind(agent.as_str())
-        .bind(session.as_str())
-        .fetch_all(&mut *tx)
-        .await?;
-        let calls = rows.iter().map(call_from_row).collect::<Result<_>>()?;
-        tx.commit().await?;
-        Ok((calls, seq))
-    }
-
     async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
         let rows = sqlx::query(select_calls!("WHERE c.batch_id = $1 ORDER BY c.position"))
             .bind(batch.as_str())
@@ -642,6 +616,18 @@ impl WriteTx for sqlx::Transaction<'static, Postgres> {
         .fetch_all(&mut **self)
         .await?;
         rows.iter().map(stored).collect()
+    }
+
+    async fn pending_of_agent(&mut self, agent: &AgentId, at_most: u64) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM \
+             (SELECT 1 FROM calls WHERE agent = $1 AND status = 1 LIMIT $2) AS pending",
+        )
+        .bind(agent.as_str())
+        .bind(at_most as i64)
+        .fetch_one(&mut **self)
+        .await?;
+        Ok(n as u64)
     }
 
     async fn pending_with_key(

@@ -95,6 +95,9 @@ pub trait WriteTx: Send {
         agent: &AgentId,
         session: &SessionId,
     ) -> Result<Vec<Stored>>;
+    /// How many calls of `agent` are pending, counted no further than `at_most` (so the count
+    /// costs at most that many index entries, however many there are).
+    async fn pending_of_agent(&mut self, agent: &AgentId, at_most: u64) -> Result<u64>;
     /// Pending calls of a session carrying `key`.
     async fn pending_with_key(
         &mut self,
@@ -249,6 +252,8 @@ pub(super) async fn submit_in(
         }
     }
 
+    let fresh = refuse_past_pending_cap(tx, batch, fresh, &mut report).await?;
+
     // Calls stored now, in position order: their row ids, and where their items are in the
     // report (which holds the calls themselves).
     let mut accepted: Vec<(i64, usize)> = Vec::new();
@@ -346,6 +351,41 @@ pub(super) async fn submit_in(
     }
     report.items.sort_by_key(|item| item.index);
     Ok(report)
+}
+
+/// Keeps the new calls the agent has room for under its pending cap
+/// ([`NewBatch::pending_cap`]), in order, and refuses the rest, each with RESOURCE_EXHAUSTED
+/// naming the setting. Counted after what this submit superseded, so a submit that replaces
+/// the pending calls of its session makes room for itself.
+async fn refuse_past_pending_cap<'b>(
+    tx: &mut impl WriteTx,
+    batch: &NewBatch,
+    mut fresh: Vec<&'b NewCall>,
+    report: &mut SubmitReport,
+) -> Result<Vec<&'b NewCall>> {
+    let Some(cap) = batch.pending_cap else {
+        return Ok(fresh);
+    };
+    if fresh.is_empty() {
+        return Ok(fresh);
+    }
+    let pending = tx.pending_of_agent(&batch.agent, cap).await?;
+    let room = cap.saturating_sub(pending) as usize;
+    if fresh.len() <= room {
+        return Ok(fresh);
+    }
+    for call in fresh.drain(room..) {
+        report.items.push(SubmitItem {
+            index: call.index,
+            call_id: call.call_id.clone(),
+            result: SubmitResult::Refused(Error::ResourceExhausted(format!(
+                "agent {} has {pending} pending calls, the most --max-pending-per-agent \
+                 allows ({cap}); decide or cancel some first",
+                batch.agent
+            ))),
+        });
+    }
+    Ok(fresh)
 }
 
 /// The distinct tools of some calls, sorted.

@@ -515,6 +515,69 @@ async fn a_subscriber_that_falls_too_far_behind_is_told_where_to_resume_and_resu
     assert_eq!(rest[..], log[seen.len()..]);
 }
 
+/// How long the slow client below leaves its window closed: longer than the 30 s the broker
+/// once gave a blocked client to take the status, after which the stream ended as if all were
+/// well (`grpc-status: 0`, no trailer).
+const LONGER_THAN_ANY_SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(31);
+
+/// A subscriber that falls behind and then leaves its stream unread for a long time (its HTTP/2
+/// window closed) still learns, when it reads again, that it fell behind and where to resume.
+/// Storage plays no part, so it runs on SQLite only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_blocked_for_long_after_falling_behind_is_still_told_where_to_resume() {
+    let app = spawn_app_on(Backend::Sqlite, |config| config.subscriber_buffer = 4).await;
+    // A client whose windows hold less than one event: its window is closed from the first big
+    // event on, before the broker finds the subscriber behind, and stays closed while it sleeps.
+    let window = 64 * 1024 - 1;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", app.address))
+        .expect("endpoint")
+        .initial_stream_window_size(window)
+        .initial_connection_window_size(window)
+        .connect_lazy();
+    let stream = ApproverServiceClient::new(channel)
+        .subscribe(pb::SubscribeRequest {
+            filter: Some(everything()),
+            after_seq: None,
+        })
+        .await
+        .expect("subscribe")
+        .into_inner();
+    let mut slow = Subscription { stream };
+    read_snapshot(&mut slow).await;
+    submit(&app, batch("warm-up", vec![call("w", "read", "{}")])).await;
+    let warm_up = slow.next().await;
+    assert_eq!(label(&warm_up), "requested w");
+
+    // Events bigger than the client's window, one at a time while the client does not read:
+    // the broker hands the first to HTTP/2, whose window it fills, then queues as many as the
+    // subscriber's queue holds, and finds the subscriber behind at the next. By then nothing
+    // can leave until the client reads.
+    let big_input = format!(r#"{{"data":"{}"}}"#, "x".repeat(100 * 1024));
+    for n in 0..16 {
+        let calls = vec![call(&format!("big-{n}"), "write", &big_input)];
+        submit(&app, batch("flood", calls)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(LONGER_THAN_ANY_SEND_TIMEOUT).await;
+
+    let (received, status) = read_until_error(&mut slow).await;
+    assert_eq!(
+        status.code(),
+        Code::ResourceExhausted,
+        "{}",
+        status.message()
+    );
+    let last_delivered = received.last().map_or(warm_up.seq, |e| e.seq);
+    let trailer = status
+        .metadata()
+        .get("approvals-last-seq")
+        .expect("the approvals-last-seq trailer")
+        .to_str()
+        .expect("ASCII");
+    assert_eq!(trailer, last_delivered.to_string());
+    assert_eq!(named_after_seq(status.message()), Some(last_delivered));
+}
+
 backend_tests! {
     a_subscriber_that_falls_too_far_behind_is_told_where_to_resume_and_resumes_without_gap => |config| config.subscriber_buffer = 4,
     live_requested_and_resolved_events_reach_subscribers_for_matching_calls_only_in_seq_order,

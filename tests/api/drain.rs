@@ -145,6 +145,10 @@ async fn on_sigterm_the_broker_drains_and_loses_nothing_acknowledged(mut app: Te
     };
     assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
     assert!(ended.message().contains("after_seq"), "{}", ended.message());
+    assert!(
+        ended.metadata().get("approvals-last-seq").is_some(),
+        "the resume position is in the trailer: {ended:?}"
+    );
     drop(requests);
 
     // The process exits 0, within the drain time.
@@ -180,6 +184,51 @@ async fn on_sigterm_the_broker_drains_and_loses_nothing_acknowledged(mut app: Te
     }
 }
 
+/// A subscriber ended by a shutdown gets the position to resume from in the
+/// `approvals-last-seq` trailer, as one that fell behind does: no client parses the message.
+async fn on_shutdown_a_subscriber_is_told_where_to_resume_in_the_last_seq_trailer(
+    mut app: TestApp,
+) {
+    let mut subscriber = Subscription::open(&app, pb::CallFilter::default(), None).await;
+    subscriber.snapshot().await;
+    submit(
+        &app,
+        batch("s", vec![call("a", "t", "{}"), call("b", "t", "{}")]),
+    )
+    .await;
+    let mut last_seq = 0;
+    for _ in 0..2 {
+        last_seq = subscriber.next().await.seq;
+    }
+    let reader = tokio::spawn(async move {
+        match subscriber.stream.message().await {
+            Ok(Some(event)) => panic!("no event was expected: {event:?}"),
+            Ok(None) => panic!("the subscriber ended without a status"),
+            Err(status) => status,
+        }
+    });
+    app.shut_down().await;
+    let ended = tokio::time::timeout(PATIENCE, reader)
+        .await
+        .expect("the stream ended in time")
+        .expect("reader");
+    assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
+    let trailer = ended
+        .metadata()
+        .get("approvals-last-seq")
+        .expect("the approvals-last-seq trailer")
+        .to_str()
+        .expect("ASCII");
+    assert_eq!(trailer, last_seq.to_string());
+    // The text still says it, for people reading logs.
+    assert!(
+        ended.message().contains(&format!("after_seq={last_seq}")),
+        "{}",
+        ended.message()
+    );
+}
+
 backend_tests! {
     on_sigterm_the_broker_drains_and_loses_nothing_acknowledged,
+    on_shutdown_a_subscriber_is_told_where_to_resume_in_the_last_seq_trailer,
 }

@@ -219,6 +219,90 @@ async fn one_agent_stream_follows_a_bounded_number_of_sessions(app: TestApp) {
     stream.next_submitted().await;
 }
 
+/// The per-call result of an acknowledgement: `accepted`, `duplicate`, or the error's code.
+fn ack_result(ack: &pb::CallAck) -> String {
+    match &ack.result {
+        Some(pb::call_ack::Result::Accepted(_)) => "accepted".into(),
+        Some(pb::call_ack::Result::Duplicate(_)) => "duplicate".into(),
+        Some(pb::call_ack::Result::Error(e)) => format!("{:?}", Code::from_i32(e.code)),
+        None => "none".into(),
+    }
+}
+
+async fn past_the_per_agent_pending_cap_new_calls_are_refused_each_naming_the_setting(
+    app: TestApp,
+) {
+    // The cap is 3 (configured below).
+    let first = submit(
+        &app,
+        batch("s1", vec![call("a", "t", "{}"), call("b", "t", "{}")]),
+    )
+    .await;
+    assert_eq!(
+        first.acks.iter().map(ack_result).collect::<Vec<_>>(),
+        ["accepted", "accepted"]
+    );
+
+    // One more fits, in another session too; the rest of the batch is refused, call by call,
+    // and a resubmitted call is still answered as stored.
+    let second = submit(
+        &app,
+        batch(
+            "s2",
+            vec![
+                call("c", "t", "{}"),
+                call("d", "t", "{}"),
+                call("e", "t", "{}"),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(
+        second.acks.iter().map(ack_result).collect::<Vec<_>>(),
+        ["accepted", "ResourceExhausted", "ResourceExhausted"]
+    );
+    for ack in &second.acks[1..] {
+        let Some(pb::call_ack::Result::Error(error)) = &ack.result else {
+            unreachable!()
+        };
+        assert!(
+            error.message.contains("--max-pending-per-agent"),
+            "`{}` should name the setting",
+            error.message
+        );
+    }
+    let again = submit(
+        &app,
+        batch("s1", vec![call("a", "t", "{}"), call("f", "t", "{}")]),
+    )
+    .await;
+    assert_eq!(
+        again.acks.iter().map(ack_result).collect::<Vec<_>>(),
+        ["duplicate", "ResourceExhausted"]
+    );
+    let stored = all_calls(&app).await;
+    assert_eq!(stored.len(), 3, "nothing refused was stored");
+
+    // A decision makes room for one call.
+    approve(&app, "s1", "a").await;
+    let after = submit(
+        &app,
+        batch("s2", vec![call("d", "t", "{}"), call("e", "t", "{}")]),
+    )
+    .await;
+    assert_eq!(
+        after.acks.iter().map(ack_result).collect::<Vec<_>>(),
+        ["accepted", "ResourceExhausted"]
+    );
+    // The refused call was not stored: once there is room it is accepted as new.
+    approve(&app, "s2", "c").await;
+    let last = submit(&app, batch("s2", vec![call("e", "t", "{}")])).await;
+    assert_eq!(
+        last.acks.iter().map(ack_result).collect::<Vec<_>>(),
+        ["accepted"]
+    );
+}
+
 backend_tests! {
     one_agent_stream_follows_a_bounded_number_of_sessions,
     a_client_that_stops_answering_is_noticed_and_its_stream_released => |c| {
@@ -228,4 +312,5 @@ backend_tests! {
     },
     past_the_subscriber_cap_a_new_subscriber_is_refused_and_the_others_are_served => |c| c.max_subscribers = 2,
     past_the_agent_stream_cap_a_new_stream_is_refused_and_the_others_are_served => |c| c.max_agent_streams = 2,
+    past_the_per_agent_pending_cap_new_calls_are_refused_each_naming_the_setting => |c| c.max_pending_per_agent = 3,
 }

@@ -227,7 +227,17 @@ async fn setup(args: &Args) -> Result<Setup, String> {
             None,
         ),
     };
-    let broker = BrokerProcess::start(&url, &dir.0.join("broker.log"), &args.broker_arg).await?;
+    let mut broker_args = args.broker_arg.clone();
+    // Scale mode stores all its pending calls as one agent (auth is off): let it, unless told.
+    if args.scale
+        && !broker_args
+            .iter()
+            .any(|a| a.starts_with("--max-pending-per-agent"))
+    {
+        let pending = args.scale_pending + 2 * scale::PROBE_CALLS as u64;
+        broker_args.push(format!("--max-pending-per-agent={pending}"));
+    }
+    let broker = BrokerProcess::start(&url, &dir.0.join("broker.log"), &broker_args).await?;
     Ok(Setup {
         address: broker.address.clone(),
         backend,

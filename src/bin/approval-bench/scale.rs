@@ -28,7 +28,7 @@ const FILL_BATCH: usize = approval_broker::domain::MAX_BATCH_CALLS;
 const FILL_WRITERS: usize = 8;
 /// Pending calls of the probe session, stored before the first measurement; each `Decide`
 /// sample decides one of them.
-const PROBE_CALLS: usize = 1024;
+pub const PROBE_CALLS: usize = 1024;
 /// Samples per request kind and store size.
 const SAMPLES: usize = 200;
 

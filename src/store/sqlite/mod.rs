@@ -243,25 +243,6 @@ impl Store for SqliteStore {
         Ok(call_ids.iter().map(|id| by_id.get(id).cloned()).collect())
     }
 
-    async fn session_calls(
-        &self,
-        agent: &AgentId,
-        session: &SessionId,
-    ) -> Result<(Vec<Call>, u64)> {
-        let mut tx = self.reader.begin().await?;
-        let seq = latest_seq(&mut tx).await?;
-        let rows = sqlx::query(select_calls!(
-            "WHERE c.agent = ? AND c.session_id = ? ORDER BY c.id"
-        ))
-        .bind(agent.as_str())
-        .bind(session.as_str())
-        .fetch_all(&mut *tx)
-        .await?;
-        let calls = rows.iter().map(call_from_row).collect::<Result<_>>()?;
-        tx.commit().await?;
-        Ok((calls, seq))
-    }
-
     async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
         let rows = sqlx::query(select_calls!("WHERE c.batch_id = ? ORDER BY c.position"))
             .bind(batch.as_str())
@@ -526,6 +507,7 @@ mod tests {
             session: SessionId::from_stored(session.into()),
             on_deny: OnDeny::default(),
             supersede_pending: false,
+            pending_cap: None,
             calls: vec![NewCall {
                 index: 0,
                 path: "batch.calls[0]".into(),

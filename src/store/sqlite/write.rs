@@ -631,6 +631,17 @@ impl WriteTx for SqliteTx {
         )
     }
 
+    async fn pending_of_agent(&mut self, agent: &AgentId, at_most: u64) -> Result<u64> {
+        let n = self.row(
+            false,
+            "SELECT COUNT(*) AS n FROM \
+             (SELECT 1 FROM calls WHERE agent = ? AND status = 1 LIMIT ?)",
+            params![agent.as_str(), at_most as i64],
+            |row| row.int("n"),
+        )?;
+        Ok(n.unwrap_or(0) as u64)
+    }
+
     async fn pending_with_key(
         &mut self,
         agent: &AgentId,
