@@ -298,6 +298,8 @@ class Broker:
                 self._waiters.pop(key, None)
             if not future.done():
                 future.cancel()
+            elif not future.cancelled():
+                future.exception()  # retrieved: the error already reached the caller another way
 
     async def _gather(self, keys: list[Key], futures: list[asyncio.Future[Outcome]], timeout: float | None) -> list[Outcome]:
         if futures:
