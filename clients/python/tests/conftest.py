@@ -135,8 +135,11 @@ async def wait_until_pending(target: str, session_id: str, call_ids: Sequence[st
     raise AssertionError(f"{call_ids} were not all pending within {timeout}s")
 
 
-async def decide(target: str, session_id: str, decisions: Sequence[Decision]) -> list[types_pb2.Outcome]:
-    """Decides the calls in order, as the approver `alice@example.com`."""
+async def decide(
+    target: str, session_id: str, decisions: Sequence[Decision], *, agent: str = "", token: str = ""
+) -> list[types_pb2.Outcome]:
+    """Decides the calls in order, as the approver `alice@example.com` (or the token's identity)."""
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
     outcomes = []
     async with grpc.aio.insecure_channel(target) as channel:
         stub = approver_pb2_grpc.ApproverServiceStub(channel)
@@ -149,7 +152,9 @@ async def decide(target: str, session_id: str, decisions: Sequence[Decision]) ->
                     reason=d.reason,
                     edited_input_json=d.edited_input_json,
                     approver="alice@example.com",
+                    agent=agent,
                 ),
+                metadata=metadata,
                 timeout=5,
             )
             outcomes.append(reply.outcome)
