@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import grpc.aio
@@ -154,7 +154,7 @@ class Broker:
                 self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=self._options)
             else:
                 self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
-            self._stub = agent_pb2_grpc.AgentServiceStub(self._channel)
+            self._stub = agent_pb2_grpc.AgentServiceStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub
 
     # --- the agent's operations ----------------------------------------------------------------
@@ -261,7 +261,7 @@ class Broker:
         batch = types_pb2.BatchSpec(
             session_id=session_id,
             calls=[call.to_proto() for call in calls],
-            on_deny=int(on_deny),
+            on_deny=cast("types_pb2.OnDeny", int(on_deny)),
             supersede_pending=supersede,
         )
         reply = (await self._request(agent_pb2.AgentRequest(submit=batch), resend=True)).submitted
@@ -308,7 +308,7 @@ class Broker:
                 if future.exception() is not None:
                     raise future.exception()  # type: ignore[misc]
             if pending:
-                decided = {key[1]: f.result() for key, f in zip(keys, futures) if f.done()}
+                decided: dict[str, object] = {key[1]: f.result() for key, f in zip(keys, futures) if f.done()}
                 raise ReviewTimeout([key[1] for key, f in zip(keys, futures) if not f.done()], decided)
         return [future.result() for future in futures]
 
