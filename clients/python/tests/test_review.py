@@ -11,7 +11,7 @@ import time
 import uuid
 
 import pytest
-from conftest import BrokerProcess, Decision, approve_when_pending, decide, free_port, wait_until_pending
+from conftest import BrokerProcess, CuttableProxy, Decision, approve_when_pending, decide, free_port, wait_until_pending
 
 from approval_broker import (
     Broker,
@@ -230,3 +230,24 @@ def test_tool_call_inputs_are_sent_as_json_objects() -> None:
     spec = ToolCall("c1", "t", {"b": 1, "a": [1, 2]}).to_proto()
     assert json.loads(spec.input_json) == {"a": [1, 2], "b": 1}
     assert ToolCall("c1", "t", '{"x": 1}').to_proto().input_json == '{"x": 1}'
+
+
+async def test_an_outcome_decided_while_the_network_was_down_arrives_by_resume(broker_process: BrokerProcess) -> None:
+    proxy = CuttableProxy(broker_process.port)
+    await proxy.start()
+    session = new_session()
+    try:
+        async with Broker(proxy.target, unavailable_timeout=60) as broker:
+            review = asyncio.create_task(broker.review(session, TURN[:2], timeout=60))
+            await wait_until_pending(broker_process.target, session, ["toolu_01", "toolu_02"])
+            proxy.cut()
+            # Decided while the agent cannot hear it: the live push is lost with the connection.
+            await decide(broker_process.target, session, [Decision("toolu_01", approve=True), Decision("toolu_02", approve=True)])
+            await asyncio.sleep(1)
+            assert not review.done()
+            proxy.restore()
+            outcomes = await asyncio.wait_for(review, 30)
+            assert broker.connects >= 2
+    finally:
+        await proxy.close()
+    assert [o.status for o in outcomes] == [Status.APPROVED, Status.APPROVED]
