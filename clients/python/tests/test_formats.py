@@ -6,6 +6,7 @@ right after the turn that asked."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from typing import Any
 
@@ -15,7 +16,7 @@ from conftest import BrokerProcess, Decision, approve_when_pending, free_port
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam, ChatCompletionToolMessageParam
 from pydantic import TypeAdapter
 
-from approval_broker import Broker
+from approval_broker import Broker, SyncBroker
 from approval_broker.anthropic import review_tool_uses, tool_results
 from approval_broker.openai import tool_messages
 
@@ -244,3 +245,21 @@ async def test_a_turn_without_tool_calls_asks_nothing() -> None:
         assert await tool_messages(broker, new_session(), None, run=lambda n, i: "") == []
         text_only = [anthropic.types.TextBlock(type="text", text="Done.")]
         assert (await tool_results(broker, new_session(), text_only, run=lambda n, i: ""))["content"] == []
+
+
+def test_sync_code_reviews_a_turn_and_builds_the_results_itself(broker_process: BrokerProcess) -> None:
+    session = new_session()
+    reply = anthropic_reply()
+    approver = threading.Thread(
+        target=lambda: asyncio.run(
+            approve_when_pending(broker_process.target, session, [Decision("toolu_01", approve=True), Decision("toolu_02", approve=False)])
+        )
+    )
+    approver.start()
+    with SyncBroker(broker_process.target) as broker:
+        reviewed = broker.call(review_tool_uses, session, reply.content, timeout=30)
+    approver.join()
+    results = {"role": "user", "content": [r.result(f"ran {r.name}") if r.approved else r.result() for r in reviewed]}
+    assert [b.get("is_error", False) for b in results["content"]] == [False, True, True]
+    assert results["content"][0]["content"] == "ran read_file"
+    assert_anthropic_accepts([{"role": "user", "content": "go"}, {"role": "assistant", "content": reply.content}, results])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
 from .client import Broker, Submitted
@@ -76,3 +76,10 @@ class SyncBroker:
 
     def outcomes(self, session_id: str, call_ids: Sequence[str]) -> list[Outcome | None]:
         return self._run(self._broker.outcomes(session_id, call_ids))
+
+    def call(self, helper: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
+        """Runs one of the library's async helpers that take a `Broker` first, e.g.
+        `broker.call(review_tool_uses, session_id, reply.content)`, and returns its result.
+        (Prefer the `review_*` helpers here: they run no tool, so the tools run on the caller's
+        thread, not on the client's loop.)"""
+        return self._run(helper(self._broker, *args, **kwargs))
