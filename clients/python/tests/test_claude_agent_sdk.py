@@ -17,7 +17,7 @@ from claude_agent_sdk._internal.query import Query
 from claude_agent_sdk._internal.transport import Transport
 from conftest import BrokerProcess, Decision, approve_when_pending, free_port, pending_calls, wait_until_pending
 
-from approval_broker import Broker
+from approval_broker import Broker, Status
 from approval_broker.claude_agent_sdk import can_use_tool
 
 
@@ -114,3 +114,15 @@ async def test_can_use_tool_returns_the_sdk_result_types(broker_process: BrokerP
         await approve_when_pending(broker_process.target, session, [Decision("toolu_R", approve=True)])
         result = await ask
     assert result == PermissionResultAllow(updated_input={"file_path": "README.md"})
+
+
+async def test_a_withdrawn_permission_request_cancels_the_call(broker_process: BrokerProcess) -> None:
+    session = f"claude-{uuid.uuid4().hex[:8]}"
+    async with Broker(broker_process.target) as broker:
+        # What the SDK does on Claude Code's control_cancel_request: it cancels the callback's task.
+        ask = asyncio.create_task(can_use_tool(broker, session)("Bash", {"command": "sleep 1"}, ToolPermissionContext(tool_use_id="toolu_W")))
+        await wait_until_pending(broker_process.target, session, ["toolu_W"])
+        ask.cancel()
+        [outcome] = await asyncio.wait_for(broker.wait(session, ["toolu_W"]), 10)
+    assert outcome.status is Status.CANCELLED
+    assert outcome.tool_result.endswith("Claude withdrew the permission request")

@@ -8,11 +8,14 @@ its permission rules do not already allow). Each ask becomes one broker call, wi
 answers `PermissionResultAllow` with the approved (possibly edited) input; every other outcome
 `PermissionResultDeny` with the broker's text, which Claude reads as the tool's result and goes
 on. When the broker cannot be asked (unreachable, the credentials refused, the timeout passed),
-the answer is a deny whose message says so: the tool never runs without an outcome.
+the answer is a deny whose message says so: the tool never runs without an outcome. When Claude
+withdraws a request (the SDK cancels the callback), the call is cancelled at the broker, so it
+ends CANCELLED and leaves the approvers' inboxes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from typing import Any
@@ -26,6 +29,23 @@ from .models import OnDeny, ToolCall
 log = logging.getLogger("approval_broker")
 
 UNREACHABLE_TEXT = "The approval broker could not be asked, so this tool call was not run."
+WITHDRAWN_REASON = "Claude withdrew the permission request"
+
+# Cancels in flight, kept so they are not collected before they finish.
+_withdrawals: set[asyncio.Task[Any]] = set()
+
+
+def _withdraw(broker: Broker, session_id: str, call_id: str) -> None:
+    """Cancels the call at the broker without holding up the cancellation that caused it."""
+
+    def done(task: asyncio.Task[Any]) -> None:
+        _withdrawals.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("could not cancel %s/%s at the broker: %s", session_id, call_id, task.exception())
+
+    task = asyncio.get_running_loop().create_task(broker.cancel(session_id, call_ids=[call_id], reason=WITHDRAWN_REASON))
+    _withdrawals.add(task)
+    task.add_done_callback(done)
 
 
 def can_use_tool(broker: Broker, session_id: str, *, workspace: str = "", timeout: float | None = None) -> CanUseTool:
@@ -42,6 +62,9 @@ def can_use_tool(broker: Broker, session_id: str, *, workspace: str = "", timeou
         )
         try:
             [outcome] = await broker.review(session_id, [call], on_deny=OnDeny.INDEPENDENT, timeout=timeout)
+        except asyncio.CancelledError:
+            _withdraw(broker, session_id, call.call_id)
+            raise
         except BrokerError as e:
             log.error("denied %s %s: %s", tool_name, call.call_id, e)
             return PermissionResultDeny(message=f"{UNREACHABLE_TEXT} ({e})")
