@@ -10,6 +10,7 @@
 - `errors`: what can go wrong; every error means "no outcome: run nothing".
 - `anthropic`, `openai`: the LLM message formats: tool calls in, tool results out.
 - `claude_agent_sdk`, `openai_agents`: the agent SDKs' approval hooks.
+- `proto`: the generated `approvals.v1` modules, for approver UIs and admin scripts.
 - `_pb`: the gRPC stubs, generated from `proto/` when the package is built.
 """
 
