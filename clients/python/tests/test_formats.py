@@ -14,11 +14,12 @@ import anthropic.types
 import pytest
 from conftest import BrokerProcess, Decision, approve_when_pending, free_port
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam, ChatCompletionToolMessageParam
+from openai.types.responses import Response, ResponseInputItemParam
 from pydantic import TypeAdapter
 
 from approval_broker import Broker, SyncBroker
 from approval_broker.anthropic import review_tool_uses, tool_results
-from approval_broker.openai import tool_messages
+from approval_broker.openai import function_call_outputs, tool_messages
 
 
 def new_session() -> str:
@@ -263,3 +264,35 @@ def test_sync_code_reviews_a_turn_and_builds_the_results_itself(broker_process: 
     assert [b.get("is_error", False) for b in results["content"]] == [False, True, True]
     assert results["content"][0]["content"] == "ran read_file"
     assert_anthropic_accepts([{"role": "user", "content": "go"}, {"role": "assistant", "content": reply.content}, results])
+
+
+async def test_responses_api_function_calls_get_one_output_each_in_order(broker_process: BrokerProcess) -> None:
+    session = new_session()
+    response = Response.model_validate(
+        {
+            "id": "resp_1", "object": "response", "created_at": 1_760_000_000, "model": "gpt-4.1",
+            "status": "completed", "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+            "output": [
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {"type": "function_call", "id": "fc_1", "call_id": "call_x", "name": "read_file",
+                 "arguments": '{"path": "a.txt"}', "status": "completed"},
+                {"type": "function_call", "id": "fc_2", "call_id": "call_y", "name": "run_shell",
+                 "arguments": '{"command": "rm -rf /"}', "status": "completed"},
+            ],
+        }
+    )
+    approver = asyncio.create_task(
+        approve_when_pending(broker_process.target, session, [Decision("call_x", approve=True), Decision("call_y", approve=False, reason="no")])
+    )
+    async with Broker(broker_process.target) as broker:
+        items = await function_call_outputs(broker, session, response.output, run=lambda n, i: f"read {i['path']}", timeout=30)
+    await approver
+    assert items == [
+        {"type": "function_call_output", "call_id": "call_x", "output": "read a.txt"},
+        {"type": "function_call_output", "call_id": "call_y", "output": "The user denied this tool call. Reason: no"},
+    ]
+    # The next request's input: the output items as given back, then one output per call.
+    next_input = [*[o.model_dump(exclude_none=True) for o in response.output], *items]
+    TypeAdapter(list[ResponseInputItemParam]).validate_python(next_input)
+    calls = [i["call_id"] for i in next_input if i["type"] == "function_call"]
+    assert [i["call_id"] for i in next_input if i["type"] == "function_call_output"] == calls

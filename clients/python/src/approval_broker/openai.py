@@ -9,6 +9,9 @@ approved input through `run(name, input)`, and returns one `role: tool` message 
 in order. A call that did not run gets the broker's text as its content. Function tool calls carry
 their `arguments` (JSON text) as the input; a custom tool call's free-form input is submitted as
 `{"input": "<text>"}`. For control over running, use `review_tool_calls` and `result(...)`.
+
+The Responses API's `function_call` output items work the same way with `function_call_outputs`,
+which returns one `function_call_output` input item per call, in order.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from .models import OnDeny
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageToolCallUnion, ChatCompletionToolMessageParam
+    from openai.types.responses import ResponseInputItemParam, ResponseOutputItem
 
 
 @dataclass(frozen=True)
@@ -84,3 +88,33 @@ async def tool_messages(
         else:
             messages.append(item.result())
     return messages
+
+
+def function_calls_of(output: Iterable[ResponseOutputItem | dict[str, Any]]) -> list[tuple[str, str, Any]]:
+    """The (call_id, name, arguments) of each `function_call` item of a Responses API output."""
+    return [
+        (field(item, "call_id"), field(item, "name"), field(item, "arguments"))
+        for item in output
+        if field(item, "type") == "function_call"
+    ]
+
+
+async def function_call_outputs(
+    broker: Broker,
+    session_id: str,
+    output: Iterable[ResponseOutputItem | dict[str, Any]],
+    *,
+    run: RunTool,
+    on_deny: OnDeny = OnDeny.SKIP_REST,
+    timeout: float | None = None,
+    workspace: str = "",
+) -> list[ResponseInputItemParam]:
+    """Responses API: one `function_call_output` item per `function_call` of `output` (e.g.
+    `response.output`), in order: the tool's output when approved, else the broker's text."""
+    calls = function_calls_of(output)
+    outcomes = await review_turn(broker, session_id, calls, on_deny=on_deny, timeout=timeout, workspace=workspace)
+    items: list[ResponseInputItemParam] = []
+    for (call_id, name, _), outcome in zip(calls, outcomes):
+        text = (await run_approved(run, name, outcome.input))[0] if outcome.approved else outcome.tool_result
+        items.append({"type": "function_call_output", "call_id": call_id, "output": text})
+    return items
