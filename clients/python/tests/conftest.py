@@ -54,31 +54,58 @@ class BrokerProcess:
         self.target = f"127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
         self.log = directory / "broker.log"
+        self.started_once = False
 
     def start(self) -> None:
+        """Starts the broker. Its port was free when chosen, but on a busy machine another
+        process may take it before the broker binds it: then, on a first start only, it picks
+        another port and tries again."""
+        for attempt in range(5):
+            if self._spawn_and_wait():
+                return
+            if self.started_once or attempt == 4:
+                break
+            self.port = free_port()
+            self.target = f"127.0.0.1:{self.port}"
+        assert self.process is not None
+        pytest.fail(f"the broker exited during start ({self.process.returncode}):\n{self.log.read_text()}")
+
+    def _spawn_and_wait(self) -> bool:
+        """True once the broker serves; False when it exited because its port was taken."""
         binary = broker_binary()
         if not binary.exists():
             pytest.fail(f"no broker binary at {binary}: run `cargo build --locked --bin approval-broker`")
         env = {k: v for k, v in os.environ.items() if not k.startswith("APPROVALS_") and k != "DATABASE_URL"}
+        log_start = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 [str(binary), "--listen", self.target, "--metrics-listen", "off",
                  "--database-url", f"sqlite://{self.directory / 'approvals.db'}", *self.args],
                 cwd=self.directory, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
             )
-        self.wait_until_serving()
+        if not self.wait_until_serving():
+            assert self.process is not None
+            self.process.wait()
+            with open(self.log, "rb") as log:
+                log.seek(log_start)
+                if b"Address already in use" in log.read():
+                    return False
+            pytest.fail(f"the broker exited during start ({self.process.returncode}):\n{self.log.read_text()}")
+        self.started_once = True
+        return True
 
-    def wait_until_serving(self) -> None:
+    def wait_until_serving(self) -> bool:
+        """True once Health/Check answers SERVING; False if the process exits first."""
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
-                pytest.fail(f"the broker exited during start ({self.process.returncode}):\n{self.log.read_text()}")
+                return False
             try:
                 with grpc.insecure_channel(self.target) as channel:
                     reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
+                    return True
             except grpc.RpcError:
                 pass
             time.sleep(0.1)
