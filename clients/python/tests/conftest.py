@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,21 +206,6 @@ async def approve_when_pending(target: str, session_id: str, decisions: Sequence
         finally:
             events.cancel()
     return await decide(target, session_id, decisions)
-
-
-@pytest.fixture
-async def approver_tasks() -> AsyncIterator[list[asyncio.Task[object]]]:
-    """Tasks a test starts for its approver; each must have finished cleanly by the test's end."""
-    tasks: list[asyncio.Task[object]] = []
-    yield tasks
-    for task in tasks:
-        if not task.done():
-            task.cancel()
-    for task in tasks:
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
 
 
 class CuttableProxy:
