@@ -11,7 +11,10 @@
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-BROKER="$ROOT/target/debug/approval-broker"
+# Where cargo puts it: $CARGO_TARGET_DIR when set (relative to the repository root), else target/.
+BROKER="${CARGO_TARGET_DIR:-target}"
+[[ $BROKER == /* ]] || BROKER="$ROOT/$BROKER"
+BROKER="$BROKER/debug/approval-broker"
 # How long the broker may take to answer its health check after it starts.
 START_TIMEOUT=60
 
@@ -79,10 +82,10 @@ install_grpcurl() {
 }
 
 # The debug profile that `cargo test` already built, so CI does not spend minutes on a release
-# build; the broker under test is the same.
+# build; the broker under test is the same. Only the broker's binary: the scripts run nothing else.
 build_broker() {
-    say "cargo build --locked"
-    cargo build --locked
+    say "cargo build --locked --bin approval-broker"
+    cargo build --locked --bin approval-broker
     [[ -x "$BROKER" ]] || fail "$BROKER was not built"
 }
 

@@ -1,0 +1,465 @@
+"""`Broker`: the agent's side of the approval broker, on one `AgentService.Connect` stream.
+
+One stream per `Broker` carries every `review` of every session, concurrently. Each request has a
+request id; the broker answers after commit. When the stream breaks (the broker restarts, a
+replica drains, the network drops), the client reconnects with backoff, sends again every submit
+and cancel that had no answer (safe: calls are idempotent by session and call id), and sends
+`resume` for every session with calls still waiting, so outcomes decided meanwhile still arrive.
+If the broker stays unreachable for `unavailable_timeout` seconds, everything waiting fails with
+`BrokerUnavailable`: the client never invents an outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import grpc
+import grpc.aio
+
+from ._pb.approvals.v1 import agent_pb2, agent_pb2_grpc, types_pb2
+from .errors import AuthenticationError, BrokerError, BrokerUnavailable, PermissionDenied, RequestRefused, ReviewTimeout
+from .models import Ack, OnDeny, Outcome, ToolCall
+
+log = logging.getLogger("approval_broker")
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+
+Key = tuple[str, str]  # (session_id, call_id)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """The broker's answer to a submit: one `Ack` per call, in order, and the outcomes of the
+    calls already decided (duplicates of decided calls, calls a rule or a grant decided)."""
+
+    session_id: str
+    batch_id: str
+    acks: list[Ack]
+    outcomes: list[Outcome]
+
+
+@dataclass
+class _Pending:
+    """A request on the stream waiting for its answer."""
+
+    request: agent_pb2.AgentRequest
+    future: asyncio.Future[agent_pb2.AgentResponse]
+    # Submits and cancels are sent again after a reconnect; resumes are rebuilt from the waiters.
+    resend: bool
+
+
+@dataclass
+class _Stream:
+    call: Any  # grpc.aio.StreamStreamCall
+    write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _split_target(target: str) -> tuple[str, bool | None]:
+    for scheme, tls in (("https://", True), ("http://", False)):
+        if target.startswith(scheme):
+            return target[len(scheme):].rstrip("/"), tls
+    return target, None
+
+
+class Broker:
+    """An async client of the approval broker, for one agent.
+
+    `target` is `host:port`, `http://host:port` (plaintext) or `https://host:port` (TLS). TLS is
+    on with an `https://` target, `tls=True`, or any of the certificate arguments:
+    `root_certificates` (PEM of the CA that signed the broker's certificate; the system roots
+    when absent), `certificate_chain` and `private_key` (PEM, for mutual TLS). `token` is sent as
+    `authorization: Bearer <token>` (role `agent`).
+
+    `unavailable_timeout`: how long (seconds) the client keeps trying to reach the broker, at
+    the first connect and after the stream breaks, before whatever is waiting fails with
+    `BrokerUnavailable`. `rpc_timeout` bounds each unary call (`outcomes`, `cancel`).
+
+    Use it as `async with Broker(...) as broker:`, or call `close()`.
+    """
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        token: str | None = None,
+        tls: bool | None = None,
+        root_certificates: bytes | None = None,
+        certificate_chain: bytes | None = None,
+        private_key: bytes | None = None,
+        unavailable_timeout: float = 30.0,
+        rpc_timeout: float = 10.0,
+        channel_options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        address, scheme_tls = _split_target(target)
+        use_tls = tls if tls is not None else bool(scheme_tls or root_certificates or certificate_chain or private_key)
+        if scheme_tls is False and use_tls:
+            raise ValueError(f"target {target!r} says plaintext (http://) but TLS options were given")
+        self.target = address
+        self._tls = use_tls
+        self._credentials = (
+            grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain) if use_tls else None
+        )
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        self.unavailable_timeout = unavailable_timeout
+        self.rpc_timeout = rpc_timeout
+        self._options = [
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            *channel_options,
+        ]
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: agent_pb2_grpc.AgentServiceStub | None = None
+        self._stream: _Stream | None = None
+        self._stream_task: asyncio.Task[None] | None = None
+        self._pending: dict[str, _Pending] = {}
+        self._waiters: dict[Key, list[asyncio.Future[Outcome]]] = {}
+        self._closed = False
+        # How many times the stream was (re)opened; tests and logs read it.
+        self.connects = 0
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Broker:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Closes the stream and the channel. Calls still waiting stay pending at the broker."""
+        self._closed = True
+        if self._stream_task is not None:
+            self._stream_task.cancel()
+            try:
+                await self._stream_task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._fail_everything(BrokerError("the client was closed"))
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    def _agent_stub(self) -> agent_pb2_grpc.AgentServiceStub:
+        if self._closed:
+            raise BrokerError("the client is closed")
+        if self._stub is None:
+            if self._credentials is not None:
+                self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=self._options)
+            else:
+                self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+            self._stub = agent_pb2_grpc.AgentServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        return self._stub
+
+    # --- the agent's operations ----------------------------------------------------------------
+
+    async def review(
+        self,
+        session_id: str,
+        calls: Iterable[ToolCall],
+        *,
+        on_deny: OnDeny = OnDeny.SKIP_REST,
+        supersede_pending: bool = False,
+        timeout: float | None = None,
+    ) -> list[Outcome]:
+        """Submits one model turn's calls as a batch and waits for every outcome.
+
+        Returns one `Outcome` per call, in the calls' order. Submitting calls that were submitted
+        before (same session and call ids, same tool and input) is safe: the broker returns the
+        stored calls and, once decided, their outcomes. A call the broker refuses on its own
+        gets status `REFUSED`. Raises `ReviewTimeout` when `timeout` seconds pass first,
+        `BrokerUnavailable` when the broker cannot be reached (see the class), `RequestRefused`
+        when the whole batch is refused.
+        """
+        calls = list(calls)
+        keys = [(session_id, call.call_id) for call in calls]
+        futures = [self._wait_for(key) for key in keys]
+        try:
+            submitted = await self._submit(session_id, calls, on_deny, supersede_pending)
+            for ack, future in zip(submitted.acks, futures):
+                if ack.kind == "error" and not future.done():
+                    future.set_result(Outcome.refused(session_id, ack.call_id, ack.error_code, ack.error_message))
+            return await self._gather(keys, futures, timeout)
+        finally:
+            self._forget(keys, futures)
+
+    async def submit(
+        self,
+        session_id: str,
+        calls: Iterable[ToolCall],
+        *,
+        on_deny: OnDeny = OnDeny.SKIP_REST,
+        supersede_pending: bool = False,
+    ) -> Submitted:
+        """Submits a batch and returns the acknowledgements without waiting for decisions;
+        `wait` gets the outcomes later (also from another process)."""
+        return await self._submit(session_id, list(calls), on_deny, supersede_pending)
+
+    async def wait(self, session_id: str, call_ids: Sequence[str], *, timeout: float | None = None) -> list[Outcome]:
+        """Waits for the outcomes of calls submitted earlier (by this or another client), in the
+        given order. Raises `BrokerError` naming call ids the session does not hold."""
+        keys = [(session_id, call_id) for call_id in call_ids]
+        futures = [self._wait_for(key) for key in keys]
+        try:
+            reply = await self._request(
+                agent_pb2.AgentRequest(resume=agent_pb2.ResumeRequest(session_id=session_id, call_ids=call_ids)),
+                resend=True,
+            )
+            if reply.resumed.unknown_call_ids:
+                raise BrokerError(f"session {session_id!r} holds no call {', '.join(reply.resumed.unknown_call_ids)}")
+            return await self._gather(keys, futures, timeout)
+        finally:
+            self._forget(keys, futures)
+
+    async def cancel(
+        self,
+        session_id: str,
+        *,
+        call_ids: Sequence[str] = (),
+        batch_id: str = "",
+        reason: str = "",
+    ) -> list[Outcome]:
+        """Cancels the named calls, or a batch, or (neither given) every pending call of the
+        session. Returns the outcome that stands for each call touched: CANCELLED, or the earlier
+        outcome of calls already decided."""
+        target = types_pb2.CancelTarget(session_id=session_id, reason=reason)
+        if call_ids:
+            target.calls.call_ids.extend(call_ids)
+        elif batch_id:
+            target.batch_id = batch_id
+        else:
+            target.whole_session = True
+        reply = await self._request(agent_pb2.AgentRequest(cancel=target), resend=True)
+        result = reply.cancelled
+        return [Outcome.from_proto(o) for o in (*result.cancelled, *result.already_decided)]
+
+    async def outcomes(self, session_id: str, call_ids: Sequence[str]) -> list[Outcome | None]:
+        """Looks the calls up now (GetOutcomes): each one's outcome, or None while it is pending.
+        Raises `BrokerError` naming call ids the session does not hold."""
+        try:
+            reply = await self._agent_stub().GetOutcomes(
+                agent_pb2.GetOutcomesRequest(session_id=session_id, call_ids=call_ids),
+                metadata=self._metadata,
+                timeout=self.rpc_timeout,
+            )
+        except grpc.aio.AioRpcError as e:
+            raise _error_from_status(e) from None
+        unknown = [state.call_id for state in reply.calls if state.WhichOneof("state") == "unknown"]
+        if unknown:
+            raise BrokerError(f"session {session_id!r} holds no call {', '.join(unknown)}")
+        return [Outcome.from_proto(s.outcome) if s.WhichOneof("state") == "outcome" else None for s in reply.calls]
+
+    # --- requests and waiters ------------------------------------------------------------------
+
+    async def _submit(self, session_id: str, calls: list[ToolCall], on_deny: OnDeny, supersede: bool) -> Submitted:
+        batch = types_pb2.BatchSpec(
+            session_id=session_id,
+            calls=[call.to_proto() for call in calls],
+            on_deny=cast("types_pb2.OnDeny", int(on_deny)),
+            supersede_pending=supersede,
+        )
+        reply = (await self._request(agent_pb2.AgentRequest(submit=batch), resend=True)).submitted
+        return Submitted(
+            session_id=reply.session_id,
+            batch_id=reply.batch_id,
+            acks=[Ack.from_proto(ack) for ack in reply.acks],
+            outcomes=[Outcome.from_proto(o) for o in reply.outcomes],
+        )
+
+    async def _request(self, request: agent_pb2.AgentRequest, *, resend: bool) -> agent_pb2.AgentResponse:
+        request.request_id = uuid.uuid4().hex
+        future: asyncio.Future[agent_pb2.AgentResponse] = asyncio.get_running_loop().create_future()
+        self._pending[request.request_id] = _Pending(request, future, resend)
+        try:
+            self._ensure_stream()
+            if self._stream is not None:
+                await self._write(self._stream, request)
+            return await future
+        finally:
+            self._pending.pop(request.request_id, None)
+
+    def _wait_for(self, key: Key) -> asyncio.Future[Outcome]:
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(key, []).append(future)
+        return future
+
+    def _forget(self, keys: list[Key], futures: list[asyncio.Future[Outcome]]) -> None:
+        for key, future in zip(keys, futures):
+            waiting = self._waiters.get(key, [])
+            if future in waiting:
+                waiting.remove(future)
+            if not waiting:
+                self._waiters.pop(key, None)
+            if not future.done():
+                future.cancel()
+            elif not future.cancelled():
+                future.exception()  # retrieved: the error already reached the caller another way
+
+    async def _gather(self, keys: list[Key], futures: list[asyncio.Future[Outcome]], timeout: float | None) -> list[Outcome]:
+        if futures:
+            done, pending = await asyncio.wait(futures, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
+            for future in done:
+                if future.exception() is not None:
+                    raise future.exception()  # type: ignore[misc]
+            if pending:
+                decided: dict[str, object] = {key[1]: f.result() for key, f in zip(keys, futures) if f.done()}
+                raise ReviewTimeout([key[1] for key, f in zip(keys, futures) if not f.done()], decided)
+        return [future.result() for future in futures]
+
+    def _resolve(self, outcome: types_pb2.Outcome) -> None:
+        waiting = self._waiters.get((outcome.session_id, outcome.call_id))
+        if not waiting:
+            return
+        value = Outcome.from_proto(outcome)
+        for future in waiting:
+            if not future.done():
+                future.set_result(value)
+
+    def _fail_everything(self, error: BrokerError) -> None:
+        for pending in list(self._pending.values()):
+            if not pending.future.done():
+                pending.future.set_exception(error)
+        for waiting in self._waiters.values():
+            for future in waiting:
+                if not future.done():
+                    future.set_exception(error)
+
+    def _has_demand(self) -> bool:
+        return bool(self._pending) or any(not f.done() for w in self._waiters.values() for f in w)
+
+    # --- the stream ----------------------------------------------------------------------------
+
+    def _ensure_stream(self) -> None:
+        if self._stream_task is None or self._stream_task.done():
+            self._agent_stub()
+            self._stream_task = asyncio.get_running_loop().create_task(self._keep_stream(), name="approval-broker-connect")
+
+    async def _write(self, stream: _Stream, request: agent_pb2.AgentRequest) -> None:
+        try:
+            async with stream.write_lock:
+                await stream.call.write(request)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as e:
+            # The stream broke: the reconnect sends this request again.
+            log.debug("write on a broken stream (%s); it is sent again after the reconnect", e)
+
+    async def _keep_stream(self) -> None:
+        """Keeps one Connect stream open while anything waits; reconnects and resumes."""
+        down_since: float | None = None
+        backoff = 0.05
+        last_error = "not connected yet"
+        while not self._closed:
+            stub = self._agent_stub()
+            call = stub.Connect(metadata=self._metadata)
+            try:
+                await call.wait_for_connection()
+                stream = _Stream(call)
+                self._stream = stream
+                self.connects += 1
+                if down_since is not None:
+                    log.info("reconnected to the approval broker at %s", self.target)
+                down_since, backoff = None, 0.05
+                await self._send_after_connect(stream)
+                while True:
+                    response = await call.read()
+                    if response is grpc.aio.EOF:
+                        last_error = "the broker ended the stream"
+                        break
+                    self._dispatch(response)
+            except grpc.aio.AioRpcError as e:
+                last_error = f"{e.code().name}: {e.details()}"
+                if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    self._stream = None
+                    self._fail_everything(_error_from_status(e))
+                    return
+            finally:
+                self._stream = None
+                call.cancel()
+            if not self._has_demand():
+                return
+            now = time.monotonic()
+            if down_since is None:
+                down_since = now
+                log.warning("lost the approval broker at %s (%s); reconnecting", self.target, last_error)
+            if now - down_since >= self.unavailable_timeout:
+                self._fail_everything(
+                    BrokerUnavailable(
+                        f"the approval broker at {self.target} was unreachable for {self.unavailable_timeout:g}s "
+                        f"({last_error}); no outcome was decided, run nothing"
+                    )
+                )
+                return
+            await asyncio.sleep(min(backoff, max(0.0, down_since + self.unavailable_timeout - now)))
+            backoff = min(backoff * 2, 2.0)
+
+    async def _send_after_connect(self, stream: _Stream) -> None:
+        """After a (re)connect: sends the unanswered submits and cancels again, then resumes each
+        session whose other calls are still waiting."""
+        in_submits: set[Key] = set()
+        for pending in list(self._pending.values()):
+            if pending.resend:
+                if pending.request.WhichOneof("request") == "submit":
+                    batch = pending.request.submit
+                    in_submits.update((batch.session_id, c.call_id) for c in batch.calls)
+                await self._write(stream, pending.request)
+        sessions: dict[str, list[str]] = {}
+        for (session_id, call_id), waiting in self._waiters.items():
+            if (session_id, call_id) not in in_submits and any(not f.done() for f in waiting):
+                sessions.setdefault(session_id, []).append(call_id)
+        for session_id, call_ids in sessions.items():
+            request = agent_pb2.AgentRequest(
+                request_id=f"resume-{uuid.uuid4().hex}",
+                resume=agent_pb2.ResumeRequest(session_id=session_id, call_ids=call_ids),
+            )
+            await self._write(stream, request)
+
+    def _dispatch(self, response: agent_pb2.AgentResponse) -> None:
+        kind = response.WhichOneof("response")
+        if kind == "outcome":
+            self._resolve(response.outcome)
+            return
+        if kind == "batch_complete":
+            for outcome in response.batch_complete.outcomes:
+                self._resolve(outcome)
+            return
+        if kind == "submitted":
+            for outcome in (*response.submitted.outcomes, *response.submitted.superseded):
+                self._resolve(outcome)
+        elif kind == "cancelled":
+            for outcome in (*response.cancelled.cancelled, *response.cancelled.already_decided):
+                self._resolve(outcome)
+        elif kind == "resumed" and response.request_id.startswith("resume-"):
+            self._fail_unknown(response.resumed.session_id, response.resumed.unknown_call_ids)
+        pending = self._pending.get(response.request_id)
+        if pending is None or pending.future.done():
+            return
+        if kind == "error":
+            pending.future.set_exception(RequestRefused(response.error.code, response.error.message))
+        else:
+            pending.future.set_result(response)
+
+    def _fail_unknown(self, session_id: str, call_ids: Iterable[str]) -> None:
+        """A resume after a reconnect found calls the broker does not hold (never the case for an
+        acknowledged call): their waiters fail rather than wait forever."""
+        for call_id in call_ids:
+            for future in self._waiters.get((session_id, call_id), []):
+                if not future.done():
+                    future.set_exception(BrokerError(f"the broker does not hold call {session_id}/{call_id}"))
+
+
+def _error_from_status(e: grpc.aio.AioRpcError) -> BrokerError:
+    code, details = e.code(), e.details() or ""
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return AuthenticationError(f"the broker refused the credentials: {details}")
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return PermissionDenied(f"the token may not call AgentService: {details}")
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return BrokerUnavailable(f"the approval broker is unreachable ({code.name}: {details}); run nothing")
+    return RequestRefused(code.value[0], details)
+
+
