@@ -259,7 +259,10 @@ impl Answer {
                 system_message: None,
             };
         }
-        let reason = format!("Approved through the approval broker ({}).", outcome.decided_by);
+        let reason = format!(
+            "Approved through the approval broker ({}).",
+            outcome.decided_by
+        );
         if !outcome.input_edited {
             return Answer::Allow {
                 reason,
@@ -296,7 +299,13 @@ impl Answer {
     /// The hook output JSON for `event`, in the shape Claude Code documents for it.
     pub fn to_hook_output(&self, event: HookEvent) -> Value {
         match (event, self) {
-            (HookEvent::PreToolUse, Answer::Allow { reason, updated_input }) => {
+            (
+                HookEvent::PreToolUse,
+                Answer::Allow {
+                    reason,
+                    updated_input,
+                },
+            ) => {
                 let mut specific = json!({
                     "hookEventName": "PreToolUse",
                     "permissionDecision": "allow",
@@ -307,7 +316,13 @@ impl Answer {
                 }
                 json!({ "hookSpecificOutput": specific })
             }
-            (HookEvent::PreToolUse, Answer::Deny { reason, system_message }) => {
+            (
+                HookEvent::PreToolUse,
+                Answer::Deny {
+                    reason,
+                    system_message,
+                },
+            ) => {
                 let mut output = json!({ "hookSpecificOutput": {
                     "hookEventName": "PreToolUse",
                     "permissionDecision": "deny",
@@ -336,7 +351,13 @@ impl Answer {
                     "decision": decision,
                 }})
             }
-            (HookEvent::PermissionRequest, Answer::Deny { reason, system_message }) => {
+            (
+                HookEvent::PermissionRequest,
+                Answer::Deny {
+                    reason,
+                    system_message,
+                },
+            ) => {
                 let mut output = json!({ "hookSpecificOutput": {
                     "hookEventName": "PermissionRequest",
                     "decision": { "behavior": "deny", "message": reason },
@@ -415,4 +436,87 @@ fn warn(message: &str) {
 fn block(message: &str) -> ExitCode {
     warn(&format!("{message}; the tool call is blocked"));
     ExitCode::from(EXIT_BLOCK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(tool_input: Value) -> HookInput {
+        HookInput::parse(
+            &json!({
+                "session_id": "s", "transcript_path": "/t.jsonl", "cwd": "/repo",
+                "hook_event_name": "PreToolUse", "tool_name": "Bash",
+                "tool_input": tool_input, "tool_use_id": "toolu_1",
+            })
+            .to_string(),
+        )
+        .expect("a valid input")
+    }
+
+    #[test]
+    fn titles_are_one_bounded_line_the_broker_accepts() {
+        let multi_line = input(json!({"command": "cat <<EOF\nrm -rf /\nEOF"}));
+        assert_eq!(multi_line.title(), "Bash: cat <<EOF rm -rf / EOF");
+        let long = input(json!({"command": "x".repeat(1000)}));
+        let title = long.title();
+        assert_eq!(title.chars().count(), TITLE_CHARS);
+        assert!(title.ends_with('…'));
+        assert_eq!(input(json!({"other": 1})).title(), "Bash");
+        let call = multi_line.call(None);
+        assert_eq!(
+            (call.call_id.as_str(), call.workspace.as_str()),
+            ("toolu_1", "/repo")
+        );
+    }
+
+    #[test]
+    fn only_an_approved_outcome_allows() {
+        for status in [
+            pb::CallStatus::Denied,
+            pb::CallStatus::Expired,
+            pb::CallStatus::Cancelled,
+            pb::CallStatus::Superseded,
+            pb::CallStatus::Skipped,
+            pb::CallStatus::Pending,
+            pb::CallStatus::Unspecified,
+        ] {
+            let outcome = pb::Outcome {
+                status: status as i32,
+                tool_result: "Not run.".into(),
+                ..Default::default()
+            };
+            let answer = Answer::from_outcome(&outcome);
+            assert!(
+                matches!(answer, Answer::Deny { .. }),
+                "{status:?}: {answer:?}"
+            );
+        }
+        // An edit that cannot be read is not replaced by the original input.
+        let garbled = pb::Outcome {
+            status: pb::CallStatus::Approved as i32,
+            input_edited: true,
+            input_json: "[1]".into(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            Answer::from_outcome(&garbled),
+            Answer::Deny { .. }
+        ));
+    }
+
+    #[test]
+    fn a_permission_request_needs_no_tool_use_id_and_gets_a_fresh_call_id() {
+        let text = json!({
+            "session_id": "s", "transcript_path": "/t.jsonl", "cwd": "/repo",
+            "hook_event_name": "PermissionRequest", "tool_name": "Write",
+            "tool_input": {"file_path": "/repo/a.txt", "content": "hi"},
+        })
+        .to_string();
+        let request = HookInput::parse(&text).expect("valid");
+        let (a, b) = (request.call(None), request.call(None));
+        assert!(a.call_id.starts_with("permission-request-"));
+        assert_ne!(a.call_id, b.call_id);
+        assert_eq!(a.title, "Write: /repo/a.txt");
+    }
 }

@@ -33,7 +33,7 @@ pub struct BrokerAddress {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Review {
     /// The call has an outcome (approved, or one of the ways of not running).
-    Decided(pb::Outcome),
+    Decided(Box<pb::Outcome>),
     /// No outcome before the time limit; the call was cancelled at the broker if it could be.
     TimedOut { cancelled: bool },
 }
@@ -67,12 +67,12 @@ pub async fn review(
         Ok(Err(status)) => return Err(client.unreachable(&status)),
         Ok(Ok(response)) => {
             if let Some(outcome) = decided_at_submit(&response, &call_id)? {
-                return Ok(Review::Decided(outcome));
+                return Ok(Review::Decided(Box::new(outcome)));
             }
         }
     }
     match tokio::time::timeout_at(give_up_at, client.wait_for(session_id, &call_id)).await {
-        Ok(outcome) => Ok(Review::Decided(outcome)),
+        Ok(outcome) => Ok(Review::Decided(Box::new(outcome))),
         Err(_) => Ok(client.give_up(session_id, &call_id).await),
     }
 }
@@ -140,7 +140,9 @@ impl Client {
     fn request<T>(&self, message: T) -> Request<T> {
         let mut request = Request::new(message);
         if let Some(value) = &self.authorization {
-            request.metadata_mut().insert("authorization", value.clone());
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
         }
         request
     }
@@ -184,7 +186,13 @@ impl Client {
             session_id: session_id.into(),
             call_ids: vec![call_id.into()],
         });
-        let mut stream = self.agent.clone().watch_outcomes(request).await.ok()?.into_inner();
+        let mut stream = self
+            .agent
+            .clone()
+            .watch_outcomes(request)
+            .await
+            .ok()?
+            .into_inner();
         while let Ok(Some(message)) = stream.message().await {
             if let Some(pb::watch_outcomes_response::Event::Outcome(outcome)) = message.event
                 && outcome.call_id == call_id
@@ -216,7 +224,7 @@ impl Client {
                     .into_iter()
                     .find(|o| o.call_id == call_id && o.status != pb::CallStatus::Cancelled as i32)
                 {
-                    return Review::Decided(outcome);
+                    return Review::Decided(Box::new(outcome));
                 }
                 Review::TimedOut {
                     cancelled: result.cancelled.iter().any(|o| o.call_id == call_id),

@@ -159,8 +159,14 @@ fn assert_documented_output(event: &str, output: &Value) {
 }
 
 fn assert_documented_specific(event: &str, specific: &Value) {
-    let fields = specific.as_object().expect("hookSpecificOutput is an object");
-    assert_eq!(fields.get("hookEventName"), Some(&json!(event)), "{specific}");
+    let fields = specific
+        .as_object()
+        .expect("hookSpecificOutput is an object");
+    assert_eq!(
+        fields.get("hookEventName"),
+        Some(&json!(event)),
+        "{specific}"
+    );
     for (key, value) in fields {
         match (event, key.as_str()) {
             (_, "hookEventName") => {}
@@ -203,7 +209,12 @@ fn assert_documented_decision(decision: &Value) {
 fn assert_answer(event: &str, result: &HookResult, expected: &str) {
     let output = result.json();
     assert_documented_output(event, &output);
-    assert_eq!(output, expected_output(expected), "stderr: {}", result.stderr);
+    assert_eq!(
+        output,
+        expected_output(expected),
+        "stderr: {}",
+        result.stderr
+    );
 }
 
 #[tokio::test]
@@ -235,10 +246,7 @@ async fn an_edited_approval_allows_with_the_edited_input_as_updated_input() {
 
     let result = finish(hook).await;
     assert_answer("PreToolUse", &result, "pre_tool_use_approved_edited");
-    assert_eq!(
-        result.json()["hookSpecificOutput"]["updatedInput"],
-        edited
-    );
+    assert_eq!(result.json()["hookSpecificOutput"]["updatedInput"], edited);
 }
 
 #[tokio::test]
@@ -262,7 +270,11 @@ async fn a_denial_denies_with_the_text_the_model_reads() {
 #[tokio::test]
 async fn no_decision_in_time_denies_by_default_and_cancels_the_call() {
     let app = spawn_app().await;
-    let hook = start_hook(&broker_url(&app), &["--timeout", "1s"], &fixture("pre_tool_use"));
+    let hook = start_hook(
+        &broker_url(&app),
+        &["--timeout", "1s"],
+        &fixture("pre_tool_use"),
+    );
 
     let result = finish(hook).await;
     assert_answer("PreToolUse", &result, "pre_tool_use_timeout_deny");
@@ -280,13 +292,22 @@ async fn no_decision_in_time_denies_by_default_and_cancels_the_call() {
 async fn no_decision_in_time_asks_the_user_when_configured() {
     let app = spawn_app().await;
     let args = ["--timeout", "1s", "--on-timeout", "ask"];
-    let result = finish(start_hook(&broker_url(&app), &args, &fixture("pre_tool_use"))).await;
+    let result = finish(start_hook(
+        &broker_url(&app),
+        &args,
+        &fixture("pre_tool_use"),
+    ))
+    .await;
     assert_answer("PreToolUse", &result, "pre_tool_use_timeout_ask");
 
     let request = fixture("permission_request");
     let result = finish(start_hook(&broker_url(&app), &args, &request)).await;
     // A PermissionRequest hook asks by deciding nothing: Claude Code shows its own dialog.
-    assert_answer("PermissionRequest", &result, "permission_request_timeout_ask");
+    assert_answer(
+        "PermissionRequest",
+        &result,
+        "permission_request_timeout_ask",
+    );
 }
 
 #[tokio::test]
@@ -331,7 +352,11 @@ async fn an_unreachable_broker_fails_closed_with_a_message_on_stderr() {
         }
         let message = output["systemMessage"].as_str().expect("a message");
         assert!(message.contains(&nowhere), "{message}");
-        assert!(result.stderr.contains(&nowhere), "stderr: {}", result.stderr);
+        assert!(
+            result.stderr.contains(&nowhere),
+            "stderr: {}",
+            result.stderr
+        );
     }
 }
 
@@ -353,7 +378,8 @@ async fn a_permission_request_is_answered_with_a_decision_object() {
     // Each permission dialog is its own call: the next one waits for its own decision.
     let hook = start_hook(&broker_url(&app), &[], &input);
     let call = the_pending_call(&app, "abc123").await;
-    let edited = json!({"command": "rm -rf ./node_modules", "description": "Remove node_modules directory"});
+    let edited =
+        json!({"command": "rm -rf ./node_modules", "description": "Remove node_modules directory"});
     approve_with_edit(&app, &call, &edited).await;
     assert_answer(
         "PermissionRequest",
@@ -395,7 +421,13 @@ async fn a_policy_rule_answers_without_a_person() {
     let app = spawn_app().await;
     create_rule(
         &app,
-        rule("tests", "Bash", pb::Effect::Allow, 0, Some(fields(vec![prefix("command", "npm test")]))),
+        rule(
+            "tests",
+            "Bash",
+            pb::Effect::Allow,
+            0,
+            Some(fields(vec![prefix("command", "npm test")])),
+        ),
     )
     .await;
     let result = finish(start_hook(&broker_url(&app), &[], &fixture("pre_tool_use"))).await;
