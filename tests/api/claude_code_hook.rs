@@ -31,10 +31,19 @@ fn expected_output(name: &str) -> Value {
 
 /// Starts the hook against `broker` with `args`, writes `input` to its standard input.
 fn start_hook(broker: &str, args: &[&str], input: &Value) -> Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_approval-broker"))
+    start_hook_with_token(broker, args, None, input)
+}
+
+/// [`start_hook`] with `APPROVALS_BROKER_TOKEN` set to `token`.
+fn start_hook_with_token(broker: &str, args: &[&str], token: Option<&str>, input: &Value) -> Child {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_approval-broker"));
+    command.env_remove("APPROVALS_BROKER_TOKEN");
+    if let Some(token) = token {
+        command.env("APPROVALS_BROKER_TOKEN", token);
+    }
+    let mut child = command
         .args(["hook", "claude-code", "--broker", broker])
         .args(args)
-        .env_remove("APPROVALS_BROKER_TOKEN")
         .env_remove("APPROVALS_HOOK_TIMEOUT")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -462,4 +471,72 @@ async fn unreadable_hook_input_blocks_the_call_with_exit_code_2() {
         assert!(result.stderr.contains("blocked"), "{}", result.stderr);
     }
     assert!(all_calls(&app).await.is_empty(), "nothing was submitted");
+}
+
+#[tokio::test]
+async fn with_authentication_the_hook_submits_as_its_token_and_a_bad_token_fails_closed() {
+    const AGENT: &str = "token-of-claude-code";
+    const ALICE: &str = "token-of-alice";
+    let app = spawn_app_on(Backend::Sqlite, |config| {
+        config.tokens = Some(format!(
+            "agent claude-code {}; approver alice {}",
+            approval_broker::auth::hash_token(AGENT),
+            approval_broker::auth::hash_token(ALICE)
+        ));
+    })
+    .await;
+    let input = fixture("pre_tool_use");
+    let hook = start_hook_with_token(&broker_url(&app), &[], Some(AGENT), &input);
+
+    let mut approver = app.approver();
+    let mut list = tonic::Request::new(pb::ListPendingRequest::default());
+    let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {ALICE}").parse().unwrap();
+    let call = loop {
+        list.metadata_mut().insert("authorization", bearer.clone());
+        let pending = approver
+            .list_pending(list)
+            .await
+            .expect("list")
+            .into_inner()
+            .calls;
+        if let Some(call) = pending.into_iter().next() {
+            break call;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        list = tonic::Request::new(pb::ListPendingRequest::default());
+    };
+    assert_eq!(
+        call.agent, "claude-code",
+        "the call belongs to the hook's token"
+    );
+    let mut decide = tonic::Request::new(pb::DecideRequest {
+        agent: call.agent.clone(),
+        ..decide_request("abc123", "toolu_01ABC123", pb::Decision::Approve, "")
+    });
+    decide.metadata_mut().insert("authorization", bearer);
+    approver.decide(decide).await.expect("approve");
+    let result = finish(hook).await;
+    let output = result.json();
+    assert_documented_output("PreToolUse", &output);
+    assert_eq!(output["hookSpecificOutput"]["permissionDecision"], "allow");
+
+    // A wrong token is refused by the broker: the hook denies, saying so.
+    let result = finish(start_hook_with_token(
+        &broker_url(&app),
+        &[],
+        Some("wrong"),
+        &input,
+    ))
+    .await;
+    let output = result.json();
+    assert_eq!(output["hookSpecificOutput"]["permissionDecision"], "deny");
+    let reason = output["hookSpecificOutput"]["permissionDecisionReason"]
+        .as_str()
+        .unwrap();
+    assert!(reason.contains("Unauthenticated"), "{reason}");
+    assert!(
+        result.stderr.contains("Unauthenticated"),
+        "{}",
+        result.stderr
+    );
 }
