@@ -218,6 +218,10 @@ pub enum Command {
         /// The token; omit it to read it from standard input (keeps it out of shell history).
         token: Option<String>,
     },
+    /// Answer an agent host's approval hook through a running broker (prints the host's
+    /// decision JSON); see `hook claude-code --help`.
+    #[command(subcommand)]
+    Hook(crate::hook::HookCommand),
 }
 
 impl Config {
@@ -356,7 +360,7 @@ const MAX_SETTING_DURATION: Duration = crate::domain::MAX_DEADLINE_AHEAD;
 
 /// A duration such as `500ms`, `90s`, `15m`, `1h30m` or `1d` (humantime's syntax), or a bare
 /// number of seconds. Zero, overflow and anything over [`MAX_SETTING_DURATION`] are refused.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let d = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
         s.parse::<u64>()

@@ -11,6 +11,7 @@ pub mod error;
 pub mod events;
 pub mod expiry;
 pub mod grpc;
+pub mod hook;
 pub mod limits;
 pub mod meters;
 pub mod proto;

@@ -11,6 +11,10 @@ use tokio::net::TcpListener;
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
+    // Before logging starts: a hook's standard output is its answer and holds nothing else.
+    if let Some(Command::Hook(hook)) = &config.command {
+        return approval_broker::hook::run(hook).await;
+    }
     telemetry::init("info", config.log_format == "json");
     match &config.command {
         Some(Command::Migrate) => {
@@ -23,6 +27,7 @@ async fn main() -> ExitCode {
             };
         }
         Some(Command::HashToken { token }) => return hash_token(token.clone()),
+        Some(Command::Hook(_)) => unreachable!("answered above"),
         None => {}
     }
     let listener = match TcpListener::bind(config.listen).await {

@@ -12,6 +12,7 @@ mod auth;
 mod bad_input;
 mod batches;
 mod cancel;
+mod claude_code_hook;
 mod cli;
 mod connections;
 mod database_tls;

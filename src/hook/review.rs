@@ -1,0 +1,252 @@
+//! One call reviewed through a broker, as a hook needs it: submit the call, wait for its outcome
+//! up to a time limit, and, when the limit passes first, cancel the call so no approver answers
+//! a question nobody waits for any more. This is the broker's client side, over `AgentService`;
+//! it never decides anything itself and never turns a failure into an approval.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request};
+
+use crate::proto::v1 as pb;
+use pb::agent_service_client::AgentServiceClient;
+
+/// How long connecting to the broker may take before it counts as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the cancel sent after a timeout may take.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(3);
+/// The pause before watching again after the outcome stream broke (a broker restart).
+const REWATCH_PAUSE: Duration = Duration::from_millis(300);
+
+/// Where the broker is and how to authenticate to it.
+#[derive(Debug, Clone)]
+pub struct BrokerAddress {
+    /// `http://host:port`.
+    pub url: String,
+    /// A bearer token with the `agent` role, when the broker has authentication on.
+    pub token: Option<String>,
+}
+
+/// What became of a reviewed call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Review {
+    /// The call has an outcome (approved, or one of the ways of not running).
+    Decided(Box<pb::Outcome>),
+    /// No outcome before the time limit; the call was cancelled at the broker if it could be.
+    TimedOut { cancelled: bool },
+}
+
+/// Why a call could not be reviewed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ReviewError {
+    /// The broker could not be reached, or did not accept the request as a whole (network, TLS,
+    /// authentication, a broker that is shutting down).
+    #[error("The approval broker at {url} could not be reached or refused the request ({detail}).")]
+    Unreachable { url: String, detail: String },
+    /// The broker refused this call (a bad field, the same id with another input).
+    #[error("The approval broker refused this call ({0}).")]
+    Refused(String),
+}
+
+/// Submits `call` in `session_id` (idempotent by the call id), and waits until `limit` for its
+/// outcome.
+pub async fn review(
+    broker: &BrokerAddress,
+    session_id: &str,
+    call: pb::CallSpec,
+    limit: Duration,
+) -> Result<Review, ReviewError> {
+    let give_up_at = Instant::now() + limit;
+    let client = Client::connect(broker).await?;
+    let call_id = call.call_id.clone();
+    let submitted = tokio::time::timeout_at(give_up_at, client.submit(session_id, call)).await;
+    match submitted {
+        Err(_) => return Ok(client.give_up(session_id, &call_id).await),
+        Ok(Err(status)) => return Err(client.unreachable(&status)),
+        Ok(Ok(response)) => {
+            if let Some(outcome) = decided_at_submit(&response, &call_id)? {
+                return Ok(Review::Decided(Box::new(outcome)));
+            }
+        }
+    }
+    match tokio::time::timeout_at(give_up_at, client.wait_for(session_id, &call_id)).await {
+        Ok(outcome) => Ok(Review::Decided(Box::new(outcome))),
+        Err(_) => Ok(client.give_up(session_id, &call_id).await),
+    }
+}
+
+/// The outcome a submit already carries (a duplicate of a decided call, or a call a rule or a
+/// grant decided at once); `None` while the call is pending.
+fn decided_at_submit(
+    response: &pb::SubmitResponse,
+    call_id: &str,
+) -> Result<Option<pb::Outcome>, ReviewError> {
+    let ack = response
+        .acks
+        .iter()
+        .find(|ack| ack.call_id == call_id)
+        .ok_or_else(|| ReviewError::Refused("the broker did not acknowledge the call".into()))?;
+    match &ack.result {
+        Some(pb::call_ack::Result::Accepted(_) | pb::call_ack::Result::Duplicate(_)) => {}
+        Some(pb::call_ack::Result::Error(error)) => {
+            let code = Code::from_i32(error.code);
+            return Err(ReviewError::Refused(format!("{code:?}: {}", error.message)));
+        }
+        None => return Err(ReviewError::Refused("an empty acknowledgement".into())),
+    }
+    Ok(response
+        .outcomes
+        .iter()
+        .chain(&response.superseded)
+        .find(|outcome| outcome.call_id == call_id)
+        .cloned())
+}
+
+struct Client {
+    agent: AgentServiceClient<Channel>,
+    url: String,
+    authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
+}
+
+impl Client {
+    async fn connect(broker: &BrokerAddress) -> Result<Client, ReviewError> {
+        let unreachable = |detail: String| ReviewError::Unreachable {
+            url: broker.url.clone(),
+            detail,
+        };
+        let authorization = match &broker.token {
+            None => None,
+            Some(token) => Some(
+                format!("Bearer {token}")
+                    .parse()
+                    .map_err(|_| unreachable("the token is not a valid header value".into()))?,
+            ),
+        };
+        let channel = Endpoint::from_shared(broker.url.clone())
+            .map_err(|e| unreachable(format!("not a URL: {e}")))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .connect()
+            .await
+            .map_err(|e| unreachable(error_chain(&e)))?;
+        Ok(Client {
+            agent: AgentServiceClient::new(channel),
+            url: broker.url.clone(),
+            authorization,
+        })
+    }
+
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(value) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        request
+    }
+
+    fn unreachable(&self, status: &tonic::Status) -> ReviewError {
+        ReviewError::Unreachable {
+            url: self.url.clone(),
+            detail: format!("{:?}: {}", status.code(), status.message()),
+        }
+    }
+
+    async fn submit(
+        &self,
+        session_id: &str,
+        call: pb::CallSpec,
+    ) -> Result<pb::SubmitResponse, tonic::Status> {
+        let batch = pb::BatchSpec {
+            session_id: session_id.into(),
+            calls: vec![call],
+            // One call per batch: there are no siblings to skip, whatever the policy.
+            on_deny: pb::OnDeny::Independent as i32,
+            supersede_pending: false,
+        };
+        let request = self.request(pb::SubmitRequest { batch: Some(batch) });
+        Ok(self.agent.clone().submit(request).await?.into_inner())
+    }
+
+    /// Watches the call until it is decided; a broken stream (a broker restart) is watched
+    /// again, since the call is durable and its outcome will come.
+    async fn wait_for(&self, session_id: &str, call_id: &str) -> pb::Outcome {
+        loop {
+            if let Some(outcome) = self.watch_once(session_id, call_id).await {
+                return outcome;
+            }
+            tokio::time::sleep(REWATCH_PAUSE).await;
+        }
+    }
+
+    async fn watch_once(&self, session_id: &str, call_id: &str) -> Option<pb::Outcome> {
+        let request = self.request(pb::WatchOutcomesRequest {
+            session_id: session_id.into(),
+            call_ids: vec![call_id.into()],
+        });
+        let mut stream = self
+            .agent
+            .clone()
+            .watch_outcomes(request)
+            .await
+            .ok()?
+            .into_inner();
+        while let Ok(Some(message)) = stream.message().await {
+            if let Some(pb::watch_outcomes_response::Event::Outcome(outcome)) = message.event
+                && outcome.call_id == call_id
+            {
+                return Some(outcome);
+            }
+        }
+        None
+    }
+
+    /// Cancels the call after the time limit. A decision that won the race is returned as the
+    /// review: it stands, and is what the agent must follow.
+    async fn give_up(&self, session_id: &str, call_id: &str) -> Review {
+        let request = self.request(pb::CancelRequest {
+            target: Some(pb::CancelTarget {
+                session_id: session_id.into(),
+                target: Some(pb::cancel_target::Target::Calls(pb::CallIds {
+                    call_ids: vec![call_id.into()],
+                })),
+                reason: "the agent's hook stopped waiting for a decision".into(),
+            }),
+        });
+        let mut agent = self.agent.clone();
+        match tokio::time::timeout(CANCEL_TIMEOUT, agent.cancel(request)).await {
+            Ok(Ok(response)) => {
+                let result = response.into_inner().result.unwrap_or_default();
+                if let Some(outcome) = result
+                    .already_decided
+                    .into_iter()
+                    .find(|o| o.call_id == call_id && o.status != pb::CallStatus::Cancelled as i32)
+                {
+                    return Review::Decided(Box::new(outcome));
+                }
+                Review::TimedOut {
+                    cancelled: result.cancelled.iter().any(|o| o.call_id == call_id),
+                }
+            }
+            _ => Review::TimedOut { cancelled: false },
+        }
+    }
+}
+
+/// An error with its causes, which name what actually failed (refused, DNS, TLS).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        // hyper and tonic repeat a cause in their own message; say it once.
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
