@@ -32,6 +32,11 @@ const OUTBOUND: usize = 256;
 /// The most sessions one agent stream follows.
 pub const MAX_FOLLOWED_SESSIONS: usize = 1024;
 
+/// The longest `request_id` a `Connect` request may carry: each answer echoes it, so its length
+/// counts against the reply limit; a request with a longer one is refused (its answer echoes
+/// the id's first bytes).
+pub const MAX_REQUEST_ID_BYTES: usize = 256;
+
 pub struct AgentApi {
     broker: Arc<Broker>,
 }
@@ -238,6 +243,20 @@ impl AgentConnection {
 
     async fn handle(&mut self, request: pb::AgentRequest) -> Result<(), Gone> {
         let id = request.request_id;
+        // Every answer echoes the id: a huge one would make the answer outgrow the reply limit.
+        if id.len() > MAX_REQUEST_ID_BYTES {
+            let err = crate::Error::invalid(
+                "request_id",
+                format!(
+                    "must be at most {MAX_REQUEST_ID_BYTES} bytes, got {}",
+                    id.len()
+                ),
+            );
+            let echoed = &id[..id.floor_char_boundary(MAX_REQUEST_ID_BYTES)];
+            return self
+                .send(echoed, Reply::Error(render::item_error(&err)))
+                .await;
+        }
         let result = match request.request {
             Some(pb::agent_request::Request::Submit(spec)) => self.submit(&id, spec).await,
             Some(pb::agent_request::Request::Cancel(target)) => self.cancel(&id, target).await,

@@ -709,7 +709,40 @@ async fn outcomes_of_a_session_the_stream_does_not_follow_are_not_delivered_to_i
     assert_eq!(complete.session_id, "session-a");
 }
 
+/// Every answer echoes the request id, so a huge one could make the answer outgrow the reply
+/// limit: it is refused, naming the field, and the stream goes on.
+async fn a_request_id_too_long_to_echo_is_refused_and_the_stream_goes_on(app: TestApp) {
+    let mut stream = AgentStream::open(&app).await;
+    let long_id = "r".repeat(5 * 1024 * 1024);
+    stream
+        .send_raw(pb::AgentRequest {
+            request_id: long_id.clone(),
+            request: Some(pb::agent_request::Request::Submit(batch(
+                "s",
+                vec![call("c1", "t", "{}")],
+            ))),
+        })
+        .await;
+    match next_answer(&mut stream, &long_id[..256]).await {
+        Reply::Error(err) => {
+            assert_eq!(err.code, tonic::Code::InvalidArgument as i32, "{err:?}");
+            assert!(err.message.contains("request_id"), "{err:?}");
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    assert!(all_calls(&app).await.is_empty(), "nothing was stored");
+    stream
+        .submit("ok", batch("s", vec![call("c1", "t", "{}")]))
+        .await;
+    let submitted = stream.next_submitted().await;
+    assert!(matches!(
+        submitted.acks[0].result,
+        Some(pb::call_ack::Result::Accepted(_))
+    ));
+}
+
 backend_tests! {
+    a_request_id_too_long_to_echo_is_refused_and_the_stream_goes_on,
     resubmitting_a_decided_batch_on_a_new_stream_gets_duplicates_then_the_stored_outcomes_at_once,
     a_submitted_batch_is_acknowledged_then_each_outcome_arrives_then_batch_complete_in_batch_order,
     per_call_and_per_request_problems_are_reported_for_that_item_and_the_stream_goes_on,
