@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::oversize::Room;
+use super::oversize::{self, Room};
 use super::{paging, parse, render};
 use crate::auth::Caller;
 use crate::broker::Broker;
@@ -160,9 +160,10 @@ impl pb::admin_service_server::AdminService for AdminApi {
     ) -> Result<Response<pb::ExplainResponse>, Status> {
         let target = parse::explain(request.into_inner(), self.broker.limits().max_input_bytes)?;
         let explanation = self.broker.store().explain(&target).await?;
-        Ok(Response::new(render::explanation(
-            &explanation,
-            Timestamp::now(),
+        let reply = render::explanation(&explanation, Timestamp::now());
+        Ok(Response::new(oversize::fit_explanation(
+            reply,
+            self.broker.limits().max_reply_bytes,
         )))
     }
 }

@@ -26,6 +26,7 @@ use tonic::codegen::http;
 use tonic::{Code, Status};
 
 use crate::error::{Error, Result};
+use crate::proto::v1 as pb;
 
 /// Room kept in every reply for its fields that are not lists (ids, page tokens, counts, flags)
 /// and for the envelope of a stream message. Those fields are capped far below it.
@@ -62,6 +63,25 @@ pub fn reply_limit(
         ));
     }
     Ok(limit)
+}
+
+/// An Explain reply within `reply_limit`: its parts that can be read elsewhere are left out
+/// (the call, then the grant, then the rule) until it fits, and `truncated` says so. The answer
+/// itself (verdict, decider, reason) is always kept.
+pub fn fit_explanation(mut reply: pb::ExplainResponse, reply_limit: usize) -> pb::ExplainResponse {
+    let fits = |reply: &pb::ExplainResponse| Room::new(reply_limit).take_len(reply.encoded_len());
+    if fits(&reply) {
+        return reply;
+    }
+    reply.truncated = true;
+    reply.call = None;
+    if !fits(&reply) {
+        reply.grant = None;
+    }
+    if !fits(&reply) {
+        reply.rule = None;
+    }
+    reply
 }
 
 /// What is left of one reply's size limit while the reply is built.
@@ -243,7 +263,61 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::v1 as pb;
+
+    #[test]
+    fn an_explanation_too_large_leaves_out_the_call_then_the_grant_then_the_rule() {
+        let big = |n: usize| "x".repeat(n);
+        let reply = pb::ExplainResponse {
+            verdict: pb::CallStatus::Approved as i32,
+            decided_by: "policy:r1".into(),
+            reason: "rule r1 allows it".into(),
+            rule: Some(pb::Rule {
+                id: "r1".into(),
+                description: big(100_000),
+                ..Default::default()
+            }),
+            grant: Some(pb::Grant {
+                id: 1,
+                tool: big(100_000),
+                ..Default::default()
+            }),
+            call: Some(pb::Call {
+                input_json: big(100_000),
+                ..Default::default()
+            }),
+            truncated: false,
+        };
+        let cut = |limit: usize| fit_explanation(reply.clone(), limit);
+        // Room for all of it: unchanged.
+        assert_eq!(cut(RESERVED + 400_000), reply);
+        // Then the call goes first, the grant next, the rule last; the answer always stays.
+        for (limit, call, grant, rule) in [
+            (RESERVED + 250_000, false, true, true),
+            (RESERVED + 150_000, false, false, true),
+            (RESERVED + 50_000, false, false, false),
+        ] {
+            let fitted = cut(limit);
+            assert!(fitted.truncated, "{limit}");
+            assert!(fitted.encoded_len() <= limit, "{limit}");
+            assert_eq!(
+                (
+                    fitted.call.is_some(),
+                    fitted.grant.is_some(),
+                    fitted.rule.is_some()
+                ),
+                (call, grant, rule),
+                "{limit}"
+            );
+            assert_eq!(
+                (
+                    fitted.verdict,
+                    fitted.decided_by.as_str(),
+                    fitted.reason.as_str()
+                ),
+                (reply.verdict, "policy:r1", "rule r1 allows it")
+            );
+        }
+    }
 
     fn outcome(reason_bytes: usize) -> pb::Outcome {
         pb::Outcome {

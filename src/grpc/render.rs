@@ -373,5 +373,7 @@ pub fn explanation(e: &Explanation, now: Timestamp) -> pb::ExplainResponse {
         grant: e.grant.as_ref().map(|g| grant(g, now)),
         reason: e.reason.clone(),
         call: e.call.as_ref().map(call),
+        // Set where the reply is fitted to the reply limit (`oversize::fit_explanation`).
+        truncated: false,
     }
 }
