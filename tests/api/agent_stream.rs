@@ -107,21 +107,6 @@ async fn next_watched_batch_complete(
     }
 }
 
-async fn watch(
-    app: &TestApp,
-    session: &str,
-    call_ids: &[&str],
-) -> Streaming<pb::WatchOutcomesResponse> {
-    app.agent()
-        .watch_outcomes(pb::WatchOutcomesRequest {
-            session_id: session.into(),
-            call_ids: call_ids.iter().map(|s| s.to_string()).collect(),
-        })
-        .await
-        .expect("watch outcomes")
-        .into_inner()
-}
-
 async fn a_submitted_batch_is_acknowledged_then_each_outcome_arrives_then_batch_complete_in_batch_order(
     app: TestApp,
 ) {

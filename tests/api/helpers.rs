@@ -414,6 +414,22 @@ pub fn status_of(outcome: &pb::Outcome) -> CallStatus {
     CallStatus::try_from(outcome.status).expect("known status")
 }
 
+/// A `WatchOutcomes` stream of `session` (all its calls, or the named ones).
+pub async fn watch(
+    app: &TestApp,
+    session: &str,
+    call_ids: &[&str],
+) -> tonic::Streaming<pb::WatchOutcomesResponse> {
+    app.agent()
+        .watch_outcomes(pb::WatchOutcomesRequest {
+            session_id: session.into(),
+            call_ids: call_ids.iter().map(|s| s.to_string()).collect(),
+        })
+        .await
+        .expect("watch outcomes")
+        .into_inner()
+}
+
 /// Every call in the store, through the admin audit view.
 pub async fn all_calls(app: &TestApp) -> Vec<pb::Call> {
     let mut calls = Vec::new();

@@ -107,21 +107,6 @@ async fn next_watched(stream: &mut Streaming<pb::WatchOutcomesResponse>) -> Opti
         .map(|m| m.event.expect("an event"))
 }
 
-async fn watch(
-    app: &TestApp,
-    session: &str,
-    call_ids: &[&str],
-) -> Streaming<pb::WatchOutcomesResponse> {
-    app.agent()
-        .watch_outcomes(pb::WatchOutcomesRequest {
-            session_id: session.into(),
-            call_ids: call_ids.iter().map(|s| s.to_string()).collect(),
-        })
-        .await
-        .expect("watch outcomes")
-        .into_inner()
-}
-
 async fn watch_outcomes_replays_every_outcome_of_a_session_of_several_pages_once_in_order(
     app: TestApp,
 ) {
