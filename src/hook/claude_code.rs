@@ -49,6 +49,11 @@ pub struct ClaudeCodeArgs {
     #[arg(long, env = "APPROVALS_BROKER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
 
+    /// A PEM CA certificate to check an `https://` broker's certificate with (a private CA);
+    /// without it, the Mozilla root certificates built in are used.
+    #[arg(long, env = "APPROVALS_BROKER_CA_CERT")]
+    pub ca_cert: Option<std::path::PathBuf>,
+
     /// How long to wait for a decision, e.g. `90s`, `5m`. Keep it below the `timeout` of the hook
     /// entry in settings.json (Claude Code's default is 600 seconds).
     #[arg(long, env = "APPROVALS_HOOK_TIMEOUT", default_value = "5m", value_parser = crate::config::parse_duration)]
@@ -407,6 +412,7 @@ pub async fn run(args: &ClaudeCodeArgs) -> ExitCode {
 pub async fn answer(args: &ClaudeCodeArgs, input: &HookInput) -> Answer {
     let broker = BrokerAddress {
         url: args.broker.clone(),
+        ca_cert: args.ca_cert.clone(),
         token: args.token.clone(),
     };
     let call = input.call(args.workspace.as_deref());

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Request};
 
 use crate::proto::v1 as pb;
@@ -23,8 +23,11 @@ const REWATCH_PAUSE: Duration = Duration::from_millis(300);
 /// Where the broker is and how to authenticate to it.
 #[derive(Debug, Clone)]
 pub struct BrokerAddress {
-    /// `http://host:port`.
+    /// `http://host:port`, or `https://host:port` for a broker serving TLS.
     pub url: String,
+    /// A PEM CA certificate to check an `https://` broker's certificate with; without it, the
+    /// Mozilla roots built in.
+    pub ca_cert: Option<std::path::PathBuf>,
     /// A bearer token with the `agent` role, when the broker has authentication on.
     pub token: Option<String>,
 }
@@ -124,9 +127,27 @@ impl Client {
                     .map_err(|_| unreachable("the token is not a valid header value".into()))?,
             ),
         };
-        let channel = Endpoint::from_shared(broker.url.clone())
+        let mut endpoint = Endpoint::from_shared(broker.url.clone())
             .map_err(|e| unreachable(format!("not a URL: {e}")))?
-            .connect_timeout(CONNECT_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT);
+        if broker.url.starts_with("https://") {
+            let tls = match &broker.ca_cert {
+                None => ClientTlsConfig::new().with_webpki_roots(),
+                Some(path) => {
+                    let pem = std::fs::read(path).map_err(|e| {
+                        unreachable(format!(
+                            "cannot read the CA certificate {}: {e}",
+                            path.display()
+                        ))
+                    })?;
+                    ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem))
+                }
+            };
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| unreachable(error_chain(&e)))?;
+        }
+        let channel = endpoint
             .connect()
             .await
             .map_err(|e| unreachable(error_chain(&e)))?;

@@ -216,3 +216,89 @@ async fn a_ping_flood_inside_tls_gets_goaway_enhance_your_calm() {
         "closed with GOAWAY ENHANCE_YOUR_CALM (None: still served)"
     );
 }
+
+/// The Claude Code hook reaches a broker serving TLS (`https://`), checking its certificate
+/// against `--ca-cert`; with a CA that did not sign it, the hook fails closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claude_code_hook_reaches_a_tls_broker_and_fails_closed_on_a_wrong_ca() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().expect("dir");
+    let ca = Authority::new("broker ca");
+    let address = serve_tls(dir.path(), &ca, None).await;
+    let approver = ApproverServiceClient::new(
+        channel(
+            address,
+            Some(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca.pem()))),
+        )
+        .await
+        .expect("a TLS channel"),
+    );
+    let other = Authority::new("another ca");
+    for (name, pem, approved) in [
+        ("right.pem", ca.pem(), true),
+        ("wrong.pem", other.pem(), false),
+    ] {
+        std::fs::write(dir.path().join(name), pem).expect("write");
+        let tool_use_id = format!("toolu_{name}");
+        let input = serde_json::json!({
+            "session_id": "tls-session",
+            "transcript_path": "/tmp/transcript.jsonl",
+            "cwd": "/work/project",
+            "permission_mode": "default",
+            "hook_event_name": "PreToolUse",
+            "tool_name": "Bash",
+            "tool_input": {"command": "ls"},
+            "tool_use_id": tool_use_id,
+        });
+        let mut hook = std::process::Command::new(env!("CARGO_BIN_EXE_approval-broker"))
+            .args(["hook", "claude-code", "--timeout", "30s", "--broker"])
+            .arg(format!("https://localhost:{}", address.port()))
+            .arg("--ca-cert")
+            .arg(dir.path().join(name))
+            .env_remove("APPROVALS_BROKER_TOKEN")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the hook");
+        hook.stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.to_string().as_bytes())
+            .expect("write");
+        if approved {
+            let mut decided = false;
+            for _ in 0..400 {
+                let mut client = approver.clone();
+                let decision = client
+                    .decide(decide_request(
+                        "tls-session",
+                        &tool_use_id,
+                        pb::Decision::Approve,
+                        "",
+                    ))
+                    .await;
+                if decision.is_ok() {
+                    decided = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            assert!(decided, "the hook's call reached the broker over TLS");
+        }
+        let output = tokio::task::spawn_blocking(move || hook.wait_with_output())
+            .await
+            .expect("join")
+            .expect("hook output");
+        assert!(output.status.success(), "{output:?}");
+        let answer: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+        let decision = &answer["hookSpecificOutput"]["permissionDecision"];
+        if approved {
+            assert_eq!(decision, "allow", "{answer}");
+        } else {
+            assert_eq!(decision, "deny", "{answer}");
+            let reason = answer["hookSpecificOutput"]["permissionDecisionReason"].to_string();
+            assert!(reason.contains("could not be reached"), "{reason}");
+        }
+    }
+}
