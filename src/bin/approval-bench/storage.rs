@@ -1,7 +1,8 @@
 //! The raw storage limit: the durable writes the broker makes per approval cycle, done directly
 //! through sqlx on the same kind of database with the same settings and the broker's own
 //! migrations. A cycle is the submit transaction (insert the batch, the call and its Requested
-//! event, and on SQLite record the event's sequence number on the call) and the decide
+//! event; on SQLite the schema's trigger writes that event and records its sequence number on the
+//! call, as it does for the broker) and the decide
 //! transaction (update the call with its outcome, insert its Resolved event, mark the batch
 //! complete). Reads the broker does inside those transactions (finding the call first) are not
 //! counted: this is the write floor.
@@ -198,18 +199,9 @@ async fn sqlite_cycles(
         .bind(now)
         .fetch_one(&mut *tx)
         .await?;
-        let seq: i64 = sqlx::query_scalar(
-            "INSERT INTO events (kind, call_rowid, created_at) VALUES (1, ?, ?) RETURNING seq",
-        )
-        .bind(rowid)
-        .bind(now)
-        .fetch_one(&mut *tx)
-        .await?;
-        sqlx::query("UPDATE calls SET requested_seq = ? WHERE id = ?")
-            .bind(seq)
-            .bind(rowid)
-            .execute(&mut *tx)
-            .await?;
+        // The Requested event and the call's `requested_seq` are written by the schema's trigger
+        // `calls_requested_event` (migration 0004), as for the broker: writing them here too
+        // would make the raw loop do more than the broker does.
         rows.push((rowid, batch_id));
     }
     tx.commit().await?;
@@ -322,4 +314,40 @@ async fn postgres_cycles(
     tx.commit().await?;
     writes.fetch_add(u64::from(group), Ordering::Relaxed);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::Connection as _;
+
+    /// The raw loop writes what the broker writes, no more: one Requested and one Resolved event
+    /// per call, the Requested one the call's `requested_seq`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_raw_sqlite_loop_writes_one_requested_event_per_call_like_the_broker() {
+        let dir = tempfile::tempdir().expect("dir");
+        let rates = sqlite(dir.path(), 2, Duration::from_millis(300), "{}")
+            .await
+            .expect("a raw run");
+        assert!(rates.per_write > 0.0 && rates.batched > 0.0, "{rates:?}");
+        let url = format!("sqlite://{}", dir.path().join("raw.db").display());
+        let mut conn = sqlx::SqliteConnection::connect(&url).await.expect("open");
+        let (calls, requested, resolved, linked): (i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM calls), \
+                    (SELECT count(*) FROM events WHERE kind = 1), \
+                    (SELECT count(*) FROM events WHERE kind = 2), \
+                    (SELECT count(*) FROM calls c JOIN events e \
+                       ON e.seq = c.requested_seq AND e.kind = 1 AND e.call_rowid = c.id)",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .expect("count");
+        assert!(calls > 0);
+        assert_eq!(
+            (requested, linked),
+            (calls, calls),
+            "one Requested event per call"
+        );
+        assert!(resolved <= calls, "at most one Resolved event per call");
+    }
 }
