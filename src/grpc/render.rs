@@ -151,13 +151,13 @@ pub fn submit_response(
             SubmitResult::Accepted(c) | SubmitResult::Duplicate(c) => outcome(c),
             SubmitResult::Refused(_) => None,
         }));
-    let (superseded, all_superseded) = room.fill(
-        report
-            .superseded
-            .iter()
-            .filter(|c| !carried.contains(&c.key.call_id))
-            .filter_map(outcome),
-    );
+    let of_earlier_batches: Vec<&Call> = report
+        .superseded
+        .iter()
+        .filter(|c| !carried.contains(&c.key.call_id))
+        .collect();
+    let (superseded, all_superseded) =
+        room.fill(of_earlier_batches.iter().copied().filter_map(outcome));
     pb::SubmitResponse {
         session_id: session_id.to_owned(),
         batch_id: report
@@ -168,11 +168,7 @@ pub fn submit_response(
         acks,
         outcomes,
         superseded,
-        superseded_count: report
-            .superseded
-            .iter()
-            .filter(|c| !carried.contains(&c.key.call_id))
-            .count() as u64,
+        superseded_count: of_earlier_batches.len() as u64,
         truncated: !(all_outcomes && all_superseded),
     }
 }

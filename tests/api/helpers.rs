@@ -430,9 +430,12 @@ pub async fn watch(
         .into_inner()
 }
 
-/// Every call in the store, through the admin audit view.
-pub async fn all_calls(app: &TestApp) -> Vec<pb::Call> {
-    let mut calls = Vec::new();
+/// Every page ListCalls answers for `request`, following `next_page_token` to the end.
+pub async fn list_calls_pages(
+    app: &TestApp,
+    request: pb::ListCallsRequest,
+) -> Vec<pb::ListCallsResponse> {
+    let mut pages = Vec::new();
     let mut token = String::new();
     loop {
         let page = app
@@ -440,17 +443,44 @@ pub async fn all_calls(app: &TestApp) -> Vec<pb::Call> {
             .list_calls(pb::ListCallsRequest {
                 page_size: 1000,
                 page_token: token,
-                ..Default::default()
+                ..request.clone()
             })
             .await
             .expect("list calls")
             .into_inner();
-        calls.extend(page.calls);
-        if page.next_page_token.is_empty() {
-            return calls;
+        token = page.next_page_token.clone();
+        pages.push(page);
+        if token.is_empty() {
+            return pages;
         }
-        token = page.next_page_token;
     }
+}
+
+/// Every call in the store, through the admin audit view.
+pub async fn all_calls(app: &TestApp) -> Vec<pb::Call> {
+    list_calls_pages(app, pb::ListCallsRequest::default())
+        .await
+        .into_iter()
+        .flat_map(|page| page.calls)
+        .collect()
+}
+
+/// Times a one-call submit of an unrelated session sent while `behind` is being judged, and
+/// asserts it was answered (pending) within a second: "not stalled", as opposed to the seconds
+/// a quadratic matcher on the writer took.
+pub async fn assert_an_unrelated_submit_is_not_stalled(app: &TestApp, behind: &str) {
+    let started = std::time::Instant::now();
+    let unrelated = submit(
+        app,
+        batch("unrelated", vec![call("c1", "t", r#"{"x":"a"}"#)]),
+    )
+    .await;
+    let waited = started.elapsed();
+    assert_eq!(ack_status(&unrelated, 0), CallStatus::Pending);
+    assert!(
+        waited < std::time::Duration::from_secs(1),
+        "an unrelated submit waited {waited:?} behind the adversarial {behind}"
+    );
 }
 
 /// An open `Connect` stream.

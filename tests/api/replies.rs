@@ -80,28 +80,14 @@ async fn list_all_calls(
     request: pb::ListCallsRequest,
     limit: usize,
 ) -> (Vec<pb::Call>, usize) {
+    let pages = list_calls_pages(app, request).await;
+    let count = pages.len();
     let mut calls = Vec::new();
-    let mut pages = 0;
-    let mut token = String::new();
-    loop {
-        let page = app
-            .admin()
-            .list_calls(pb::ListCallsRequest {
-                page_size: 1000,
-                page_token: token,
-                ..request.clone()
-            })
-            .await
-            .expect("list calls")
-            .into_inner();
+    for page in pages {
         assert!(page.encoded_len() <= limit, "{} bytes", page.encoded_len());
-        pages += 1;
         calls.extend(page.calls);
-        if page.next_page_token.is_empty() {
-            return (calls, pages);
-        }
-        token = page.next_page_token;
     }
+    (calls, count)
 }
 
 /// The states of `call_ids` through GetOutcomes, asking again for the ids a reply left out;
