@@ -27,11 +27,11 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::writes::{self, PolicyTx, WriteTx, Writer};
 use super::{CancelReport, CancelTarget, DecideReport, SubmitReport};
 use crate::domain::{CallKey, Decision, NewBatch, Timestamp, ToolResultTexts};
 use crate::error::{Error, Result};
 use crate::meters;
+use crate::operations::{PolicyTx, WriteTx, Writer, cancel, decide, submit};
 
 /// The most writes one transaction takes. Bounds how long the first of them waits for the last.
 pub const MAX_GROUP: usize = 256;
@@ -278,16 +278,16 @@ impl Job {
         let now = Timestamp::now();
         match self {
             Job::Submit(slot) => {
-                slot.result = Some(writes::submit_in(tx, &slot.request, texts, now).await);
+                slot.result = Some(submit::submit_in(tx, &slot.request, texts, now).await);
                 slot.succeeded()
             }
             Job::Decide(slot) => {
                 let (key, decision) = &slot.request;
-                slot.result = Some(writes::decide_in(tx, key, decision, texts, now).await);
+                slot.result = Some(decide::decide_in(tx, key, decision, texts, now).await);
                 slot.succeeded()
             }
             Job::Cancel(slot) => {
-                slot.result = Some(writes::cancel_in(tx, &slot.request, texts, now).await);
+                slot.result = Some(cancel::cancel_in(tx, &slot.request, texts, now).await);
                 slot.succeeded()
             }
         }

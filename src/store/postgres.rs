@@ -30,18 +30,22 @@ use super::rows::{
     call_columns, call_from_row, event_from_row, grant_from_row, page, rule_from_row, select_calls,
     select_grants, select_rules, stored,
 };
-use super::writes::{self, PolicyTx, Resolved, Stored, WriteTx, Writer};
-use super::{
-    CallPage, CallQuery, CancelReport, CancelTarget, Cursor, DecideReport, DecidedByFilter,
-    ExplainTarget, Explanation, GrantPage, GrantQuery, RevokeReport, RevokeTarget, Store,
-    SubmitReport,
+use super::{Calls, Deadlines, EventLog, Policies};
+use crate::domain::policy::{
+    ExplainTarget, Explanation, Grant, GrantScope, GrantSpec, RevokeReport, RevokeTarget, Rule,
+    RuleId, RuleSource,
 };
-use crate::domain::policy::{Grant, GrantScope, GrantSpec, Rule, RuleId, RuleSource};
 use crate::domain::{
-    AgentId, BatchId, Call, CallId, CallKey, Decision, Event, EventKind, NewBatch, NewCall, OnDeny,
-    Outcome, SessionId, Timestamp, ToolInput, ToolName, ToolResultTexts,
+    AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
+    Cursor, DecideReport, DecidedByFilter, Decision, Event, EventKind, GrantPage, GrantQuery,
+    NewBatch, NewCall, OnDeny, Outcome, SessionId, SubmitReport, Timestamp, ToolInput, ToolName,
+    ToolResultTexts,
 };
 use crate::error::Result;
+use crate::operations::{
+    PolicyTx, Resolved, Stored, WriteTx, Writer, cancel, decide, expire, explain, policy_admin,
+    submit,
+};
 
 const SELECT_CALLS: &str = select_calls!();
 
@@ -162,37 +166,17 @@ impl Writer for PostgresStore {
 }
 
 #[async_trait]
-impl Store for PostgresStore {
+impl Calls for PostgresStore {
     async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
-        writes::submit(self.begin_write().await?, &batch, &self.texts).await
+        submit::submit(self.begin_write().await?, &batch, &self.texts).await
     }
 
     async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
-        writes::decide(self.begin_write().await?, key, decision, &self.texts).await
+        decide::decide(self.begin_write().await?, key, decision, &self.texts).await
     }
 
     async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
-        writes::cancel(self.begin_write().await?, target, &self.texts).await
-    }
-
-    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
-        writes::expire_due(self, &self.texts, now).await
-    }
-
-    async fn pending_count(&self) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM calls WHERE status = 1")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(n as u64)
-    }
-
-    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
-        let next: Option<i64> = sqlx::query_scalar(
-            "SELECT MIN(deadline) FROM calls WHERE status = 1 AND deadline IS NOT NULL",
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(next.map(Timestamp::from_micros))
+        cancel::cancel(self.begin_write().await?, target, &self.texts).await
     }
 
     async fn calls_by_id(
@@ -299,6 +283,42 @@ impl Store for PostgresStore {
         })
     }
 
+    async fn probe(&self) -> Result<()> {
+        // Taking a transaction id makes the commit write (and flush) a commit record.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT txid_current()")
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Deadlines for PostgresStore {
+    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
+        expire::expire_due(self, &self.texts, now).await
+    }
+
+    async fn pending_count(&self) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM calls WHERE status = 1")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n as u64)
+    }
+
+    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
+        let next: Option<i64> = sqlx::query_scalar(
+            "SELECT MIN(deadline) FROM calls WHERE status = 1 AND deadline IS NOT NULL",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(next.map(Timestamp::from_micros))
+    }
+}
+
+#[async_trait]
+impl EventLog for PostgresStore {
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
         let rows = sqlx::query(concat!(
             "SELECT e.seq, e.kind, e.batch_completed, ",
@@ -365,9 +385,12 @@ impl Store for PostgresStore {
     fn remote_commits(&self) -> Option<Arc<Notify>> {
         Some(Arc::clone(&self.remote_commits))
     }
+}
 
+#[async_trait]
+impl Policies for PostgresStore {
     async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport> {
-        writes::revoke_grants(self.begin_write().await?, target, by).await
+        policy_admin::revoke_grants(self.begin_write().await?, target, by).await
     }
 
     async fn list_grants(&self, q: &GrantQuery) -> Result<GrantPage> {
@@ -412,11 +435,11 @@ impl Store for PostgresStore {
     }
 
     async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
-        writes::create_rule(self.begin_write().await?, rule).await
+        policy_admin::create_rule(self.begin_write().await?, rule).await
     }
 
     async fn delete_rule(&self, id: &RuleId) -> Result<Rule> {
-        writes::delete_rule(self.begin_write().await?, id).await
+        policy_admin::delete_rule(self.begin_write().await?, id).await
     }
 
     async fn list_rules(&self) -> Result<Vec<Rule>> {
@@ -425,7 +448,7 @@ impl Store for PostgresStore {
     }
 
     async fn load_file_rules(&self, rules: &[Rule]) -> Result<()> {
-        writes::load_file_rules(self.begin_write().await?, rules).await
+        policy_admin::load_file_rules(self.begin_write().await?, rules).await
     }
 
     async fn explain(&self, target: &ExplainTarget) -> Result<Explanation> {
@@ -434,17 +457,7 @@ impl Store for PostgresStore {
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .execute(&mut *tx)
             .await?;
-        super::explain::explain(tx, target).await
-    }
-
-    async fn probe(&self) -> Result<()> {
-        // Taking a transaction id makes the commit write (and flush) a commit record.
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT txid_current()")
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
+        explain::explain(tx, target).await
     }
 }
 

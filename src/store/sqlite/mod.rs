@@ -28,18 +28,15 @@ use super::rows::{
     call_columns, call_from_row, event_from_row, grant_from_row, page, rule_from_row, select_calls,
     select_grants, select_rules,
 };
-use super::writes::{self, Writer};
-use super::{
-    CallPage, CallQuery, CancelReport, CancelTarget, CommittedEvents, Cursor, DecideReport,
-    DecidedByFilter, ExplainTarget, Explanation, GrantPage, GrantQuery, RevokeReport, RevokeTarget,
-    Store, SubmitReport,
-};
-use crate::domain::policy::{Rule, RuleId};
+use super::{Calls, CommittedEvents, Deadlines, EventLog, Policies};
+use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
 use crate::domain::{
-    AgentId, BatchId, Call, CallId, CallKey, Decision, Event, NewBatch, SessionId, Timestamp,
-    ToolResultTexts,
+    AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
+    Cursor, DecideReport, DecidedByFilter, Decision, Event, GrantPage, GrantQuery, NewBatch,
+    SessionId, SubmitReport, Timestamp, ToolResultTexts,
 };
 use crate::error::{Error, Result};
+use crate::operations::{Writer, expire, explain, policy_admin};
 
 /// SQLite's `synchronous` setting for the database file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -172,8 +169,17 @@ impl ProcessLock {
     }
 }
 
+#[cfg(test)]
+impl SqliteStore {
+    /// The store's one write connection, for unit tests that run operations in transactions of
+    /// their own: nothing else may write meanwhile (a test's store serves nobody else).
+    pub(crate) fn writer(&self) -> &WriteConnection {
+        &self.writer
+    }
+}
+
 #[async_trait]
-impl Store for SqliteStore {
+impl Calls for SqliteStore {
     async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
         self.group.submit(batch).await
     }
@@ -184,33 +190,6 @@ impl Store for SqliteStore {
 
     async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
         self.group.cancel(target).await
-    }
-
-    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
-        // A chunk per turn of the writer, so groups of writes run between chunks.
-        writes::expire_in_chunks(|| {
-            let texts = self.texts.clone();
-            self.group.alone(move |writer| async move {
-                writes::expire_chunk(&writer, &texts, now).await
-            })
-        })
-        .await
-    }
-
-    async fn pending_count(&self) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM calls WHERE status = 1")
-            .fetch_one(&self.reader)
-            .await?;
-        Ok(n as u64)
-    }
-
-    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
-        let next: Option<i64> = sqlx::query_scalar(
-            "SELECT MIN(deadline) FROM calls WHERE status = 1 AND deadline IS NOT NULL",
-        )
-        .fetch_one(&self.reader)
-        .await?;
-        Ok(next.map(Timestamp::from_micros))
     }
 
     async fn calls_by_id(
@@ -315,6 +294,45 @@ impl Store for SqliteStore {
         })
     }
 
+    async fn probe(&self) -> Result<()> {
+        self.group
+            .alone(move |writer| async move { writer.probe() })
+            .await
+    }
+}
+
+#[async_trait]
+impl Deadlines for SqliteStore {
+    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
+        // A chunk per turn of the writer, so groups of writes run between chunks.
+        expire::expire_in_chunks(|| {
+            let texts = self.texts.clone();
+            self.group.alone(move |writer| async move {
+                expire::expire_chunk(&writer, &texts, now).await
+            })
+        })
+        .await
+    }
+
+    async fn pending_count(&self) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM calls WHERE status = 1")
+            .fetch_one(&self.reader)
+            .await?;
+        Ok(n as u64)
+    }
+
+    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
+        let next: Option<i64> = sqlx::query_scalar(
+            "SELECT MIN(deadline) FROM calls WHERE status = 1 AND deadline IS NOT NULL",
+        )
+        .fetch_one(&self.reader)
+        .await?;
+        Ok(next.map(Timestamp::from_micros))
+    }
+}
+
+#[async_trait]
+impl EventLog for SqliteStore {
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
         let rows = sqlx::query(EVENTS_AFTER)
             .bind(after as i64)
@@ -332,12 +350,15 @@ impl Store for SqliteStore {
     fn take_committed_events(&self) -> Option<CommittedEvents> {
         self.writer.hand_over()
     }
+}
 
+#[async_trait]
+impl Policies for SqliteStore {
     async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport> {
         let (target, by) = (target.clone(), by.to_owned());
         self.group
             .alone(move |writer| async move {
-                writes::revoke_grants(writer.begin_write().await?, &target, &by).await
+                policy_admin::revoke_grants(writer.begin_write().await?, &target, &by).await
             })
             .await
     }
@@ -387,7 +408,7 @@ impl Store for SqliteStore {
         let rule = rule.clone();
         self.group
             .alone(move |writer| async move {
-                writes::create_rule(writer.begin_write().await?, &rule).await
+                policy_admin::create_rule(writer.begin_write().await?, &rule).await
             })
             .await
     }
@@ -396,7 +417,7 @@ impl Store for SqliteStore {
         let id = id.clone();
         self.group
             .alone(move |writer| async move {
-                writes::delete_rule(writer.begin_write().await?, &id).await
+                policy_admin::delete_rule(writer.begin_write().await?, &id).await
             })
             .await
     }
@@ -410,7 +431,7 @@ impl Store for SqliteStore {
         let rules = rules.to_vec();
         self.group
             .alone(move |writer| async move {
-                writes::load_file_rules(writer.begin_write().await?, &rules).await
+                policy_admin::load_file_rules(writer.begin_write().await?, &rules).await
             })
             .await
     }
@@ -419,15 +440,9 @@ impl Store for SqliteStore {
         // On the write connection, between writes: what a submit would read now.
         let target = target.clone();
         self.group
-            .alone(move |writer| async move {
-                super::explain::explain(writer.begin_read()?, &target).await
-            })
-            .await
-    }
-
-    async fn probe(&self) -> Result<()> {
-        self.group
-            .alone(move |writer| async move { writer.probe() })
+            .alone(
+                move |writer| async move { explain::explain(writer.begin_read()?, &target).await },
+            )
             .await
     }
 }
@@ -673,8 +688,8 @@ mod tests {
     /// what reading them back returns.
     #[tokio::test]
     async fn the_calls_a_submit_answers_with_are_the_calls_stored() {
+        use crate::domain::SubmitResult;
         use crate::domain::Timestamp;
-        use crate::store::SubmitResult;
         let (_dir, _, store) = fresh().await;
         let mut batch = one_call("s", "plain");
         let mut rich = batch.calls[0].clone();

@@ -27,13 +27,13 @@ use crate::domain::{
     SessionId, Timestamp, ToolInput, ToolName,
 };
 use crate::error::{Error, Result, StorageFault};
+use crate::operations::{PolicyTx, Resolved, Stored, WriteTx, Writer};
 use crate::store::CommittedEvents;
 use crate::store::RevokeTarget;
 use crate::store::rows::{
     Columns, call_columns, call_from_row, event_from_row, grant_from_row, rule_from_row,
     select_calls, select_grants, select_rules, stored,
 };
-use crate::store::writes::{PolicyTx, Resolved, Stored, WriteTx, Writer};
 
 /// Both read a batch's pending calls through the index `calls_pending_batch` (migration 0005),
 /// never by walking every pending call of the store; a test checks the plans.
