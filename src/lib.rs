@@ -19,5 +19,6 @@ pub mod startup;
 pub mod store;
 pub mod stream_slots;
 pub mod telemetry;
+pub mod webhooks;
 
 pub use error::{Error, Result};

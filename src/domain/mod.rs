@@ -15,6 +15,7 @@ mod listing;
 mod outcome;
 pub mod policy;
 mod time;
+pub mod webhook;
 
 pub use batch::{MAX_BATCH_CALLS, NewBatch, OnDeny, SubmitItem, SubmitReport, SubmitResult};
 pub use call::{Call, CallKey, NewCall, Status};

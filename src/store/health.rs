@@ -14,7 +14,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use super::{Calls, CommittedEvents, Deadlines, EventLog, Policies, Store};
+use super::{Calls, CommittedEvents, Deadlines, EventLog, Policies, Store, Webhooks};
+use crate::domain::webhook::{Webhook, WebhookId};
 use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
@@ -229,6 +230,65 @@ impl Policies for Watched {
 
     async fn explain(&self, target: &ExplainTarget) -> Result<Explanation> {
         self.read(self.inner.explain(target).await)
+    }
+}
+
+#[async_trait]
+impl Webhooks for Watched {
+    async fn create_webhook(&self, hook: &Webhook) -> Result<Webhook> {
+        self.read(self.inner.create_webhook(hook).await)
+    }
+
+    async fn webhooks(&self) -> Result<Vec<Webhook>> {
+        self.read(self.inner.webhooks().await)
+    }
+
+    async fn webhook(&self, id: &WebhookId) -> Result<Webhook> {
+        self.read(self.inner.webhook(id).await)
+    }
+
+    async fn update_webhook(&self, hook: &Webhook) -> Result<Webhook> {
+        self.read(self.inner.update_webhook(hook).await)
+    }
+
+    async fn delete_webhook(&self, id: &WebhookId) -> Result<Webhook> {
+        self.read(self.inner.delete_webhook(id).await)
+    }
+
+    async fn load_file_webhooks(&self, hooks: &[Webhook], start_cursor: u64) -> Result<()> {
+        self.read(self.inner.load_file_webhooks(hooks, start_cursor).await)
+    }
+
+    async fn lease_webhook(
+        &self,
+        id: &WebhookId,
+        owner: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<bool> {
+        self.read(self.inner.lease_webhook(id, owner, now, until).await)
+    }
+
+    async fn release_webhook(&self, id: &WebhookId, owner: &str) -> Result<()> {
+        self.read(self.inner.release_webhook(id, owner).await)
+    }
+
+    async fn record_delivered(&self, id: &WebhookId, owner: &str, cursor: u64) -> Result<bool> {
+        self.read(self.inner.record_delivered(id, owner, cursor).await)
+    }
+
+    async fn record_failure(
+        &self,
+        id: &WebhookId,
+        owner: &str,
+        error: &str,
+        pause_after: u32,
+    ) -> Result<Option<Webhook>> {
+        self.read(
+            self.inner
+                .record_failure(id, owner, error, pause_after)
+                .await,
+        )
     }
 }
 

@@ -1,5 +1,5 @@
 //! Storage behind traits that speak the domain's language ([`Calls`], [`Deadlines`],
-//! [`EventLog`], [`Policies`]; [`Store`] is all of them). Every state change (a call accepted, a
+//! [`EventLog`], [`Policies`], [`Webhooks`]; [`Store`] is all of them). Every state change (a call accepted, a
 //! call resolved) is written in the same transaction as its event, and nothing is acknowledged
 //! before that transaction commits. The operations themselves are written once, in
 //! `crate::operations`; each backend owns its connections and SQL and runs them.
@@ -9,6 +9,7 @@ pub mod health;
 mod postgres;
 mod rows;
 mod sqlite;
+mod webhook_rows;
 
 use async_trait::async_trait;
 
@@ -18,6 +19,7 @@ use crate::domain::{
     DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,
     Timestamp, ToolResultTexts,
 };
+use crate::domain::webhook::{Webhook, WebhookId};
 use crate::error::Result;
 
 pub use postgres::PostgresStore;
@@ -25,9 +27,9 @@ pub use sqlite::{ProcessLock, SqliteStore, Synchronous};
 
 /// The broker's durable state: every part below, from one backend. What startup opens and the
 /// broker holds; each other part of the broker needs only the part it names.
-pub trait Store: Calls + Deadlines + EventLog + Policies {}
+pub trait Store: Calls + Deadlines + EventLog + Policies + Webhooks {}
 
-impl<T: Calls + Deadlines + EventLog + Policies> Store for T {}
+impl<T: Calls + Deadlines + EventLog + Policies + Webhooks> Store for T {}
 
 /// Calls: the writes of submit, decide and cancel (each one transaction, acknowledged only after
 /// it commits), and the reads the API answers from.
@@ -132,6 +134,61 @@ pub trait Policies: Send + Sync + 'static {
 
     /// What would decide `target` if it were submitted now, read as a submit reads it.
     async fn explain(&self, target: &ExplainTarget) -> Result<Explanation>;
+}
+
+/// Webhook endpoints and their delivery state. Writes that only a delivering process makes
+/// (cursor, failures) name its `owner` and change nothing unless it still holds the endpoint's
+/// lease, so a process that lost the lease cannot move the cursor of the one that took it.
+#[async_trait]
+pub trait Webhooks: Send + Sync + 'static {
+    /// Adds an endpoint; another one with its id is ALREADY_EXISTS.
+    async fn create_webhook(&self, hook: &Webhook) -> Result<Webhook>;
+
+    /// Every endpoint, by id.
+    async fn webhooks(&self) -> Result<Vec<Webhook>>;
+
+    /// One endpoint; NOT_FOUND when there is none with that id.
+    async fn webhook(&self, id: &WebhookId) -> Result<Webhook>;
+
+    /// Stores an endpoint's settings and state (not its cursor, which only delivery moves)
+    /// and returns it as stored; NOT_FOUND when there is none with that id.
+    async fn update_webhook(&self, hook: &Webhook) -> Result<Webhook>;
+
+    /// Removes an endpoint and returns it; NOT_FOUND when there is none with that id.
+    async fn delete_webhook(&self, id: &WebhookId) -> Result<Webhook>;
+
+    /// Makes the endpoints an earlier webhooks file loaded exactly `hooks`: new ones are added
+    /// (delivering from `start_cursor` on), existing ones get the file's settings and keep
+    /// their cursor, and file endpoints missing from `hooks` are removed. One transaction.
+    async fn load_file_webhooks(&self, hooks: &[Webhook], start_cursor: u64) -> Result<()>;
+
+    /// Takes (or extends) the lease on an endpoint for `owner` until `until`, if nobody else
+    /// holds one that runs past `now`. Whether `owner` holds it now.
+    async fn lease_webhook(
+        &self,
+        id: &WebhookId,
+        owner: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<bool>;
+
+    /// Gives a lease up (at shutdown), so another process need not wait for it to run out.
+    async fn release_webhook(&self, id: &WebhookId, owner: &str) -> Result<()>;
+
+    /// Records that every event up to `cursor` was delivered: the cursor moves (never back)
+    /// and the run of failures ends. Whether `owner` still held the lease.
+    async fn record_delivered(&self, id: &WebhookId, owner: &str, cursor: u64) -> Result<bool>;
+
+    /// Records a failed attempt; pauses the endpoint (with `error` as the reason) when this
+    /// makes `pause_after` failures in a row. The endpoint as it stands, if `owner` still held
+    /// the lease.
+    async fn record_failure(
+        &self,
+        id: &WebhookId,
+        owner: &str,
+        error: &str,
+        pause_after: u32,
+    ) -> Result<Option<Webhook>>;
 }
 
 /// Committed events, handed over by the writer (see [`EventLog::take_committed_events`]). Best

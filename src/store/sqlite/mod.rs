@@ -8,6 +8,7 @@
 //! `synchronous=FULL` by default: a commit is on disk before it is acknowledged, even across
 //! power loss.
 
+mod webhooks;
 mod write;
 
 use std::collections::BTreeMap;

@@ -314,6 +314,16 @@ impl WriteConnection {
         self.begin("BEGIN IMMEDIATE")
     }
 
+    /// One write transaction of plain statements, for the parts of the store that have no
+    /// operation of their own (webhook endpoints and their cursors): committed if `work`
+    /// succeeds, rolled back if it fails.
+    pub fn transact<T>(&self, work: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let tx = self.begin_write_now()?;
+        let value = work(tx.conn())?;
+        tx.commit_now()?;
+        Ok(value)
+    }
+
     /// A pragma's value on the write connection.
     #[cfg(test)]
     pub fn pragma(&self, name: &str) -> Result<String> {

@@ -1,0 +1,234 @@
+//! Webhook endpoints on SQLite: read through the readers, written on the one writer thread,
+//! each write its own small transaction. One broker process serves a SQLite file, so the lease
+//! is always this process's; it is kept anyway, so the delivery code is the same everywhere.
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension as _, params};
+
+use super::SqliteStore;
+use crate::domain::Timestamp;
+use crate::domain::webhook::{Webhook, WebhookId};
+use crate::error::Result;
+use crate::store::Webhooks;
+use crate::store::webhook_rows::{
+    DELETE_WEBHOOK, INSERT_WEBHOOK, LEASE_WEBHOOK, RECORD_DELIVERED, RECORD_FAILURE,
+    RELEASE_WEBHOOK, SELECT_FILE_WEBHOOK_IDS, SELECT_WEBHOOK, SELECT_WEBHOOKS, UPDATE_WEBHOOK,
+    UPSERT_FILE_WEBHOOK, WebhookRow, already_exists, not_found, pause_reason, webhook_from_row,
+};
+
+/// Inserts `hook` with `sql` (either insert statement); how many rows it wrote.
+fn insert(conn: &Connection, sql: &str, hook: &Webhook) -> Result<usize> {
+    let r = WebhookRow::of(hook);
+    Ok(conn.prepare_cached(sql)?.execute(params![
+        r.id,
+        r.url,
+        r.secret,
+        r.event_kinds,
+        r.tool,
+        r.workspace,
+        r.agent,
+        r.format,
+        r.max_in_flight,
+        r.paused_reason,
+        r.last_error,
+        r.consecutive_failures,
+        r.cursor,
+        r.from_file,
+        r.created_at,
+    ])?)
+}
+
+fn stored(conn: &Connection, id: &WebhookId) -> Result<Option<Webhook>> {
+    conn.prepare_cached(SELECT_WEBHOOK)?
+        .query_row(params![id.as_str()], |row| {
+            Ok(webhook_from_row(row).map_err(|e| e.to_string()))
+        })
+        .optional()?
+        .map(|decoded| decoded.map_err(crate::Error::Internal))
+        .transpose()
+}
+
+#[async_trait]
+impl Webhooks for SqliteStore {
+    async fn create_webhook(&self, hook: &Webhook) -> Result<Webhook> {
+        let hook = hook.clone();
+        self.group
+            .alone(move |writer| async move {
+                writer.transact(|conn| {
+                    if insert(conn, INSERT_WEBHOOK, &hook)? == 0 {
+                        return Err(already_exists(&hook.id));
+                    }
+                    stored(conn, &hook.id)?.ok_or_else(|| not_found(&hook.id))
+                })
+            })
+            .await
+    }
+
+    async fn webhooks(&self) -> Result<Vec<Webhook>> {
+        let rows = sqlx::query(SELECT_WEBHOOKS)
+            .fetch_all(&self.reader)
+            .await?;
+        rows.iter().map(webhook_from_row).collect()
+    }
+
+    async fn webhook(&self, id: &WebhookId) -> Result<Webhook> {
+        let row = sqlx::query(SELECT_WEBHOOK)
+            .bind(id.as_str())
+            .fetch_optional(&self.reader)
+            .await?;
+        row.as_ref()
+            .map(webhook_from_row)
+            .transpose()?
+            .ok_or_else(|| not_found(id))
+    }
+
+    async fn update_webhook(&self, hook: &Webhook) -> Result<Webhook> {
+        let hook = hook.clone();
+        self.group
+            .alone(move |writer| async move {
+                writer.transact(|conn| {
+                    let r = WebhookRow::of(&hook);
+                    let updated = conn.prepare_cached(UPDATE_WEBHOOK)?.execute(params![
+                        r.url,
+                        r.secret,
+                        r.event_kinds,
+                        r.tool,
+                        r.workspace,
+                        r.agent,
+                        r.format,
+                        r.max_in_flight,
+                        r.paused_reason,
+                        r.consecutive_failures,
+                        r.from_file,
+                        r.id,
+                    ])?;
+                    if updated == 0 {
+                        return Err(not_found(&hook.id));
+                    }
+                    stored(conn, &hook.id)?.ok_or_else(|| not_found(&hook.id))
+                })
+            })
+            .await
+    }
+
+    async fn delete_webhook(&self, id: &WebhookId) -> Result<Webhook> {
+        let id = id.clone();
+        self.group
+            .alone(move |writer| async move {
+                writer.transact(|conn| {
+                    let hook = stored(conn, &id)?.ok_or_else(|| not_found(&id))?;
+                    conn.prepare_cached(DELETE_WEBHOOK)?
+                        .execute(params![id.as_str()])?;
+                    Ok(hook)
+                })
+            })
+            .await
+    }
+
+    async fn load_file_webhooks(&self, hooks: &[Webhook], start_cursor: u64) -> Result<()> {
+        let hooks = hooks.to_vec();
+        self.group
+            .alone(move |writer| async move {
+                writer.transact(|conn| {
+                    let earlier: Vec<String> = conn
+                        .prepare_cached(SELECT_FILE_WEBHOOK_IDS)?
+                        .query_map([], |row| row.get(0))?
+                        .collect::<rusqlite::Result<_>>()?;
+                    for id in earlier {
+                        if !hooks.iter().any(|h| h.id.as_str() == id) {
+                            conn.prepare_cached(DELETE_WEBHOOK)?.execute(params![id])?;
+                        }
+                    }
+                    for hook in &hooks {
+                        let hook = Webhook {
+                            cursor: start_cursor,
+                            from_file: true,
+                            ..hook.clone()
+                        };
+                        insert(conn, UPSERT_FILE_WEBHOOK, &hook)?;
+                    }
+                    Ok(())
+                })
+            })
+            .await
+    }
+
+    async fn lease_webhook(
+        &self,
+        id: &WebhookId,
+        owner: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<bool> {
+        let (id, owner) = (id.clone(), owner.to_owned());
+        self.group
+            .alone(move |writer| async move {
+                writer.transact(|conn| {
+                    let leased = conn.prepare_cached(LEASE_WEBHOOK)?.execute(params![
+                        owner,
+                        until.as_micros(),
+                        id.as_str(),
+                        now.as_micros(),
+                    ])?;
+                    Ok(leased == 1)
+                })
+            })
+            .await
+    }
+
+    async fn release_webhook(&self, id: &WebhookId, owner: &str) -> Result<()> {
+        let (id, owner) = (id.clone(), owner.to_owned());
+        self.group
+            .alone(move |writer| async move {
+                writer.transact(|conn| {
+                    conn.prepare_cached(RELEASE_WEBHOOK)?
+                        .execute(params![id.as_str(), owner])?;
+                    Ok(())
+                })
+            })
+            .await
+    }
+
+    async fn record_delivered(&self, id: &WebhookId, owner: &str, cursor: u64) -> Result<bool> {
+        let (id, owner) = (id.clone(), owner.to_owned());
+        self.group
+            .alone(move |writer| async move {
+                writer.transact(|conn| {
+                    let updated = conn.prepare_cached(RECORD_DELIVERED)?.execute(params![
+                        cursor as i64,
+                        id.as_str(),
+                        owner,
+                    ])?;
+                    Ok(updated == 1)
+                })
+            })
+            .await
+    }
+
+    async fn record_failure(
+        &self,
+        id: &WebhookId,
+        owner: &str,
+        error: &str,
+        pause_after: u32,
+    ) -> Result<Option<Webhook>> {
+        let (id, owner, error) = (id.clone(), owner.to_owned(), error.to_owned());
+        self.group
+            .alone(move |writer| async move {
+                writer.transact(|conn| {
+                    let updated = conn.prepare_cached(RECORD_FAILURE)?.execute(params![
+                        error,
+                        i64::from(pause_after),
+                        pause_reason(pause_after, &error),
+                        id.as_str(),
+                        owner,
+                    ])?;
+                    if updated == 0 {
+                        return Ok(None);
+                    }
+                    stored(conn, &id)
+                })
+            })
+            .await
+    }
+}

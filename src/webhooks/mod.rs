@@ -1,0 +1,205 @@
+//! Webhooks: every committed event, POSTed to the endpoints that want it, from the durable
+//! event log. Each endpoint has a cursor in the store (the last event delivered) and, while it is
+//! active, one delivery task in one broker process: the process holding its lease (a row
+//! lease, so exactly one Postgres replica delivers an endpoint at a time, and another takes
+//! over when a lease runs out). Delivery is at least once and in order per call; see
+//! `delivery`. The RPC paths never wait on a webhook: they only commit events, which delivery
+//! reads after the fact.
+//!
+//! - this file: the [`Dispatcher`], which starts and stops delivery tasks as endpoints are
+//!   created, paused, resumed and deleted (on any replica), and sends test events;
+//! - `delivery`: one endpoint's delivery task (batches, retries, backoff, pausing);
+//! - `payload`: the bodies (CloudEvents, Slack); `signature`: Standard Webhooks signing;
+//! - `http`: the HTTP client.
+
+mod delivery;
+mod http;
+pub mod payload;
+pub mod signature;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::json;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+use crate::domain::Timestamp;
+use crate::domain::webhook::{PayloadFormat, Webhook, WebhookId, WebhookState};
+use crate::error::Result;
+use crate::events::EventBus;
+use crate::store::Store;
+
+/// How often the dispatcher reads the endpoints (to notice other replicas' changes and leases
+/// that ran out); local changes wake it at once.
+const SCAN_EVERY: Duration = Duration::from_secs(1);
+
+/// How delivery behaves (`--webhook-*` settings).
+#[derive(Debug, Clone)]
+pub struct DeliverySettings {
+    /// Failed attempts in a row after which an endpoint is paused.
+    pub pause_after: u32,
+    /// The first retry's delay; each further one doubles, up to `retry_max`, with jitter.
+    pub retry_min: Duration,
+    pub retry_max: Duration,
+    /// How long one request may take, connecting included.
+    pub timeout: Duration,
+    /// How long a lease lasts without renewal: how soon another replica takes over an
+    /// endpoint after the one delivering it died.
+    pub lease: Duration,
+    /// The inbox's base URL, for the links in Slack messages.
+    pub inbox_url: Option<String>,
+}
+
+impl Default for DeliverySettings {
+    fn default() -> Self {
+        Self {
+            pause_after: 50,
+            retry_min: Duration::from_secs(1),
+            retry_max: Duration::from_secs(300),
+            timeout: Duration::from_secs(10),
+            lease: Duration::from_secs(15),
+            inbox_url: None,
+        }
+    }
+}
+
+/// Starts and stops the delivery tasks of this process.
+pub struct Dispatcher {
+    store: Arc<dyn Store>,
+    bus: Arc<EventBus>,
+    settings: DeliverySettings,
+    /// This process's name in leases.
+    owner: String,
+    changed: Notify,
+    workers: Mutex<HashMap<WebhookId, Worker>>,
+}
+
+/// A running delivery task, and where it learns of changes to its endpoint.
+struct Worker {
+    config: watch::Sender<Option<Webhook>>,
+    task: JoinHandle<()>,
+}
+
+impl Dispatcher {
+    pub fn new(store: Arc<dyn Store>, bus: Arc<EventBus>, settings: DeliverySettings) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            bus,
+            settings,
+            owner: uuid::Uuid::new_v4().simple().to_string(),
+            changed: Notify::new(),
+            workers: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Tells the dispatcher that an endpoint was created, changed or deleted here.
+    pub fn endpoints_changed(&self) {
+        self.changed.notify_one();
+    }
+
+    /// Keeps the delivery tasks in line with the stored endpoints until the task is dropped.
+    pub async fn run(self: Arc<Self>) {
+        loop {
+            if let Err(err) = self.scan().await {
+                tracing::warn!(error = %err, "reading the webhook endpoints failed; retrying");
+            }
+            tokio::select! {
+                _ = self.changed.notified() => {}
+                _ = tokio::time::sleep(SCAN_EVERY) => {}
+            }
+        }
+    }
+
+    /// Hands every running task its endpoint as stored now (`None`: deleted), and starts a
+    /// task for each active endpoint without one whose lease this process gets.
+    async fn scan(self: &Arc<Self>) -> Result<()> {
+        let hooks = self.store.webhooks().await?;
+        let candidates: Vec<Webhook> = {
+            let mut workers = self.workers.lock().unwrap_or_else(PoisonError::into_inner);
+            workers.retain(|_, worker| !worker.task.is_finished());
+            for (id, worker) in workers.iter() {
+                let stored = hooks.iter().find(|h| &h.id == id).cloned();
+                worker.config.send_replace(stored);
+            }
+            hooks
+                .into_iter()
+                .filter(|h| h.state == WebhookState::Active && !workers.contains_key(&h.id))
+                .collect()
+        };
+        for hook in candidates {
+            let now = Timestamp::now();
+            let until = now.saturating_add(self.settings.lease);
+            if !self
+                .store
+                .lease_webhook(&hook.id, &self.owner, now, until)
+                .await?
+            {
+                continue;
+            }
+            // Read again under the lease: the cursor may have moved since the list was read.
+            let hook = self.store.webhook(&hook.id).await?;
+            let (config, watched) = watch::channel(Some(hook.clone()));
+            let id = hook.id.clone();
+            let task = match delivery::Delivery::start(self, hook, watched, until) {
+                Ok(delivery) => tokio::spawn(delivery.run()),
+                Err(err) => {
+                    tracing::warn!(webhook = %id, error = %err, "cannot deliver to this webhook");
+                    self.store.release_webhook(&id, &self.owner).await?;
+                    continue;
+                }
+            };
+            tracing::info!(webhook = %id, "delivering webhook events");
+            self.workers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(id, Worker { config, task });
+        }
+        Ok(())
+    }
+
+    /// Stops every delivery task and gives their leases up, so another replica takes over at
+    /// once rather than when the leases run out. Events in flight are delivered again there.
+    pub async fn stop(&self) {
+        let workers: Vec<(WebhookId, Worker)> = self
+            .workers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .collect();
+        for (id, worker) in workers {
+            worker.task.abort();
+            let _ = worker.task.await;
+            if let Err(err) = self.store.release_webhook(&id, &self.owner).await {
+                tracing::warn!(webhook = %id, error = %err, "cannot release the webhook's lease");
+            }
+        }
+    }
+
+    /// POSTs a test message to `hook` now and says how it went (`Err`: why it failed). Its
+    /// `webhook-id` is new each time and it changes nothing stored.
+    pub async fn send_test_event(&self, hook: &Webhook) -> std::result::Result<String, String> {
+        let id = format!("test_{}", uuid::Uuid::now_v7().simple());
+        let body = match hook.format {
+            PayloadFormat::CloudEvents => json!({
+                "specversion": "1.0",
+                "id": id,
+                "source": "approval-broker",
+                "type": "approvals.v1.test",
+                "time": payload::rfc3339(Timestamp::now()),
+                "datacontenttype": "application/json",
+                "data": {"webhook": hook.id.as_str(), "message": "A test event from the approval broker."},
+            }),
+            PayloadFormat::Slack => json!({
+                "text": format!("A test message from the approval broker (webhook `{}`).", hook.id),
+            }),
+        };
+        let body = serde_json::to_vec(&body).expect("JSON values always serialise");
+        let client = http::Client::new(&hook.url, self.settings.timeout)?;
+        let message = delivery::sign(hook, id.clone(), Bytes::from(body));
+        client.post(&message).await?;
+        Ok(id)
+    }
+}

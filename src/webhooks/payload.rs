@@ -1,0 +1,173 @@
+//! What an endpoint receives for an event: a CloudEvents 1.0 JSON event, or a Slack
+//! incoming-webhook message. Built from the event alone, so a retry sends the same body (only
+//! the signature's timestamp changes). A Slack message never carries the tool input: it goes to
+//! a chat channel, and the inbox link is where the input is shown.
+
+use serde_json::{Value, json};
+
+use crate::domain::webhook::PayloadFormat;
+use crate::domain::{Call, Event, EventKind, Timestamp};
+
+/// The CloudEvents `source` of every event.
+const SOURCE: &str = "approval-broker";
+
+/// The message id of an event, the same on every attempt (`webhook-id`, CloudEvents `id`).
+pub fn message_id(event: &Event) -> String {
+    format!("evt_{}", event.seq)
+}
+
+/// The body of `event` in `format`; `inbox_url` is the inbox's base URL for links.
+pub fn body(event: &Event, format: PayloadFormat, inbox_url: Option<&str>) -> Vec<u8> {
+    let value = match format {
+        PayloadFormat::CloudEvents => cloud_event(event),
+        PayloadFormat::Slack => slack_message(event, inbox_url),
+    };
+    serde_json::to_vec(&value).expect("JSON values always serialise")
+}
+
+/// The CloudEvents `type` of an event kind.
+pub fn event_type(kind: EventKind) -> &'static str {
+    match kind {
+        EventKind::Requested => "approvals.v1.call.requested",
+        EventKind::Resolved => "approvals.v1.call.resolved",
+    }
+}
+
+fn cloud_event(event: &Event) -> Value {
+    let call = &event.call;
+    let time = match (&event.kind, &call.outcome) {
+        (EventKind::Resolved, Some(outcome)) => outcome.decided_at,
+        _ => call.created_at,
+    };
+    json!({
+        "specversion": "1.0",
+        "id": message_id(event),
+        "source": SOURCE,
+        "type": event_type(event.kind),
+        "subject": format!("{}/{}/{}", call.key.agent, call.key.session, call.key.call_id),
+        "time": rfc3339(time),
+        "datacontenttype": "application/json",
+        "data": call_data(event),
+    })
+}
+
+fn call_data(event: &Event) -> Value {
+    let call = &event.call;
+    let input: Value = serde_json::from_str(call.input.as_str()).unwrap_or(Value::Null);
+    let mut data = json!({
+        "seq": event.seq,
+        "agent": call.key.agent.as_str(),
+        "session_id": call.key.session.as_str(),
+        "call_id": call.key.call_id.as_str(),
+        "batch_id": call.batch_id.as_str(),
+        "position": call.position,
+        "batch_size": call.batch_size,
+        "tool": call.tool.as_str(),
+        "input": input,
+        "title": call.title,
+        "message": call.message,
+        "workspace": call.workspace,
+        "created_at": rfc3339(call.created_at),
+        "deadline": call.deadline.map(rfc3339),
+        "status": status(call),
+    });
+    if let Some(outcome) = &call.outcome {
+        data["outcome"] = json!({
+            "status": outcome.kind.to_string(),
+            "decided_by": outcome.decided_by.to_string(),
+            "decided_at": rfc3339(outcome.decided_at),
+            "reason": outcome.reason,
+            "input_edited": outcome.input_edited,
+        });
+        data["batch_completed"] = json!(event.batch_completed);
+    }
+    data
+}
+
+fn status(call: &Call) -> String {
+    match &call.outcome {
+        None => "PENDING".into(),
+        Some(outcome) => outcome.kind.to_string(),
+    }
+}
+
+/// A Slack incoming-webhook message: `text` (the summary, which Slack shows in notifications)
+/// and one `section` block with the same text.
+fn slack_message(event: &Event, inbox_url: Option<&str>) -> Value {
+    let call = &event.call;
+    let what = if call.title.is_empty() {
+        format!("`{}`", escape(call.tool.as_str()))
+    } else {
+        format!("{} (`{}`)", escape(&call.title), escape(call.tool.as_str()))
+    };
+    let who = format!(
+        "agent {} · session {}",
+        escape(call.key.agent.as_str()),
+        escape(call.key.session.as_str())
+    );
+    let mut text = match (&event.kind, &call.outcome) {
+        (EventKind::Resolved, Some(outcome)) => format!(
+            "{}: {what} ({who}), decided by {}",
+            outcome.kind,
+            escape(&outcome.decided_by.to_string())
+        ),
+        _ => format!("Approval requested: {what} ({who})"),
+    };
+    if let Some(base) = inbox_url {
+        text.push_str(&format!(" <{}|Open in the inbox>", inbox_link(base, call)));
+    }
+    json!({
+        "text": text,
+        "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text}}],
+    })
+}
+
+/// The inbox's page for a call: `<base>/#call/<agent>/<session>/<call>`.
+pub fn inbox_link(base: &str, call: &Call) -> String {
+    format!(
+        "{}/#call/{}/{}/{}",
+        base.trim_end_matches('/'),
+        percent(call.key.agent.as_str()),
+        percent(call.key.session.as_str()),
+        percent(call.key.call_id.as_str())
+    )
+}
+
+/// Escapes what Slack's mrkdwn treats as markup (its documented three).
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// Percent-encodes all but unreserved characters, so an id cannot break the link or its
+/// `<url|label>` markup.
+fn percent(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A timestamp as RFC 3339 UTC with microseconds.
+pub fn rfc3339(time: Timestamp) -> String {
+    let micros = time.as_micros().max(0) as u64;
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_micros(micros);
+    humantime::format_rfc3339_micros(at).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_percent_encoded_in_inbox_links() {
+        assert_eq!(percent("a b/c|d"), "a%20b%2Fc%7Cd");
+        assert_eq!(escape("<x> & y"), "&lt;x&gt; &amp; y");
+    }
+}
