@@ -102,6 +102,39 @@ pub struct Config {
     #[arg(long, env = "APPROVALS_POLICY_FILE")]
     pub policy_file: Option<std::path::PathBuf>,
 
+    /// A JSON file of webhook endpoints, loaded at start:
+    /// `{"webhooks": [{"id", "url", "secret", "event_kinds", "tool", "workspace", "agent",
+    /// "format", "max_in_flight"}]}`. Its endpoints replace those an earlier file loaded (each
+    /// keeps its cursor); endpoints made with CreateWebhook stay.
+    #[arg(long, env = "APPROVALS_WEBHOOKS_FILE")]
+    pub webhooks_file: Option<std::path::PathBuf>,
+
+    /// Failed deliveries in a row after which a webhook endpoint is paused.
+    #[arg(long, env = "APPROVALS_WEBHOOK_PAUSE_AFTER", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    pub webhook_pause_after: u32,
+
+    /// The first webhook retry's delay; each further one doubles (with jitter).
+    #[arg(long, env = "APPROVALS_WEBHOOK_RETRY_MIN", default_value = "1s", value_parser = parse_duration)]
+    pub webhook_retry_min: Duration,
+
+    /// The longest delay between webhook retries.
+    #[arg(long, env = "APPROVALS_WEBHOOK_RETRY_MAX", default_value = "5m", value_parser = parse_duration)]
+    pub webhook_retry_max: Duration,
+
+    /// How long one webhook request may take, connecting included.
+    #[arg(long, env = "APPROVALS_WEBHOOK_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub webhook_timeout: Duration,
+
+    /// How long a replica's claim on delivering a webhook endpoint lasts without renewal: how
+    /// soon another replica takes over after it died.
+    #[arg(long, env = "APPROVALS_WEBHOOK_LEASE", default_value = "15s", value_parser = parse_duration)]
+    pub webhook_lease: Duration,
+
+    /// The inbox's base URL as people open it (`https://approvals.example.com`), for the
+    /// links to calls in Slack-format webhook messages.
+    #[arg(long, env = "APPROVALS_WEBHOOKS_INBOX_URL")]
+    pub webhooks_inbox_url: Option<String>,
+
     /// A PEM certificate chain to serve TLS with (needs --tls-key).
     #[arg(long, env = "APPROVALS_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<std::path::PathBuf>,
@@ -351,6 +384,34 @@ impl Config {
         crate::domain::policy::parse_policy_file(&text, self.max_input_bytes)
             .map(Some)
             .map_err(|e| crate::Error::invalid(setting, format!("{}: {e}", path.display())))
+    }
+}
+
+impl Config {
+    /// The endpoints of `--webhooks-file`, if one is set. An unreadable or invalid file is an
+    /// error naming the setting and the endpoint at fault.
+    pub fn webhooks_file(&self) -> crate::Result<Option<Vec<crate::domain::webhook::Webhook>>> {
+        let Some(path) = &self.webhooks_file else {
+            return Ok(None);
+        };
+        let setting = "--webhooks-file / APPROVALS_WEBHOOKS_FILE";
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            crate::Error::invalid(setting, format!("cannot read {}: {e}", path.display()))
+        })?;
+        crate::domain::webhook::parse_webhooks_file(&text)
+            .map(Some)
+            .map_err(|e| crate::Error::invalid(setting, format!("{}: {e}", path.display())))
+    }
+
+    pub fn webhook_delivery(&self) -> crate::webhooks::DeliverySettings {
+        crate::webhooks::DeliverySettings {
+            pause_after: self.webhook_pause_after,
+            retry_min: self.webhook_retry_min,
+            retry_max: self.webhook_retry_max.max(self.webhook_retry_min),
+            timeout: self.webhook_timeout,
+            lease: self.webhook_lease,
+            inbox_url: self.webhooks_inbox_url.clone(),
+        }
     }
 }
 

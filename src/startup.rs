@@ -24,6 +24,7 @@ use crate::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi, refle
 use crate::proto::{self, v1 as pb};
 use crate::store;
 use crate::store::health::{self, StorageHealth, Watched};
+use crate::webhooks::Dispatcher;
 
 use pb::admin_service_server::AdminServiceServer;
 use pb::agent_service_server::AgentServiceServer;
@@ -40,6 +41,7 @@ pub async fn run(
 ) -> Result<()> {
     // An invalid policy file stops the broker before anything else happens.
     let policy_rules = config.policy_rules()?;
+    let file_webhooks = config.webhooks_file()?;
     let reply_limit = config.reply_limit()?;
     // Held until the server stops (or its task is dropped): one broker per SQLite file.
     let _only_broker = store::claim(&config.store_options())?;
@@ -52,7 +54,15 @@ pub async fn run(
         store.load_file_rules(rules).await?;
         tracing::info!(rules = rules.len(), "policy file loaded");
     }
+    if let Some(hooks) = &file_webhooks {
+        // Endpoints new to the file receive the events committed from now on.
+        store
+            .load_file_webhooks(hooks, store.latest_seq().await?)
+            .await?;
+        tracing::info!(webhooks = hooks.len(), "webhooks file loaded");
+    }
     let bus = EventBus::new(store.clone(), config.event_buffer as usize).await?;
+    let dispatcher = Dispatcher::new(store.clone(), Arc::clone(&bus), config.webhook_delivery());
     let sweeper = DeadlineSweeper::new(store.clone(), Arc::clone(&bus));
     // Calls that fell due while the broker was down expire before anything is served.
     sweeper.expire_due().await?;
@@ -61,10 +71,14 @@ pub async fn run(
         tokio::spawn(Arc::clone(&sweeper).run()),
         tokio::spawn(count_pending(store.clone())),
         tokio::spawn(health::probe_while_open(Arc::clone(&store))),
+        tokio::spawn(Arc::clone(&dispatcher).run()),
     ];
 
     let (stop, stopping) = watch::channel(false);
-    let broker = Arc::new(Broker::new(store, bus, sweeper, config.limits(), stopping));
+    let broker = Arc::new(
+        Broker::new(store, bus, sweeper, config.limits(), stopping)
+            .with_webhooks(Arc::clone(&dispatcher)),
+    );
 
     let tokens = config.tokens()?.map(Arc::new);
     match &tokens {
@@ -189,6 +203,7 @@ pub async fn run(
     for task in background {
         task.abort();
     }
+    dispatcher.stop().await;
     storage_health.abort();
     if served.is_ok() {
         tracing::info!("stopped");

@@ -7,7 +7,8 @@
 //! - this file: the writes (submit, decide, cancel) and the stream slots;
 //! - `reads`: what the API reads (calls, batches, grants, rules, the event log's head);
 //! - `policy`: grant and rule administration, and Explain;
-//! - `prejudge`: matching large inputs off the store's writer.
+//! - `prejudge`: matching large inputs off the store's writer;
+//! - `webhooks`: webhook endpoint administration.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,10 +26,12 @@ use crate::expiry::DeadlineSweeper;
 use crate::meters::{self, StreamKind};
 use crate::store::Store;
 use crate::stream_slots::{StreamSlot, StreamSlots};
+use crate::webhooks::Dispatcher;
 
 mod policy;
 mod prejudge;
 mod reads;
+mod webhooks;
 
 pub use prejudge::PREJUDGE_FROM_BYTES;
 
@@ -59,6 +62,8 @@ pub struct Broker {
     agent_streams: Arc<StreamSlots>,
     subscribers: Arc<StreamSlots>,
     stopping: watch::Receiver<bool>,
+    /// Webhook delivery, told of endpoint changes; `None` where nothing delivers (unit tests).
+    webhooks: Option<Arc<Dispatcher>>,
 }
 
 impl Broker {
@@ -87,7 +92,14 @@ impl Broker {
             sweeper,
             limits,
             stopping,
+            webhooks: None,
         }
+    }
+
+    /// The broker with webhook delivery, which it tells of endpoint changes.
+    pub fn with_webhooks(mut self, dispatcher: Arc<Dispatcher>) -> Self {
+        self.webhooks = Some(dispatcher);
+        self
     }
 
     /// A slot for a new agent stream; refused while draining or when all are taken.

@@ -182,7 +182,10 @@ impl WebhookFilter {
         let call = &event.call;
         (self.kinds.is_empty() || self.kinds.contains(&event.kind))
             && self.tool.as_deref().is_none_or(|t| t == call.tool.as_str())
-            && self.workspace.as_deref().is_none_or(|w| w == call.workspace)
+            && self
+                .workspace
+                .as_deref()
+                .is_none_or(|w| w == call.workspace)
             && self
                 .agent
                 .as_deref()
@@ -235,7 +238,9 @@ pub enum WebhookState {
     Active,
     /// Nothing is delivered until an operator resumes it; events keep accumulating after its
     /// cursor and are delivered then.
-    Paused { reason: String },
+    Paused {
+        reason: String,
+    },
 }
 
 /// One endpoint, with its delivery state.

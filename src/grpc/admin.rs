@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::oversize::{self, Room};
+use super::webhook_messages::{self as hooks, Secret};
 use super::{paging, parse, render};
 use crate::auth::Caller;
 use crate::broker::Broker;
@@ -149,5 +150,70 @@ impl pb::admin_service_server::AdminService for AdminApi {
             reply,
             self.broker.limits().max_reply_bytes,
         )))
+    }
+
+    async fn create_webhook(
+        &self,
+        request: Request<pb::CreateWebhookRequest>,
+    ) -> Result<Response<pb::Webhook>, Status> {
+        let hook = hooks::new_webhook(request.into_inner())?;
+        let stored = self.broker.create_webhook(hook).await?;
+        Ok(Response::new(hooks::webhook(&stored, Secret::Reveal)))
+    }
+
+    async fn list_webhooks(
+        &self,
+        _request: Request<pb::ListWebhooksRequest>,
+    ) -> Result<Response<pb::ListWebhooksResponse>, Status> {
+        let webhooks = self.broker.webhooks().await?;
+        Ok(Response::new(pb::ListWebhooksResponse {
+            webhooks: webhooks
+                .iter()
+                .map(|h| hooks::webhook(h, Secret::Mask))
+                .collect(),
+        }))
+    }
+
+    async fn update_webhook(
+        &self,
+        request: Request<pb::UpdateWebhookRequest>,
+    ) -> Result<Response<pb::Webhook>, Status> {
+        let (id, change) = hooks::change(request.into_inner())?;
+        let secret = if change.secret.is_some() {
+            Secret::Reveal
+        } else {
+            Secret::Mask
+        };
+        let stored = self.broker.update_webhook(&id, change).await?;
+        Ok(Response::new(hooks::webhook(&stored, secret)))
+    }
+
+    async fn delete_webhook(
+        &self,
+        request: Request<pb::DeleteWebhookRequest>,
+    ) -> Result<Response<pb::Webhook>, Status> {
+        let id = hooks::webhook_id("id", &request.into_inner().id)?;
+        let deleted = self.broker.delete_webhook(&id).await?;
+        Ok(Response::new(hooks::webhook(&deleted, Secret::Mask)))
+    }
+
+    async fn send_test_event(
+        &self,
+        request: Request<pb::SendTestEventRequest>,
+    ) -> Result<Response<pb::SendTestEventResponse>, Status> {
+        let id = hooks::webhook_id("id", &request.into_inner().id)?;
+        let reply = match self.broker.send_test_event(&id).await? {
+            Ok(message_id) => pb::SendTestEventResponse {
+                delivered: true,
+                message_id,
+                error: String::new(),
+            },
+            Err(error) => pb::SendTestEventResponse {
+                delivered: false,
+                message_id: String::new(),
+                error,
+            },
+        };
+        Ok(Response::new(reply))
     }
 }

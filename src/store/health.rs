@@ -15,8 +15,8 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use super::{Calls, CommittedEvents, Deadlines, EventLog, Policies, Store, Webhooks};
-use crate::domain::webhook::{Webhook, WebhookId};
 use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
+use crate::domain::webhook::{Webhook, WebhookId};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
     DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,

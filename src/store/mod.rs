@@ -14,12 +14,12 @@ mod webhook_rows;
 use async_trait::async_trait;
 
 use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
+use crate::domain::webhook::{Webhook, WebhookId};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
     DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,
     Timestamp, ToolResultTexts,
 };
-use crate::domain::webhook::{Webhook, WebhookId};
 use crate::error::Result;
 
 pub use postgres::PostgresStore;

@@ -138,11 +138,17 @@ impl Delivery {
             if let Err(stop) = self.deliver_batch(admitted).await {
                 return stop;
             }
-            match self.store.record_delivered(&self.id, &self.owner, last).await {
+            match self
+                .store
+                .record_delivered(&self.id, &self.owner, last)
+                .await
+            {
                 Ok(true) => {}
                 Ok(false) => return Stop::LeaseLost,
                 // Delivered, only not recorded: a restart delivers these again.
-                Err(err) => tracing::warn!(webhook = %self.id, error = %err, "cannot store the webhook cursor"),
+                Err(err) => {
+                    tracing::warn!(webhook = %self.id, error = %err, "cannot store the webhook cursor")
+                }
             }
         }
     }
@@ -172,7 +178,11 @@ impl Delivery {
     async fn renew_lease(&mut self) -> Result<(), Stop> {
         let now = Timestamp::now();
         let until = now.saturating_add(self.settings.lease);
-        match self.store.lease_webhook(&self.id, &self.owner, now, until).await {
+        match self
+            .store
+            .lease_webhook(&self.id, &self.owner, now, until)
+            .await
+        {
             Ok(true) => {
                 self.leased_until = until;
                 Ok(())
@@ -315,10 +325,20 @@ mod tests {
             retry_max: Duration::from_secs(1),
             ..DeliverySettings::default()
         };
-        for (failures, cap) in [(1, 100), (2, 200), (3, 400), (4, 800), (5, 1000), (60, 1000)] {
+        for (failures, cap) in [
+            (1, 100),
+            (2, 200),
+            (3, 400),
+            (4, 800),
+            (5, 1000),
+            (60, 1000),
+        ] {
             let wait = backoff(&settings, failures);
             let cap = Duration::from_millis(cap);
-            assert!(wait <= cap && wait >= cap / 2, "{failures}: {wait:?} vs {cap:?}");
+            assert!(
+                wait <= cap && wait >= cap / 2,
+                "{failures}: {wait:?} vs {cap:?}"
+            );
         }
     }
 }

@@ -49,11 +49,12 @@ fn tls() -> TlsConnector {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
         };
         // One provider named here, whatever other crates enable: rustls refuses to guess.
-        let config = ClientConfig::builder_with_provider(Arc::new(crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default protocol versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let config =
+            ClientConfig::builder_with_provider(Arc::new(crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .expect("ring supports the default protocol versions")
+                .with_root_certificates(roots)
+                .with_no_client_auth();
         TlsConnector::from(Arc::new(config))
     })
     .clone()
@@ -88,15 +89,14 @@ impl Client {
             None => self.connect().await?,
         };
         let authority = self.url.authority().map(|a| a.as_str()).unwrap_or_default();
-        let path = self
-            .url
-            .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/");
+        let path = self.url.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         let request = Request::post(path)
             .header(HOST, authority)
             .header(CONTENT_TYPE, message.content_type)
-            .header(USER_AGENT, HeaderValue::from_static(concat!("approval-broker/", env!("CARGO_PKG_VERSION"))))
+            .header(
+                USER_AGENT,
+                HeaderValue::from_static(concat!("approval-broker/", env!("CARGO_PKG_VERSION"))),
+            )
             .header("webhook-id", &message.id)
             .header("webhook-timestamp", message.timestamp.to_string())
             .header("webhook-signature", &message.signature)
@@ -111,7 +111,7 @@ impl Client {
             .collect()
             .await
             .map(|b| b.to_bytes());
-        if let Ok(_) = &body {
+        if body.is_ok() {
             self.keep(sender);
         }
         if status.is_success() {
@@ -144,10 +144,7 @@ impl Client {
         let host = self.url.host().ok_or("the URL has no host")?;
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let https = self.url.scheme_str() == Some("https");
-        let port = self
-            .url
-            .port_u16()
-            .unwrap_or(if https { 443 } else { 80 });
+        let port = self.url.port_u16().unwrap_or(if https { 443 } else { 80 });
         let tcp = TcpStream::connect((host, port))
             .await
             .map_err(|e| format!("cannot connect to {host}:{port}: {e}"))?;

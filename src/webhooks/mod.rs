@@ -83,6 +83,20 @@ struct Worker {
     task: JoinHandle<()>,
 }
 
+/// Delivery tasks end with their dispatcher (a broker stopped or dropped in a test delivers
+/// nothing more); their leases run out.
+impl Drop for Dispatcher {
+    fn drop(&mut self) {
+        let workers = self
+            .workers
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        for worker in workers.values() {
+            worker.task.abort();
+        }
+    }
+}
+
 impl Dispatcher {
     pub fn new(store: Arc<dyn Store>, bus: Arc<EventBus>, settings: DeliverySettings) -> Arc<Self> {
         Arc::new(Self {

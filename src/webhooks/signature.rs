@@ -10,8 +10,8 @@ use crate::domain::webhook::WebhookSecret;
 
 /// The `webhook-signature` value for a message `id` sent at `timestamp` (Unix seconds).
 pub fn sign(secret: &WebhookSecret, id: &str, timestamp: i64, body: &[u8]) -> String {
-    let mut mac = <Hmac<Sha256>>::new_from_slice(secret.key())
-        .expect("HMAC takes a key of any length");
+    let mut mac =
+        <Hmac<Sha256>>::new_from_slice(secret.key()).expect("HMAC takes a key of any length");
     mac.update(id.as_bytes());
     mac.update(b".");
     mac.update(timestamp.to_string().as_bytes());
@@ -27,7 +27,8 @@ mod tests {
     /// The example of the Standard Webhooks specification's reference libraries.
     #[test]
     fn the_reference_example_signs_as_the_specification_says() {
-        let secret = WebhookSecret::parse("secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        let secret =
+            WebhookSecret::parse("secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
         assert_eq!(
             sign(
                 &secret,

@@ -37,3 +37,4 @@ mod telemetry;
 mod tls;
 mod undecodable;
 mod validation;
+mod webhooks;

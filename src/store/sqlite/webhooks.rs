@@ -65,9 +65,7 @@ impl Webhooks for SqliteStore {
     }
 
     async fn webhooks(&self) -> Result<Vec<Webhook>> {
-        let rows = sqlx::query(SELECT_WEBHOOKS)
-            .fetch_all(&self.reader)
-            .await?;
+        let rows = sqlx::query(SELECT_WEBHOOKS).fetch_all(&self.reader).await?;
         rows.iter().map(webhook_from_row).collect()
     }
 

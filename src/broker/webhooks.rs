@@ -1,0 +1,58 @@
+//! Webhook administration through the facade: endpoints are stored, then the dispatcher is
+//! told, so delivery starts, changes or stops at once on this replica (other replicas notice
+//! within a second). A new endpoint receives the events committed from its creation on.
+
+use crate::domain::webhook::{Webhook, WebhookChange, WebhookId};
+use crate::error::{Error, Result};
+
+use super::Broker;
+
+impl Broker {
+    /// Stores a new endpoint, its cursor at the log's head.
+    pub async fn create_webhook(&self, mut hook: Webhook) -> Result<Webhook> {
+        hook.cursor = self.store.latest_seq().await?;
+        let stored = self.store.create_webhook(&hook).await?;
+        self.webhooks_changed();
+        tracing::info!(webhook = %stored.id, "webhook created");
+        Ok(stored)
+    }
+
+    pub async fn webhooks(&self) -> Result<Vec<Webhook>> {
+        self.store.webhooks().await
+    }
+
+    /// Applies `change` to the stored endpoint `id`.
+    pub async fn update_webhook(&self, id: &WebhookId, change: WebhookChange) -> Result<Webhook> {
+        let hook = change.apply(self.store.webhook(id).await?);
+        let stored = self.store.update_webhook(&hook).await?;
+        self.webhooks_changed();
+        tracing::info!(webhook = %stored.id, state = ?stored.state, "webhook updated");
+        Ok(stored)
+    }
+
+    pub async fn delete_webhook(&self, id: &WebhookId) -> Result<Webhook> {
+        let deleted = self.store.delete_webhook(id).await?;
+        self.webhooks_changed();
+        tracing::info!(webhook = %deleted.id, "webhook deleted");
+        Ok(deleted)
+    }
+
+    /// POSTs a test message to endpoint `id`: its message id, or why it failed.
+    pub async fn send_test_event(
+        &self,
+        id: &WebhookId,
+    ) -> Result<std::result::Result<String, String>> {
+        let hook = self.store.webhook(id).await?;
+        let dispatcher = self
+            .webhooks
+            .as_ref()
+            .ok_or_else(|| Error::Unavailable("webhook delivery is not running".into()))?;
+        Ok(dispatcher.send_test_event(&hook).await)
+    }
+
+    fn webhooks_changed(&self) {
+        if let Some(dispatcher) = &self.webhooks {
+            dispatcher.endpoints_changed();
+        }
+    }
+}
