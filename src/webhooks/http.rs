@@ -33,6 +33,14 @@ pub struct Message {
     pub body: Bytes,
 }
 
+/// How one request went.
+enum Exchange {
+    /// The endpoint answered (2xx: `Ok`), or the request could not be built.
+    Answered(Result<(), String>),
+    /// The connection failed before an answer.
+    NotSent(String),
+}
+
 /// The HTTP client of one endpoint.
 pub struct Client {
     url: Uri,
@@ -84,10 +92,22 @@ impl Client {
     }
 
     async fn send(&self, message: &Message) -> Result<(), String> {
-        let mut sender = match self.reuse() {
-            Some(sender) => sender,
-            None => self.connect().await?,
-        };
+        // A kept connection the server closed meanwhile fails before any answer: the request
+        // goes again on a new one (the same message, so a receiver sees at most a duplicate).
+        if let Some(sender) = self.reuse() {
+            match self.exchange(sender, message).await {
+                Exchange::Answered(result) => return result,
+                Exchange::NotSent(_) => {}
+            }
+        }
+        let sender = self.connect().await?;
+        match self.exchange(sender, message).await {
+            Exchange::Answered(result) => result,
+            Exchange::NotSent(error) => Err(error),
+        }
+    }
+
+    async fn exchange(&self, mut sender: SendRequest<Full<Bytes>>, message: &Message) -> Exchange {
         let authority = self.url.authority().map(|a| a.as_str()).unwrap_or_default();
         let path = self.url.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         let request = Request::post(path)
@@ -100,27 +120,38 @@ impl Client {
             .header("webhook-id", &message.id)
             .header("webhook-timestamp", message.timestamp.to_string())
             .header("webhook-signature", &message.signature)
-            .body(Full::new(message.body.clone()))
-            .map_err(|e| format!("cannot build the request: {e}"))?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| format!("request failed: {e}"))?;
+            .body(Full::new(message.body.clone()));
+        let request = match request {
+            Ok(request) => request,
+            Err(e) => return Exchange::Answered(Err(format!("cannot build the request: {e}"))),
+        };
+        if let Err(e) = sender.ready().await {
+            return Exchange::NotSent(format!("connection closed: {e}"));
+        }
+        let response = match sender.send_request(request).await {
+            Ok(response) => response,
+            Err(e) => return Exchange::NotSent(format!("request failed: {e}")),
+        };
         let status = response.status();
+        let keep_alive = response.version() == hyper::Version::HTTP_11
+            && !response
+                .headers()
+                .get(hyper::header::CONNECTION)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
         let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
             .collect()
             .await
             .map(|b| b.to_bytes());
-        if body.is_ok() {
+        if body.is_ok() && keep_alive {
             self.keep(sender);
         }
         if status.is_success() {
-            return Ok(());
+            return Exchange::Answered(Ok(()));
         }
         let said = body
             .map(|b| String::from_utf8_lossy(&b[..b.len().min(200)]).into_owned())
             .unwrap_or_default();
-        Err(format!("HTTP {status}: {}", said.trim()))
+        Exchange::Answered(Err(format!("HTTP {status}: {}", said.trim())))
     }
 
     fn reuse(&self) -> Option<SendRequest<Full<Bytes>>> {
