@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -63,6 +64,9 @@ struct Receiver {
     answer: Arc<Mutex<Answer>>,
     /// How long to wait before answering each request.
     delay: Arc<Mutex<Duration>>,
+    /// Requests being answered now, and the most there were at once.
+    in_flight: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
     server: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -74,6 +78,8 @@ impl Receiver {
             received: Arc::default(),
             answer: Arc::new(Mutex::new(Answer::Ok)),
             delay: Arc::default(),
+            in_flight: Arc::default(),
+            peak: Arc::default(),
             server: None,
         };
         receiver.serve(listener);
@@ -90,6 +96,7 @@ impl Receiver {
             Arc::clone(&self.answer),
             Arc::clone(&self.delay),
         );
+        let (in_flight, peak) = (Arc::clone(&self.in_flight), Arc::clone(&self.peak));
         self.server = Some(tokio::spawn(async move {
             // Connections end with the server task: dropping the set aborts them.
             let mut connections = JoinSet::new();
@@ -102,6 +109,7 @@ impl Receiver {
                     Arc::clone(&answer),
                     Arc::clone(&delay),
                 );
+                let (in_flight, peak) = (Arc::clone(&in_flight), Arc::clone(&peak));
                 connections.spawn(async move {
                     let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                         let (received, answer, delay) = (
@@ -109,7 +117,10 @@ impl Receiver {
                             Arc::clone(&answer),
                             Arc::clone(&delay),
                         );
+                        let (in_flight, peak) = (Arc::clone(&in_flight), Arc::clone(&peak));
                         async move {
+                            let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                            peak.fetch_max(now, Ordering::SeqCst);
                             let header = |name: &str| {
                                 request
                                     .headers()
@@ -136,6 +147,7 @@ impl Receiver {
                                 }
                                 Answer::Fail => StatusCode::INTERNAL_SERVER_ERROR,
                             };
+                            in_flight.fetch_sub(1, Ordering::SeqCst);
                             let mut response =
                                 Response::new(Full::new(Bytes::from_static(b"receiver says no")));
                             *response.status_mut() = status;
@@ -361,6 +373,7 @@ backend_tests!(
     },
     webhook_administration_refuses_what_it_cannot_do_and_names_the_field,
     a_test_event_is_signed_and_reports_whether_it_arrived,
+    no_more_requests_are_in_flight_to_an_endpoint_than_it_allows,
     endpoints_from_the_webhooks_file_are_loaded_at_start_and_keep_their_cursor,
 );
 
@@ -779,6 +792,30 @@ async fn endpoints_from_the_webhooks_file_are_loaded_at_start_and_keep_their_cur
     submit(&app, batch("file", vec![call("c2", "shell", "{}")])).await;
     let received = receiver.wait_for_ids(PATIENCE, 2).await;
     assert_eq!(received.len(), 2, "nothing was sent twice: {received:#?}");
+}
+
+async fn no_more_requests_are_in_flight_to_an_endpoint_than_it_allows(app: TestApp) {
+    let receiver = Receiver::start().await;
+    *receiver.delay.lock().unwrap() = Duration::from_millis(50);
+    create(
+        &app,
+        pb::CreateWebhookRequest {
+            max_in_flight: 2,
+            ..create_request(&receiver.url())
+        },
+    )
+    .await;
+    let calls: Vec<pb::CallSpec> = (0..8)
+        .map(|i| call(&format!("c{i}"), "shell", "{}"))
+        .collect();
+    submit(&app, batch("lanes", calls)).await;
+    let received = receiver.wait_for_ids(PATIENCE, 8).await;
+    assert_eq!(distinct_ids(&received).len(), 8);
+    let peak = receiver.peak.load(Ordering::SeqCst);
+    assert!(
+        (1..=2).contains(&peak),
+        "{peak} requests were in flight at once"
+    );
 }
 
 /// The real binary, killed (SIGKILL) while a delivery is in flight, started again on the same
