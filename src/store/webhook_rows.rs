@@ -53,6 +53,11 @@ pub const DELETE_WEBHOOK: &str = "DELETE FROM webhooks WHERE id = $1";
 pub const LEASE_WEBHOOK: &str = "UPDATE webhooks SET lease_owner = $1, lease_until = $2 \
      WHERE id = $3 AND (lease_owner IS NULL OR lease_owner = $1 OR lease_until <= $4)";
 
+/// Bound: owner, until, id. Where one process serves the database (SQLite, under its process
+/// lock), a lease left by an earlier process (killed before it released it) is taken at once.
+pub const TAKE_WEBHOOK_LEASE: &str =
+    "UPDATE webhooks SET lease_owner = $1, lease_until = $2 WHERE id = $3";
+
 /// Bound: id, owner.
 pub const RELEASE_WEBHOOK: &str = "UPDATE webhooks SET lease_owner = NULL, lease_until = NULL \
      WHERE id = $1 AND lease_owner = $2";

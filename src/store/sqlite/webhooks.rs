@@ -1,6 +1,7 @@
 //! Webhook endpoints on SQLite: read through the readers, written on the one writer thread,
-//! each write its own small transaction. One broker process serves a SQLite file, so the lease
-//! is always this process's; it is kept anyway, so the delivery code is the same everywhere.
+//! each write its own small transaction. One broker process serves a SQLite file (its process
+//! lock says so), so a lease is taken whoever held it before: a broker killed mid-delivery is
+//! not waited for. The lease is kept anyway, so the delivery code is the same everywhere.
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension as _, params};
@@ -11,8 +12,8 @@ use crate::domain::webhook::{Webhook, WebhookId};
 use crate::error::Result;
 use crate::store::Webhooks;
 use crate::store::webhook_rows::{
-    DELETE_WEBHOOK, INSERT_WEBHOOK, LEASE_WEBHOOK, RECORD_DELIVERED, RECORD_FAILURE,
-    RELEASE_WEBHOOK, SELECT_FILE_WEBHOOK_IDS, SELECT_WEBHOOK, SELECT_WEBHOOKS, UPDATE_WEBHOOK,
+    DELETE_WEBHOOK, INSERT_WEBHOOK, RECORD_DELIVERED, RECORD_FAILURE, RELEASE_WEBHOOK,
+    SELECT_FILE_WEBHOOK_IDS, SELECT_WEBHOOK, SELECT_WEBHOOKS, TAKE_WEBHOOK_LEASE, UPDATE_WEBHOOK,
     UPSERT_FILE_WEBHOOK, WebhookRow, already_exists, not_found, pause_reason, webhook_from_row,
 };
 
@@ -155,18 +156,17 @@ impl Webhooks for SqliteStore {
         &self,
         id: &WebhookId,
         owner: &str,
-        now: Timestamp,
+        _now: Timestamp,
         until: Timestamp,
     ) -> Result<bool> {
         let (id, owner) = (id.clone(), owner.to_owned());
         self.group
             .alone(move |writer| async move {
                 writer.transact(|conn| {
-                    let leased = conn.prepare_cached(LEASE_WEBHOOK)?.execute(params![
+                    let leased = conn.prepare_cached(TAKE_WEBHOOK_LEASE)?.execute(params![
                         owner,
                         until.as_micros(),
                         id.as_str(),
-                        now.as_micros(),
                     ])?;
                     Ok(leased == 1)
                 })
