@@ -5,6 +5,7 @@
 
 mod batch;
 mod call;
+mod codes;
 mod event;
 mod ids;
 mod input;
@@ -16,6 +17,7 @@ mod time;
 
 pub use batch::{MAX_BATCH_CALLS, NewBatch, OnDeny};
 pub use call::{Call, CallKey, NewCall, Status};
+pub(crate) use codes::code;
 pub use event::{Event, EventKind};
 pub use ids::{AgentId, BatchId, CallId, SessionId, ToolName, refuse_invisible};
 pub use input::{DEFAULT_MAX_INPUT_BYTES, ToolInput};

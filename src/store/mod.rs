@@ -3,11 +3,12 @@
 //! The trait speaks the domain's language; each backend (one file each) owns its SQL.
 
 mod explain;
-mod group_commit;
 pub mod health;
+mod listing;
 mod postgres;
 mod rows;
 mod sqlite;
+pub mod statements;
 mod writes;
 
 use async_trait::async_trait;

@@ -27,11 +27,11 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::writes::{self, PolicyTx, WriteTx, Writer};
-use super::{CancelReport, CancelTarget, DecideReport, SubmitReport};
 use crate::domain::{CallKey, Decision, NewBatch, Timestamp, ToolResultTexts};
 use crate::error::{Error, Result};
 use crate::meters;
+use crate::store::writes::{self, PolicyTx, WriteTx, Writer};
+use crate::store::{CancelReport, CancelTarget, DecideReport, SubmitReport};
 
 /// The most writes one transaction takes. Bounds how long the first of them waits for the last.
 pub const MAX_GROUP: usize = 256;
