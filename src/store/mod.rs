@@ -4,11 +4,12 @@
 //! before that transaction commits. The operations themselves are written once, in
 //! `crate::operations`; each backend owns its connections and SQL and runs them.
 
-mod group_commit;
 pub mod health;
+mod listing;
 mod postgres;
 mod rows;
 mod sqlite;
+pub mod statements;
 
 use async_trait::async_trait;
 

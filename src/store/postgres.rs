@@ -21,15 +21,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use sqlx::{Postgres, QueryBuilder};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::rows::{
-    call_columns, call_from_row, event_from_row, grant_from_row, page, rule_from_row, select_calls,
-    select_grants, select_rules, stored,
-};
+use super::listing::{Listing, call_page, grant_page};
+use super::rows::{call_from_row, event_from_row, grant_from_row, rule_from_row, stored};
+use super::statements as sql;
 use super::{Calls, Deadlines, EventLog, Policies};
 use crate::domain::policy::{
     ExplainTarget, Explanation, Grant, GrantScope, GrantSpec, RevokeReport, RevokeTarget, Rule,
@@ -37,17 +36,14 @@ use crate::domain::policy::{
 };
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
-    Cursor, DecideReport, DecidedByFilter, Decision, Event, EventKind, GrantPage, GrantQuery,
-    NewBatch, NewCall, OnDeny, Outcome, SessionId, SubmitReport, Timestamp, ToolInput, ToolName,
-    ToolResultTexts,
+    DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, NewCall, OnDeny, Outcome,
+    SessionId, SubmitReport, Timestamp, ToolInput, ToolName, ToolResultTexts,
 };
 use crate::error::Result;
 use crate::operations::{
     PolicyTx, Resolved, Stored, WriteTx, Writer, cancel, decide, expire, explain, policy_admin,
     submit,
 };
-
-const SELECT_CALLS: &str = select_calls!();
 
 /// How many events one transaction of [`Store::sequence_events`] numbers at most.
 const SEQUENCER_CHUNK: i64 = 10_000;
@@ -188,15 +184,10 @@ impl Calls for PostgresStore {
         if call_ids.is_empty() {
             return Ok(Vec::new());
         }
-        let ids: Vec<&str> = call_ids.iter().map(CallId::as_str).collect();
-        let rows = sqlx::query(select_calls!(
-            "WHERE c.agent = $1 AND c.session_id = $2 AND c.call_id = ANY($3)"
-        ))
-        .bind(agent.as_str())
-        .bind(session.as_str())
-        .bind(&ids)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = Listing::<Postgres>::calls_by_id(agent, session, call_ids)
+            .build()
+            .fetch_all(&self.pool)
+            .await?;
         let mut by_id = std::collections::HashMap::new();
         for row in &rows {
             let call = call_from_row(row)?;
@@ -207,7 +198,7 @@ impl Calls for PostgresStore {
     }
 
     async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
-        let rows = sqlx::query(select_calls!("WHERE c.batch_id = $1 ORDER BY c.position"))
+        let rows = sqlx::query(sql::BATCH_CALLS)
             .bind(batch.as_str())
             .fetch_all(&self.pool)
             .await?;
@@ -215,72 +206,8 @@ impl Calls for PostgresStore {
     }
 
     async fn list_calls(&self, q: &CallQuery) -> Result<CallPage> {
-        let mut query = QueryBuilder::<Postgres>::new(SELECT_CALLS);
-        query.push("WHERE TRUE");
-        if let Some(agent) = &q.agent {
-            query.push(" AND c.agent = ").push_bind(agent.as_str());
-        }
-        if let Some(session) = &q.session {
-            query
-                .push(" AND c.session_id = ")
-                .push_bind(session.as_str());
-        }
-        if let Some(workspace) = &q.workspace {
-            query
-                .push(" AND c.workspace = ")
-                .push_bind(workspace.as_str());
-        }
-        if let Some(tool) = &q.tool {
-            query.push(" AND c.tool = ").push_bind(tool.as_str());
-        }
-        if !q.statuses.is_empty() {
-            let codes: Vec<i64> = q.statuses.iter().map(|s| s.code()).collect();
-            query
-                .push(" AND c.status = ANY(")
-                .push_bind(codes)
-                .push(")");
-        }
-        if let Some(t) = q.created_after {
-            query.push(" AND c.created_at >= ").push_bind(t.as_micros());
-        }
-        if let Some(t) = q.created_before {
-            query.push(" AND c.created_at < ").push_bind(t.as_micros());
-        }
-        if let Some(seq) = q.requested_at_or_before {
-            // A call whose Requested event is not numbered yet reaches subscribers live.
-            query
-                .push(
-                    " AND EXISTS (SELECT 1 FROM events e WHERE e.call_rowid = c.id \
-                     AND e.kind = 1 AND e.seq <= ",
-                )
-                .push_bind(seq as i64)
-                .push(")");
-        }
-        match &q.decided_by {
-            Some(DecidedByFilter::Exact(by)) => {
-                query.push(" AND c.decided_by = ").push_bind(by.clone());
-            }
-            Some(DecidedByFilter::Prefix(prefix)) => {
-                query
-                    .push(" AND starts_with(c.decided_by, ")
-                    .push_bind(prefix.clone())
-                    .push(")");
-            }
-            None => {}
-        }
-        if let Some(Cursor(after)) = q.after {
-            query.push(" AND c.id > ").push_bind(after);
-        }
-        query
-            .push(" ORDER BY c.id LIMIT ")
-            .push_bind(i64::from(q.limit) + 1);
-        let rows = query.build().fetch_all(&self.pool).await?;
-        let (calls, cursors, next) = page(&rows, q.limit, call_from_row)?;
-        Ok(CallPage {
-            calls,
-            cursors,
-            next,
-        })
+        let mut query = Listing::<Postgres>::calls(q);
+        call_page(&query.build().fetch_all(&self.pool).await?, q)
     }
 
     async fn probe(&self) -> Result<()> {
@@ -301,18 +228,16 @@ impl Deadlines for PostgresStore {
     }
 
     async fn pending_count(&self) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM calls WHERE status = 1")
+        let n: i64 = sqlx::query_scalar(sql::PENDING_COUNT)
             .fetch_one(&self.pool)
             .await?;
         Ok(n as u64)
     }
 
     async fn next_deadline(&self) -> Result<Option<Timestamp>> {
-        let next: Option<i64> = sqlx::query_scalar(
-            "SELECT MIN(deadline) FROM calls WHERE status = 1 AND deadline IS NOT NULL",
-        )
-        .fetch_one(&self.pool)
-        .await?;
+        let next: Option<i64> = sqlx::query_scalar(sql::NEXT_DEADLINE)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(next.map(Timestamp::from_micros))
     }
 }
@@ -320,18 +245,11 @@ impl Deadlines for PostgresStore {
 #[async_trait]
 impl EventLog for PostgresStore {
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
-        let rows = sqlx::query(concat!(
-            "SELECT e.seq, e.kind, e.batch_completed, ",
-            call_columns!(),
-            " FROM events e JOIN calls c ON c.id = e.call_rowid \
-             JOIN batches b ON b.batch_id = c.batch_id \
-             LEFT JOIN events r ON r.call_rowid = c.id AND r.kind = 2 \
-             WHERE e.seq > $1 ORDER BY e.seq LIMIT $2"
-        ))
-        .bind(after as i64)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(sql::EVENTS_AFTER)
+            .bind(after as i64)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(event_from_row).collect()
     }
 
@@ -394,44 +312,8 @@ impl Policies for PostgresStore {
     }
 
     async fn list_grants(&self, q: &GrantQuery) -> Result<GrantPage> {
-        let mut query = QueryBuilder::<Postgres>::new(select_grants!("WHERE TRUE"));
-        if let Some(agent) = &q.agent {
-            query.push(" AND agent = ").push_bind(agent.as_str());
-        }
-        if let Some(scope) = q.scope {
-            query.push(" AND scope = ").push_bind(scope.code());
-        }
-        if let Some(session) = &q.session {
-            query.push(" AND session_id = ").push_bind(session.as_str());
-        }
-        if let Some(workspace) = &q.workspace {
-            query
-                .push(" AND workspace = ")
-                .push_bind(workspace.as_str());
-        }
-        if let Some(tool) = &q.tool {
-            query.push(" AND tool = ").push_bind(tool.as_str());
-        }
-        if !q.include_inactive {
-            let now = q.now.unwrap_or_else(Timestamp::now).as_micros();
-            query
-                .push(" AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ")
-                .push_bind(now)
-                .push(")");
-        }
-        if let Some(Cursor(after)) = q.after {
-            query.push(" AND id > ").push_bind(after);
-        }
-        query
-            .push(" ORDER BY id LIMIT ")
-            .push_bind(i64::from(q.limit) + 1);
-        let rows = query.build().fetch_all(&self.pool).await?;
-        let (grants, cursors, next) = page(&rows, q.limit, grant_from_row)?;
-        Ok(GrantPage {
-            grants,
-            cursors,
-            next,
-        })
+        let mut query = Listing::<Postgres>::grants(q);
+        grant_page(&query.build().fetch_all(&self.pool).await?, q)
     }
 
     async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
@@ -443,7 +325,7 @@ impl Policies for PostgresStore {
     }
 
     async fn list_rules(&self) -> Result<Vec<Rule>> {
-        let rows = sqlx::query(select_rules!()).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(sql::RULES).fetch_all(&self.pool).await?;
         rows.iter().map(rule_from_row).collect()
     }
 
@@ -462,9 +344,7 @@ impl Policies for PostgresStore {
 }
 
 async fn latest_seq(conn: &mut sqlx::PgConnection) -> Result<u64> {
-    let seq: Option<i64> = sqlx::query_scalar("SELECT MAX(seq) FROM events")
-        .fetch_one(conn)
-        .await?;
+    let seq: Option<i64> = sqlx::query_scalar(sql::LATEST_SEQ).fetch_one(conn).await?;
     Ok(seq.unwrap_or(0) as u64)
 }
 
@@ -498,19 +378,17 @@ impl WriteTx for sqlx::Transaction<'static, Postgres> {
     }
 
     async fn find_call(&mut self, key: &CallKey) -> Result<Option<Stored>> {
-        let row = sqlx::query(select_calls!(
-            "WHERE c.agent = $1 AND c.session_id = $2 AND c.call_id = $3"
-        ))
-        .bind(key.agent.as_str())
-        .bind(key.session.as_str())
-        .bind(key.call_id.as_str())
-        .fetch_optional(&mut **self)
-        .await?;
+        let row = sqlx::query(sql::FIND_CALL)
+            .bind(key.agent.as_str())
+            .bind(key.session.as_str())
+            .bind(key.call_id.as_str())
+            .fetch_optional(&mut **self)
+            .await?;
         row.as_ref().map(stored).transpose()
     }
 
     async fn load_call(&mut self, rowid: i64) -> Result<Call> {
-        let row = sqlx::query(select_calls!("WHERE c.id = $1"))
+        let row = sqlx::query(sql::LOAD_CALL)
             .bind(rowid)
             .fetch_one(&mut **self)
             .await?;
@@ -524,28 +402,25 @@ impl WriteTx for sqlx::Transaction<'static, Postgres> {
         size: usize,
         now: Timestamp,
     ) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO batches (batch_id, agent, session_id, on_deny, size, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(batch_id.as_str())
-        .bind(batch.agent.as_str())
-        .bind(batch.session.as_str())
-        .bind(batch.on_deny.as_i64())
-        .bind(size as i64)
-        .bind(now.as_micros())
-        .execute(&mut **self)
-        .await?;
+        sqlx::query(sql::INSERT_BATCH)
+            .bind(batch_id.as_str())
+            .bind(batch.agent.as_str())
+            .bind(batch.session.as_str())
+            .bind(batch.on_deny.as_i64())
+            .bind(size as i64)
+            .bind(now.as_micros())
+            .execute(&mut **self)
+            .await?;
         Ok(())
     }
 
     async fn resize_batch(&mut self, batch_id: &BatchId, size: usize) -> Result<()> {
         let query = if size == 0 {
-            sqlx::query("DELETE FROM batches WHERE batch_id = $1").bind(batch_id.as_str())
+            sqlx::query(sql::DELETE_BATCH).bind(batch_id.as_str())
         } else {
-            sqlx::query("UPDATE batches SET size = $2 WHERE batch_id = $1")
-                .bind(batch_id.as_str())
+            sqlx::query(sql::RESIZE_BATCH)
                 .bind(size as i64)
+                .bind(batch_id.as_str())
         };
         query.execute(&mut **self).await?;
         Ok(())
@@ -559,56 +434,37 @@ impl WriteTx for sqlx::Transaction<'static, Postgres> {
         call: &NewCall,
         now: Timestamp,
     ) -> Result<Option<i64>> {
-        // The call and its Requested event, in one statement (one round trip).
-        let rowid: Option<i64> = sqlx::query_scalar(
-            "WITH call AS (INSERT INTO calls (agent, session_id, call_id, batch_id, position, \
-             tool, input, title, message, workspace, supersede_key, deadline, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
-             ON CONFLICT (agent, session_id, call_id) DO NOTHING RETURNING id), \
-             event AS (INSERT INTO events (kind, call_rowid, created_at) \
-             SELECT $14, id, $13 FROM call) \
-             SELECT id FROM call",
-        )
-        .bind(batch.agent.as_str())
-        .bind(batch.session.as_str())
-        .bind(call.call_id.as_str())
-        .bind(batch_id.as_str())
-        .bind(position as i64)
-        .bind(call.tool.as_str())
-        .bind(call.input.as_str())
-        .bind(&call.title)
-        .bind(&call.message)
-        .bind(&call.workspace)
-        .bind(call.supersede_key.as_deref())
-        .bind(call.deadline.map(Timestamp::as_micros))
-        .bind(now.as_micros())
-        .bind(EventKind::Requested.code())
-        .fetch_optional(&mut **self)
-        .await?;
+        let rowid: Option<i64> = sqlx::query_scalar(sql::INSERT_CALL_AND_EVENT)
+            .bind(batch.agent.as_str())
+            .bind(batch.session.as_str())
+            .bind(call.call_id.as_str())
+            .bind(batch_id.as_str())
+            .bind(position as i64)
+            .bind(call.tool.as_str())
+            .bind(call.input.as_str())
+            .bind(&call.title)
+            .bind(&call.message)
+            .bind(&call.workspace)
+            .bind(call.supersede_key.as_deref())
+            .bind(call.deadline.map(Timestamp::as_micros))
+            .bind(now.as_micros())
+            .fetch_optional(&mut **self)
+            .await?;
         Ok(rowid)
     }
 
     async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>> {
-        // The outcome and its Resolved event, in one statement (one round trip).
-        let resolved: Option<(String, i64)> = sqlx::query_as(
-            "WITH call AS (UPDATE calls SET status = $1, decided_at = $2, decided_by = $3, \
-             reason = $4, tool_result = $5, run_input = $6, input_edited = $7 \
-             WHERE id = $8 AND status = 1 RETURNING batch_id), \
-             event AS (INSERT INTO events (kind, call_rowid, created_at) \
-             SELECT $9, $8, $2 FROM call RETURNING id) \
-             SELECT call.batch_id, event.id FROM call, event",
-        )
-        .bind(outcome.kind.code())
-        .bind(outcome.decided_at.as_micros())
-        .bind(outcome.decided_by.to_string())
-        .bind(&outcome.reason)
-        .bind(&outcome.tool_result)
-        .bind(outcome.run_input.as_ref().map(ToolInput::as_str))
-        .bind(outcome.input_edited)
-        .bind(rowid)
-        .bind(EventKind::Resolved.code())
-        .fetch_optional(&mut **self)
-        .await?;
+        let resolved: Option<(String, i64)> = sqlx::query_as(sql::RESOLVE_CALL_AND_EVENT)
+            .bind(outcome.kind.code())
+            .bind(outcome.decided_at.as_micros())
+            .bind(outcome.decided_by.to_string())
+            .bind(&outcome.reason)
+            .bind(&outcome.tool_result)
+            .bind(outcome.run_input.as_ref().map(ToolInput::as_str))
+            .bind(outcome.input_edited)
+            .bind(rowid)
+            .fetch_optional(&mut **self)
+            .await?;
         Ok(resolved.map(|(batch_id, event)| Resolved {
             rowid,
             batch_id,
@@ -621,25 +477,20 @@ impl WriteTx for sqlx::Transaction<'static, Postgres> {
         agent: &AgentId,
         session: &SessionId,
     ) -> Result<Vec<Stored>> {
-        let rows = sqlx::query(select_calls!(
-            "WHERE c.agent = $1 AND c.session_id = $2 AND c.status = 1 ORDER BY c.id"
-        ))
-        .bind(agent.as_str())
-        .bind(session.as_str())
-        .fetch_all(&mut **self)
-        .await?;
+        let rows = sqlx::query(sql::PENDING_IN_SESSION)
+            .bind(agent.as_str())
+            .bind(session.as_str())
+            .fetch_all(&mut **self)
+            .await?;
         rows.iter().map(stored).collect()
     }
 
     async fn pending_of_agent(&mut self, agent: &AgentId, at_most: u64) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM \
-             (SELECT 1 FROM calls WHERE agent = $1 AND status = 1 LIMIT $2) AS pending",
-        )
-        .bind(agent.as_str())
-        .bind(at_most as i64)
-        .fetch_one(&mut **self)
-        .await?;
+        let n: i64 = sqlx::query_scalar(sql::PENDING_OF_AGENT)
+            .bind(agent.as_str())
+            .bind(at_most as i64)
+            .fetch_one(&mut **self)
+            .await?;
         Ok(n as u64)
     }
 
@@ -649,24 +500,19 @@ impl WriteTx for sqlx::Transaction<'static, Postgres> {
         session: &SessionId,
         key: &str,
     ) -> Result<Vec<i64>> {
-        Ok(sqlx::query_scalar(
-            "SELECT id FROM calls WHERE agent = $1 AND session_id = $2 AND supersede_key = $3 \
-             AND status = 1 ORDER BY id",
-        )
-        .bind(agent.as_str())
-        .bind(session.as_str())
-        .bind(key)
-        .fetch_all(&mut **self)
-        .await?)
+        Ok(sqlx::query_scalar(sql::PENDING_WITH_KEY)
+            .bind(agent.as_str())
+            .bind(session.as_str())
+            .bind(key)
+            .fetch_all(&mut **self)
+            .await?)
     }
 
     async fn pending_in_batch(&mut self, batch: &BatchId) -> Result<Vec<i64>> {
-        Ok(sqlx::query_scalar(
-            "SELECT id FROM calls WHERE batch_id = $1 AND status = 1 ORDER BY position",
-        )
-        .bind(batch.as_str())
-        .fetch_all(&mut **self)
-        .await?)
+        Ok(sqlx::query_scalar(sql::PENDING_IN_BATCH)
+            .bind(batch.as_str())
+            .fetch_all(&mut **self)
+            .await?)
     }
 
     async fn calls_of_batch(
@@ -675,19 +521,17 @@ impl WriteTx for sqlx::Transaction<'static, Postgres> {
         session: &SessionId,
         batch: &BatchId,
     ) -> Result<Vec<Stored>> {
-        let rows = sqlx::query(select_calls!(
-            "WHERE c.batch_id = $1 AND c.agent = $2 AND c.session_id = $3 ORDER BY c.position"
-        ))
-        .bind(batch.as_str())
-        .bind(agent.as_str())
-        .bind(session.as_str())
-        .fetch_all(&mut **self)
-        .await?;
+        let rows = sqlx::query(sql::CALLS_OF_BATCH)
+            .bind(batch.as_str())
+            .bind(agent.as_str())
+            .bind(session.as_str())
+            .fetch_all(&mut **self)
+            .await?;
         rows.iter().map(stored).collect()
     }
 
     async fn on_deny(&mut self, batch: &BatchId) -> Result<OnDeny> {
-        let on_deny: i64 = sqlx::query_scalar("SELECT on_deny FROM batches WHERE batch_id = $1")
+        let on_deny: i64 = sqlx::query_scalar(sql::ON_DENY)
             .bind(batch.as_str())
             .fetch_one(&mut **self)
             .await?;
@@ -697,28 +541,22 @@ impl WriteTx for sqlx::Transaction<'static, Postgres> {
     async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(i64, String)>> {
         // No row lock here: batches are locked first (see `writes`), and the conditional update
         // leaves a call another replica expired first alone.
-        Ok(sqlx::query_as(
-            "SELECT id, batch_id FROM calls WHERE status = 1 AND deadline IS NOT NULL \
-             AND deadline <= $1 ORDER BY deadline LIMIT $2",
-        )
-        .bind(now.as_micros())
-        .bind(limit)
-        .fetch_all(&mut **self)
-        .await?)
+        Ok(sqlx::query_as(sql::DUE_CALLS)
+            .bind(now.as_micros())
+            .bind(limit)
+            .fetch_all(&mut **self)
+            .await?)
     }
 
     async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()> {
         // The batch row is locked (`lock_batches`; a batch this transaction stored is its own),
         // which orders the transactions resolving calls of this batch; this statement's
         // snapshot, taken after the lock, sees every one that committed before.
-        sqlx::query(
-            "UPDATE events SET batch_completed = TRUE WHERE id = $1 AND NOT EXISTS \
-             (SELECT 1 FROM calls WHERE batch_id = $2 AND status = 1)",
-        )
-        .bind(event)
-        .bind(batch_id)
-        .execute(&mut **self)
-        .await?;
+        sqlx::query(sql::COMPLETE_BATCH_AT_ID)
+            .bind(event)
+            .bind(batch_id)
+            .execute(&mut **self)
+            .await?;
         Ok(())
     }
 
@@ -775,7 +613,7 @@ impl PolicyTx for sqlx::Transaction<'static, Postgres> {
     }
 
     async fn rules(&mut self) -> Result<Vec<Rule>> {
-        let rows = sqlx::query(select_rules!()).fetch_all(&mut **self).await?;
+        let rows = sqlx::query(sql::RULES).fetch_all(&mut **self).await?;
         rows.iter().map(rule_from_row).collect()
     }
 
@@ -789,18 +627,17 @@ impl PolicyTx for sqlx::Transaction<'static, Postgres> {
         if tools.is_empty() {
             return Ok(Vec::new());
         }
-        let tools: Vec<&str> = tools.iter().map(|t| t.as_str()).collect();
-        let rows = sqlx::query(select_grants!(
-            "WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $1) \
-             AND agent = $2 AND tool = ANY($3) \
-             AND ($4::text IS NULL OR session_id IS NULL OR session_id = $4) ORDER BY id"
-        ))
-        .bind(now.as_micros())
-        .bind(agent.as_str())
-        .bind(&tools)
-        .bind(session.map(SessionId::as_str))
-        .fetch_all(&mut **self)
-        .await?;
+        let statement = sql::live_grants(tools.len(), session.is_some());
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(statement))
+            .bind(now.as_micros())
+            .bind(agent.as_str());
+        for tool in tools {
+            query = query.bind(tool.as_str());
+        }
+        if let Some(session) = session {
+            query = query.bind(session.as_str());
+        }
+        let rows = query.fetch_all(&mut **self).await?;
         rows.iter().map(grant_from_row).collect()
     }
 
@@ -810,26 +647,22 @@ impl PolicyTx for sqlx::Transaction<'static, Postgres> {
             GrantScope::Workspace(w) => (None, Some(w.as_str())),
             GrantScope::Always => (None, None),
         };
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO grants (agent, scope, session_id, workspace, tool, matcher, effect, \
-             created_by, created_at, expires_at, source_session, source_call, reason) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING id",
-        )
-        .bind(spec.agent.as_str())
-        .bind(spec.scope.scope().code())
-        .bind(session)
-        .bind(workspace)
-        .bind(spec.tool.as_str())
-        .bind(spec.matcher.to_json().to_string())
-        .bind(spec.effect.code())
-        .bind(&spec.created_by)
-        .bind(spec.created_at.as_micros())
-        .bind(spec.expires_at.map(Timestamp::as_micros))
-        .bind(spec.source.session.as_str())
-        .bind(spec.source.call_id.as_str())
-        .bind(&spec.reason)
-        .fetch_one(&mut **self)
-        .await?;
+        let id: i64 = sqlx::query_scalar(sql::INSERT_GRANT)
+            .bind(spec.agent.as_str())
+            .bind(spec.scope.scope().code())
+            .bind(session)
+            .bind(workspace)
+            .bind(spec.tool.as_str())
+            .bind(spec.matcher.to_json().to_string())
+            .bind(spec.effect.code())
+            .bind(&spec.created_by)
+            .bind(spec.created_at.as_micros())
+            .bind(spec.expires_at.map(Timestamp::as_micros))
+            .bind(spec.source.session.as_str())
+            .bind(spec.source.call_id.as_str())
+            .bind(&spec.reason)
+            .fetch_one(&mut **self)
+            .await?;
         Ok(Grant {
             id,
             spec: spec.clone(),
@@ -839,35 +672,22 @@ impl PolicyTx for sqlx::Transaction<'static, Postgres> {
     }
 
     async fn grant_from_call(&mut self, key: &CallKey) -> Result<Option<Grant>> {
-        let row = sqlx::query(select_grants!(
-            "WHERE agent = $1 AND source_session = $2 AND source_call = $3 \
-             ORDER BY id DESC LIMIT 1"
-        ))
-        .bind(key.agent.as_str())
-        .bind(key.session.as_str())
-        .bind(key.call_id.as_str())
-        .fetch_optional(&mut **self)
-        .await?;
+        let row = sqlx::query(sql::GRANT_FROM_CALL)
+            .bind(key.agent.as_str())
+            .bind(key.session.as_str())
+            .bind(key.call_id.as_str())
+            .fetch_optional(&mut **self)
+            .await?;
         row.as_ref().map(grant_from_row).transpose()
     }
 
     async fn grants_named(&mut self, target: &RevokeTarget, now: Timestamp) -> Result<Vec<Grant>> {
-        let query = match target {
-            RevokeTarget::Id(id) => sqlx::query(select_grants!("WHERE id = $1")).bind(*id),
-            RevokeTarget::Session(agent, session) => sqlx::query(select_grants!(
-                "WHERE agent = $1 AND scope = 2 AND session_id = $2 AND revoked_at IS NULL \
-                 AND (expires_at IS NULL OR expires_at > $3) ORDER BY id"
-            ))
-            .bind(agent.as_str())
-            .bind(session.as_str())
-            .bind(now.as_micros()),
-            RevokeTarget::Workspace(agent, workspace) => sqlx::query(select_grants!(
-                "WHERE agent = $1 AND scope = 3 AND workspace = $2 AND revoked_at IS NULL \
-                 AND (expires_at IS NULL OR expires_at > $3) ORDER BY id"
-            ))
-            .bind(agent.as_str())
-            .bind(workspace.as_str())
-            .bind(now.as_micros()),
+        let query = match sql::grants_named(target) {
+            sql::GrantsNamed::Id(id) => sqlx::query(sql::GRANT_BY_ID).bind(id),
+            sql::GrantsNamed::Active(statement, agent, value) => sqlx::query(statement)
+                .bind(agent.as_str())
+                .bind(value)
+                .bind(now.as_micros()),
         };
         let rows = query.fetch_all(&mut **self).await?;
         rows.iter().map(grant_from_row).collect()
@@ -877,18 +697,13 @@ impl PolicyTx for sqlx::Transaction<'static, Postgres> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = sqlx::query(
-            "UPDATE grants SET revoked_at = $1, revoked_by = $2 \
-             WHERE revoked_at IS NULL AND id = ANY($3) \
-             RETURNING id, agent, scope, session_id, workspace, tool, matcher, effect, \
-             created_by, created_at, expires_at, revoked_at, revoked_by, source_session, \
-             source_call, reason",
-        )
-        .bind(now.as_micros())
-        .bind(by)
-        .bind(ids)
-        .fetch_all(&mut **self)
-        .await?;
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql::revoke(ids.len())))
+            .bind(now.as_micros())
+            .bind(by);
+        for id in ids {
+            query = query.bind(*id);
+        }
+        let rows = query.fetch_all(&mut **self).await?;
         let mut grants = rows
             .iter()
             .map(grant_from_row)
@@ -903,33 +718,20 @@ impl PolicyTx for sqlx::Transaction<'static, Postgres> {
         tool: &ToolName,
         scope: &GrantScope,
     ) -> Result<Vec<Stored>> {
-        let query = match scope {
-            GrantScope::Session(session) => sqlx::query(select_calls!(
-                "WHERE c.agent = $1 AND c.tool = $2 AND c.status = 1 AND c.session_id = $3 \
-                 ORDER BY c.id"
-            ))
+        let (statement, value) = sql::pending_in_scope(scope);
+        let query = sqlx::query(statement)
             .bind(agent.as_str())
-            .bind(tool.as_str())
-            .bind(session.as_str()),
-            GrantScope::Workspace(workspace) => sqlx::query(select_calls!(
-                "WHERE c.agent = $1 AND c.tool = $2 AND c.status = 1 AND c.workspace = $3 \
-                 ORDER BY c.id"
-            ))
-            .bind(agent.as_str())
-            .bind(tool.as_str())
-            .bind(workspace.as_str()),
-            GrantScope::Always => sqlx::query(select_calls!(
-                "WHERE c.agent = $1 AND c.tool = $2 AND c.status = 1 ORDER BY c.id"
-            ))
-            .bind(agent.as_str())
-            .bind(tool.as_str()),
+            .bind(tool.as_str());
+        let query = match value {
+            Some(value) => query.bind(value),
+            None => query,
         };
         let rows = query.fetch_all(&mut **self).await?;
         rows.iter().map(stored).collect()
     }
 
     async fn find_rule(&mut self, id: &RuleId) -> Result<Option<Rule>> {
-        let row = sqlx::query(select_rules!("WHERE id = $1"))
+        let row = sqlx::query(sql::FIND_RULE)
             .bind(id.as_str())
             .fetch_optional(&mut **self)
             .await?;
@@ -937,26 +739,23 @@ impl PolicyTx for sqlx::Transaction<'static, Postgres> {
     }
 
     async fn insert_rule(&mut self, rule: &Rule) -> Result<bool> {
-        let inserted = sqlx::query(
-            "INSERT INTO rules (id, tool, matcher, effect, priority, description, source, \
-             created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(rule.id.as_str())
-        .bind(rule.tool.as_str())
-        .bind(rule.matcher.to_json().to_string())
-        .bind(rule.effect.code())
-        .bind(i64::from(rule.priority))
-        .bind(&rule.description)
-        .bind(rule.source.as_str())
-        .bind(rule.created_at.as_micros())
-        .execute(&mut **self)
-        .await?
-        .rows_affected();
+        let inserted = sqlx::query(sql::INSERT_RULE)
+            .bind(rule.id.as_str())
+            .bind(rule.tool.as_str())
+            .bind(rule.matcher.to_json().to_string())
+            .bind(rule.effect.code())
+            .bind(i64::from(rule.priority))
+            .bind(&rule.description)
+            .bind(rule.source.as_str())
+            .bind(rule.created_at.as_micros())
+            .execute(&mut **self)
+            .await?
+            .rows_affected();
         Ok(inserted == 1)
     }
 
     async fn delete_rule(&mut self, id: &RuleId) -> Result<bool> {
-        let deleted = sqlx::query("DELETE FROM rules WHERE id = $1")
+        let deleted = sqlx::query(sql::DELETE_RULE)
             .bind(id.as_str())
             .execute(&mut **self)
             .await?
@@ -970,7 +769,7 @@ impl PolicyTx for sqlx::Transaction<'static, Postgres> {
         sqlx::query("LOCK TABLE rules IN EXCLUSIVE MODE")
             .execute(&mut **self)
             .await?;
-        sqlx::query("DELETE FROM rules WHERE source = $1")
+        sqlx::query(sql::DELETE_RULES_FROM)
             .bind(RuleSource::File.as_str())
             .execute(&mut **self)
             .await?;

@@ -18,9 +18,9 @@
 //! outcome at the agent), latency percentiles of submit→ack, submit→seen (the first subscriber
 //! to see the call), decide→outcome at the agent and the full cycle, the broker's CPU seconds
 //! during the measured window and its peak RSS; then the raw storage limit measured in the same
-//! run (the broker's durable writes per cycle done directly through sqlx, same database kind
-//! and settings, one transaction per write and 100 cycles per transaction) and the broker's
-//! ratio to each. `--json PATH` writes the figures as JSON.
+//! run (the broker's durable writes per cycle made with its own statements through its own
+//! driver, same database kind and settings, one transaction per write and 100 cycles per
+//! transaction) and the broker's ratio to each. `--json PATH` writes the figures as JSON.
 //!
 //! `--check` is the CI smoke mode: a short run (2 s, 0.5 s warm-up, 4 agents unless given)
 //! that fails (exit 1) unless every submitted call was acknowledged, shown to every subscriber,
@@ -357,9 +357,7 @@ async fn measure(
         None
     } else {
         match (setup.backend, &args.database_url) {
-            ("sqlite", _) => {
-                Some(storage::sqlite(&setup.dir.0, concurrency, storage_duration, &input).await?)
-            }
+            ("sqlite", _) => Some(storage::sqlite(&setup.dir.0, storage_duration, &input).await?),
             (_, Some(base)) if base.starts_with("postgres") => {
                 let schema = Schema::create(base, "bench_raw").await?;
                 let connections = concurrency.min(32);
@@ -650,8 +648,8 @@ impl Report {
         if let Some(raw) = raw {
             println!();
             println!(
-                "raw storage limit ({}, direct sqlx, {} tasks on {} connection(s)):",
-                self.backend, raw.concurrency, raw.connections
+                "raw storage limit ({}, {}, {} tasks on {} connection(s)):",
+                self.backend, raw.driver, raw.concurrency, raw.connections
             );
             println!(
                 "  one transaction per write       {:>12.1} cycles/s   broker / raw = {:.2}",

@@ -8,6 +8,7 @@
 //! `synchronous=FULL` by default: a commit is on disk before it is acknowledged, even across
 //! power loss.
 
+mod group_commit;
 mod write;
 
 use std::collections::BTreeMap;
@@ -16,24 +17,23 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::Sqlite;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::{QueryBuilder, Sqlite};
 
+use self::group_commit::GroupCommit;
 use self::write::WriteConnection;
-use super::group_commit::GroupCommit;
-use super::rows::{
-    call_columns, call_from_row, event_from_row, grant_from_row, page, rule_from_row, select_calls,
-    select_grants, select_rules,
-};
+use super::listing::{Listing, call_page, grant_page};
+use super::rows::{call_from_row, event_from_row, rule_from_row};
+use super::statements as sql;
 use super::{Calls, CommittedEvents, Deadlines, EventLog, Policies};
 use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
-    Cursor, DecideReport, DecidedByFilter, Decision, Event, GrantPage, GrantQuery, NewBatch,
-    SessionId, SubmitReport, Timestamp, ToolResultTexts,
+    DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,
+    Timestamp, ToolResultTexts,
 };
 use crate::error::{Error, Result};
 use crate::operations::{Writer, expire, explain, policy_admin};
@@ -60,18 +60,6 @@ impl FromStr for Synchronous {
         }
     }
 }
-
-const SELECT_CALLS: &str = select_calls!();
-
-/// Events after a sequence number, with their calls, oldest first, at most a number of them.
-const EVENTS_AFTER: &str = concat!(
-    "SELECT e.seq, e.kind, e.batch_completed, ",
-    call_columns!(),
-    " FROM events e JOIN calls c ON c.id = e.call_rowid \
-     JOIN batches b ON b.batch_id = c.batch_id \
-     LEFT JOIN events r ON r.call_rowid = c.id AND r.kind = 2 \
-     WHERE e.seq > ? ORDER BY e.seq LIMIT ?"
-);
 
 pub struct SqliteStore {
     /// Every write: submits, decisions and cancels group-committed, the rest alone, all on the
@@ -201,19 +189,10 @@ impl Calls for SqliteStore {
         if call_ids.is_empty() {
             return Ok(Vec::new());
         }
-        let mut query = QueryBuilder::<Sqlite>::new(SELECT_CALLS);
-        query
-            .push("WHERE c.agent = ")
-            .push_bind(agent.as_str())
-            .push(" AND c.session_id = ")
-            .push_bind(session.as_str())
-            .push(" AND c.call_id IN (");
-        let mut ids = query.separated(", ");
-        for id in call_ids {
-            ids.push_bind(id.as_str());
-        }
-        query.push(")");
-        let rows = query.build().fetch_all(&self.reader).await?;
+        let rows = Listing::<Sqlite>::calls_by_id(agent, session, call_ids)
+            .build()
+            .fetch_all(&self.reader)
+            .await?;
         let mut by_id = BTreeMap::new();
         for row in &rows {
             let call = call_from_row(row)?;
@@ -223,7 +202,7 @@ impl Calls for SqliteStore {
     }
 
     async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
-        let rows = sqlx::query(select_calls!("WHERE c.batch_id = ? ORDER BY c.position"))
+        let rows = sqlx::query(sql::BATCH_CALLS)
             .bind(batch.as_str())
             .fetch_all(&self.reader)
             .await?;
@@ -231,67 +210,8 @@ impl Calls for SqliteStore {
     }
 
     async fn list_calls(&self, q: &CallQuery) -> Result<CallPage> {
-        let mut query = QueryBuilder::<Sqlite>::new(SELECT_CALLS);
-        query.push("WHERE 1 = 1");
-        if let Some(agent) = &q.agent {
-            query.push(" AND c.agent = ").push_bind(agent.as_str());
-        }
-        if let Some(session) = &q.session {
-            query
-                .push(" AND c.session_id = ")
-                .push_bind(session.as_str());
-        }
-        if let Some(workspace) = &q.workspace {
-            query
-                .push(" AND c.workspace = ")
-                .push_bind(workspace.as_str());
-        }
-        if let Some(tool) = &q.tool {
-            query.push(" AND c.tool = ").push_bind(tool.as_str());
-        }
-        if !q.statuses.is_empty() {
-            query.push(" AND c.status IN (");
-            let mut codes = query.separated(", ");
-            for status in &q.statuses {
-                codes.push_bind(status.code());
-            }
-            query.push(")");
-        }
-        if let Some(t) = q.created_after {
-            query.push(" AND c.created_at >= ").push_bind(t.as_micros());
-        }
-        if let Some(t) = q.created_before {
-            query.push(" AND c.created_at < ").push_bind(t.as_micros());
-        }
-        if let Some(seq) = q.requested_at_or_before {
-            query.push(" AND c.requested_seq <= ").push_bind(seq as i64);
-        }
-        match &q.decided_by {
-            Some(DecidedByFilter::Exact(by)) => {
-                query.push(" AND c.decided_by = ").push_bind(by.clone());
-            }
-            Some(DecidedByFilter::Prefix(prefix)) => {
-                query
-                    .push(" AND substr(c.decided_by, 1, length(")
-                    .push_bind(prefix.clone())
-                    .push(")) = ")
-                    .push_bind(prefix.clone());
-            }
-            None => {}
-        }
-        if let Some(Cursor(after)) = q.after {
-            query.push(" AND c.id > ").push_bind(after);
-        }
-        query
-            .push(" ORDER BY c.id LIMIT ")
-            .push_bind(i64::from(q.limit) + 1);
-        let rows = query.build().fetch_all(&self.reader).await?;
-        let (calls, cursors, next) = page(&rows, q.limit, call_from_row)?;
-        Ok(CallPage {
-            calls,
-            cursors,
-            next,
-        })
+        let mut query = Listing::<Sqlite>::calls(q);
+        call_page(&query.build().fetch_all(&self.reader).await?, q)
     }
 
     async fn probe(&self) -> Result<()> {
@@ -315,18 +235,16 @@ impl Deadlines for SqliteStore {
     }
 
     async fn pending_count(&self) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM calls WHERE status = 1")
+        let n: i64 = sqlx::query_scalar(sql::PENDING_COUNT)
             .fetch_one(&self.reader)
             .await?;
         Ok(n as u64)
     }
 
     async fn next_deadline(&self) -> Result<Option<Timestamp>> {
-        let next: Option<i64> = sqlx::query_scalar(
-            "SELECT MIN(deadline) FROM calls WHERE status = 1 AND deadline IS NOT NULL",
-        )
-        .fetch_one(&self.reader)
-        .await?;
+        let next: Option<i64> = sqlx::query_scalar(sql::NEXT_DEADLINE)
+            .fetch_one(&self.reader)
+            .await?;
         Ok(next.map(Timestamp::from_micros))
     }
 }
@@ -334,7 +252,7 @@ impl Deadlines for SqliteStore {
 #[async_trait]
 impl EventLog for SqliteStore {
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
-        let rows = sqlx::query(EVENTS_AFTER)
+        let rows = sqlx::query(sql::EVENTS_AFTER)
             .bind(after as i64)
             .bind(i64::from(limit))
             .fetch_all(&self.reader)
@@ -364,44 +282,8 @@ impl Policies for SqliteStore {
     }
 
     async fn list_grants(&self, q: &GrantQuery) -> Result<GrantPage> {
-        let mut query = QueryBuilder::<Sqlite>::new(select_grants!("WHERE 1 = 1"));
-        if let Some(agent) = &q.agent {
-            query.push(" AND agent = ").push_bind(agent.as_str());
-        }
-        if let Some(scope) = q.scope {
-            query.push(" AND scope = ").push_bind(scope.code());
-        }
-        if let Some(session) = &q.session {
-            query.push(" AND session_id = ").push_bind(session.as_str());
-        }
-        if let Some(workspace) = &q.workspace {
-            query
-                .push(" AND workspace = ")
-                .push_bind(workspace.as_str());
-        }
-        if let Some(tool) = &q.tool {
-            query.push(" AND tool = ").push_bind(tool.as_str());
-        }
-        if !q.include_inactive {
-            let now = q.now.unwrap_or_else(Timestamp::now).as_micros();
-            query
-                .push(" AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ")
-                .push_bind(now)
-                .push(")");
-        }
-        if let Some(Cursor(after)) = q.after {
-            query.push(" AND id > ").push_bind(after);
-        }
-        query
-            .push(" ORDER BY id LIMIT ")
-            .push_bind(i64::from(q.limit) + 1);
-        let rows = query.build().fetch_all(&self.reader).await?;
-        let (grants, cursors, next) = page(&rows, q.limit, grant_from_row)?;
-        Ok(GrantPage {
-            grants,
-            cursors,
-            next,
-        })
+        let mut query = Listing::<Sqlite>::grants(q);
+        grant_page(&query.build().fetch_all(&self.reader).await?, q)
     }
 
     async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
@@ -423,7 +305,7 @@ impl Policies for SqliteStore {
     }
 
     async fn list_rules(&self) -> Result<Vec<Rule>> {
-        let rows = sqlx::query(select_rules!()).fetch_all(&self.reader).await?;
+        let rows = sqlx::query(sql::RULES).fetch_all(&self.reader).await?;
         rows.iter().map(rule_from_row).collect()
     }
 
@@ -448,15 +330,12 @@ impl Policies for SqliteStore {
 }
 
 async fn latest_seq(conn: &mut SqliteConnection) -> Result<u64> {
-    let seq: Option<i64> = sqlx::query_scalar("SELECT MAX(seq) FROM events")
-        .fetch_one(conn)
-        .await?;
+    let seq: Option<i64> = sqlx::query_scalar(sql::LATEST_SEQ).fetch_one(conn).await?;
     Ok(seq.unwrap_or(0) as u64)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::write::{COMPLETE_BATCH_IF_DONE, PENDING_IN_BATCH};
     use super::*;
     use sqlx::Row;
 
@@ -486,20 +365,21 @@ mod tests {
     #[tokio::test]
     async fn a_batchs_pending_calls_are_found_through_their_index_not_a_scan() {
         let (_dir, _, store) = fresh().await;
-        for sql in [PENDING_IN_BATCH, COMPLETE_BATCH_IF_DONE] {
-            let plan: Vec<String> =
-                sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
-                    .bind("some-batch")
-                    .bind("some-batch")
-                    .fetch_all(&store.reader)
-                    .await
-                    .unwrap()
-                    .iter()
-                    .map(|row| row.try_get("detail").unwrap())
-                    .collect();
+        for statement in [sql::PENDING_IN_BATCH, sql::COMPLETE_BATCH_AT_SEQ] {
+            let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "EXPLAIN QUERY PLAN {statement}"
+            )))
+            .bind("some-batch")
+            .bind("some-batch")
+            .fetch_all(&store.reader)
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.try_get("detail").unwrap())
+            .collect();
             assert!(
                 plan.iter().any(|step| step.contains("calls_pending_batch")),
-                "{sql}: {plan:?}"
+                "{statement}: {plan:?}"
             );
         }
     }

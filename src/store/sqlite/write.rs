@@ -20,7 +20,7 @@ use rusqlite::{Connection, OpenFlags, Params, params, params_from_iter};
 
 use tokio::sync::{Notify, mpsc};
 
-use super::{EVENTS_AFTER, Synchronous};
+use super::Synchronous;
 use crate::domain::policy::{Grant, GrantScope, GrantSpec, Rule, RuleId, RuleSource};
 use crate::domain::{
     AgentId, BatchId, Call, CallKey, Event, EventKind, NewBatch, NewCall, OnDeny, Outcome,
@@ -31,16 +31,9 @@ use crate::operations::{PolicyTx, Resolved, Stored, WriteTx, Writer};
 use crate::store::CommittedEvents;
 use crate::store::RevokeTarget;
 use crate::store::rows::{
-    Columns, call_columns, call_from_row, event_from_row, grant_from_row, rule_from_row,
-    select_calls, select_grants, select_rules, stored,
+    Columns, call_from_row, event_from_row, grant_from_row, rule_from_row, stored,
 };
-
-/// Both read a batch's pending calls through the index `calls_pending_batch` (migration 0005),
-/// never by walking every pending call of the store; a test checks the plans.
-pub(super) const PENDING_IN_BATCH: &str =
-    "SELECT id FROM calls WHERE batch_id = ? AND status = 1 ORDER BY position";
-pub(super) const COMPLETE_BATCH_IF_DONE: &str = "UPDATE events SET batch_completed = 1 \
-     WHERE seq = ? AND NOT EXISTS (SELECT 1 FROM calls WHERE batch_id = ? AND status = 1)";
+use crate::store::statements::{self as sql, GrantsNamed};
 
 /// Enough for every statement of the write path (about 30) and a few shapes of `IN` lists.
 const STATEMENT_CACHE: usize = 64;
@@ -181,8 +174,7 @@ impl WriteConnection {
         conn.pragma_update(None, "temp_store", "MEMORY")?;
         conn.busy_timeout(Duration::from_secs(10))?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-        let last: Option<i64> =
-            conn.query_row("SELECT MAX(seq) FROM events", [], |row| row.get(0))?;
+        let last: Option<i64> = conn.query_row(sql::LATEST_SEQ, [], |row| row.get(0))?;
         let files = Arc::new(DatabaseFiles::of(path)?);
         let writer = Self {
             home: Arc::new(Mutex::new(Some(conn))),
@@ -248,7 +240,7 @@ impl WriteConnection {
         loop {
             let events = tx.rows(
                 false,
-                EVENTS_AFTER,
+                sql::EVENTS_AFTER,
                 params![published.last as i64, PAGE],
                 |row| event_from_row(row),
             )?;
@@ -475,17 +467,12 @@ impl SqliteTx {
     fn append_event(&mut self, kind: EventKind, rowid: i64, now: Timestamp) -> Result<i64> {
         self.row(
             true,
-            "INSERT INTO events (kind, call_rowid, created_at) VALUES (?, ?, ?) RETURNING seq",
+            sql::APPEND_EVENT,
             params![kind.code(), rowid, now.as_micros()],
             |row| row.int("seq"),
         )?
         .ok_or_else(|| Error::Internal("an event insert returned no sequence number".into()))
     }
-}
-
-/// `?, ?, ...`: `n` placeholders for an `IN` list.
-fn placeholders(n: usize) -> String {
-    vec!["?"; n].join(", ")
 }
 
 #[async_trait]
@@ -501,7 +488,7 @@ impl WriteTx for SqliteTx {
     async fn find_call(&mut self, key: &CallKey) -> Result<Option<Stored>> {
         self.row(
             false,
-            select_calls!("WHERE c.agent = ? AND c.session_id = ? AND c.call_id = ?"),
+            sql::FIND_CALL,
             params![
                 key.agent.as_str(),
                 key.session.as_str(),
@@ -512,10 +499,8 @@ impl WriteTx for SqliteTx {
     }
 
     async fn load_call(&mut self, rowid: i64) -> Result<Call> {
-        self.row(false, select_calls!("WHERE c.id = ?"), [rowid], |row| {
-            call_from_row(row)
-        })?
-        .ok_or_else(|| Error::Internal(format!("call row {rowid} vanished")))
+        self.row(false, sql::LOAD_CALL, [rowid], |row| call_from_row(row))?
+            .ok_or_else(|| Error::Internal(format!("call row {rowid} vanished")))
     }
 
     async fn insert_batch(
@@ -526,8 +511,7 @@ impl WriteTx for SqliteTx {
         now: Timestamp,
     ) -> Result<()> {
         self.execute(
-            "INSERT INTO batches (batch_id, agent, session_id, on_deny, size, created_at) \
-             VALUES (?, ?, ?, ?, ?, ?)",
+            sql::INSERT_BATCH,
             params![
                 batch_id.as_str(),
                 batch.agent.as_str(),
@@ -542,15 +526,9 @@ impl WriteTx for SqliteTx {
 
     async fn resize_batch(&mut self, batch_id: &BatchId, size: usize) -> Result<()> {
         if size == 0 {
-            self.execute(
-                "DELETE FROM batches WHERE batch_id = ?",
-                [batch_id.as_str()],
-            )?;
+            self.execute(sql::DELETE_BATCH, [batch_id.as_str()])?;
         } else {
-            self.execute(
-                "UPDATE batches SET size = ? WHERE batch_id = ?",
-                params![size as i64, batch_id.as_str()],
-            )?;
+            self.execute(sql::RESIZE_BATCH, params![size as i64, batch_id.as_str()])?;
         }
         Ok(())
     }
@@ -566,10 +544,7 @@ impl WriteTx for SqliteTx {
         // The trigger `calls_requested_event` (migration 0004) writes its Requested event.
         self.row(
             true,
-            "INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, \
-             title, message, workspace, supersede_key, deadline, created_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (agent, session_id, call_id) DO NOTHING RETURNING id",
+            sql::INSERT_CALL,
             params![
                 batch.agent.as_str(),
                 batch.session.as_str(),
@@ -592,9 +567,7 @@ impl WriteTx for SqliteTx {
     async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>> {
         let batch_id = self.row(
             true,
-            "UPDATE calls SET status = ?, decided_at = ?, decided_by = ?, reason = ?, \
-             tool_result = ?, run_input = ?, input_edited = ? \
-             WHERE id = ? AND status = 1 RETURNING batch_id",
+            sql::RESOLVE_CALL,
             params![
                 outcome.kind.code(),
                 outcome.decided_at.as_micros(),
@@ -625,7 +598,7 @@ impl WriteTx for SqliteTx {
     ) -> Result<Vec<Stored>> {
         self.rows(
             false,
-            select_calls!("WHERE c.agent = ? AND c.session_id = ? AND c.status = 1 ORDER BY c.id"),
+            sql::PENDING_IN_SESSION,
             params![agent.as_str(), session.as_str()],
             |row| stored(row),
         )
@@ -634,8 +607,7 @@ impl WriteTx for SqliteTx {
     async fn pending_of_agent(&mut self, agent: &AgentId, at_most: u64) -> Result<u64> {
         let n = self.row(
             false,
-            "SELECT COUNT(*) AS n FROM \
-             (SELECT 1 FROM calls WHERE agent = ? AND status = 1 LIMIT ?)",
+            sql::PENDING_OF_AGENT,
             params![agent.as_str(), at_most as i64],
             |row| row.int("n"),
         )?;
@@ -650,15 +622,14 @@ impl WriteTx for SqliteTx {
     ) -> Result<Vec<i64>> {
         self.rows(
             false,
-            "SELECT id FROM calls WHERE agent = ? AND session_id = ? AND supersede_key = ? \
-             AND status = 1 ORDER BY id",
+            sql::PENDING_WITH_KEY,
             params![agent.as_str(), session.as_str(), key],
             |row| row.int("id"),
         )
     }
 
     async fn pending_in_batch(&mut self, batch: &BatchId) -> Result<Vec<i64>> {
-        self.rows(false, PENDING_IN_BATCH, [batch.as_str()], |row| {
+        self.rows(false, sql::PENDING_IN_BATCH, [batch.as_str()], |row| {
             row.int("id")
         })
     }
@@ -671,21 +642,16 @@ impl WriteTx for SqliteTx {
     ) -> Result<Vec<Stored>> {
         self.rows(
             false,
-            select_calls!(
-                "WHERE c.batch_id = ? AND c.agent = ? AND c.session_id = ? ORDER BY c.position"
-            ),
+            sql::CALLS_OF_BATCH,
             params![batch.as_str(), agent.as_str(), session.as_str()],
             |row| stored(row),
         )
     }
 
     async fn on_deny(&mut self, batch: &BatchId) -> Result<OnDeny> {
-        let on_deny = self.row(
-            false,
-            "SELECT on_deny FROM batches WHERE batch_id = ?",
-            [batch.as_str()],
-            |row| row.int("on_deny"),
-        )?;
+        let on_deny = self.row(false, sql::ON_DENY, [batch.as_str()], |row| {
+            row.int("on_deny")
+        })?;
         on_deny
             .map(OnDeny::from_i64)
             .ok_or_else(|| Error::Internal(format!("batch `{}` vanished", batch.as_str())))
@@ -694,15 +660,14 @@ impl WriteTx for SqliteTx {
     async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(i64, String)>> {
         self.rows(
             false,
-            "SELECT id, batch_id FROM calls WHERE status = 1 AND deadline IS NOT NULL \
-             AND deadline <= ? ORDER BY deadline LIMIT ?",
+            sql::DUE_CALLS,
             params![now.as_micros(), limit],
             |row| Ok((row.int("id")?, row.text("batch_id")?)),
         )
     }
 
     async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()> {
-        self.execute(COMPLETE_BATCH_IF_DONE, params![event, batch_id])?;
+        self.execute(sql::COMPLETE_BATCH_AT_SEQ, params![event, batch_id])?;
         Ok(())
     }
 
@@ -733,7 +698,7 @@ impl PolicyTx for SqliteTx {
         if let Some(rules) = &self.rules {
             return Ok(rules.clone());
         }
-        let rules = self.rows(false, select_rules!(), [], |row| rule_from_row(row))?;
+        let rules = self.rows(false, sql::RULES, [], |row| rule_from_row(row))?;
         self.rules = Some(rules.clone());
         Ok(rules)
     }
@@ -748,11 +713,6 @@ impl PolicyTx for SqliteTx {
         if tools.is_empty() {
             return Ok(Vec::new());
         }
-        let mut sql = format!(
-            "{} AND agent = ? AND tool IN ({})",
-            select_grants!("WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?)"),
-            placeholders(tools.len())
-        );
         let mut values = vec![
             Value::Integer(now.as_micros()),
             Value::Text(agent.as_str().to_owned()),
@@ -762,12 +722,9 @@ impl PolicyTx for SqliteTx {
                 .iter()
                 .map(|tool| Value::Text(tool.as_str().to_owned())),
         );
-        if let Some(session) = session {
-            sql.push_str(" AND (session_id IS NULL OR session_id = ?)");
-            values.push(Value::Text(session.as_str().to_owned()));
-        }
-        sql.push_str(" ORDER BY id");
-        self.rows(false, &sql, params_from_iter(values), |row| {
+        values.extend(session.map(|session| Value::Text(session.as_str().to_owned())));
+        let statement = sql::live_grants(tools.len(), session.is_some());
+        self.rows(false, &statement, params_from_iter(values), |row| {
             grant_from_row(row)
         })
     }
@@ -781,9 +738,7 @@ impl PolicyTx for SqliteTx {
         let id = self
             .row(
                 true,
-                "INSERT INTO grants (agent, scope, session_id, workspace, tool, matcher, effect, \
-                 created_by, created_at, expires_at, source_session, source_call, reason) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                sql::INSERT_GRANT,
                 params![
                     spec.agent.as_str(),
                     spec.scope.scope().code(),
@@ -813,10 +768,7 @@ impl PolicyTx for SqliteTx {
     async fn grant_from_call(&mut self, key: &CallKey) -> Result<Option<Grant>> {
         self.row(
             false,
-            select_grants!(
-                "WHERE agent = ? AND source_session = ? AND source_call = ? \
-                 ORDER BY id DESC LIMIT 1"
-            ),
+            sql::GRANT_FROM_CALL,
             params![
                 key.agent.as_str(),
                 key.session.as_str(),
@@ -827,27 +779,14 @@ impl PolicyTx for SqliteTx {
     }
 
     async fn grants_named(&mut self, target: &RevokeTarget, now: Timestamp) -> Result<Vec<Grant>> {
-        let now = now.as_micros();
-        match target {
-            RevokeTarget::Id(id) => self.rows(false, select_grants!("WHERE id = ?"), [id], |row| {
-                grant_from_row(row)
-            }),
-            RevokeTarget::Session(agent, session) => self.rows(
+        match sql::grants_named(target) {
+            GrantsNamed::Id(id) => {
+                self.rows(false, sql::GRANT_BY_ID, [id], |row| grant_from_row(row))
+            }
+            GrantsNamed::Active(statement, agent, value) => self.rows(
                 false,
-                select_grants!(
-                    "WHERE agent = ? AND scope = 2 AND session_id = ? AND revoked_at IS NULL \
-                     AND (expires_at IS NULL OR expires_at > ?) ORDER BY id"
-                ),
-                params![agent.as_str(), session.as_str(), now],
-                |row| grant_from_row(row),
-            ),
-            RevokeTarget::Workspace(agent, workspace) => self.rows(
-                false,
-                select_grants!(
-                    "WHERE agent = ? AND scope = 3 AND workspace = ? AND revoked_at IS NULL \
-                     AND (expires_at IS NULL OR expires_at > ?) ORDER BY id"
-                ),
-                params![agent.as_str(), workspace.as_str(), now],
+                statement,
+                params![agent.as_str(), value, now.as_micros()],
                 |row| grant_from_row(row),
             ),
         }
@@ -858,17 +797,10 @@ impl PolicyTx for SqliteTx {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let sql = format!(
-            "UPDATE grants SET revoked_at = ?, revoked_by = ? \
-             WHERE revoked_at IS NULL AND id IN ({}) \
-             RETURNING id, agent, scope, session_id, workspace, tool, matcher, effect, \
-             created_by, created_at, expires_at, revoked_at, revoked_by, source_session, \
-             source_call, reason",
-            placeholders(ids.len())
-        );
         let mut values = vec![Value::Integer(now.as_micros()), Value::Text(by.to_owned())];
         values.extend(ids.iter().map(|id| Value::Integer(*id)));
-        let mut grants = self.rows(false, &sql, params_from_iter(values), |row| {
+        let statement = sql::revoke(ids.len());
+        let mut grants = self.rows(false, &statement, params_from_iter(values), |row| {
             grant_from_row(row)
         })?;
         grants.sort_by_key(|g| g.id);
@@ -881,36 +813,15 @@ impl PolicyTx for SqliteTx {
         tool: &ToolName,
         scope: &GrantScope,
     ) -> Result<Vec<Stored>> {
-        match scope {
-            GrantScope::Session(session) => self.rows(
-                false,
-                select_calls!(
-                    "WHERE c.agent = ? AND c.tool = ? AND c.status = 1 AND c.session_id = ? \
-                     ORDER BY c.id"
-                ),
-                params![agent.as_str(), tool.as_str(), session.as_str()],
-                |row| stored(row),
-            ),
-            GrantScope::Workspace(workspace) => self.rows(
-                false,
-                select_calls!(
-                    "WHERE c.agent = ? AND c.tool = ? AND c.status = 1 AND c.workspace = ? \
-                     ORDER BY c.id"
-                ),
-                params![agent.as_str(), tool.as_str(), workspace.as_str()],
-                |row| stored(row),
-            ),
-            GrantScope::Always => self.rows(
-                false,
-                select_calls!("WHERE c.agent = ? AND c.tool = ? AND c.status = 1 ORDER BY c.id"),
-                params![agent.as_str(), tool.as_str()],
-                |row| stored(row),
-            ),
-        }
+        let (statement, value) = sql::pending_in_scope(scope);
+        let values = [agent.as_str(), tool.as_str()].into_iter().chain(value);
+        self.rows(false, statement, params_from_iter(values), |row| {
+            stored(row)
+        })
     }
 
     async fn find_rule(&mut self, id: &RuleId) -> Result<Option<Rule>> {
-        self.row(false, select_rules!("WHERE id = ?"), [id.as_str()], |row| {
+        self.row(false, sql::FIND_RULE, [id.as_str()], |row| {
             rule_from_row(row)
         })
     }
@@ -918,8 +829,7 @@ impl PolicyTx for SqliteTx {
     async fn insert_rule(&mut self, rule: &Rule) -> Result<bool> {
         self.rules = None;
         let inserted = self.execute(
-            "INSERT INTO rules (id, tool, matcher, effect, priority, description, source, \
-             created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+            sql::INSERT_RULE,
             params![
                 rule.id.as_str(),
                 rule.tool.as_str(),
@@ -936,16 +846,13 @@ impl PolicyTx for SqliteTx {
 
     async fn delete_rule(&mut self, id: &RuleId) -> Result<bool> {
         self.rules = None;
-        let deleted = self.execute("DELETE FROM rules WHERE id = ?", [id.as_str()])?;
+        let deleted = self.execute(sql::DELETE_RULE, [id.as_str()])?;
         Ok(deleted == 1)
     }
 
     async fn delete_file_rules(&mut self) -> Result<()> {
         self.rules = None;
-        self.execute(
-            "DELETE FROM rules WHERE source = ?",
-            [RuleSource::File.as_str()],
-        )?;
+        self.execute(sql::DELETE_RULES_FROM, [RuleSource::File.as_str()])?;
         Ok(())
     }
 }

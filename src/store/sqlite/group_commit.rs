@@ -27,8 +27,10 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{CancelReport, CancelTarget, DecideReport, SubmitReport};
-use crate::domain::{CallKey, Decision, NewBatch, Timestamp, ToolResultTexts};
+use crate::domain::{
+    CallKey, CancelReport, CancelTarget, DecideReport, Decision, NewBatch, SubmitReport, Timestamp,
+    ToolResultTexts,
+};
 use crate::error::{Error, Result};
 use crate::meters;
 use crate::operations::{PolicyTx, WriteTx, Writer, cancel, decide, submit};
