@@ -4,7 +4,7 @@
 
 use tempfile::TempDir;
 
-use super::{PolicyTx, WriteTx, Writer};
+use super::{PolicyTx, Transactions, WriteTx};
 use crate::domain::policy::{Rule, RuleSource};
 use crate::domain::{
     AgentId, CallId, CallKey, Decision, NewBatch, NewCall, OnDeny, SessionId, Timestamp, ToolInput,
@@ -41,7 +41,7 @@ impl Db {
     }
 
     /// The backend's writer, for operations that open their own transactions.
-    pub fn writer(&self) -> &impl Writer {
+    pub fn writer(&self) -> &impl Transactions {
         self.store.writer()
     }
 }

@@ -41,8 +41,8 @@ use crate::domain::{
 };
 use crate::error::Result;
 use crate::operations::{
-    PolicyTx, Resolved, Stored, WriteTx, Writer, cancel, decide, expire, explain, policy_admin,
-    submit,
+    PolicyTx, Resolved, Stored, Transactions, WriteTx, cancel, decide, expire, explain,
+    policy_admin, submit,
 };
 
 /// How many events one transaction of [`Store::sequence_events`] numbers at most.
@@ -153,7 +153,7 @@ async fn listen(pool: PgPool, channel: String, replica: String, remote_commits: 
 }
 
 #[async_trait]
-impl Writer for PostgresStore {
+impl Transactions for PostgresStore {
     type Tx = sqlx::Transaction<'static, Postgres>;
 
     async fn begin_write(&self) -> Result<Self::Tx> {

@@ -1,6 +1,6 @@
 //! The SQLite backend: the zero-setup default, one file, one broker process.
 //!
-//! Every write runs on one thread over one connection (`write`), group-committed, and begins
+//! Every write runs on one thread over one connection (`writer`), group-committed, and begins
 //! with `BEGIN IMMEDIATE`, so write transactions are serialised and sequence numbers are
 //! assigned in commit order. Reads use a separate pool (sqlx) and WAL snapshots, except those
 //! that belong with the writes: Explain (what a submit would read now) and the events each
@@ -9,7 +9,7 @@
 //! power loss.
 
 mod group_commit;
-mod write;
+mod writer;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -24,7 +24,7 @@ use sqlx::sqlite::{
 };
 
 use self::group_commit::GroupCommit;
-use self::write::WriteConnection;
+use self::writer::WriteConnection;
 use super::listing::{Listing, call_page, grant_page};
 use super::rows::{call_from_row, event_from_row, rule_from_row};
 use super::statements as sql;
@@ -36,7 +36,7 @@ use crate::domain::{
     Timestamp, ToolResultTexts,
 };
 use crate::error::{Error, Result};
-use crate::operations::{Writer, expire, explain, policy_admin};
+use crate::operations::{Transactions, expire, explain, policy_admin};
 
 /// SQLite's `synchronous` setting for the database file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -421,7 +421,7 @@ mod tests {
 
     #[tokio::test]
     async fn each_commits_events_are_handed_over_in_order_and_an_overflow_is_signalled() {
-        use super::write::PUBLISHED_QUEUE;
+        use super::writer::PUBLISHED_QUEUE;
         use crate::domain::EventKind;
         let (_dir, _, store) = fresh().await;
         let mut committed = store.take_committed_events().expect("handed over");

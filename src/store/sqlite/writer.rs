@@ -27,7 +27,7 @@ use crate::domain::{
     SessionId, Timestamp, ToolInput, ToolName,
 };
 use crate::error::{Error, Result, StorageFault};
-use crate::operations::{PolicyTx, Resolved, Stored, WriteTx, Writer};
+use crate::operations::{PolicyTx, Resolved, Stored, Transactions, WriteTx};
 use crate::store::CommittedEvents;
 use crate::store::RevokeTarget;
 use crate::store::rows::{
@@ -369,7 +369,7 @@ fn checkpoint_while_open(
 }
 
 #[async_trait]
-impl Writer for WriteConnection {
+impl Transactions for WriteConnection {
     type Tx = SqliteTx;
 
     async fn begin_write(&self) -> Result<Self::Tx> {
@@ -673,7 +673,7 @@ impl WriteTx for SqliteTx {
 
     /// `None` once SQLite rolled the transaction back by itself (after some errors: I/O, a full
     /// disk, no memory), so the group starts over rather than run the rest in autocommit.
-    fn writes(&self) -> Option<u64> {
+    fn statements_written(&self) -> Option<u64> {
         (!self.conn().is_autocommit()).then_some(self.writes)
     }
 
