@@ -27,6 +27,11 @@
 //! decided, and its outcome received by its agent. Speed is never asserted.
 
 mod broker;
+// The test kit's one file (a bin cannot use the kit crate, a dev-dependency); the bench uses
+// only part of it.
+#[allow(dead_code)]
+#[path = "../../../testkit/src/broker.rs"]
+mod kit;
 mod load;
 mod scale;
 mod stats;
@@ -38,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 
-use broker::{BrokerProcess, Schema, TempDir};
+use kit::{BrokerProcess, Launch, Schema, TempDir};
 use load::{CallRecord, LoadConfig, Shared};
 use stats::{Percentiles, ms};
 
@@ -187,7 +192,11 @@ async fn scale(args: &Args, setup: &Setup) -> Result<bool, String> {
         idle_subscribers: args.idle_subscribers,
         input_bytes: args.input_bytes,
     };
-    let pid = setup.broker.as_ref().map(|b| b.pid().to_string());
+    let pid = setup
+        .broker
+        .as_ref()
+        .and_then(|b| b.pid())
+        .map(|pid| pid.to_string());
     let figures = scale::run(&config, &setup.address, pid).await?;
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&figures).map_err(|e| e.to_string())?;
@@ -201,7 +210,7 @@ fn secs(value: f64, name: &str) -> Result<Duration, String> {
 }
 
 async fn setup(args: &Args) -> Result<Setup, String> {
-    let dir = TempDir::new().map_err(|e| format!("temp dir: {e}"))?;
+    let dir = TempDir::new("approval-bench").map_err(|e| format!("temp dir: {e}"))?;
     if let Some(target) = &args.target {
         return Ok(Setup {
             address: target.clone(),
@@ -237,9 +246,13 @@ async fn setup(args: &Args) -> Result<Setup, String> {
         let pending = args.scale_pending + 2 * scale::PROBE_CALLS as u64;
         broker_args.push(format!("--max-pending-per-agent={pending}"));
     }
-    let broker = BrokerProcess::start(&url, &dir.0.join("broker.log"), &broker_args).await?;
+    let broker = Launch::new(broker::binary()?, &url)
+        .log(dir.0.join("broker.log"))
+        .args(&broker_args)
+        .start()
+        .await?;
     Ok(Setup {
-        address: broker.address.clone(),
+        address: broker.address(),
         backend,
         broker: Some(broker),
         schema,
@@ -255,7 +268,11 @@ async fn measure(
     storage_duration: Duration,
     drain: Duration,
 ) -> Result<bool, String> {
-    let pid = setup.broker.as_ref().map(|b| b.pid().to_string());
+    let pid = setup
+        .broker
+        .as_ref()
+        .and_then(|b| b.pid())
+        .map(|pid| pid.to_string());
     let agent_channels = load::channels(&setup.address, args.agents).await?;
     let watcher_channels =
         load::channels(&setup.address, args.subscribers + args.approvers).await?;
@@ -392,7 +409,7 @@ async fn measure(
                 eprintln!("check FAILED: {p}");
             }
             if let Some(broker) = &setup.broker {
-                let log = std::fs::read_to_string(&broker.log).unwrap_or_default();
+                let log = broker.log_text();
                 let lines: Vec<&str> = log.lines().collect();
                 eprintln!(
                     "the broker's log ends:\n{}",
