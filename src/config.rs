@@ -151,6 +151,12 @@ pub struct Config {
     #[arg(long, env = "APPROVALS_MAX_CONTROL_FRAMES_PER_SECOND", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_control_frames_per_second: u32,
 
+    /// Serve the approval inbox: the web page at `/` on this same port, and HTTP/1.1 for browsers
+    /// on `http://` (the page and its gRPC-Web calls). `false`: no page, HTTP/2 only (gRPC, and
+    /// gRPC-Web over HTTP/2, which carries the same tokens and limits as gRPC).
+    #[arg(long, env = "APPROVALS_INBOX", default_value_t = true, action = clap::ArgAction::Set)]
+    pub inbox: bool,
+
     /// The most `grpc.health.v1.Health/Watch` streams open at once (health needs no token, so
     /// this is what bounds them).
     #[arg(long, env = "APPROVALS_MAX_HEALTH_WATCHES", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
@@ -271,6 +277,7 @@ impl Config {
             max_connections: self.max_connections as usize,
             handshake_timeout: self.handshake_timeout,
             max_control_frames_per_second: self.max_control_frames_per_second,
+            http1: self.inbox,
         }
     }
 

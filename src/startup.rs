@@ -11,6 +11,7 @@ use tokio_rustls::TlsAcceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
+use tonic_web::GrpcWebLayer;
 
 use crate::auth::{Gate, Role};
 use crate::broker::Broker;
@@ -21,6 +22,7 @@ use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
 use crate::grpc::oversize::MessageLimitStatus;
 use crate::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi, reflection};
+use crate::inbox::InboxPage;
 use crate::proto::{self, v1 as pb};
 use crate::store;
 use crate::store::health::{self, StorageHealth, Watched};
@@ -130,6 +132,12 @@ pub async fn run(
         // Every request's log lines carry its RPC; the broker's own spans add the session and
         // call ids.
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
+        // HTTP/1.1 only for browsers on `http://`: the page and gRPC-Web (see `inbox`).
+        .accept_http1(config.inbox)
+        // Outermost first: the page's files, then gRPC-Web turned into gRPC, so the limits
+        // below see every call in one form.
+        .layer(InboxPage::new(config.inbox))
+        .layer(GrpcWebLayer::new())
         .layer(MessageLimitStatus)
         .max_concurrent_streams(config.max_concurrent_streams)
         .http2_keepalive_interval(Some(config.keepalive_interval))
@@ -139,6 +147,7 @@ pub async fn run(
     let local = listener.local_addr().ok();
     tracing::info!(
         address = ?local,
+        inbox = config.inbox,
         backend = backend_name(&config),
         tls = config.tls_cert.is_some(),
         mutual_tls = config.tls_client_ca.is_some(),
