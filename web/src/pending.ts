@@ -141,7 +141,7 @@ export class PendingView {
     const header = h(
       "div",
       { class: "batch-head" },
-      h("span", {}, `Batch ${batchId.slice(0, 8)} · ${calls[0]?.batchSize ?? calls.length} call(s), ${pending.length} pending`),
+      h("span", {}, `Batch …${batchId.slice(-8)} · ${calls[0]?.batchSize ?? calls.length} call(s), ${pending.length} pending`),
       pending.length > 1
         ? [
             h("button", { type: "button", class: "approve", "aria-label": `Approve all ${pending.length} pending calls of batch ${batchId}`, onClick: () => void this.decideAll(pending, Decision.APPROVE, "") }, "Approve all"),
@@ -221,7 +221,6 @@ export class PendingView {
     const detail = h(
       "div",
       { class: "detail", hidden: true },
-      hiddenIn.length > 0 ? h("p", { class: "warn" }, hiddenIn.join("; ")) : null,
       jsonView(call.inputJson),
       h("button", { type: "button", "aria-label": `Explain what would decide ${label}`, onClick: () => void this.explain(call, explain) }, "Explain"),
       explain,

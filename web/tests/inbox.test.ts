@@ -253,15 +253,36 @@ describe("the approval inbox in Chromium", () => {
   test("submit to visible in the page: the median of 20 (measured, not asserted)", async () => {
     const page = await openInbox(TOKENS.alice);
     const session = unique("s-latency");
+    // The page notes when each card enters its DOM (the same machine's wall clock as this
+    // process): the test's own polling for the card would add its interval to the figure.
+    await page.evaluate(() => {
+      const seen: Record<string, number> = {};
+      (window as unknown as { seen: Record<string, number> }).seen = seen;
+      new MutationObserver(() => {
+        for (const el of document.querySelectorAll<HTMLElement>("article.card[data-call]")) {
+          const id = el.dataset.call!;
+          if (!(id in seen)) seen[id] = Date.now();
+        }
+      }).observe(document.body, { childList: true, subtree: true });
+    });
     const times: number[] = [];
+    const acks: number[] = [];
     for (let i = 0; i < 20; i++) {
-      const started = performance.now();
+      const started = Date.now();
       await submit(session, [{ id: `m${i}` }]);
+      acks.push(Date.now() - started);
       await card(page, session, `m${i}`).waitFor();
-      times.push(performance.now() - started);
+      const seenAt = await page.evaluate((id) => (window as unknown as { seen: Record<string, number> }).seen[id], `m${i}`);
+      times.push(seenAt - started);
     }
-    times.sort((a, b) => a - b);
-    const median = (times[9] + times[10]) / 2;
-    console.log(`submit -> visible in the page: median ${median.toFixed(1)} ms of 20 (min ${times[0].toFixed(1)}, max ${times[19].toFixed(1)})`);
+    const median = (xs: number[]) => {
+      const s = [...xs].sort((a, b) => a - b);
+      return ((s[9] + s[10]) / 2).toFixed(1);
+    };
+    const sorted = [...times].sort((a, b) => a - b);
+    console.log(
+      `submit -> visible in the page: median ${median(times)} ms of 20 (min ${sorted[0]}, max ${sorted[19]}); ` +
+        `of which submit -> acknowledged (committed): median ${median(acks)} ms`,
+    );
   });
 });
