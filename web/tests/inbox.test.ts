@@ -2,7 +2,7 @@
 // submitted by a real gRPC agent, Debian's Chromium through playwright-core. Each test proves
 // one promise of issue 15; the submit-to-visible time is measured and printed, not asserted.
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { after, afterEach, before, describe, test } from "node:test";
 import type { Browser, BrowserContext, Page } from "playwright-core";
 import { CallStatus, type Outcome } from "../src/gen/approvals/v1/types_pb";
 import { Broker, grpcClients, launchChromium, TOKENS } from "./harness";
@@ -19,8 +19,12 @@ before(async () => {
   browser = await launchChromium();
 });
 
+// Each test's pages close with it: open pages keep their live streams and render every event.
+afterEach(async () => {
+  for (const context of contexts.splice(0)) await context.close().catch(() => {});
+});
+
 after(async () => {
-  for (const context of contexts) await context.close().catch(() => {});
   await browser?.close();
   await broker?.stop();
 });
@@ -153,6 +157,73 @@ describe("the approval inbox in Chromium", () => {
     assert.equal(await isPending(session, "c3"), true, "the revoked grant decides nothing");
     await page.getByRole("tab", { name: /Pending/ }).click();
     await card(page, session, "c3").waitFor();
+  });
+
+  test("history finds decided calls by tool, with who decided and why", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-history");
+    await submit(session, [{ id: "h1", tool: "history_probe" }]);
+    await clients.approver.decide({ sessionId: session, callId: "h1", agent: "agent-a", decision: 2, reason: "not today" });
+    await page.getByRole("tab", { name: "History" }).click();
+    await page.locator("#history").getByLabel("tool", { exact: true }).fill("history_probe");
+    await page.getByRole("button", { name: "Search" }).click();
+    await page.locator("#history li", { hasText: `${session} / h1` }).getByText("by approver:bob · reason: not today").waitFor();
+  });
+
+  test("rules: create one, Explain shows it deciding, delete it", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const id = unique("no-danger");
+    await page.getByRole("tab", { name: "Rules" }).click();
+    const form = page.getByRole("form", { name: "Create a rule" });
+    await form.getByLabel("rule id").fill(id);
+    await form.getByLabel("tool glob (shell, mcp__github__*)").fill("danger_*");
+    await form.getByLabel("Effect").selectOption({ label: "DENY" });
+    await form.getByLabel("description (a deny rule's reason)").fill("dangerous tools are off");
+    await form.getByRole("button", { name: "Create rule" }).click();
+    await page.locator(`li[data-rule="${id}"]`).waitFor();
+
+    const explain = page.getByRole("form", { name: "Explain a call" });
+    await explain.getByLabel("tool", { exact: true }).fill("danger_zone");
+    await explain.getByLabel("agent (empty: default)").fill("agent-a");
+    await explain.getByRole("button", { name: "Explain" }).click();
+    await explain.getByText(`DENIED by policy:${id}`).waitFor();
+
+    await page.getByRole("button", { name: `Delete rule ${id}` }).click();
+    await page.locator(`li[data-rule="${id}"]`).waitFor({ state: "detached" });
+    await explain.getByRole("button", { name: "Explain" }).click();
+    await explain.getByText(/^PENDING/).waitFor();
+  });
+
+  test("a new pending call notifies while the tab is in the background, once notifications are allowed", async () => {
+    const context = await browser.newContext({ viewport: { width: 1200, height: 900 } });
+    contexts.push(context);
+    await context.grantPermissions(["notifications"], { origin: broker.url });
+    const page = await context.newPage();
+    // The real Notification, wrapped to record what the page shows; the tab reports itself
+    // hidden, as a background tab does (headless tabs are never hidden by themselves).
+    await page.addInitScript(() => {
+      const Real = window.Notification;
+      const shown: string[] = [];
+      (window as unknown as { shown: string[] }).shown = shown;
+      class Recorded extends Real {
+        constructor(title: string, options?: NotificationOptions) {
+          super(title, options);
+          shown.push(`${title} | ${options?.body ?? ""}`);
+        }
+      }
+      window.Notification = Recorded as typeof Notification;
+      Object.defineProperty(document, "hidden", { get: () => true });
+    });
+    await page.goto(`${broker.url}/`);
+    await page.getByLabel("Token", { exact: true }).fill(TOKENS.alice);
+    await page.getByRole("button", { name: "Open the inbox" }).click();
+    await page.locator("#connection", { hasText: "live" }).waitFor();
+    const session = unique("s-notify");
+    await submit(session, [{ id: "n1", tool: "deploy", title: "Deploy to production" }]);
+    await card(page, session, "n1").waitFor();
+    await page.waitForFunction(() => (window as unknown as { shown: string[] }).shown.length > 0);
+    const shown = await page.evaluate(() => (window as unknown as { shown: string[] }).shown);
+    assert.deepEqual(shown, ["Approve deploy? | Deploy to production"]);
   });
 
   test("a second browser sees the first one's decision, with who decided", async () => {
