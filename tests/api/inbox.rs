@@ -192,6 +192,11 @@ async fn get_root_over_http1_returns_the_embedded_inbox_page_with_its_files() {
     );
     assert_eq!(style.body, include_bytes!("../../web/dist/inbox.css"));
 
+    // A request shorter than the HTTP/2 preface is told apart as soon as its first byte.
+    let short = http1(app.address, "GET / HTTP/1.0\r\n\r\n", b"").await;
+    assert_eq!(short.status, 200);
+    assert_eq!(short.body, include_bytes!("../../web/dist/index.html"));
+
     // Nothing else is served from the page's side: no file system, no other path.
     let other = http1(app.address, &get("/Cargo.toml"), b"").await;
     assert_ne!(other.status, 200);
