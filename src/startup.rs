@@ -136,7 +136,7 @@ pub async fn run(
         .accept_http1(config.inbox)
         // Outermost first: the page's files, then gRPC-Web turned into gRPC, so the limits
         // below see every call in one form.
-        .layer(InboxPage::new(config.inbox))
+        .layer(InboxPage::new(config.inbox, tokens.is_none()))
         .layer(GrpcWebLayer::new())
         .layer(MessageLimitStatus)
         .max_concurrent_streams(config.max_concurrent_streams)

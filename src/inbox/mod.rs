@@ -7,6 +7,13 @@
 //! on, untouched, to gRPC. It must never serve anything from the file system, never answer for
 //! another path, and never relax what gRPC requires (the page holds no secret: the token is
 //! typed by the person and sent on each call, as any client's).
+//!
+//! While authentication is off (no tokens: the laptop default), anyone who reaches the port may
+//! decide calls, and a web site could reach it from the person's own browser by DNS rebinding
+//! (its name made to resolve to 127.0.0.1, its page then "same-origin" with the broker). So,
+//! without tokens, HTTP/1.1 requests (how a browser reaches a plain `http://` broker) are
+//! answered only when their `Host` is `localhost` or an IP address; gRPC clients, on HTTP/2,
+//! are not affected, nor is anything once tokens are configured.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,7 +22,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body_util::Full;
 use tonic::body::Body;
-use tonic::codegen::http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use tonic::codegen::http::{HeaderValue, Method, Request, Response, StatusCode, Version, header};
 
 /// One file of the page.
 struct Asset {
@@ -89,16 +96,56 @@ fn serve(asset: &Asset, method: &Method) -> Response<Body> {
     response
 }
 
+/// Whether a `Host` header names this machine by `localhost` or by an address, not by a DNS
+/// name that someone else's DNS could point here.
+fn is_local_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        // `[::1]:50051`
+        Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _port)| name),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
+}
+
+/// Refuses a browser's request to a broker without tokens made under a DNS name (see the
+/// module docs).
+fn rebinding_refusal<B>(request: &Request<B>) -> Option<Response<Body>> {
+    if request.version() >= Version::HTTP_2 {
+        return None;
+    }
+    let host = request.headers().get(header::HOST)?.to_str().unwrap_or("");
+    if is_local_host(host) {
+        return None;
+    }
+    let mut response = Response::new(Body::new(Full::new(Bytes::from_static(
+        b"This broker runs without tokens, so browsers may reach it only at localhost or an IP \
+          address (a DNS name could be pointed here by another site). Configure tokens \
+          (--tokens-file) to serve the inbox under a name.\n",
+    ))));
+    *response.status_mut() = StatusCode::FORBIDDEN;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    Some(response)
+}
+
 /// Serves the page's files in front of the gRPC services (see the module docs), or, when the
 /// inbox is off (`--inbox false`), nothing.
 #[derive(Debug, Clone, Copy)]
 pub struct InboxPage {
     serve: bool,
+    local_browsers_only: bool,
 }
 
 impl InboxPage {
-    pub fn new(serve: bool) -> Self {
-        Self { serve }
+    /// `serve`: `--inbox`. `authentication_off`: no tokens are configured, so browsers are
+    /// answered only at local names (see the module docs).
+    pub fn new(serve: bool, authentication_off: bool) -> Self {
+        Self {
+            serve,
+            local_browsers_only: authentication_off,
+        }
     }
 }
 
@@ -106,17 +153,14 @@ impl<S> tower_layer::Layer<S> for InboxPage {
     type Service = InboxPageService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        InboxPageService {
-            inner,
-            serve: self.serve,
-        }
+        InboxPageService { inner, page: *self }
     }
 }
 
 #[derive(Debug, Clone)]
 pub struct InboxPageService<S> {
     inner: S,
-    serve: bool,
+    page: InboxPage,
 }
 
 impl<S, ReqBody> tower_service::Service<Request<ReqBody>> for InboxPageService<S>
@@ -134,8 +178,13 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        if self.page.local_browsers_only
+            && let Some(refusal) = rebinding_refusal(&request)
+        {
+            return Box::pin(std::future::ready(Ok(refusal)));
+        }
         let method = request.method();
-        if self.serve
+        if self.page.serve
             && (method == Method::GET || method == Method::HEAD)
             && let Some(asset) = asset(request.uri().path())
         {
@@ -168,6 +217,31 @@ mod tests {
             "/x",
         ] {
             assert!(asset(other).is_none(), "{other}");
+        }
+    }
+
+    #[test]
+    fn local_hosts_are_localhost_and_addresses_never_dns_names() {
+        for local in [
+            "localhost",
+            "localhost:50051",
+            "LOCALHOST:1",
+            "127.0.0.1",
+            "127.0.0.1:50051",
+            "10.1.2.3:8080",
+            "[::1]:50051",
+            "[::1]",
+        ] {
+            assert!(is_local_host(local), "{local}");
+        }
+        for name in [
+            "evil.example",
+            "evil.example:50051",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io:50051",
+            "",
+        ] {
+            assert!(!is_local_host(name), "{name}");
         }
     }
 }

@@ -296,3 +296,35 @@ async fn approve_nothing_pending(app: &TestApp) {
         .expect("gRPC is served");
     assert!(pending.into_inner().calls.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tokens_browsers_are_answered_only_at_localhost_or_an_address() {
+    // Authentication off: a page under another site's name (DNS rebinding) must not reach it.
+    let app = spawn_app().await;
+    let get = |host: &str| format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    let port = app.address.port();
+    for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
+        assert_eq!(
+            http1(app.address, &get(&host), b"").await.status,
+            200,
+            "{host}"
+        );
+    }
+    let rebound = http1(app.address, &get(&format!("evil.example:{port}")), b"").await;
+    assert_eq!(rebound.status, 403);
+    let (response, reply) = grpc_web_call(
+        app.address,
+        "/approvals.v1.ApproverService/ListPending",
+        None,
+        &pb::ListPendingRequest::default(),
+    )
+    .await;
+    // `grpc_web_call` names the address itself (an IP): answered.
+    assert_eq!(response.status, 200);
+    assert_eq!(reply.status(), Some("0"), "trailers: {}", reply.trailers);
+    // gRPC clients (HTTP/2) are not affected, whatever name they use.
+    approve_nothing_pending(&app).await;
+
+    // With tokens, a caller needs one whatever the name: the page is served under any name
+    // (`get_root_over_http1_...` asks for it as `Host: x`).
+}
