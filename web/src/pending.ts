@@ -28,6 +28,8 @@ interface Card {
   outcome: HTMLElement;
   decided: boolean;
   refresh(): void;
+  /** Approves as the card's own Approve button does (with its Remember choice). */
+  approve(): void;
 }
 
 const FILTER_FIELDS: (keyof Filters)[] = ["agent", "session", "tool", "workspace"];
@@ -228,7 +230,7 @@ export class PendingView {
     const actions = h(
       "div",
       { class: "actions" },
-      h("button", { type: "button", class: "approve", "aria-label": `Approve ${label}`, onClick: () => void this.decide(card, { decision: Decision.APPROVE, ...remembered() }) }, "Approve"),
+      h("button", { type: "button", class: "approve", "aria-label": `Approve ${label}`, onClick: () => card.approve() }, "Approve"),
       h("button", { type: "button", class: "deny", "aria-label": `Deny ${label}`, onClick: () => this.openDeny(card) }, "Deny…"),
       h("button", { type: "button", "aria-label": `Edit the input of ${label}, then approve`, onClick: () => this.openEdit(card) }, "Edit…"),
       h("button", { type: "button", "aria-expanded": "false", "aria-label": `Details of ${label}`, onClick: (e) => { detail.hidden = !detail.hidden; (e.currentTarget as HTMLElement).setAttribute("aria-expanded", String(!detail.hidden)); } }, "Details"),
@@ -279,6 +281,7 @@ export class PendingView {
       call,
       outcome,
       decided: false,
+      approve: () => void this.decide(card, { decision: Decision.APPROVE, ...remembered() }),
       refresh: () => {
         const created = call.createdAt ? timestampDate(call.createdAt).getTime() : Date.now();
         age.textContent = `${span((Date.now() - created) / 1000)} ago`;
@@ -399,7 +402,7 @@ export class PendingView {
   act(what: "approve" | "deny" | "edit"): void {
     const card = this.selected ? this.cards.get(this.selected) : undefined;
     if (!card || card.decided) return;
-    if (what === "approve") void this.decide(card, { decision: Decision.APPROVE });
+    if (what === "approve") card.approve();
     else if (what === "deny") this.openDeny(card);
     else this.openEdit(card);
   }
