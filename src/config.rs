@@ -62,6 +62,12 @@ pub struct ServeSettings {
     #[arg(long, env = "APPROVALS_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
 
+    /// Serve the approval inbox: the web page at `/` on this same port, and HTTP/1.1 for browsers
+    /// on `http://` (the page and its gRPC-Web calls). `false`: no page, HTTP/2 only (gRPC, and
+    /// gRPC-Web over HTTP/2, which carries the same tokens and limits as gRPC).
+    #[arg(long, env = "APPROVALS_INBOX", default_value_t = true, action = clap::ArgAction::Set)]
+    pub inbox: bool,
+
     /// On SIGTERM, how long open requests and commits get to finish before the broker exits.
     #[arg(long, env = "APPROVALS_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
@@ -197,11 +203,13 @@ pub struct ConnectionSettings {
 }
 
 impl ConnectionSettings {
-    pub fn limits(&self) -> crate::connections::ConnectionLimits {
+    /// `http1`: whether browsers may speak HTTP/1.1 (the inbox is served).
+    pub fn limits(&self, http1: bool) -> crate::connections::ConnectionLimits {
         crate::connections::ConnectionLimits {
             max_connections: self.max_connections as usize,
             handshake_timeout: self.handshake_timeout,
             max_control_frames_per_second: self.max_control_frames_per_second,
+            http1,
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod events;
 pub mod expiry;
 pub mod grpc;
 pub mod hook;
+pub mod inbox;
 pub mod meters;
 pub mod operations;
 pub mod proto;

@@ -11,6 +11,7 @@ use tokio_rustls::TlsAcceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
+use tonic_web::GrpcWebLayer;
 
 use crate::auth::{Gate, Role};
 use crate::broker::Broker;
@@ -21,6 +22,7 @@ use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
 use crate::grpc::oversize::MessageLimitStatus;
 use crate::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi, reflection};
+use crate::inbox::InboxPage;
 use crate::proto::{self, v1 as pb};
 use crate::store;
 use crate::store::health::{self, StorageHealth, Watched};
@@ -132,6 +134,12 @@ pub async fn run(
         // Every request's log lines carry its RPC; the broker's own spans add the session and
         // call ids.
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
+        // HTTP/1.1 only for browsers on `http://`: the page and gRPC-Web (see `inbox`).
+        .accept_http1(config.serve.inbox)
+        // Outermost first: the page's files, then gRPC-Web turned into gRPC, so the limits
+        // below see every call in one form.
+        .layer(InboxPage::new(config.serve.inbox, tokens.is_none()))
+        .layer(GrpcWebLayer::new())
         .layer(MessageLimitStatus)
         .max_concurrent_streams(config.connections.max_concurrent_streams)
         .http2_keepalive_interval(Some(config.connections.keepalive_interval))
@@ -141,6 +149,7 @@ pub async fn run(
     let local = listener.local_addr().ok();
     tracing::info!(
         address = ?local,
+        inbox = config.serve.inbox,
         backend = database.backend(),
         tls = config.serve.tls_cert.is_some(),
         mutual_tls = config.serve.tls_client_ca.is_some(),
@@ -171,7 +180,7 @@ pub async fn run(
         .add_service(approver)
         .add_service(admin)
         .serve_with_incoming_shutdown(
-            connections::admit(listener, config.connections.limits(), tls),
+            connections::admit(listener, config.connections.limits(config.serve.inbox), tls),
             drain,
         );
     let drain_timeout = config.serve.drain_timeout;
