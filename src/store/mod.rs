@@ -293,7 +293,7 @@ pub enum DecidedByFilter {
     Prefix(String),
 }
 
-/// A position in a listing; opaque to clients (see `grpc::paging`).
+/// A position in a listing: the last row sent; clients only ever see it as an opaque page token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cursor(pub i64);
 

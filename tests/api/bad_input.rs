@@ -1,4 +1,4 @@
-//! Issue 4, bad input: one table of malformed requests covering every RPC of the three services
+//! Bad input: one table of malformed requests covering every RPC of the three services
 //! (AgentService: Submit, Connect, GetOutcomes, WatchOutcomes, Cancel; ApproverService:
 //! Subscribe, Decide, ListPending; AdminService: ListCalls, GetCall) proves, case by case, that
 //! each is refused with its exact status code and a message naming the field at fault (guarantee
