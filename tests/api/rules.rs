@@ -528,7 +528,7 @@ async fn the_policy_file_is_loaded_at_start_and_replaces_the_rules_it_loaded_bef
     }
 }
 
-/// Issue 13: a 1,024-byte glob that backtracking matched in quadratic time (`*aaa…ab` against
+/// A hostile glob: a 1,024-byte glob that backtracking matched in quadratic time (`*aaa…ab` against
 /// 256 KiB of `a`: 0.46 s a call in a release build) held the one SQLite writer for seconds, and
 /// every other submit waited. Matching is linear now, and done before the batch reaches the
 /// writer: an unrelated submit sent while such a batch is being judged is answered at once. The

@@ -1,4 +1,4 @@
-//! `approval-bench`: the approval broker's benchmark (issue 5). One command:
+//! `approval-bench`: the approval broker's throughput, latency and scale benchmark. One command:
 //!
 //! ```sh
 //! cargo run --release --bin approval-bench -- --agents 64 --duration 10
