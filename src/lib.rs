@@ -8,31 +8,35 @@
 //! committed event travels back out through the fan-out:
 //!
 //! ```text
-//! grpc/ (hook/, mcp/, inbox/)  ->  broker.rs  ->  operations/<one per operation>  ->  store/
+//! grpc/ (inbox/, hook/, mcp/)  ->  broker/  ->  operations/<one per operation>  ->  store/
 //!                                                                                     |
 //!                      streams  <-  events.rs  <-  the durable event log  <-----------+
 //! ```
 //!
 //! - `grpc/`: the gRPC surface, one file per service (`agent`, `approver`, `admin`), plus `parse`
 //!   (protobuf to validated domain values) and `render` (back). It talks to the broker only.
-//! - `hook/`, `mcp/`, `inbox/`: the other surfaces, for agent hosts' approval hooks, MCP clients
-//!   and servers, and the approver web inbox; like `grpc/`, they go through the broker.
-//! - `broker.rs`: the one facade every surface calls; it runs an operation, then tells the event
-//!   fan-out and the deadline sweeper.
+//! - `inbox/`: the approval web page, served beside gRPC on the same port; the page's calls are
+//!   gRPC-Web to the same services, through the same tokens and limits.
+//! - `hook/`, `mcp/`: adapters for the agents people run (Claude Code's hooks; any MCP client and
+//!   server), gRPC clients of the broker like any agent.
+//! - `broker/`: the one facade every surface calls; it judges large inputs ahead (`prejudge`),
+//!   runs an operation through the store, then tells the event fan-out and the deadline sweeper.
 //! - `operations/`: what the broker does, one file per operation: `submit`, `decide`, `cancel`,
-//!   `expire`, policy administration (`policy`), `explain`; `tx` holds the transaction
+//!   `expire`, `policy_admin` (grants and rules), `explain`, and `ruling` (what a rule or
+//!   grant deciding a pending call brings along); `tx` holds the transaction
 //!   primitives they are written over, and the lock order they keep.
 //! - `domain/`: plain, validated types and rules with no I/O: ids, inputs in canonical JSON,
 //!   calls, batches, outcomes, events, policy rules and grants, and the requests and reports the
 //!   operations take and return.
-//! - `store/`: storage behind small traits (writes, API reads, the event log, the sweeper's
-//!   reads), one backend each: `sqlite/` (with its single writer thread and group commit) and
-//!   `postgres`; SQL shared by both is written once.
+//! - `store/`: storage behind small traits (`Calls`, `Deadlines`, `EventLog`, `Policies`), one
+//!   backend each: `sqlite/` (its one `writer` thread and `group_commit`) and `postgres`; the SQL
+//!   both run is written once (`statements`), as is the keyset `listing`; `database` parses the
+//!   URL once; `health` watches whether writes work.
 //! - `events.rs`: the in-memory fan-out of committed events to every stream; `expiry.rs`: the
 //!   deadline sweeper.
 //! - `startup.rs` wires the parts and serves them; `config.rs` parses the settings once;
-//!   `connections/`, `auth.rs` and `limits.rs` guard the door (connection caps, bearer tokens,
-//!   stream caps); `error.rs` is the one error type and its gRPC status; `telemetry.rs` and
+//!   `connections/`, `auth.rs` and `stream_slots.rs` guard the door (connection caps, bearer
+//!   tokens, stream caps); `error.rs` is the one error type and its gRPC status; `telemetry.rs` and
 //!   `meters.rs` are logs and metrics; `proto.rs` is generated code.
 
 pub mod auth;
