@@ -21,7 +21,7 @@ const AGENT: &str = "token-of-the-agent";
 const ALICE: &str = "token-of-alice";
 
 fn with_tokens(config: &mut Config) {
-    config.tokens = Some(format!(
+    config.auth.tokens = Some(format!(
         "agent agent-a {}; approver alice {}",
         hash_token(AGENT),
         hash_token(ALICE)
@@ -258,7 +258,7 @@ async fn a_grpc_web_call_with_a_good_token_is_answered_and_a_bad_or_missing_toke
 async fn an_http1_connection_that_stops_inside_its_request_head_is_closed_after_the_handshake_timeout()
  {
     let app = spawn_app_on(Backend::Sqlite, |config| {
-        config.handshake_timeout = Duration::from_millis(300);
+        config.connections.handshake_timeout = Duration::from_millis(300);
     })
     .await;
     let mut halting = TcpStream::connect(app.address).await.expect("connect");
@@ -271,7 +271,7 @@ async fn an_http1_connection_that_stops_inside_its_request_head_is_closed_after_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_inbox_off_no_page_is_served_and_http1_is_refused() {
-    let app = spawn_app_on(Backend::Sqlite, |config| config.inbox = false).await;
+    let app = spawn_app_on(Backend::Sqlite, |config| config.serve.inbox = false).await;
     let mut socket = TcpStream::connect(app.address).await.expect("connect");
     socket
         .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
