@@ -1,11 +1,15 @@
 //! Storage behind one trait. Every state change (a call accepted, a call resolved) is written in
 //! the same transaction as its event, and nothing is acknowledged before that transaction commits.
-//! The trait speaks the domain's language; each backend (one file each) owns its SQL.
+//! The trait speaks the domain's language. The SQL both backends run is written once
+//! (`statements`), and so are the transaction primitives (`primitives`) and the reads (`reads`);
+//! each backend adds only what it does differently.
 
 mod explain;
 pub mod health;
 mod listing;
 mod postgres;
+mod primitives;
+mod reads;
 mod rows;
 mod sqlite;
 pub mod statements;
