@@ -20,13 +20,13 @@ use tokio::sync::{Notify, broadcast, mpsc};
 
 use crate::domain::Event;
 use crate::error::{Error, Result};
-use crate::store::Store;
+use crate::store::EventLog;
 
 /// How many events one store read returns.
 const PAGE: u32 = 256;
 
 pub struct EventBus {
-    store: Arc<dyn Store>,
+    log: Arc<dyn EventLog>,
     tx: broadcast::Sender<Arc<Event>>,
     /// The last sequence number broadcast. Updated before each send, so a feed that subscribes
     /// and then reads it cannot miss the event being sent.
@@ -37,11 +37,11 @@ pub struct EventBus {
 impl EventBus {
     /// `capacity` bounds the broadcast's ring of recent events shared by every consumer.
     /// Run [`EventBus::pump`] in a task for events to flow.
-    pub async fn new(store: Arc<dyn Store>, capacity: usize) -> Result<Arc<Self>> {
+    pub async fn new(log: Arc<dyn EventLog>, capacity: usize) -> Result<Arc<Self>> {
         let (tx, _) = broadcast::channel(capacity.max(16));
         Ok(Arc::new(Self {
-            published: AtomicU64::new(store.latest_seq().await?),
-            store,
+            published: AtomicU64::new(log.latest_seq().await?),
+            log,
             tx,
             committed: Notify::new(),
         }))
@@ -60,7 +60,7 @@ impl EventBus {
     /// A feed of every event after sequence number `after`.
     pub fn feed_after(self: &Arc<Self>, after: u64) -> Feed {
         Feed {
-            store: Arc::clone(&self.store),
+            log: Arc::clone(&self.log),
             rx: self.tx.subscribe(),
             last: after,
             backlog: VecDeque::new(),
@@ -73,7 +73,7 @@ impl EventBus {
         let rx = self.tx.subscribe();
         let last = self.published.load(Ordering::SeqCst);
         Feed {
-            store: Arc::clone(&self.store),
+            log: Arc::clone(&self.log),
             rx,
             last,
             backlog: VecDeque::new(),
@@ -84,8 +84,8 @@ impl EventBus {
     /// Publishes committed events until the task is dropped.
     pub async fn pump(self: Arc<Self>) {
         let mut last = self.published.load(Ordering::SeqCst);
-        let remote = self.store.remote_commits().unwrap_or_default();
-        let (mut handed, missed) = match self.store.take_committed_events() {
+        let remote = self.log.remote_commits().unwrap_or_default();
+        let (mut handed, missed) = match self.log.take_committed_events() {
             Some(committed) => (Some(committed.events), committed.missed),
             None => (None, Arc::default()),
         };
@@ -130,11 +130,11 @@ impl EventBus {
 
     /// Publishes what the log holds after `last`; returns the last sequence number published.
     async fn read_log(&self, mut last: u64) -> u64 {
-        if let Err(err) = self.store.sequence_events().await {
+        if let Err(err) = self.log.sequence_events().await {
             tracing::warn!(error = %err, "numbering committed events failed; retrying");
         }
         loop {
-            let events = match self.store.events_after(last, PAGE).await {
+            let events = match self.log.events_after(last, PAGE).await {
                 Ok(events) => events,
                 Err(err) => {
                     tracing::warn!(error = %err, "reading the event log failed; retrying");
@@ -163,7 +163,7 @@ async fn next_handed(handed: &mut Option<mpsc::Receiver<Vec<Event>>>) -> Option<
 
 /// One consumer's ordered view of the event log, without gaps or repeats.
 pub struct Feed {
-    store: Arc<dyn Store>,
+    log: Arc<dyn EventLog>,
     rx: broadcast::Receiver<Arc<Event>>,
     last: u64,
     backlog: VecDeque<Arc<Event>>,
@@ -190,7 +190,7 @@ impl Feed {
                 return Ok(Delivery { event, live: false });
             }
             if self.catching_up {
-                let page = self.store.events_after(self.last, PAGE).await?;
+                let page = self.log.events_after(self.last, PAGE).await?;
                 self.catching_up = page.len() == PAGE as usize;
                 self.backlog.extend(page.into_iter().map(Arc::new));
                 continue;
@@ -218,16 +218,11 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::domain::policy::{Rule, RuleId};
     use crate::domain::{
-        AgentId, BatchId, Call, CallId, CallKey, Decision, EventKind, NewBatch, SessionId,
-        Timestamp, ToolInput, ToolName,
+        AgentId, BatchId, Call, CallId, CallKey, EventKind, SessionId, Timestamp, ToolInput,
+        ToolName,
     };
-    use crate::store::{
-        CallPage, CallQuery, CancelReport, CancelTarget, CommittedEvents, DecideReport,
-        ExplainTarget, Explanation, GrantPage, GrantQuery, RevokeReport, RevokeTarget,
-        SubmitReport,
-    };
+    use crate::store::CommittedEvents;
 
     /// A log the test appends to ("commits"), and whose hand-overs the test makes, right or
     /// wrong: the pump is the only user.
@@ -275,7 +270,7 @@ mod tests {
     }
 
     #[async_trait]
-    impl Store for Log {
+    impl EventLog for Log {
         async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
             self.reads.fetch_add(1, Ordering::SeqCst);
             let events = self.events.lock().unwrap();
@@ -287,63 +282,6 @@ mod tests {
         }
         fn take_committed_events(&self) -> Option<CommittedEvents> {
             self.handed.lock().unwrap().take()
-        }
-
-        async fn submit(&self, _: NewBatch) -> Result<SubmitReport> {
-            unreachable!("the pump only reads")
-        }
-        async fn decide(&self, _: &CallKey, _: &Decision) -> Result<DecideReport> {
-            unreachable!("the pump only reads")
-        }
-        async fn cancel(&self, _: &CancelTarget) -> Result<CancelReport> {
-            unreachable!("the pump only reads")
-        }
-        async fn expire_due(&self, _: Timestamp) -> Result<Vec<Call>> {
-            unreachable!("the pump only reads")
-        }
-        async fn pending_count(&self) -> Result<u64> {
-            unreachable!("not used by the pump")
-        }
-        async fn next_deadline(&self) -> Result<Option<Timestamp>> {
-            unreachable!("not used by the pump")
-        }
-        async fn calls_by_id(
-            &self,
-            _: &AgentId,
-            _: &SessionId,
-            _: &[CallId],
-        ) -> Result<Vec<Option<Call>>> {
-            unreachable!("not used by the pump")
-        }
-        async fn batch_calls(&self, _: &BatchId) -> Result<Vec<Call>> {
-            unreachable!("not used by the pump")
-        }
-        async fn list_calls(&self, _: &CallQuery) -> Result<CallPage> {
-            unreachable!("not used by the pump")
-        }
-        async fn revoke_grants(&self, _: &RevokeTarget, _: &str) -> Result<RevokeReport> {
-            unreachable!("the pump only reads")
-        }
-        async fn list_grants(&self, _: &GrantQuery) -> Result<GrantPage> {
-            unreachable!("not used by the pump")
-        }
-        async fn create_rule(&self, _: &Rule) -> Result<Rule> {
-            unreachable!("the pump only reads")
-        }
-        async fn delete_rule(&self, _: &RuleId) -> Result<Rule> {
-            unreachable!("the pump only reads")
-        }
-        async fn list_rules(&self) -> Result<Vec<Rule>> {
-            unreachable!("not used by the pump")
-        }
-        async fn load_file_rules(&self, _: &[Rule]) -> Result<()> {
-            unreachable!("the pump only reads")
-        }
-        async fn explain(&self, _: &ExplainTarget) -> Result<Explanation> {
-            unreachable!("not used by the pump")
-        }
-        async fn probe(&self) -> Result<()> {
-            unreachable!("the pump only reads")
         }
     }
 

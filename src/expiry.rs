@@ -11,19 +11,19 @@ use tokio::sync::Notify;
 use crate::domain::Timestamp;
 use crate::error::Result;
 use crate::events::EventBus;
-use crate::store::Store;
+use crate::store::Deadlines;
 
 /// The longest the sweeper sleeps between two sweeps.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 
 pub struct DeadlineSweeper {
-    store: Arc<dyn Store>,
+    store: Arc<dyn Deadlines>,
     bus: Arc<EventBus>,
     deadline_added: Notify,
 }
 
 impl DeadlineSweeper {
-    pub fn new(store: Arc<dyn Store>, bus: Arc<EventBus>) -> Arc<Self> {
+    pub fn new(store: Arc<dyn Deadlines>, bus: Arc<EventBus>) -> Arc<Self> {
         Arc::new(Self {
             store,
             bus,

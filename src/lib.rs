@@ -12,11 +12,12 @@ pub mod events;
 pub mod expiry;
 pub mod grpc;
 pub mod hook;
-pub mod limits;
 pub mod meters;
+pub mod operations;
 pub mod proto;
 pub mod startup;
 pub mod store;
+pub mod stream_slots;
 pub mod telemetry;
 
 pub use error::{Error, Result};

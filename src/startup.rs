@@ -52,14 +52,14 @@ pub async fn run(
         store.load_file_rules(rules).await?;
         tracing::info!(rules = rules.len(), "policy file loaded");
     }
-    let bus = EventBus::new(Arc::clone(&store), config.event_buffer as usize).await?;
-    let sweeper = DeadlineSweeper::new(Arc::clone(&store), Arc::clone(&bus));
+    let bus = EventBus::new(store.clone(), config.event_buffer as usize).await?;
+    let sweeper = DeadlineSweeper::new(store.clone(), Arc::clone(&bus));
     // Calls that fell due while the broker was down expire before anything is served.
     sweeper.expire_due().await?;
     let background = [
         tokio::spawn(Arc::clone(&bus).pump()),
         tokio::spawn(Arc::clone(&sweeper).run()),
-        tokio::spawn(count_pending(Arc::clone(&store))),
+        tokio::spawn(count_pending(store.clone())),
         tokio::spawn(health::probe_while_open(Arc::clone(&store))),
     ];
 
@@ -198,7 +198,7 @@ pub async fn run(
 
 /// Keeps the pending-calls gauge current. Read from the store (an indexed count), so it is the
 /// whole fleet's figure on every replica, whoever wrote the calls.
-async fn count_pending(store: Arc<dyn store::Store>) {
+async fn count_pending(store: Arc<dyn store::Deadlines>) {
     const EVERY: std::time::Duration = std::time::Duration::from_secs(2);
     loop {
         match store.pending_count().await {

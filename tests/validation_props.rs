@@ -19,9 +19,9 @@ use std::collections::HashSet;
 
 use approval_broker::Error;
 use approval_broker::domain::{AgentId, OnDeny, Timestamp, ToolInput, Verdict, invisible, json};
+use approval_broker::domain::{CallQuery, CancelScope, Cursor};
 use approval_broker::grpc::parse;
 use approval_broker::proto::v1 as pb;
-use approval_broker::store::{CallQuery, CancelScope, Cursor};
 use proptest::collection::{btree_map, vec};
 use proptest::prelude::*;
 use proptest::sample::select;

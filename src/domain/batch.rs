@@ -1,6 +1,7 @@
 //! Batches: the calls of one model turn, submitted together and answered in their order.
 
-use super::{AgentId, BatchId, NewCall, SessionId};
+use super::{AgentId, BatchId, Call, CallId, NewCall, SessionId};
+use crate::error::Error;
 
 /// At most this many calls in one batch.
 pub const MAX_BATCH_CALLS: usize = 128;
@@ -54,4 +55,34 @@ pub struct NewBatch {
     /// The most pending calls the agent may have (`--max-pending-per-agent`, set by the broker;
     /// `None`: no cap). New calls beyond it are refused, each for itself.
     pub pending_cap: Option<u64>,
+}
+
+/// What a submit did, call by call.
+#[derive(Debug, Default)]
+pub struct SubmitReport {
+    /// The batch the new calls were stored under; `None` if nothing was new.
+    pub batch_id: Option<BatchId>,
+    /// One per call of the `NewBatch`, in its order.
+    pub items: Vec<SubmitItem>,
+    /// Pending calls this submit superseded; those it carries itself (superseded by a later
+    /// call of it with the same key) are in `items` too, with their outcome.
+    pub superseded: Vec<Call>,
+}
+
+#[derive(Debug)]
+pub struct SubmitItem {
+    pub index: u32,
+    pub call_id: CallId,
+    pub result: SubmitResult,
+}
+
+#[derive(Debug)]
+pub enum SubmitResult {
+    /// Stored now.
+    Accepted(Call),
+    /// The same call was already stored; nothing was written.
+    Duplicate(Call),
+    /// Refused for this call alone (ALREADY_EXISTS; INVALID_ARGUMENT for a new call whose
+    /// deadline has passed).
+    Refused(Error),
 }

@@ -5,21 +5,27 @@
 
 mod batch;
 mod call;
+mod cancel;
 mod codes;
 mod event;
 mod ids;
 mod input;
 pub mod invisible;
 pub mod json;
+mod listing;
 mod outcome;
 pub mod policy;
 mod time;
 
-pub use batch::{MAX_BATCH_CALLS, NewBatch, OnDeny};
+pub use batch::{MAX_BATCH_CALLS, NewBatch, OnDeny, SubmitItem, SubmitReport, SubmitResult};
 pub use call::{Call, CallKey, NewCall, Status};
+pub use cancel::{CancelReport, CancelScope, CancelTarget};
 pub(crate) use codes::code;
 pub use event::{Event, EventKind};
 pub use ids::{AgentId, BatchId, CallId, SessionId, ToolName, refuse_invisible};
 pub use input::{DEFAULT_MAX_INPUT_BYTES, ToolInput};
-pub use outcome::{DecidedBy, Decision, Outcome, OutcomeKind, ToolResultTexts, Verdict};
+pub use listing::{CallPage, CallQuery, Cursor, DecidedByFilter, GrantPage, GrantQuery};
+pub use outcome::{
+    DecideReport, DecidedBy, Decision, Outcome, OutcomeKind, ToolResultTexts, Verdict,
+};
 pub use time::{MAX_DEADLINE_AHEAD, PROTO_TIMESTAMP_SECONDS, Timestamp};

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use super::policy::Prejudged;
-use super::{CallKey, Timestamp, ToolInput, code};
+use super::{Call, CallKey, Timestamp, ToolInput, code};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -298,4 +298,20 @@ mod tests {
             assert_eq!(DecidedBy::parse_stored(&d.to_string()), d);
         }
     }
+}
+
+/// What a decide did.
+#[derive(Debug)]
+pub struct DecideReport {
+    /// The call with the outcome that stands.
+    pub call: Call,
+    /// The call was already decided this way; nothing was written.
+    pub replayed: bool,
+    /// Calls this decision skipped: of the same batch on a denial, and of the batches the new
+    /// grant's denials touched.
+    pub skipped: Vec<Call>,
+    /// The grant the decision created; on a replayed decision, the one the first one created.
+    pub grant: Option<super::policy::Grant>,
+    /// Pending calls the new grant decided at once.
+    pub decided_by_grant: Vec<Call>,
 }

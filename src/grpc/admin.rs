@@ -10,7 +10,6 @@ use super::{paging, parse, render};
 use crate::auth::Caller;
 use crate::broker::Broker;
 use crate::domain::Timestamp;
-use crate::error::Error;
 use crate::proto::v1 as pb;
 
 pub struct AdminApi {
@@ -44,12 +43,8 @@ impl pb::admin_service_server::AdminService for AdminApi {
         query.created_before = parse::time_bound("created_before", req.created_before)?;
         query.decided_by = parse::decided_by("decided_by", req.decided_by)?;
         parse::page(&mut query, req.page_size, &req.page_token)?;
-        let page = paging::calls(
-            self.broker.store(),
-            &query,
-            self.broker.limits().max_reply_bytes,
-        )
-        .await?;
+        let page =
+            paging::calls(&self.broker, &query, self.broker.limits().max_reply_bytes).await?;
         Ok(Response::new(pb::ListCallsResponse {
             calls: page.items,
             next_page_token: parse::page_token(page.next),
@@ -62,19 +57,8 @@ impl pb::admin_service_server::AdminService for AdminApi {
     ) -> Result<Response<pb::Call>, Status> {
         let req = request.into_inner();
         let key = parse::call_key(req.agent, req.session_id, req.call_id)?;
-        let found = self
-            .broker
-            .store()
-            .calls_by_id(&key.agent, &key.session, std::slice::from_ref(&key.call_id))
-            .await?;
-        match found.into_iter().next().flatten() {
-            Some(call) => Ok(Response::new(render::call(&call))),
-            None => Err(Error::NotFound(format!(
-                "no call `{}` in session `{}` of agent `{}`",
-                key.call_id, key.session, key.agent
-            ))
-            .into()),
-        }
+        let call = self.broker.call(&key).await?;
+        Ok(Response::new(render::call(&call)))
     }
 
     async fn list_grants(
@@ -85,7 +69,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         let now = Timestamp::now();
         query.now = Some(now);
         let page = paging::grants(
-            self.broker.store(),
+            &self.broker,
             &query,
             self.broker.limits().max_reply_bytes,
             now,
@@ -103,7 +87,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
     ) -> Result<Response<pb::RevokeGrantResponse>, Status> {
         let by = Caller::of(&request).admin_identity();
         let target = parse::revoke_target(request.into_inner())?;
-        let report = self.broker.store().revoke_grants(&target, &by).await?;
+        let report = self.broker.revoke_grants(&target, &by).await?;
         let now = Timestamp::now();
         let mut room = Room::new(self.broker.limits().max_reply_bytes);
         let (grants, all) = room.fill(report.grants.iter().map(|g| render::grant(g, now)));
@@ -123,7 +107,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
             request.into_inner().rule,
             self.broker.limits().max_input_bytes,
         )?;
-        let stored = self.broker.store().create_rule(&rule).await?;
+        let stored = self.broker.create_rule(&rule).await?;
         Ok(Response::new(render::rule(&stored)))
     }
 
@@ -132,7 +116,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         request: Request<pb::ListRulesRequest>,
     ) -> Result<Response<pb::ListRulesResponse>, Status> {
         let req = request.into_inner();
-        let rules = self.broker.store().list_rules().await?;
+        let rules = self.broker.list_rules().await?;
         let (rules, next_page_token) = paging::rules(
             rules,
             req.page_size,
@@ -150,7 +134,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         request: Request<pb::DeleteRuleRequest>,
     ) -> Result<Response<pb::Rule>, Status> {
         let id = parse::rule_id("id", &request.into_inner().id)?;
-        let deleted = self.broker.store().delete_rule(&id).await?;
+        let deleted = self.broker.delete_rule(&id).await?;
         Ok(Response::new(render::rule(&deleted)))
     }
 
@@ -159,7 +143,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         request: Request<pb::ExplainRequest>,
     ) -> Result<Response<pb::ExplainResponse>, Status> {
         let target = parse::explain(request.into_inner(), self.broker.limits().max_input_bytes)?;
-        let explanation = self.broker.store().explain(&target).await?;
+        let explanation = self.broker.explain(&target).await?;
         let reply = render::explanation(&explanation, Timestamp::now());
         Ok(Response::new(oversize::fit_explanation(
             reply,

@@ -15,16 +15,17 @@ use tracing::Instrument as _;
 
 use super::oversize::{self, Room};
 use super::replay::{Replay, Replayed, SessionPages};
-use super::{parse, render};
+use super::{StreamOver, parse, render};
 use crate::auth::Caller;
 use crate::broker::Broker;
-use crate::domain::{AgentId, BatchId, Call, CallId, Event, EventKind, SessionId};
+use crate::domain::{
+    AgentId, BatchId, Call, CallId, Event, EventKind, SessionId, SubmitReport, SubmitResult,
+};
 use crate::error::Result;
 use crate::events::Feed;
-use crate::limits::Slot;
 use crate::proto::v1 as pb;
 use crate::proto::v1::agent_response::Response as Reply;
-use crate::store::{SubmitReport, SubmitResult};
+use crate::stream_slots::StreamSlot;
 
 /// Responses queued for one agent stream before the task waits for the client to read.
 const OUTBOUND: usize = 256;
@@ -46,9 +47,6 @@ impl AgentApi {
         Self { broker }
     }
 }
-
-/// The client went away: stop working for it.
-struct Gone;
 
 type Outbound<T> = mpsc::Sender<Result<T, Status>>;
 
@@ -108,7 +106,7 @@ impl pb::agent_service_server::AgentService for AgentApi {
         let named = parse::call_ids("call_ids", req.call_ids, true)?;
         let wanted = (!named.is_empty()).then(|| named.into_iter().collect::<HashSet<_>>());
         // Outcomes logged by now are replayed; the later ones come from the feed.
-        let seq = self.broker.store().latest_seq().await?;
+        let seq = self.broker.latest_seq().await?;
         let (out, rx) = mpsc::channel(OUTBOUND);
         let watch = OutcomeWatch {
             broker: Arc::clone(&self.broker),
@@ -130,11 +128,7 @@ impl pb::agent_service_server::AgentService for AgentApi {
         let req = request.into_inner();
         let session = parse::session("session_id", req.session_id)?;
         let ids = parse::call_ids("call_ids", req.call_ids, false)?;
-        let found = self
-            .broker
-            .store()
-            .calls_by_id(&agent, &session, &ids)
-            .await?;
+        let found = self.broker.calls_by_id(&agent, &session, &ids).await?;
         let states = ids.iter().zip(found).map(|(id, call)| pb::CallState {
             call_id: id.to_string(),
             state: Some(match call {
@@ -176,7 +170,7 @@ struct AgentConnection {
     /// The sessions this stream follows, each with the sequence number up to which its
     /// outcomes were sent (by a resume) or are not wanted (committed before it followed).
     watched: HashMap<SessionId, u64>,
-    _slot: Slot,
+    _slot: StreamSlot,
 }
 
 impl AgentConnection {
@@ -225,7 +219,7 @@ impl AgentConnection {
         }
     }
 
-    async fn send(&self, request_id: &str, reply: Reply) -> Result<(), Gone> {
+    async fn send(&self, request_id: &str, reply: Reply) -> Result<(), StreamOver> {
         // Every message of the stream passes here: the ones that list a whole batch or session
         // are cut to the reply limit (the others are built within it, or hold one item).
         let limit = self.broker.limits().max_reply_bytes;
@@ -238,10 +232,10 @@ impl AgentConnection {
             request_id: request_id.to_owned(),
             response: Some(reply),
         };
-        self.out.send(Ok(response)).await.map_err(|_| Gone)
+        self.out.send(Ok(response)).await.map_err(|_| StreamOver)
     }
 
-    async fn handle(&mut self, request: pb::AgentRequest) -> Result<(), Gone> {
+    async fn handle(&mut self, request: pb::AgentRequest) -> Result<(), StreamOver> {
         let id = request.request_id;
         // Every answer echoes the id: a huge one would make the answer outgrow the reply limit.
         if id.len() > MAX_REQUEST_ID_BYTES {
@@ -272,8 +266,8 @@ impl AgentConnection {
         }
     }
 
-    /// `Err` refuses the request as a whole; `Ok(Err(Gone))` means the client went away.
-    async fn submit(&mut self, id: &str, spec: pb::BatchSpec) -> Result<Result<(), Gone>> {
+    /// `Err` refuses the request as a whole; `Ok(Err(StreamOver))` means the client went away.
+    async fn submit(&mut self, id: &str, spec: pb::BatchSpec) -> Result<Result<(), StreamOver>> {
         let mut parsed = parse::batch("submit", Some(spec), self.broker.limits().max_input_bytes)?;
         parsed.batch.agent = self.agent.clone();
         let session = parsed.batch.session.clone();
@@ -298,7 +292,7 @@ impl AgentConnection {
     async fn follow(&mut self, session: &SessionId) -> Result<()> {
         if !self.watched.contains_key(session) {
             self.check_room_to_follow()?;
-            let committed = self.broker.store().latest_seq().await?;
+            let committed = self.broker.latest_seq().await?;
             self.watched.insert(session.clone(), committed);
         }
         Ok(())
@@ -323,7 +317,7 @@ impl AgentConnection {
         &self,
         report: &SubmitReport,
         followed_from: u64,
-    ) -> Result<Result<(), Gone>> {
+    ) -> Result<Result<(), StreamOver>> {
         let logged = |c: &Call| {
             c.outcome
                 .as_ref()
@@ -336,7 +330,7 @@ impl AgentConnection {
                 && let Some(outcome) = render::outcome(call)
             {
                 if self.send("", Reply::Outcome(outcome)).await.is_err() {
-                    return Ok(Err(Gone));
+                    return Ok(Err(StreamOver));
                 }
                 if !batches.contains(&&call.batch_id) {
                     batches.push(&call.batch_id);
@@ -344,18 +338,22 @@ impl AgentConnection {
             }
         }
         for batch in batches {
-            let calls = self.broker.store().batch_calls(batch).await?;
+            let calls = self.broker.batch_calls(batch).await?;
             if calls.iter().all(logged)
                 && let Some(complete) = render::batch_complete(&calls)
                 && self.send("", Reply::BatchComplete(complete)).await.is_err()
             {
-                return Ok(Err(Gone));
+                return Ok(Err(StreamOver));
             }
         }
         Ok(Ok(()))
     }
 
-    async fn cancel(&mut self, id: &str, target: pb::CancelTarget) -> Result<Result<(), Gone>> {
+    async fn cancel(
+        &mut self,
+        id: &str,
+        target: pb::CancelTarget,
+    ) -> Result<Result<(), StreamOver>> {
         let mut target = parse::cancel(Some(target), "cancel")?;
         target.agent = self.agent.clone();
         self.follow(&target.session).await?;
@@ -371,11 +369,15 @@ impl AgentConnection {
             .await)
     }
 
-    async fn resume(&mut self, id: &str, resume: pb::ResumeRequest) -> Result<Result<(), Gone>> {
+    async fn resume(
+        &mut self,
+        id: &str,
+        resume: pb::ResumeRequest,
+    ) -> Result<Result<(), StreamOver>> {
         let session = parse::session("resume.session_id", resume.session_id)?;
         let named = parse::call_ids("resume.call_ids", resume.call_ids, true)?;
         let wanted = (!named.is_empty()).then(|| named.into_iter().collect::<HashSet<_>>());
-        let seq = self.broker.store().latest_seq().await?;
+        let seq = self.broker.latest_seq().await?;
         // A whole-session resume sends every outcome up to `seq`, so the feed takes over after
         // it. A resume of named calls sends only those: a session the stream already follows
         // keeps its watermark, so the feed still pushes the other calls' outcomes.
@@ -390,7 +392,7 @@ impl AgentConnection {
         };
         self.watched.insert(session.clone(), from);
         let mut replay = Replay::new(wanted.as_ref(), seq, true);
-        let mut pages = SessionPages::new(self.broker.store(), &self.agent, &session);
+        let mut pages = SessionPages::new(&self.broker, &self.agent, &session);
         while let Some(calls) = pages.next().await? {
             for message in replay.page(calls) {
                 let reply = match message {
@@ -398,7 +400,7 @@ impl AgentConnection {
                     Replayed::BatchComplete(complete) => Reply::BatchComplete(complete),
                 };
                 if self.send("", reply).await.is_err() {
-                    return Ok(Err(Gone));
+                    return Ok(Err(StreamOver));
                 }
             }
         }
@@ -413,7 +415,7 @@ impl AgentConnection {
     }
 
     /// Pushes an outcome of a followed session, and its batch's completion.
-    async fn route(&mut self, event: &Event) -> Result<(), Gone> {
+    async fn route(&mut self, event: &Event) -> Result<(), StreamOver> {
         if event.kind != EventKind::Resolved || event.call.key.agent != self.agent {
             return Ok(());
         }
@@ -425,7 +427,7 @@ impl AgentConnection {
             self.send("", Reply::Outcome(outcome)).await?;
         }
         if event.batch_completed {
-            match self.broker.store().batch_calls(&event.call.batch_id).await {
+            match self.broker.batch_calls(&event.call.batch_id).await {
                 Ok(calls) => {
                     if let Some(complete) = render::batch_complete(&calls) {
                         self.send("", Reply::BatchComplete(complete)).await?;
@@ -433,7 +435,7 @@ impl AgentConnection {
                 }
                 Err(err) => {
                     let _ = self.out.send(Err(err.into())).await;
-                    return Err(Gone);
+                    return Err(StreamOver);
                 }
             }
         }
@@ -448,11 +450,11 @@ struct OutcomeWatch {
     session: SessionId,
     wanted: Option<HashSet<CallId>>,
     out: Outbound<pb::WatchOutcomesResponse>,
-    _slot: Slot,
+    _slot: StreamSlot,
 }
 
 impl OutcomeWatch {
-    async fn send(&self, event: pb::watch_outcomes_response::Event) -> Result<(), Gone> {
+    async fn send(&self, event: pb::watch_outcomes_response::Event) -> Result<(), StreamOver> {
         use pb::watch_outcomes_response::Event as E;
         let event = match event {
             E::BatchComplete(c) => E::BatchComplete(render::fit_batch_complete(
@@ -462,7 +464,7 @@ impl OutcomeWatch {
             other => other,
         };
         let message = pb::WatchOutcomesResponse { event: Some(event) };
-        self.out.send(Ok(message)).await.map_err(|_| Gone)
+        self.out.send(Ok(message)).await.map_err(|_| StreamOver)
     }
 
     async fn run(self, seq: u64) {
@@ -470,7 +472,7 @@ impl OutcomeWatch {
         // Named calls pending as of `seq` are waited for; a whole-session watch lists none.
         let named = self.wanted.is_some();
         let mut replay = Replay::new(self.wanted.as_ref(), seq, named);
-        let mut pages = SessionPages::new(self.broker.store(), &self.agent, &self.session);
+        let mut pages = SessionPages::new(&self.broker, &self.agent, &self.session);
         loop {
             let calls = match pages.next().await {
                 Ok(Some(calls)) => calls,
@@ -539,7 +541,7 @@ impl OutcomeWatch {
                 return;
             }
             if event.batch_completed {
-                match self.broker.store().batch_calls(&call.batch_id).await {
+                match self.broker.batch_calls(&call.batch_id).await {
                     Ok(calls) => {
                         if let Some(complete) = render::batch_complete(&calls)
                             && self.send(E::BatchComplete(complete)).await.is_err()

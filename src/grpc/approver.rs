@@ -16,16 +16,15 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
 use super::queue::{self, Full};
-use super::{paging, parse, render};
+use super::{StreamOver, paging, parse, render};
 use crate::auth::Caller;
 use crate::broker::Broker;
-use crate::domain::{EventKind, Status as CallStatus};
+use crate::domain::{CallQuery, EventKind, Status as CallStatus};
 use crate::error::{Error, Result};
 use crate::events::Feed;
 use crate::meters;
 use crate::proto::v1 as pb;
 use crate::proto::v1::approver_event::Event as E;
-use crate::store::CallQuery;
 
 /// The trailer naming the last sequence number delivered to a subscriber whose stream the broker
 /// ended (it fell behind, or the broker is shutting down): resume with `after_seq` set to it.
@@ -52,7 +51,7 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         let slot = self.broker.open_subscriber()?;
         let req = request.into_inner();
         let filter = parse::filter("filter.", req.filter)?;
-        let latest = self.broker.store().latest_seq().await?;
+        let latest = self.broker.latest_seq().await?;
         if let Some(after) = req.after_seq
             && after > latest
         {
@@ -98,21 +97,14 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         let mut query = parse::filter("filter.", req.filter)?;
         parse::page(&mut query, req.page_size, &req.page_token)?;
         query.statuses = vec![CallStatus::Pending];
-        let page = paging::calls(
-            self.broker.store(),
-            &query,
-            self.broker.limits().max_reply_bytes,
-        )
-        .await?;
+        let page =
+            paging::calls(&self.broker, &query, self.broker.limits().max_reply_bytes).await?;
         Ok(Response::new(pb::ListPendingResponse {
             calls: page.items,
             next_page_token: parse::page_token(page.next),
         }))
     }
 }
-
-/// The client went away, or was told it fell behind: the stream is over.
-struct Ended;
 
 struct Subscriber {
     broker: Arc<Broker>,
@@ -133,14 +125,14 @@ impl Subscriber {
     }
 
     /// Every pending call that matches, as of `seq`, then the marker.
-    async fn send_snapshot(&mut self, seq: u64) -> Result<(), Ended> {
+    async fn send_snapshot(&mut self, seq: u64) -> Result<(), StreamOver> {
         let mut query = self.filter.clone();
         query.statuses = vec![CallStatus::Pending];
         query.requested_at_or_before = Some(seq);
         query.limit = 256;
         let mut pending = 0u64;
         loop {
-            let page = match self.broker.store().list_calls(&query).await {
+            let page = match self.broker.list_calls(&query).await {
                 Ok(page) => page,
                 Err(err) => return self.fail(err.into()),
             };
@@ -157,12 +149,12 @@ impl Subscriber {
             .await
     }
 
-    async fn follow(&mut self, feed: &mut Feed) -> Result<(), Ended> {
+    async fn follow(&mut self, feed: &mut Feed) -> Result<(), StreamOver> {
         let broker = Arc::clone(&self.broker);
         loop {
             let delivery = tokio::select! {
                 delivery = feed.next() => delivery,
-                _ = self.out.closed() => return Err(Ended),
+                _ = self.out.closed() => return Err(StreamOver),
                 _ = broker.stopping() => {
                     let status = self.resume_status(tonic::Code::Unavailable, format!(
                         "the broker is shutting down; resume with after_seq={}",
@@ -202,25 +194,25 @@ impl Subscriber {
     }
 
     /// Queues an item, waiting for room (catch-up reads pace themselves to the client).
-    async fn queue(&mut self, seq: u64, event: E) -> Result<(), Ended> {
+    async fn queue(&mut self, seq: u64, event: E) -> Result<(), StreamOver> {
         meters::subscriber_lag(self.broker.bus().published().saturating_sub(seq));
         self.out
             .send(Self::message(seq, event))
             .await
-            .map_err(|_| Ended)?;
+            .map_err(|_| StreamOver)?;
         self.last_queued = seq;
         Ok(())
     }
 
     /// Queues a live item if there is room; otherwise the subscriber has fallen too far behind.
-    async fn offer(&mut self, seq: u64, event: E) -> Result<(), Ended> {
+    async fn offer(&mut self, seq: u64, event: E) -> Result<(), StreamOver> {
         meters::subscriber_lag(self.broker.bus().published().saturating_sub(seq));
         match self.out.try_send(Self::message(seq, event)) {
             Ok(()) => {
                 self.last_queued = seq;
                 Ok(())
             }
-            Err(Full::Closed) => Err(Ended),
+            Err(Full::Closed) => Err(StreamOver),
             Err(Full::Full) => {
                 let status = self.resume_status(
                     tonic::Code::ResourceExhausted,
@@ -253,8 +245,8 @@ impl Subscriber {
     /// Ends the stream with `status`, after the events already queued. It does not wait for
     /// the client: the status is kept beside the queue until the client reads it, however long
     /// that takes.
-    fn fail(&mut self, status: Status) -> Result<(), Ended> {
+    fn fail(&mut self, status: Status) -> Result<(), StreamOver> {
         self.out.end(status);
-        Err(Ended)
+        Err(StreamOver)
     }
 }

@@ -12,8 +12,8 @@ use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tonic_health::server::{HealthReporter, HealthService};
 
-use crate::limits::{Slot, StreamSlots};
 use crate::meters::StreamKind;
+use crate::stream_slots::{StreamSlot, StreamSlots};
 
 /// The health service reporting what `reporter` is told, with at most `max_watches` watches.
 pub fn capped(reporter: HealthReporter, max_watches: usize) -> HealthServer<CappedHealth> {
@@ -57,7 +57,7 @@ impl Health for CappedHealth {
 /// One open watch; its slot is freed when the client goes away and the stream is dropped.
 pub struct Watch {
     inner: tonic_health::server::WatchStream,
-    _slot: Slot,
+    _slot: StreamSlot,
 }
 
 impl Stream for Watch {

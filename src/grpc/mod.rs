@@ -14,3 +14,7 @@ pub mod queue;
 pub mod reflection;
 mod render;
 pub mod replay;
+
+/// A stream is over for the broker: its client went away, or was told why it ends (it fell
+/// behind, the broker drains). Whoever sees it stops working for that stream.
+struct StreamOver;

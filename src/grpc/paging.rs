@@ -1,6 +1,6 @@
 //! Pages cut by size as well as by count (see [`oversize`](super::oversize)). A page of calls or
 //! grants ends early when the next item would push the encoded reply past the reply limit, and
-//! its `next_page_token` continues right after the last item sent. The store is read a few rows
+//! its `next_page_token` continues right after the last item sent. The broker is read a few rows
 //! at a time, so a page of large calls never holds much more in memory than the reply itself.
 //! Rules, few and read whole, are paged in precedence order the same way.
 
@@ -9,13 +9,14 @@ use std::future::Future;
 
 use super::oversize::Room;
 use super::render;
+use crate::broker::Broker;
 use crate::domain::Timestamp;
 use crate::domain::policy::{Rule, rule_precedence, sort_by_precedence};
+use crate::domain::{CallQuery, Cursor, GrantQuery};
 use crate::error::{Error, Result};
 use crate::proto::v1 as pb;
-use crate::store::{CallQuery, Cursor, GrantQuery, Store};
 
-/// Rows read from the store at a time while a page is filled.
+/// Rows read at a time while a page is filled.
 const CHUNK: u32 = 32;
 
 /// One page of a listing, as sent, and the cursor to continue after it (`None` on the last).
@@ -26,7 +27,7 @@ pub struct Page<M> {
 
 /// A page of the calls `query` selects, of at most `query.limit` calls and `reply_limit` bytes.
 pub async fn calls(
-    store: &dyn Store,
+    broker: &Broker,
     query: &CallQuery,
     reply_limit: usize,
 ) -> Result<Page<pb::Call>> {
@@ -35,7 +36,7 @@ pub async fn calls(
         query.after = after;
         query.limit = limit;
         async move {
-            let page = store.list_calls(&query).await?;
+            let page = broker.list_calls(&query).await?;
             Ok(Chunk {
                 items: page.calls,
                 cursors: page.cursors,
@@ -48,7 +49,7 @@ pub async fn calls(
 
 /// A page of the grants `query` selects, judged active or not at `now`.
 pub async fn grants(
-    store: &dyn Store,
+    broker: &Broker,
     query: &GrantQuery,
     reply_limit: usize,
     now: Timestamp,
@@ -58,7 +59,7 @@ pub async fn grants(
         query.after = after;
         query.limit = limit;
         async move {
-            let page = store.list_grants(&query).await?;
+            let page = broker.list_grants(&query).await?;
             Ok(Chunk {
                 items: page.grants,
                 cursors: page.cursors,
@@ -70,7 +71,7 @@ pub async fn grants(
     fill(query.limit, query.after, reply_limit, read, render_grant).await
 }
 
-/// Rows of one store read, each with the cursor after it.
+/// Rows of one read, each with the cursor after it.
 struct Chunk<T> {
     items: Vec<T>,
     cursors: Vec<Cursor>,

@@ -7,19 +7,16 @@ use std::time::Duration;
 
 use crate::domain::OutcomeKind;
 use crate::domain::policy::{
-    FieldCondition, FieldPath, FieldTest, Glob, Matcher, Remember, Rule, RuleEffect, RuleId,
-    RuleSource, Scope,
+    ExplainTarget, FieldCondition, FieldPath, FieldTest, Glob, Matcher, Remember, RevokeTarget,
+    Rule, RuleEffect, RuleId, RuleSource, Scope,
 };
 use crate::domain::{
-    AgentId, BatchId, CallId, CallKey, Decision, MAX_BATCH_CALLS, NewBatch, NewCall, OnDeny,
-    SessionId, Status, Timestamp, ToolInput, ToolName, Verdict, refuse_invisible,
+    AgentId, BatchId, CallId, CallKey, CallQuery, CancelScope, CancelTarget, Cursor,
+    DecidedByFilter, Decision, GrantQuery, MAX_BATCH_CALLS, NewBatch, NewCall, OnDeny, SessionId,
+    Status, Timestamp, ToolInput, ToolName, Verdict, refuse_invisible,
 };
 use crate::error::{Error, Result};
 use crate::proto::v1 as pb;
-use crate::store::{
-    CallQuery, CancelScope, CancelTarget, Cursor, DecidedByFilter, ExplainTarget, GrantQuery,
-    RevokeTarget,
-};
 
 const MAX_LOOKUP_IDS: usize = 1024;
 const MAX_TITLE_BYTES: usize = 512;

@@ -17,10 +17,10 @@ use std::task::{Context, Poll, ready};
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
-use crate::limits::Slot;
+use crate::stream_slots::StreamSlot;
 
 /// A queue of at most `capacity` messages, and its final status.
-pub fn channel<T>(capacity: usize, slot: Slot) -> (Sender<T>, Receiver<T>) {
+pub fn channel<T>(capacity: usize, slot: StreamSlot) -> (Sender<T>, Receiver<T>) {
     let (tx, rx) = mpsc::channel(capacity.max(1));
     let (end_tx, end_rx) = oneshot::channel();
     (
@@ -90,7 +90,7 @@ impl<T> Sender<T> {
 pub struct Receiver<T> {
     rx: mpsc::Receiver<Result<T, Status>>,
     end: Option<oneshot::Receiver<Status>>,
-    _slot: Slot,
+    _slot: StreamSlot,
 }
 
 impl<T> tokio_stream::Stream for Receiver<T> {
@@ -117,10 +117,10 @@ mod tests {
     use tokio_stream::StreamExt as _;
 
     use super::*;
-    use crate::limits::StreamSlots;
     use crate::meters::StreamKind;
+    use crate::stream_slots::StreamSlots;
 
-    fn slot() -> Slot {
+    fn slot() -> StreamSlot {
         StreamSlots::new(
             StreamKind::Subscriber,
             "subscribers",

@@ -14,7 +14,7 @@ use tonic::body::Body;
 use tonic::codegen::{Bytes, Service, http};
 use tonic::server::NamedService;
 
-use crate::limits::{Slot, StreamSlots};
+use crate::stream_slots::{StreamSlot, StreamSlots};
 
 /// One count of open reflection streams, shared by the v1 and v1alpha services.
 pub fn stream_slots(max: usize) -> Arc<StreamSlots> {
@@ -75,7 +75,7 @@ where
 /// A response body holding its stream's slot until the body is dropped (the stream ended).
 struct HeldBody {
     body: Body,
-    _slot: Slot,
+    _slot: StreamSlot,
 }
 
 impl HttpBody for HeldBody {

@@ -4,12 +4,14 @@
 use std::collections::HashSet;
 
 use crate::domain::policy::{
-    Effect, FieldTest, Grant, GrantScope, Matcher, Rule, RuleEffect, Scope,
+    Effect, Explanation, FieldTest, Grant, GrantScope, Matcher, Rule, RuleEffect, Scope,
 };
-use crate::domain::{Call, CallId, Status, Timestamp, invisible, json};
+use crate::domain::{
+    Call, CallId, CancelReport, DecideReport, Status, SubmitReport, SubmitResult, Timestamp,
+    invisible, json,
+};
 use crate::error::Error;
 use crate::proto::v1 as pb;
-use crate::store::{CancelReport, DecideReport, Explanation, SubmitReport, SubmitResult};
 
 use super::oversize::Room;
 

@@ -11,25 +11,25 @@
 use std::collections::{HashMap, HashSet};
 
 use super::render;
-use crate::domain::{AgentId, BatchId, Call, CallId, SessionId};
+use crate::broker::Broker;
+use crate::domain::{AgentId, BatchId, Call, CallId, CallQuery, SessionId};
 use crate::error::Result;
 use crate::proto::v1 as pb;
-use crate::store::{CallQuery, Store};
 
 /// Calls read per page of a replay.
 pub const PAGE: u32 = 64;
 
 /// A session's calls, a page at a time, oldest first.
 pub struct SessionPages<'a> {
-    store: &'a dyn Store,
+    broker: &'a Broker,
     query: CallQuery,
     done: bool,
 }
 
 impl<'a> SessionPages<'a> {
-    pub fn new(store: &'a dyn Store, agent: &AgentId, session: &SessionId) -> Self {
+    pub fn new(broker: &'a Broker, agent: &AgentId, session: &SessionId) -> Self {
         Self {
-            store,
+            broker,
             query: CallQuery {
                 agent: Some(agent.clone()),
                 session: Some(session.to_string()),
@@ -45,7 +45,7 @@ impl<'a> SessionPages<'a> {
         if self.done {
             return Ok(None);
         }
-        let page = self.store.list_calls(&self.query).await?;
+        let page = self.broker.list_calls(&self.query).await?;
         match page.next {
             Some(cursor) => self.query.after = Some(cursor),
             None => self.done = true,

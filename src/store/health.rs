@@ -14,13 +14,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use super::{
-    CallPage, CallQuery, CancelReport, CancelTarget, CommittedEvents, DecideReport, ExplainTarget,
-    Explanation, GrantPage, GrantQuery, RevokeReport, RevokeTarget, Store, SubmitReport,
-};
-use crate::domain::policy::{Rule, RuleId};
+use super::{Calls, CommittedEvents, Deadlines, EventLog, Policies, Store};
+use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
 use crate::domain::{
-    AgentId, BatchId, Call, CallId, CallKey, Decision, Event, NewBatch, SessionId, Timestamp,
+    AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
+    DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,
+    Timestamp,
 };
 use crate::error::{Result, StorageFault};
 
@@ -114,7 +113,7 @@ pub async fn probe_while_open(store: Arc<dyn Store>) {
 }
 
 #[async_trait]
-impl Store for Watched {
+impl Calls for Watched {
     async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
         let result = self.inner.submit(batch).await;
         self.health
@@ -135,20 +134,6 @@ impl Store for Watched {
         result
     }
 
-    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
-        let result = self.inner.expire_due(now).await;
-        self.health.observe(&result, |expired| !expired.is_empty());
-        result
-    }
-
-    async fn pending_count(&self) -> Result<u64> {
-        self.read(self.inner.pending_count().await)
-    }
-
-    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
-        self.read(self.inner.next_deadline().await)
-    }
-
     async fn calls_by_id(
         &self,
         agent: &AgentId,
@@ -166,6 +151,32 @@ impl Store for Watched {
         self.read(self.inner.list_calls(query).await)
     }
 
+    async fn probe(&self) -> Result<()> {
+        let result = self.inner.probe().await;
+        self.health.observe(&result, |()| true);
+        result
+    }
+}
+
+#[async_trait]
+impl Deadlines for Watched {
+    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
+        let result = self.inner.expire_due(now).await;
+        self.health.observe(&result, |expired| !expired.is_empty());
+        result
+    }
+
+    async fn pending_count(&self) -> Result<u64> {
+        self.read(self.inner.pending_count().await)
+    }
+
+    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
+        self.read(self.inner.next_deadline().await)
+    }
+}
+
+#[async_trait]
+impl EventLog for Watched {
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
         self.read(self.inner.events_after(after, limit).await)
     }
@@ -186,7 +197,10 @@ impl Store for Watched {
     fn take_committed_events(&self) -> Option<CommittedEvents> {
         self.inner.take_committed_events()
     }
+}
 
+#[async_trait]
+impl Policies for Watched {
     async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport> {
         let result = self.inner.revoke_grants(target, by).await;
         self.health.observe(&result, |report| report.revoked > 0);
@@ -215,12 +229,6 @@ impl Store for Watched {
 
     async fn explain(&self, target: &ExplainTarget) -> Result<Explanation> {
         self.read(self.inner.explain(target).await)
-    }
-
-    async fn probe(&self) -> Result<()> {
-        let result = self.inner.probe().await;
-        self.health.observe(&result, |()| true);
-        result
     }
 }
 

@@ -12,8 +12,8 @@ use sqlx::{Database, Encode, Postgres, QueryBuilder, Sqlite, Type};
 
 use super::rows::{Columns, call_from_row, grant_from_row, page};
 use super::statements::{select_calls, select_grants};
-use super::{CallPage, CallQuery, Cursor, DecidedByFilter, GrantPage, GrantQuery};
 use crate::domain::{AgentId, CallId, SessionId, Timestamp};
+use crate::domain::{CallPage, CallQuery, Cursor, DecidedByFilter, GrantPage, GrantQuery};
 use crate::error::Result;
 
 /// What the two databases say differently in a listing.

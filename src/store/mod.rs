@@ -1,10 +1,11 @@
-//! Storage behind one trait. Every state change (a call accepted, a call resolved) is written in
-//! the same transaction as its event, and nothing is acknowledged before that transaction commits.
-//! The trait speaks the domain's language. The SQL both backends run is written once
-//! (`statements`), and so are the transaction primitives (`primitives`) and the reads (`reads`);
-//! each backend adds only what it does differently.
+//! Storage behind traits that speak the domain's language ([`Calls`], [`Deadlines`],
+//! [`EventLog`], [`Policies`]; [`Store`] is all of them). Every state change (a call accepted, a
+//! call resolved) is written in the same transaction as its event, and nothing is acknowledged
+//! before that transaction commits. The operations themselves are written once, in
+//! `crate::operations`; so are the SQL both backends run (`statements`), the transaction
+//! primitives over it (`primitives`) and the reads (`reads`): each backend owns its connections
+//! and adds only what it does differently.
 
-mod explain;
 pub mod health;
 mod listing;
 mod postgres;
@@ -13,23 +14,30 @@ mod reads;
 mod rows;
 mod sqlite;
 pub mod statements;
-mod writes;
 
 use async_trait::async_trait;
 
-use crate::domain::policy::{Grant, Rule, RuleId, Scope};
+use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
 use crate::domain::{
-    AgentId, BatchId, Call, CallId, CallKey, Decision, Event, NewBatch, SessionId, Status,
-    Timestamp, ToolInput, ToolName, ToolResultTexts,
+    AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
+    DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,
+    Timestamp, ToolResultTexts,
 };
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 pub use postgres::PostgresStore;
 pub use sqlite::{ProcessLock, SqliteStore, Synchronous};
 
-/// The broker's durable state.
+/// The broker's durable state: every part below, from one backend. What startup opens and the
+/// broker holds; each other part of the broker needs only the part it names.
+pub trait Store: Calls + Deadlines + EventLog + Policies {}
+
+impl<T: Calls + Deadlines + EventLog + Policies> Store for T {}
+
+/// Calls: the writes of submit, decide and cancel (each one transaction, acknowledged only after
+/// it commits), and the reads the API answers from.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Calls: Send + Sync + 'static {
     /// Stores a batch's new calls, recognising duplicates and refusing conflicting reuse of a
     /// call id, and supersedes what the batch supersedes. One transaction.
     async fn submit(&self, batch: NewBatch) -> Result<SubmitReport>;
@@ -41,15 +49,6 @@ pub trait Store: Send + Sync + 'static {
 
     /// Cancels what `target` names; reports calls already decided as they stand.
     async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport>;
-
-    /// Expires every pending call whose deadline is at or before `now`; returns them decided.
-    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>>;
-
-    /// How many calls are pending, in the whole store.
-    async fn pending_count(&self) -> Result<u64>;
-
-    /// The earliest deadline of a pending call, if any.
-    async fn next_deadline(&self) -> Result<Option<Timestamp>>;
 
     /// The named calls of a session, in the order asked; `None` for unknown ids.
     async fn calls_by_id(
@@ -65,6 +64,27 @@ pub trait Store: Send + Sync + 'static {
     /// A page of calls matching `query`, oldest first, with the cursor to continue after.
     async fn list_calls(&self, query: &CallQuery) -> Result<CallPage>;
 
+    /// A small write transaction that reaches the disk as every commit does, and changes
+    /// nothing the broker reads: whether writes work (see `health`).
+    async fn probe(&self) -> Result<()>;
+}
+
+/// What the deadline sweeper reads and writes.
+#[async_trait]
+pub trait Deadlines: Send + Sync + 'static {
+    /// Expires every pending call whose deadline is at or before `now`; returns them decided.
+    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>>;
+
+    /// How many calls are pending, in the whole store.
+    async fn pending_count(&self) -> Result<u64>;
+
+    /// The earliest deadline of a pending call, if any.
+    async fn next_deadline(&self) -> Result<Option<Timestamp>>;
+}
+
+/// The durable event log the fan-out and replays read: every committed change, numbered.
+#[async_trait]
+pub trait EventLog: Send + Sync + 'static {
     /// Up to `limit` events after `after`, in sequence order.
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>>;
 
@@ -91,7 +111,11 @@ pub trait Store: Send + Sync + 'static {
     fn take_committed_events(&self) -> Option<CommittedEvents> {
         None
     }
+}
 
+/// Grants and rules: their administration, and Explain.
+#[async_trait]
+pub trait Policies: Send + Sync + 'static {
     /// Revokes what `target` names, recording `by`. One transaction.
     async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport>;
 
@@ -113,202 +137,15 @@ pub trait Store: Send + Sync + 'static {
 
     /// What would decide `target` if it were submitted now, read as a submit reads it.
     async fn explain(&self, target: &ExplainTarget) -> Result<Explanation>;
-
-    /// A small write transaction that reaches the disk as every commit does, and changes
-    /// nothing the broker reads: whether writes work (see `health`).
-    async fn probe(&self) -> Result<()>;
 }
 
-/// Committed events, handed over by the writer (see [`Store::take_committed_events`]). Best
+/// Committed events, handed over by the writer (see [`EventLog::take_committed_events`]). Best
 /// effort: events that could not be handed over (the queue was full, or reading them failed) are
 /// signalled on `missed`, and the pump reads them from the log.
 pub struct CommittedEvents {
     /// The events of each group of commits, in sequence order.
     pub events: tokio::sync::mpsc::Receiver<Vec<Event>>,
     pub missed: std::sync::Arc<tokio::sync::Notify>,
-}
-
-/// What a submit did, call by call.
-#[derive(Debug, Default)]
-pub struct SubmitReport {
-    /// The batch the new calls were stored under; `None` if nothing was new.
-    pub batch_id: Option<BatchId>,
-    /// One per call of the `NewBatch`, in its order.
-    pub items: Vec<SubmitItem>,
-    /// Pending calls this submit superseded; those it carries itself (superseded by a later
-    /// call of it with the same key) are in `items` too, with their outcome.
-    pub superseded: Vec<Call>,
-}
-
-#[derive(Debug)]
-pub struct SubmitItem {
-    pub index: u32,
-    pub call_id: CallId,
-    pub result: SubmitResult,
-}
-
-#[derive(Debug)]
-pub enum SubmitResult {
-    /// Stored now.
-    Accepted(Call),
-    /// The same call was already stored; nothing was written.
-    Duplicate(Call),
-    /// Refused for this call alone (ALREADY_EXISTS; INVALID_ARGUMENT for a new call whose
-    /// deadline has passed).
-    Refused(Error),
-}
-
-/// What a decide did.
-#[derive(Debug)]
-pub struct DecideReport {
-    /// The call with the outcome that stands.
-    pub call: Call,
-    /// The call was already decided this way; nothing was written.
-    pub replayed: bool,
-    /// Calls this decision skipped: of the same batch on a denial, and of the batches the new
-    /// grant's denials touched.
-    pub skipped: Vec<Call>,
-    /// The grant the decision created; on a replayed decision, the one the first one created.
-    pub grant: Option<Grant>,
-    /// Pending calls the new grant decided at once.
-    pub decided_by_grant: Vec<Call>,
-}
-
-/// Which grants to revoke.
-#[derive(Debug, Clone)]
-pub enum RevokeTarget {
-    /// This one.
-    Id(i64),
-    /// Every active session grant of this session.
-    Session(AgentId, SessionId),
-    /// Every active workspace grant of this workspace.
-    Workspace(AgentId, String),
-}
-
-#[derive(Debug, Default)]
-pub struct RevokeReport {
-    /// How many this revocation revoked.
-    pub revoked: usize,
-    /// The grants revoked (for an id: the grant as it stands, revoked now or before).
-    pub grants: Vec<Grant>,
-}
-
-/// A filtered, keyset-paged listing of grants.
-#[derive(Debug, Clone, Default)]
-pub struct GrantQuery {
-    pub agent: Option<AgentId>,
-    pub scope: Option<Scope>,
-    pub session: Option<SessionId>,
-    pub workspace: Option<String>,
-    pub tool: Option<ToolName>,
-    /// Revoked and expired grants too.
-    pub include_inactive: bool,
-    /// When "expired" is judged.
-    pub now: Option<Timestamp>,
-    pub after: Option<Cursor>,
-    pub limit: u32,
-}
-
-#[derive(Debug, Default)]
-pub struct GrantPage {
-    pub grants: Vec<Grant>,
-    /// The cursor after each grant, in order: a reply cut short continues after its last grant.
-    pub cursors: Vec<Cursor>,
-    pub next: Option<Cursor>,
-}
-
-/// The call Explain is about.
-#[derive(Debug, Clone)]
-pub enum ExplainTarget {
-    Stored(CallKey),
-    Inline {
-        agent: AgentId,
-        session: SessionId,
-        workspace: String,
-        tool: ToolName,
-        input: ToolInput,
-    },
-}
-
-/// What Explain found.
-#[derive(Debug, Clone)]
-pub struct Explanation {
-    /// `None`: a human decides.
-    pub effect: Option<crate::domain::policy::Effect>,
-    /// Who the outcome would name as its decider, when a rule or grant decides.
-    pub decided_by: Option<crate::domain::DecidedBy>,
-    /// The rule that decides, or the ask rule that requires a human.
-    pub rule: Option<Rule>,
-    /// The grant that decides.
-    pub grant: Option<Grant>,
-    pub reason: String,
-    /// For a stored call: the call as it stands.
-    pub call: Option<Call>,
-}
-
-/// What a cancel names.
-#[derive(Debug, Clone)]
-pub struct CancelTarget {
-    pub agent: AgentId,
-    pub session: SessionId,
-    pub scope: CancelScope,
-    pub reason: String,
-}
-
-#[derive(Debug, Clone)]
-pub enum CancelScope {
-    Calls(Vec<CallId>),
-    Batch(BatchId),
-    Session,
-}
-
-#[derive(Debug, Default)]
-pub struct CancelReport {
-    pub cancelled: Vec<Call>,
-    pub already_decided: Vec<Call>,
-    pub unknown: Vec<CallId>,
-}
-
-/// A filtered, keyset-paged listing of calls.
-#[derive(Debug, Clone, Default)]
-pub struct CallQuery {
-    pub agent: Option<AgentId>,
-    pub session: Option<String>,
-    pub workspace: Option<String>,
-    pub tool: Option<String>,
-    /// Any of these; empty means any status.
-    pub statuses: Vec<Status>,
-    pub created_after: Option<Timestamp>,
-    pub created_before: Option<Timestamp>,
-    /// Only calls whose Requested event is at or before this sequence number (snapshots).
-    pub requested_at_or_before: Option<u64>,
-    /// Only calls decided by this.
-    pub decided_by: Option<DecidedByFilter>,
-    /// Continue after this cursor.
-    pub after: Option<Cursor>,
-    pub limit: u32,
-}
-
-/// Who or what decided the calls a listing wants.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DecidedByFilter {
-    /// Exactly this stored `decided_by` (`grant:7`).
-    Exact(String),
-    /// Any stored `decided_by` starting with this (`grant:`).
-    Prefix(String),
-}
-
-/// A position in a listing; opaque to clients (see `grpc::paging`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cursor(pub i64);
-
-#[derive(Debug, Default)]
-pub struct CallPage {
-    pub calls: Vec<Call>,
-    /// The cursor after each call, in order: a reply cut short continues after its last call.
-    pub cursors: Vec<Cursor>,
-    /// Set when more calls may follow.
-    pub next: Option<Cursor>,
 }
 
 /// How to open the store.
@@ -348,21 +185,5 @@ pub async fn open(options: &StoreOptions) -> Result<std::sync::Arc<dyn Store>> {
     } else {
         let store = SqliteStore::open(&options.database_url, options.synchronous, texts).await?;
         Ok(std::sync::Arc::new(store))
-    }
-}
-
-impl CallQuery {
-    /// Whether `call` passes this query's filter fields (agent, session, workspace, tool).
-    pub fn matches(&self, call: &Call) -> bool {
-        self.agent.as_ref().is_none_or(|a| a == &call.key.agent)
-            && self
-                .session
-                .as_deref()
-                .is_none_or(|s| s == call.key.session.as_str())
-            && self
-                .workspace
-                .as_deref()
-                .is_none_or(|w| w == call.workspace)
-            && self.tool.as_deref().is_none_or(|t| t == call.tool.as_str())
     }
 }

@@ -31,17 +31,15 @@ use tokio::task::JoinHandle;
 use super::primitives::{Decode, Param, Resolution, Run, SqlTx};
 use super::reads::Reads;
 use super::statements as sql;
-use super::writes::{self, Writer};
-use super::{
-    CallPage, CallQuery, CancelReport, CancelTarget, DecideReport, ExplainTarget, Explanation,
-    GrantPage, GrantQuery, RevokeReport, RevokeTarget, Store, SubmitReport,
-};
-use crate::domain::policy::{Rule, RuleId};
+use super::{Calls, Deadlines, EventLog, Policies};
+use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
 use crate::domain::{
-    AgentId, BatchId, Call, CallId, CallKey, Decision, Event, NewBatch, SessionId, Timestamp,
-    ToolName, ToolResultTexts,
+    AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
+    DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,
+    Timestamp, ToolName, ToolResultTexts,
 };
 use crate::error::Result;
+use crate::operations::{Transactions, cancel, decide, expire, explain, policy_admin, submit};
 
 /// How many events one transaction of [`Store::sequence_events`] numbers at most.
 const SEQUENCER_CHUNK: i64 = 10_000;
@@ -154,7 +152,7 @@ async fn listen(pool: PgPool, channel: String, replica: String, remote_commits: 
 }
 
 #[async_trait]
-impl Writer for PostgresStore {
+impl Transactions for PostgresStore {
     type Tx = sqlx::Transaction<'static, Postgres>;
 
     async fn begin_write(&self) -> Result<Self::Tx> {
@@ -163,29 +161,17 @@ impl Writer for PostgresStore {
 }
 
 #[async_trait]
-impl Store for PostgresStore {
+impl Calls for PostgresStore {
     async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
-        writes::submit(self.begin_write().await?, &batch, &self.texts).await
+        submit::submit(self.begin_write().await?, &batch, &self.texts).await
     }
 
     async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
-        writes::decide(self.begin_write().await?, key, decision, &self.texts).await
+        decide::decide(self.begin_write().await?, key, decision, &self.texts).await
     }
 
     async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
-        writes::cancel(self.begin_write().await?, target, &self.texts).await
-    }
-
-    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
-        writes::expire_due(self, &self.texts, now).await
-    }
-
-    async fn pending_count(&self) -> Result<u64> {
-        self.reads.pending_count().await
-    }
-
-    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
-        self.reads.next_deadline().await
+        cancel::cancel(self.begin_write().await?, target, &self.texts).await
     }
 
     async fn calls_by_id(
@@ -205,6 +191,34 @@ impl Store for PostgresStore {
         self.reads.list_calls(q).await
     }
 
+    async fn probe(&self) -> Result<()> {
+        // Taking a transaction id makes the commit write (and flush) a commit record.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT txid_current()")
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Deadlines for PostgresStore {
+    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
+        expire::expire_due(self, &self.texts, now).await
+    }
+
+    async fn pending_count(&self) -> Result<u64> {
+        self.reads.pending_count().await
+    }
+
+    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
+        self.reads.next_deadline().await
+    }
+}
+
+#[async_trait]
+impl EventLog for PostgresStore {
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
         self.reads.events_after(after, limit).await
     }
@@ -258,9 +272,12 @@ impl Store for PostgresStore {
     fn remote_commits(&self) -> Option<Arc<Notify>> {
         Some(Arc::clone(&self.remote_commits))
     }
+}
 
+#[async_trait]
+impl Policies for PostgresStore {
     async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport> {
-        writes::revoke_grants(self.begin_write().await?, target, by).await
+        policy_admin::revoke_grants(self.begin_write().await?, target, by).await
     }
 
     async fn list_grants(&self, q: &GrantQuery) -> Result<GrantPage> {
@@ -268,11 +285,11 @@ impl Store for PostgresStore {
     }
 
     async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
-        writes::create_rule(self.begin_write().await?, rule).await
+        policy_admin::create_rule(self.begin_write().await?, rule).await
     }
 
     async fn delete_rule(&self, id: &RuleId) -> Result<Rule> {
-        writes::delete_rule(self.begin_write().await?, id).await
+        policy_admin::delete_rule(self.begin_write().await?, id).await
     }
 
     async fn list_rules(&self) -> Result<Vec<Rule>> {
@@ -280,7 +297,7 @@ impl Store for PostgresStore {
     }
 
     async fn load_file_rules(&self, rules: &[Rule]) -> Result<()> {
-        writes::load_file_rules(self.begin_write().await?, rules).await
+        policy_admin::load_file_rules(self.begin_write().await?, rules).await
     }
 
     async fn explain(&self, target: &ExplainTarget) -> Result<Explanation> {
@@ -289,17 +306,7 @@ impl Store for PostgresStore {
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .execute(&mut *tx)
             .await?;
-        super::explain::explain(tx, target).await
-    }
-
-    async fn probe(&self) -> Result<()> {
-        // Taking a transaction id makes the commit write (and flush) a commit record.
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT txid_current()")
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
+        explain::explain(tx, target).await
     }
 }
 

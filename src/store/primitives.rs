@@ -8,16 +8,15 @@
 
 use async_trait::async_trait;
 
-use super::RevokeTarget;
 use super::rows::{Columns, call_from_row, grant_from_row, rule_from_row, stored};
 use super::statements::{self as sql, GrantsNamed};
-use super::writes::{PolicyTx, Resolved, Stored, WriteTx};
-use crate::domain::policy::{Grant, GrantScope, GrantSpec, Rule, RuleId, RuleSource};
+use crate::domain::policy::{Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId, RuleSource};
 use crate::domain::{
     AgentId, BatchId, Call, CallKey, EventKind, NewBatch, NewCall, OnDeny, Outcome, SessionId,
     Timestamp, ToolInput, ToolName,
 };
 use crate::error::{Error, Result};
+use crate::operations::{PolicyTx, Resolved, Stored, WriteTx};
 
 /// A parameter of a shared statement, typed as both databases need (Postgres types a NULL).
 #[derive(Debug, Clone, Copy)]
@@ -117,8 +116,8 @@ pub trait SqlTx: Send {
         None
     }
 
-    /// See [`WriteTx::writes`].
-    fn writes(&self) -> Option<u64> {
+    /// See [`WriteTx::statements_written`].
+    fn statements_written(&self) -> Option<u64> {
         None
     }
 
@@ -325,7 +324,7 @@ impl<T: SqlTx> WriteTx for T {
     }
 
     async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(i64, String)>> {
-        // No row lock here: batches are locked first (see `writes`), and the conditional update
+        // No row lock here: batches are locked first (see `operations::tx`), and the conditional update
         // leaves a call another writer expired first alone.
         let params = [Param::Int(now.as_micros()), Param::Int(limit)];
         self.rows(Run::read(sql::DUE_CALLS, &params), |row| {
@@ -344,8 +343,8 @@ impl<T: SqlTx> WriteTx for T {
         Ok(())
     }
 
-    fn writes(&self) -> Option<u64> {
-        SqlTx::writes(self)
+    fn statements_written(&self) -> Option<u64> {
+        SqlTx::statements_written(self)
     }
 
     async fn commit(self) -> Result<()> {

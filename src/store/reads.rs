@@ -10,9 +10,9 @@ use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 use super::listing::{Dialect, Listing, call_page, grant_page};
 use super::rows::{Columns, call_from_row, event_from_row, rule_from_row};
 use super::statements as sql;
-use super::{CallPage, CallQuery, GrantPage, GrantQuery};
 use crate::domain::policy::Rule;
 use crate::domain::{AgentId, BatchId, Call, CallId, Event, SessionId, Timestamp};
+use crate::domain::{CallPage, CallQuery, GrantPage, GrantQuery};
 use crate::error::Result;
 
 /// The read side of a store, on `DB`'s pool.

@@ -58,8 +58,7 @@ impl Columns for rusqlite::Row<'_> {
     }
 }
 
-use super::Cursor;
-use super::writes::Stored;
+use crate::domain::Cursor;
 use crate::domain::policy::{
     Effect, Glob, Grant, GrantScope, GrantSpec, Matcher, Rule, RuleEffect, RuleId, RuleSource,
     Scope,
@@ -69,6 +68,7 @@ use crate::domain::{
     Status, Timestamp, ToolInput, ToolName,
 };
 use crate::error::{Error, Result};
+use crate::operations::Stored;
 
 /// A call from a row holding the `statements::call_columns`.
 pub fn call_from_row(row: &(impl Columns + ?Sized)) -> Result<Call> {

@@ -11,8 +11,8 @@
 //! the shared part is here and says why the other part differs. Nothing here may use syntax one of the two databases lacks
 //! (no `ANY($1)` arrays, no `?` placeholders, no `::` casts).
 
-use super::RevokeTarget;
 use crate::domain::policy::GrantScope;
+use crate::domain::policy::RevokeTarget;
 use crate::domain::{AgentId, code};
 
 /// The columns `rows::call_from_row` reads, from `calls c` joined with its batch `b` and its

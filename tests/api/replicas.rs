@@ -1004,7 +1004,7 @@ async fn a_grant_racing_matching_submits_across_replicas_leaves_none_of_them_pen
 )]
 async fn numbering_wakes_the_other_replicas_but_not_its_own() {
     use approval_broker::domain::ToolResultTexts;
-    use approval_broker::store::{PostgresStore, Store};
+    use approval_broker::store::{EventLog, PostgresStore};
 
     let url = postgres_url();
     // Two stores and no broker: nothing else numbers events on this schema.

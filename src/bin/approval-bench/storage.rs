@@ -10,7 +10,7 @@
 //! `GROUP` cycles to a transaction (the submits of `GROUP` calls, then their decides), the limit
 //! a broker that groups commits approaches.
 //!
-//! SQLite: rusqlite on a thread of its own, as the broker's writer (`store/sqlite/write.rs`);
+//! SQLite: rusqlite on a thread of its own, as the broker's writer (`store/sqlite/writer.rs`);
 //! through sqlx every statement would cross to sqlx's worker thread and back, a cost the broker
 //! does not pay. Postgres: sqlx, several connections at once, as the broker's replicas write.
 

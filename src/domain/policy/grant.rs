@@ -167,3 +167,22 @@ impl GrantSpec {
             && spec.matcher.matches(&subject.input)
     }
 }
+
+/// Which grants to revoke.
+#[derive(Debug, Clone)]
+pub enum RevokeTarget {
+    /// This one.
+    Id(i64),
+    /// Every active session grant of this session.
+    Session(AgentId, SessionId),
+    /// Every active workspace grant of this workspace.
+    Workspace(AgentId, String),
+}
+
+#[derive(Debug, Default)]
+pub struct RevokeReport {
+    /// How many this revocation revoked.
+    pub revoked: usize,
+    /// The grants revoked (for an id: the grant as it stands, revoked now or before).
+    pub grants: Vec<Grant>,
+}

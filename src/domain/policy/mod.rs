@@ -3,14 +3,18 @@
 //! whether a rule, a grant or a human decides a call.
 
 mod evaluate;
+mod explain;
 mod glob;
 mod grant;
 mod matcher;
 mod rule;
 
 pub use evaluate::{Decider, Ruling, evaluate, rule_precedence, sort_by_precedence};
+pub use explain::{ExplainTarget, Explanation};
 pub use glob::Glob;
-pub use grant::{Effect, Grant, GrantScope, GrantSpec, Remember, Scope};
+pub use grant::{
+    Effect, Grant, GrantScope, GrantSpec, Remember, RevokeReport, RevokeTarget, Scope,
+};
 pub use matcher::{FieldCondition, FieldPath, FieldTest, InputView, Matcher, Prejudged};
 pub use rule::{Rule, RuleEffect, RuleId, RuleSource, description, parse_policy_file};
 

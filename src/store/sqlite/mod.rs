@@ -1,6 +1,6 @@
 //! The SQLite backend: the zero-setup default, one file, one broker process.
 //!
-//! Every write runs on one thread over one connection (`write`), group-committed, and begins
+//! Every write runs on one thread over one connection (`writer`), group-committed, and begins
 //! with `BEGIN IMMEDIATE`, so write transactions are serialised and sequence numbers are
 //! assigned in commit order. Reads use a separate pool (sqlx) and WAL snapshots, except those
 //! that belong with the writes: Explain (what a submit would read now) and the events each
@@ -9,7 +9,7 @@
 //! power loss.
 
 mod group_commit;
-mod write;
+mod writer;
 
 use std::path::Path;
 use std::str::FromStr;
@@ -20,19 +20,17 @@ use sqlx::Sqlite;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use self::group_commit::GroupCommit;
-use self::write::WriteConnection;
+use self::writer::WriteConnection;
 use super::reads::Reads;
-use super::writes::{self, Writer};
-use super::{
-    CallPage, CallQuery, CancelReport, CancelTarget, CommittedEvents, DecideReport, ExplainTarget,
-    Explanation, GrantPage, GrantQuery, RevokeReport, RevokeTarget, Store, SubmitReport,
-};
-use crate::domain::policy::{Rule, RuleId};
+use super::{Calls, CommittedEvents, Deadlines, EventLog, Policies};
+use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
 use crate::domain::{
-    AgentId, BatchId, Call, CallId, CallKey, Decision, Event, NewBatch, SessionId, Timestamp,
-    ToolResultTexts,
+    AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
+    DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,
+    Timestamp, ToolResultTexts,
 };
 use crate::error::{Error, Result};
+use crate::operations::{Transactions, expire, explain, policy_admin};
 
 /// SQLite's `synchronous` setting for the database file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -153,8 +151,17 @@ impl ProcessLock {
     }
 }
 
+#[cfg(test)]
+impl SqliteStore {
+    /// The store's one write connection, for unit tests that run operations in transactions of
+    /// their own: nothing else may write meanwhile (a test's store serves nobody else).
+    pub(crate) fn writer(&self) -> &WriteConnection {
+        &self.writer
+    }
+}
+
 #[async_trait]
-impl Store for SqliteStore {
+impl Calls for SqliteStore {
     async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
         self.group.submit(batch).await
     }
@@ -165,25 +172,6 @@ impl Store for SqliteStore {
 
     async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
         self.group.cancel(target).await
-    }
-
-    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
-        // A chunk per turn of the writer, so groups of writes run between chunks.
-        writes::expire_in_chunks(|| {
-            let texts = self.texts.clone();
-            self.group.alone(move |writer| async move {
-                writes::expire_chunk(&writer, &texts, now).await
-            })
-        })
-        .await
-    }
-
-    async fn pending_count(&self) -> Result<u64> {
-        self.reads.pending_count().await
-    }
-
-    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
-        self.reads.next_deadline().await
     }
 
     async fn calls_by_id(
@@ -203,6 +191,37 @@ impl Store for SqliteStore {
         self.reads.list_calls(q).await
     }
 
+    async fn probe(&self) -> Result<()> {
+        self.group
+            .alone(move |writer| async move { writer.probe() })
+            .await
+    }
+}
+
+#[async_trait]
+impl Deadlines for SqliteStore {
+    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
+        // A chunk per turn of the writer, so groups of writes run between chunks.
+        expire::expire_in_chunks(|| {
+            let texts = self.texts.clone();
+            self.group.alone(move |writer| async move {
+                expire::expire_chunk(&writer, &texts, now).await
+            })
+        })
+        .await
+    }
+
+    async fn pending_count(&self) -> Result<u64> {
+        self.reads.pending_count().await
+    }
+
+    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
+        self.reads.next_deadline().await
+    }
+}
+
+#[async_trait]
+impl EventLog for SqliteStore {
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
         self.reads.events_after(after, limit).await
     }
@@ -214,12 +233,15 @@ impl Store for SqliteStore {
     fn take_committed_events(&self) -> Option<CommittedEvents> {
         self.writer.hand_over()
     }
+}
 
+#[async_trait]
+impl Policies for SqliteStore {
     async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport> {
         let (target, by) = (target.clone(), by.to_owned());
         self.group
             .alone(move |writer| async move {
-                writes::revoke_grants(writer.begin_write().await?, &target, &by).await
+                policy_admin::revoke_grants(writer.begin_write().await?, &target, &by).await
             })
             .await
     }
@@ -232,7 +254,7 @@ impl Store for SqliteStore {
         let rule = rule.clone();
         self.group
             .alone(move |writer| async move {
-                writes::create_rule(writer.begin_write().await?, &rule).await
+                policy_admin::create_rule(writer.begin_write().await?, &rule).await
             })
             .await
     }
@@ -241,7 +263,7 @@ impl Store for SqliteStore {
         let id = id.clone();
         self.group
             .alone(move |writer| async move {
-                writes::delete_rule(writer.begin_write().await?, &id).await
+                policy_admin::delete_rule(writer.begin_write().await?, &id).await
             })
             .await
     }
@@ -254,7 +276,7 @@ impl Store for SqliteStore {
         let rules = rules.to_vec();
         self.group
             .alone(move |writer| async move {
-                writes::load_file_rules(writer.begin_write().await?, &rules).await
+                policy_admin::load_file_rules(writer.begin_write().await?, &rules).await
             })
             .await
     }
@@ -263,15 +285,9 @@ impl Store for SqliteStore {
         // On the write connection, between writes: what a submit would read now.
         let target = target.clone();
         self.group
-            .alone(move |writer| async move {
-                super::explain::explain(writer.begin_read()?, &target).await
-            })
-            .await
-    }
-
-    async fn probe(&self) -> Result<()> {
-        self.group
-            .alone(move |writer| async move { writer.probe() })
+            .alone(
+                move |writer| async move { explain::explain(writer.begin_read()?, &target).await },
+            )
             .await
     }
 }
@@ -365,7 +381,7 @@ mod tests {
 
     #[tokio::test]
     async fn each_commits_events_are_handed_over_in_order_and_an_overflow_is_signalled() {
-        use super::write::PUBLISHED_QUEUE;
+        use super::writer::PUBLISHED_QUEUE;
         use crate::domain::EventKind;
         let (_dir, _, store) = fresh().await;
         let mut committed = store.take_committed_events().expect("handed over");
@@ -512,8 +528,8 @@ mod tests {
     /// what reading them back returns.
     #[tokio::test]
     async fn the_calls_a_submit_answers_with_are_the_calls_stored() {
+        use crate::domain::SubmitResult;
         use crate::domain::Timestamp;
-        use crate::store::SubmitResult;
         let (_dir, _, store) = fresh().await;
         let mut batch = one_call("s", "plain");
         let mut rich = batch.calls[0].clone();

@@ -19,9 +19,9 @@ pub struct StreamSlots {
 
 /// One open stream; frees its slot when dropped (when the stream's task ends).
 #[derive(Debug)]
-pub struct Slot(Arc<StreamSlots>);
+pub struct StreamSlot(Arc<StreamSlots>);
 
-impl Drop for Slot {
+impl Drop for StreamSlot {
     fn drop(&mut self) {
         let open = self.0.open.fetch_sub(1, Ordering::SeqCst) - 1;
         meters::streams_open(self.0.kind, open);
@@ -47,7 +47,7 @@ impl StreamSlots {
     }
 
     /// Takes a slot, or refuses with RESOURCE_EXHAUSTED when all are taken.
-    pub fn take(self: &Arc<Self>) -> Result<Slot> {
+    pub fn take(self: &Arc<Self>) -> Result<StreamSlot> {
         let taken = self
             .open
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |open| {
@@ -56,7 +56,7 @@ impl StreamSlots {
         match taken {
             Ok(before) => {
                 meters::streams_open(self.kind, before + 1);
-                Ok(Slot(Arc::clone(self)))
+                Ok(StreamSlot(Arc::clone(self)))
             }
             Err(_) => Err(Error::ResourceExhausted(format!(
                 "too many open {} (at most {}, set by {}); try again later",

@@ -24,11 +24,11 @@ use super::Synchronous;
 use crate::domain::Event;
 use crate::domain::policy::Rule;
 use crate::error::{Error, Result, StorageFault};
+use crate::operations::Transactions;
 use crate::store::CommittedEvents;
 use crate::store::primitives::{Decode, Param, Resolution, Run, SqlTx};
 use crate::store::rows::{Columns, event_from_row};
 use crate::store::statements as sql;
-use crate::store::writes::Writer;
 
 /// Enough for every statement of the write path (about 30) and a few shapes of `IN` lists.
 const STATEMENT_CACHE: usize = 64;
@@ -364,7 +364,7 @@ fn checkpoint_while_open(
 }
 
 #[async_trait]
-impl Writer for WriteConnection {
+impl Transactions for WriteConnection {
     type Tx = SqliteTx;
 
     async fn begin_write(&self) -> Result<Self::Tx> {
@@ -488,7 +488,7 @@ impl SqlTx for SqliteTx {
 
     /// `None` once SQLite rolled the transaction back by itself (after some errors: I/O, a full
     /// disk, no memory), so the group starts over rather than run the rest in autocommit.
-    fn writes(&self) -> Option<u64> {
+    fn statements_written(&self) -> Option<u64> {
         (!self.conn().is_autocommit()).then_some(self.writes)
     }
 

@@ -2,9 +2,9 @@
 //! call's agent and tool), through the same primitives, and asks the same pure function,
 //! [`evaluate`], so its answer is what a submit of the call would get now.
 
-use super::writes::{PolicyTx, WriteTx};
-use super::{ExplainTarget, Explanation};
+use super::tx::{PolicyTx, WriteTx};
 use crate::domain::policy::{Decider, Ruling, Subject, evaluate};
+use crate::domain::policy::{ExplainTarget, Explanation};
 use crate::domain::{Call, Timestamp};
 use crate::error::{Error, Result};
 
@@ -61,4 +61,53 @@ pub async fn explain(
         reason,
         call: stored,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::policy::Effect;
+    use crate::domain::{AgentId, SessionId, ToolInput, ToolName};
+    use crate::operations::testing::{Db, key, rule};
+
+    fn inline(tool: &str) -> ExplainTarget {
+        ExplainTarget::Inline {
+            agent: AgentId::from_stored("agent".into()),
+            session: SessionId::from_stored("s".into()),
+            workspace: String::new(),
+            tool: ToolName::from_stored(tool.into()),
+            input: ToolInput::from_stored("{}".into()),
+        }
+    }
+
+    #[tokio::test]
+    async fn with_no_rule_and_no_grant_a_human_decides() {
+        let db = Db::new().await;
+        let explanation = explain(db.tx().await, &inline("t")).await.unwrap();
+        assert_eq!(explanation.effect, None);
+        assert!(explanation.rule.is_none() && explanation.grant.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_matching_rule_is_named_with_its_effect() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        tx.insert_rule(&rule("allow-ls", "ls", "allow"))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let explanation = explain(db.tx().await, &inline("ls")).await.unwrap();
+        assert_eq!(explanation.effect, Some(Effect::Allow));
+        assert_eq!(explanation.rule.unwrap().id.to_string(), "allow-ls");
+        let other = explain(db.tx().await, &inline("rm")).await.unwrap();
+        assert_eq!(other.effect, None);
+    }
+
+    #[tokio::test]
+    async fn an_unknown_stored_call_is_not_found() {
+        let db = Db::new().await;
+        let target = ExplainTarget::Stored(key("s", "nope"));
+        let err = explain(db.tx().await, &target).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound);
+    }
 }

@@ -1,0 +1,34 @@
+//! Grant and rule administration through the broker, and Explain. Each write is one
+//! transaction of the store (`crate::operations::policy_admin`); Explain reads what a submit
+//! would read now and asks the same pure function, so it cannot drift from behaviour.
+
+use super::Broker;
+use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
+use crate::error::Result;
+
+impl Broker {
+    /// Revokes what `target` names, recording `by` (the operator) as who revoked it.
+    #[tracing::instrument(name = "revoke_grants", skip_all, fields(by = %by))]
+    pub async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport> {
+        let report = self.store.revoke_grants(target, by).await?;
+        tracing::debug!(revoked = report.revoked, "revoked");
+        Ok(report)
+    }
+
+    /// Adds a rule; the same rule again is answered with the stored one.
+    #[tracing::instrument(name = "create_rule", skip_all, fields(rule = %rule.id))]
+    pub async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
+        self.store.create_rule(rule).await
+    }
+
+    /// Removes a rule and returns it.
+    #[tracing::instrument(name = "delete_rule", skip_all, fields(rule = %id))]
+    pub async fn delete_rule(&self, id: &RuleId) -> Result<Rule> {
+        self.store.delete_rule(id).await
+    }
+
+    /// What would decide `target` if it were submitted now.
+    pub async fn explain(&self, target: &ExplainTarget) -> Result<Explanation> {
+        self.store.explain(target).await
+    }
+}

@@ -1,0 +1,60 @@
+//! What the API reads, through the broker: calls, batches, grants, rules, and the head of the
+//! event log. Thin on purpose: reads change nothing, so there is nothing to notify; they are
+//! here so the surface depends on the broker alone, never on the store.
+
+use super::Broker;
+use crate::domain::policy::Rule;
+use crate::domain::{
+    AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, GrantPage, GrantQuery, SessionId,
+};
+use crate::error::{Error, Result};
+
+impl Broker {
+    /// The last sequence number in the event log, covering every commit so far.
+    pub async fn latest_seq(&self) -> Result<u64> {
+        self.store.latest_seq().await
+    }
+
+    /// One call, or NOT_FOUND naming it.
+    pub async fn call(&self, key: &CallKey) -> Result<Call> {
+        let found = self
+            .calls_by_id(&key.agent, &key.session, std::slice::from_ref(&key.call_id))
+            .await?;
+        found.into_iter().next().flatten().ok_or_else(|| {
+            Error::NotFound(format!(
+                "no call `{}` in session `{}` of agent `{}`",
+                key.call_id, key.session, key.agent
+            ))
+        })
+    }
+
+    /// The named calls of a session, in the order asked; `None` for unknown ids.
+    pub async fn calls_by_id(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+        call_ids: &[CallId],
+    ) -> Result<Vec<Option<Call>>> {
+        self.store.calls_by_id(agent, session, call_ids).await
+    }
+
+    /// The calls of a batch, in position order.
+    pub async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
+        self.store.batch_calls(batch).await
+    }
+
+    /// A page of calls matching `query`, oldest first.
+    pub async fn list_calls(&self, query: &CallQuery) -> Result<CallPage> {
+        self.store.list_calls(query).await
+    }
+
+    /// A page of grants matching `query`, oldest first.
+    pub async fn list_grants(&self, query: &GrantQuery) -> Result<GrantPage> {
+        self.store.list_grants(query).await
+    }
+
+    /// Every rule.
+    pub async fn list_rules(&self) -> Result<Vec<Rule>> {
+        self.store.list_rules().await
+    }
+}

@@ -1,0 +1,34 @@
+//! Explain: what would decide a call (a rule, a grant, or a human) if it were submitted now,
+//! asked of a stored call or of one described inline.
+
+use super::{Effect, Grant, Rule};
+use crate::domain::{AgentId, Call, CallKey, DecidedBy, SessionId, ToolInput, ToolName};
+
+/// The call Explain is about.
+#[derive(Debug, Clone)]
+pub enum ExplainTarget {
+    Stored(CallKey),
+    Inline {
+        agent: AgentId,
+        session: SessionId,
+        workspace: String,
+        tool: ToolName,
+        input: ToolInput,
+    },
+}
+
+/// What Explain found.
+#[derive(Debug, Clone)]
+pub struct Explanation {
+    /// `None`: a human decides.
+    pub effect: Option<Effect>,
+    /// Who the outcome would name as its decider, when a rule or grant decides.
+    pub decided_by: Option<DecidedBy>,
+    /// The rule that decides, or the ask rule that requires a human.
+    pub rule: Option<Rule>,
+    /// The grant that decides.
+    pub grant: Option<Grant>,
+    pub reason: String,
+    /// For a stored call: the call as it stands.
+    pub call: Option<Call>,
+}

@@ -1,0 +1,448 @@
+//! Decide: an approver's verdict on a pending call. The first decision wins; repeating it
+//! returns the outcome that stands, contradicting it is refused naming that outcome. A denial
+//! skips the rest of a SKIP_REST batch; a decision remembered with a scope creates a grant and
+//! decides, in the same transaction, the pending calls that grant covers.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::ruling::{decide_by_ruling, skip_rest_of_batch};
+use super::tx::{PolicyTx, Resolved, Stored, WriteTx, batches_of, complete_batches};
+use crate::domain::policy::{
+    Effect, Grant, GrantScope, GrantSpec, Matcher, Prejudged, Remember, Scope, Subject,
+};
+use crate::domain::{
+    Call, CallKey, DecideReport, DecidedBy, Decision, OnDeny, Outcome, OutcomeKind, Timestamp,
+    ToolResultTexts, Verdict,
+};
+use crate::error::{Error, Result};
+use crate::meters;
+
+/// Writes an approver's decision and commits.
+pub async fn decide(
+    mut tx: impl WriteTx + PolicyTx,
+    key: &CallKey,
+    decision: &Decision,
+    texts: &ToolResultTexts,
+) -> Result<DecideReport> {
+    let started = Instant::now();
+    let report = decide_in(&mut tx, key, decision, texts, Timestamp::now()).await?;
+    tx.commit().await?;
+    meters::committed(1, started.elapsed());
+    Ok(report)
+}
+
+pub async fn decide_in(
+    tx: &mut (impl WriteTx + PolicyTx),
+    key: &CallKey,
+    decision: &Decision,
+    texts: &ToolResultTexts,
+    now: Timestamp,
+) -> Result<DecideReport> {
+    let Some(Stored { rowid, call }) = tx.find_call(key).await? else {
+        return Err(Error::NotFound(format!(
+            "no call `{}` in session `{}` of agent `{}`",
+            key.call_id, key.session, key.agent
+        )));
+    };
+    let grant = decision
+        .remember
+        .as_ref()
+        .map(|remember| grant_spec(&call, decision, remember, now))
+        .transpose()?;
+    if grant.is_some() {
+        tx.lock_policy(&call.key.agent, &[&call.tool], true).await?;
+    }
+    let outcome = approver_outcome(&call, decision, texts, now);
+    if call.outcome.is_none()
+        && let Some(deadline) = call.deadline
+        && deadline <= now
+    {
+        // Too late: the call expires (the sweeper writes that within a second), and no
+        // decision may win the race against its deadline.
+        return Err(Error::FailedPrecondition(
+            "the call's deadline has passed; it is EXPIRED (decided by deadline)".into(),
+        ));
+    }
+    let won = match &call.outcome {
+        Some(_) => None,
+        None => {
+            // The pending calls the new grant covers are decided in this transaction too: lock
+            // their batches with the call's own, all at once.
+            let covered = match &grant {
+                Some(spec) => pending_covered_by(tx, spec, &decision.prejudged, rowid, now).await?,
+                None => Vec::new(),
+            };
+            tx.lock_batches(&batches_of(
+                std::iter::once(&call).chain(covered.iter().map(|c| &c.call)),
+            ))
+            .await?;
+            tx.resolve(rowid, &outcome).await?.map(|won| (won, covered))
+        }
+    };
+    let Some((won, covered)) = won else {
+        // Decided before (or by a transaction that committed while this one waited).
+        let standing = tx.load_call(rowid).await?;
+        if let Some(outcome) = &standing.outcome {
+            decision.check_against(outcome, &standing.input)?;
+        }
+        return Ok(DecideReport {
+            call: standing,
+            replayed: true,
+            skipped: Vec::new(),
+            grant: tx.grant_from_call(key).await?,
+            decided_by_grant: Vec::new(),
+        });
+    };
+
+    let mut resolved = vec![won];
+    let mut skipped = Vec::new();
+    if decision.verdict == Verdict::Deny && tx.on_deny(&call.batch_id).await? == OnDeny::SkipRest {
+        let siblings = skip_rest_of_batch(tx, &call.batch_id, texts, now).await?;
+        skipped.extend(siblings.iter().map(|r| r.rowid));
+        resolved.extend(siblings);
+    }
+    let mut created = None;
+    let mut decided_by_grant = Vec::new();
+    if let Some(spec) = grant {
+        let grant = tx.insert_grant(&spec).await?;
+        let (decided, also_skipped) = decide_covered(
+            tx,
+            &grant,
+            covered,
+            &decision.prejudged,
+            texts,
+            now,
+            &mut resolved,
+        )
+        .await?;
+        decided_by_grant = decided;
+        skipped.extend(also_skipped);
+        created = Some(grant);
+    }
+    complete_batches(tx, &resolved).await?;
+    let mut report = DecideReport {
+        call: tx.load_call(rowid).await?,
+        replayed: false,
+        skipped: Vec::with_capacity(skipped.len()),
+        grant: created,
+        decided_by_grant: Vec::with_capacity(decided_by_grant.len()),
+    };
+    for rowid in skipped {
+        report.skipped.push(tx.load_call(rowid).await?);
+    }
+    for rowid in decided_by_grant {
+        report.decided_by_grant.push(tx.load_call(rowid).await?);
+    }
+    Ok(report)
+}
+
+/// The outcome an approver's decision writes.
+fn approver_outcome(
+    call: &Call,
+    decision: &Decision,
+    texts: &ToolResultTexts,
+    now: Timestamp,
+) -> Outcome {
+    let by = DecidedBy::Approver(decision.approver.clone());
+    match decision.verdict {
+        Verdict::Approve => Outcome {
+            kind: OutcomeKind::Approved,
+            decided_at: now,
+            decided_by: by,
+            reason: decision.reason.clone(),
+            tool_result: String::new(),
+            run_input: Some(
+                decision
+                    .edited_input
+                    .clone()
+                    .unwrap_or_else(|| call.input.clone()),
+            ),
+            input_edited: decision.edited_input.is_some(),
+            seq: None,
+        },
+        Verdict::Deny => texts.outcome(OutcomeKind::Denied, by, &decision.reason, now),
+    }
+}
+
+/// The grant a decision asks to remember, for the call it decides.
+fn grant_spec(
+    call: &Call,
+    decision: &Decision,
+    remember: &Remember,
+    now: Timestamp,
+) -> Result<GrantSpec> {
+    let scope = match remember.scope {
+        Scope::Session => GrantScope::Session(call.key.session.clone()),
+        Scope::Workspace if call.workspace.is_empty() => {
+            return Err(Error::invalid(
+                "scope",
+                format!(
+                    "SCOPE_WORKSPACE needs a call with a workspace; call `{}` has none",
+                    call.key.call_id
+                ),
+            ));
+        }
+        Scope::Workspace => GrantScope::Workspace(call.workspace.clone()),
+        Scope::Always => GrantScope::Always,
+        Scope::Once => return Err(Error::Internal("a ONCE decision has no grant".into())),
+    };
+    Ok(GrantSpec {
+        agent: call.key.agent.clone(),
+        scope,
+        tool: call.tool.clone(),
+        matcher: remember
+            .matcher
+            .clone()
+            .unwrap_or_else(|| Matcher::Exact(call.input.clone())),
+        effect: match decision.verdict {
+            Verdict::Approve => Effect::Allow,
+            Verdict::Deny => Effect::Deny,
+        },
+        created_by: DecidedBy::Approver(decision.approver.clone()).to_string(),
+        created_at: now,
+        expires_at: remember.expires_in.map(|d| now.saturating_add(d)),
+        source: call.key.clone(),
+        reason: decision.reason.clone(),
+    })
+}
+
+/// The pending calls (other than `except`) a grant about to be created covers, still before
+/// their deadline.
+async fn pending_covered_by(
+    tx: &mut (impl WriteTx + PolicyTx),
+    spec: &GrantSpec,
+    prejudged: &HashMap<CallKey, Prejudged>,
+    except: i64,
+    now: Timestamp,
+) -> Result<Vec<Stored>> {
+    let pending = tx
+        .pending_in_scope(&spec.agent, &spec.tool, &spec.scope)
+        .await?;
+    Ok(pending
+        .into_iter()
+        .filter(|p| p.rowid != except)
+        .filter(|p| p.call.deadline.is_none_or(|d| d > now))
+        .filter(|p| {
+            spec.covers(&Subject::of_call(&p.call).with_prejudged(prejudged.get(&p.call.key)))
+        })
+        .collect())
+}
+
+/// Decides, by the one `evaluate` (so a rule that outranks the new grant still wins), the
+/// pending calls `grant` covers, oldest first; a denial skips the rest of a SKIP_REST batch.
+/// Returns the row ids decided, and those skipped.
+async fn decide_covered(
+    tx: &mut (impl WriteTx + PolicyTx),
+    grant: &Grant,
+    covered: Vec<Stored>,
+    prejudged: &HashMap<CallKey, Prejudged>,
+    texts: &ToolResultTexts,
+    now: Timestamp,
+    resolved: &mut Vec<Resolved>,
+) -> Result<(Vec<i64>, Vec<i64>)> {
+    let (mut decided, mut skipped) = (Vec::new(), Vec::new());
+    if covered.is_empty() {
+        return Ok((decided, skipped));
+    }
+    let rules = tx.rules().await?;
+    let grants = tx
+        .live_grants(&grant.spec.agent, None, &[&grant.spec.tool], now)
+        .await?;
+    for Stored { rowid, call } in covered {
+        if let Some((own, siblings)) = decide_by_ruling(
+            tx,
+            (rowid, &call, prejudged.get(&call.key)),
+            &rules,
+            &grants,
+            texts,
+            now,
+        )
+        .await?
+        {
+            resolved.push(own);
+            decided.push(rowid);
+            skipped.extend(siblings.iter().map(|r| r.rowid));
+            resolved.extend(siblings);
+        }
+    }
+    Ok((decided, skipped))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Status, ToolInput};
+    use crate::operations::submit::submit_in;
+    use crate::operations::testing::{Db, batch, call, decision, key, texts};
+
+    /// A transaction holding session `s`'s batch of calls `ids` of tool `t`, pending.
+    async fn pending(db: &Db, ids: &[&str]) -> impl WriteTx + PolicyTx + use<> {
+        let mut tx = db.tx().await;
+        let calls = ids.iter().map(|id| call(id, "t", "{}"));
+        submit_in(&mut tx, &batch("s", calls), &texts(), Timestamp::now())
+            .await
+            .unwrap();
+        tx
+    }
+
+    #[tokio::test]
+    async fn an_unknown_call_is_not_found() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        let d = decision(Verdict::Approve, "");
+        let err = decide_in(&mut tx, &key("s", "nope"), &d, &texts(), Timestamp::now())
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound);
+    }
+
+    #[tokio::test]
+    async fn the_first_decision_wins_and_repeating_it_is_replayed() {
+        let db = Db::new().await;
+        let mut tx = pending(&db, &["a"]).await;
+        let d = decision(Verdict::Approve, "ok");
+        let now = Timestamp::now();
+        let first = decide_in(&mut tx, &key("s", "a"), &d, &texts(), now)
+            .await
+            .unwrap();
+        assert!(!first.replayed);
+        assert_eq!(first.call.status(), Status::Decided(OutcomeKind::Approved));
+        let again = decide_in(&mut tx, &key("s", "a"), &d, &texts(), now)
+            .await
+            .unwrap();
+        assert!(again.replayed);
+        assert_eq!(again.call.outcome, first.call.outcome);
+    }
+
+    #[tokio::test]
+    async fn a_conflicting_decision_is_refused_naming_the_outcome_that_stands() {
+        let db = Db::new().await;
+        let mut tx = pending(&db, &["a"]).await;
+        let now = Timestamp::now();
+        let approve = decision(Verdict::Approve, "");
+        decide_in(&mut tx, &key("s", "a"), &approve, &texts(), now)
+            .await
+            .unwrap();
+        let deny = decision(Verdict::Deny, "no");
+        let err = decide_in(&mut tx, &key("s", "a"), &deny, &texts(), now)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        assert!(err.to_string().contains("APPROVED"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_edited_approval_runs_the_edited_input() {
+        let db = Db::new().await;
+        let mut tx = pending(&db, &["a"]).await;
+        let edited = ToolInput::from_stored(r#"{"safe":true}"#.into());
+        let d = Decision {
+            edited_input: Some(edited.clone()),
+            ..decision(Verdict::Approve, "")
+        };
+        let report = decide_in(&mut tx, &key("s", "a"), &d, &texts(), Timestamp::now())
+            .await
+            .unwrap();
+        let outcome = report.call.outcome.unwrap();
+        assert_eq!(outcome.run_input, Some(edited));
+        assert!(outcome.input_edited);
+    }
+
+    #[tokio::test]
+    async fn a_denial_skips_the_pending_rest_of_its_batch() {
+        let db = Db::new().await;
+        let mut tx = pending(&db, &["a", "b", "c"]).await;
+        let d = decision(Verdict::Deny, "no");
+        let report = decide_in(&mut tx, &key("s", "b"), &d, &texts(), Timestamp::now())
+            .await
+            .unwrap();
+        let skipped: Vec<_> = report
+            .skipped
+            .iter()
+            .map(|c| c.key.call_id.to_string())
+            .collect();
+        assert_eq!(skipped, ["a", "c"]);
+        assert!(
+            report
+                .skipped
+                .iter()
+                .all(|c| c.status() == Status::Decided(OutcomeKind::Skipped))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_decision_after_the_deadline_is_refused() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        let now = Timestamp::now();
+        let mut due = call("a", "t", "{}");
+        due.deadline = Some(Timestamp::from_micros(now.as_micros() + 1_000));
+        submit_in(&mut tx, &batch("s", [due]), &texts(), now)
+            .await
+            .unwrap();
+        let later = Timestamp::from_micros(now.as_micros() + 2_000);
+        let d = decision(Verdict::Approve, "");
+        let err = decide_in(&mut tx, &key("s", "a"), &d, &texts(), later)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    }
+
+    #[tokio::test]
+    async fn a_remembered_approval_creates_a_grant_that_decides_the_pending_calls_it_covers() {
+        let db = Db::new().await;
+        let mut tx = pending(&db, &["a"]).await;
+        let now = Timestamp::now();
+        // Another batch of the session, the same tool and input: the grant covers it.
+        submit_in(&mut tx, &batch("s", [call("b", "t", "{}")]), &texts(), now)
+            .await
+            .unwrap();
+        let d = Decision {
+            remember: Some(Remember {
+                scope: Scope::Session,
+                matcher: None,
+                expires_in: None,
+            }),
+            ..decision(Verdict::Approve, "")
+        };
+        let report = decide_in(&mut tx, &key("s", "a"), &d, &texts(), now)
+            .await
+            .unwrap();
+        let grant = report.grant.expect("a grant");
+        assert_eq!(
+            grant.spec.scope,
+            GrantScope::Session(crate::domain::SessionId::from_stored("s".into()))
+        );
+        let by_grant: Vec<_> = report
+            .decided_by_grant
+            .iter()
+            .map(|c| {
+                (
+                    c.key.call_id.to_string(),
+                    c.outcome.as_ref().unwrap().decided_by.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(by_grant, [("b".to_owned(), DecidedBy::Grant(grant.id))]);
+    }
+
+    #[tokio::test]
+    async fn a_workspace_grant_for_a_call_without_a_workspace_is_refused() {
+        let db = Db::new().await;
+        let mut tx = pending(&db, &["a"]).await;
+        let d = Decision {
+            remember: Some(Remember {
+                scope: Scope::Workspace,
+                matcher: None,
+                expires_in: None,
+            }),
+            ..decision(Verdict::Approve, "")
+        };
+        let err = decide_in(&mut tx, &key("s", "a"), &d, &texts(), Timestamp::now())
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.to_string().contains("scope"), "{err}");
+    }
+}

@@ -1,0 +1,28 @@
+//! The broker's operations, written once for every backend: one file per operation, each a
+//! function over one open transaction of a backend ([`tx`]'s primitives), holding the rules of
+//! that operation and nothing about SQL or gRPC.
+//!
+//! A backend runs them (SQLite groups several into one transaction on its writer thread;
+//! Postgres runs each in its own), and only then are their reports acknowledged. The lock-order
+//! rules that keep concurrent transactions and replicas correct are stated once, in [`tx`].
+//!
+//! - [`submit`]: store a batch, recognise retries, supersede, let rules and grants decide.
+//! - [`decide`]: an approver's verdict, first decision wins; a remembered one creates a grant.
+//! - [`cancel`]: the agent withdraws calls.
+//! - [`expire`]: deadlines passed.
+//! - [`policy_admin`]: revoke grants; create, delete and load rules.
+//! - [`explain`]: what would decide a call now, read as a submit reads it.
+
+pub mod cancel;
+pub mod decide;
+pub mod expire;
+pub mod explain;
+pub mod policy_admin;
+mod ruling;
+pub mod submit;
+pub mod tx;
+
+#[cfg(test)]
+mod testing;
+
+pub use tx::{PolicyTx, Resolved, Stored, Transactions, WriteTx};

@@ -1,0 +1,509 @@
+//! Submit: store a batch's new calls, recognise retries, refuse conflicting reuse of a call id
+//! (for that call alone), supersede what the batch supersedes, and let rules and grants decide
+//! what they decide, all in one transaction.
+//!
+//! Rules and grants are read inside the transaction and judged by the one pure function,
+//! [`evaluate`](crate::domain::policy::evaluate), that Explain calls too. The costly part,
+//! matching their conditions against large inputs, was done before the submit was queued (see
+//! [`Prejudged`]): the transaction looks the results up, so it does not hold the writer while
+//! globs run.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use super::ruling::decide_by_ruling;
+use super::tx::{PolicyTx, Resolved, WriteTx, batches_of, complete_batches, tools_of};
+use crate::domain::policy::Prejudged;
+use crate::domain::{
+    BatchId, Call, CallId, CallKey, DecidedBy, NewBatch, NewCall, OutcomeKind, SubmitItem,
+    SubmitReport, SubmitResult, Timestamp, ToolName, ToolResultTexts,
+};
+use crate::error::{Error, Result};
+use crate::meters;
+
+/// Stores a batch and commits.
+pub async fn submit(
+    mut tx: impl WriteTx + PolicyTx,
+    batch: &NewBatch,
+    texts: &ToolResultTexts,
+) -> Result<SubmitReport> {
+    let started = Instant::now();
+    let report = submit_in(&mut tx, batch, texts, Timestamp::now()).await?;
+    tx.commit().await?;
+    meters::committed(1, started.elapsed());
+    Ok(report)
+}
+
+pub async fn submit_in(
+    tx: &mut (impl WriteTx + PolicyTx),
+    batch: &NewBatch,
+    texts: &ToolResultTexts,
+    now: Timestamp,
+) -> Result<SubmitReport> {
+    tx.lock_session(&batch.agent, &batch.session).await?;
+    let mut report = SubmitReport::default();
+    let mut resolved = Vec::new();
+
+    let mut fresh: Vec<&NewCall> = Vec::new();
+    // Stored calls this request resubmits: their row ids, and where their items are.
+    let mut resubmitted: HashMap<i64, usize> = HashMap::new();
+    for call in &batch.calls {
+        match tx.find_call(&key_of(batch, &call.call_id)).await? {
+            Some(stored) => {
+                let item = existing(batch, call, stored.call);
+                if matches!(item.result, SubmitResult::Duplicate(_)) {
+                    resubmitted.insert(stored.rowid, report.items.len());
+                }
+                report.items.push(item);
+            }
+            None => match call.refusal_if_new(now) {
+                Some(refusal) => report.items.push(SubmitItem {
+                    index: call.index,
+                    call_id: call.call_id.clone(),
+                    result: SubmitResult::Refused(refusal),
+                }),
+                None => fresh.push(call),
+            },
+        }
+    }
+    let tools = tools_of(fresh.iter().map(|c| &c.tool));
+    if !tools.is_empty() {
+        tx.lock_policy(&batch.agent, &tools, false).await?;
+    }
+
+    // Supersede replaces what is pending with what this batch stores, so a batch that stores no
+    // new call (a retry, or every call refused) supersedes nothing.
+    let supersede_pending = batch.supersede_pending && !fresh.is_empty();
+    let supersedes = supersede_pending || fresh.iter().any(|c| c.supersede_key.is_some());
+    let pending = if supersedes {
+        tx.pending_in_session(&batch.agent, &batch.session).await?
+    } else {
+        Vec::new()
+    };
+    tx.lock_batches(&batches_of(pending.iter().map(|p| &p.call)))
+        .await?;
+
+    if supersede_pending {
+        // A pending call this batch resubmits (a duplicate) is one of its own and stays. One
+        // whose id a refused call reuses for another request is not in the batch: it is
+        // superseded like the others (left pending, it could be approved and run while the
+        // model's turn holds another request under its id).
+        let superseded = texts.outcome(OutcomeKind::Superseded, DecidedBy::Broker, "", now);
+        for pending in pending {
+            if !resubmitted.contains_key(&pending.rowid) {
+                resolved.extend(tx.resolve(pending.rowid, &superseded).await?);
+            }
+        }
+    }
+
+    let fresh = refuse_past_pending_cap(tx, batch, fresh, &mut report).await?;
+
+    // Calls stored now, in position order: their row ids, and where their items are in the
+    // report (which holds the calls themselves).
+    let mut accepted: Vec<(i64, usize)> = Vec::new();
+    // What was judged of each accepted call's input before the submit was queued, by row id.
+    let mut prejudged: BTreeMap<i64, &Prejudged> = BTreeMap::new();
+    if !fresh.is_empty() {
+        let batch_id = BatchId::generate();
+        let planned = fresh.len();
+        tx.insert_batch(&batch_id, batch, planned, now).await?;
+        let mut position = 0;
+        for call in fresh {
+            if let Some(key) = &call.supersede_key {
+                let superseded = texts.outcome(OutcomeKind::Superseded, DecidedBy::Broker, "", now);
+                for rowid in tx
+                    .pending_with_key(&batch.agent, &batch.session, key)
+                    .await?
+                {
+                    resolved.extend(tx.resolve(rowid, &superseded).await?);
+                }
+            }
+            let result = match tx
+                .insert_call(batch, &batch_id, position, call, now)
+                .await?
+            {
+                Some(rowid) => {
+                    accepted.push((rowid, report.items.len()));
+                    prejudged.insert(rowid, &call.prejudged);
+                    // What was just stored, without reading it back.
+                    let key = key_of(batch, &call.call_id);
+                    let stored = call.pending(key, &batch_id, position as u32, planned as u32, now);
+                    position += 1;
+                    SubmitResult::Accepted(stored)
+                }
+                // A concurrent submit stored the same identity first: answer as if it had
+                // been there all along.
+                None => match tx.find_call(&key_of(batch, &call.call_id)).await? {
+                    Some(stored) => existing(batch, call, stored.call).result,
+                    None => return Err(Error::Internal("a conflicting call vanished".into())),
+                },
+            };
+            report.items.push(SubmitItem {
+                index: call.index,
+                call_id: call.call_id.clone(),
+                result,
+            });
+        }
+        if position == 0 {
+            tx.resize_batch(&batch_id, 0).await?;
+        } else {
+            if position < planned {
+                tx.resize_batch(&batch_id, position).await?;
+                // The calls answered so far carry the planned size.
+                for &(_, item) in &accepted {
+                    if let SubmitResult::Accepted(call) = &mut report.items[item].result {
+                        call.batch_size = position as u32;
+                    }
+                }
+            }
+            report.batch_id = Some(batch_id);
+        }
+    }
+
+    let superseded = resolved.len();
+    let mut accepted_calls: Vec<(i64, &Call)> = Vec::with_capacity(accepted.len());
+    for &(rowid, item) in &accepted {
+        if let SubmitResult::Accepted(call) = &report.items[item].result {
+            accepted_calls.push((rowid, call));
+        }
+    }
+    let decided =
+        decide_by_policy(tx, batch, &tools, &accepted_calls, &prejudged, texts, now).await?;
+    resolved.extend(decided);
+    complete_batches(tx, &resolved).await?;
+    // A call this request carries (stored now, or resubmitted) that a later call of it
+    // superseded (the same supersede key) is acknowledged with its outcome, so the reply never
+    // calls it pending.
+    let carried: HashMap<i64, usize> = accepted.iter().copied().chain(resubmitted).collect();
+    for r in &resolved[..superseded] {
+        let call = tx.load_call(r.rowid).await?;
+        if let Some(&item) = carried.get(&r.rowid) {
+            let result = &mut report.items[item].result;
+            *result = match result {
+                SubmitResult::Duplicate(_) => SubmitResult::Duplicate(call.clone()),
+                _ => SubmitResult::Accepted(call.clone()),
+            };
+        }
+        report.superseded.push(call);
+    }
+    // The calls rules or grants decided (or whose batch a denial skipped) are acknowledged with
+    // their outcome.
+    for r in &resolved[superseded..] {
+        if let Some(&(_, item)) = accepted.iter().find(|(rowid, _)| *rowid == r.rowid) {
+            report.items[item].result = SubmitResult::Accepted(tx.load_call(r.rowid).await?);
+        }
+    }
+    report.items.sort_by_key(|item| item.index);
+    Ok(report)
+}
+
+/// Keeps the new calls the agent has room for under its pending cap
+/// ([`NewBatch::pending_cap`]), in order, and refuses the rest, each with RESOURCE_EXHAUSTED
+/// naming the setting. Counted after what this submit superseded, so a submit that replaces
+/// the pending calls of its session makes room for itself.
+async fn refuse_past_pending_cap<'b>(
+    tx: &mut impl WriteTx,
+    batch: &NewBatch,
+    mut fresh: Vec<&'b NewCall>,
+    report: &mut SubmitReport,
+) -> Result<Vec<&'b NewCall>> {
+    let Some(cap) = batch.pending_cap else {
+        return Ok(fresh);
+    };
+    if fresh.is_empty() {
+        return Ok(fresh);
+    }
+    let pending = tx.pending_of_agent(&batch.agent, cap).await?;
+    let room = cap.saturating_sub(pending) as usize;
+    if fresh.len() <= room {
+        return Ok(fresh);
+    }
+    for call in fresh.drain(room..) {
+        report.items.push(SubmitItem {
+            index: call.index,
+            call_id: call.call_id.clone(),
+            result: SubmitResult::Refused(Error::ResourceExhausted(format!(
+                "agent {} has {pending} pending calls, the most --max-pending-per-agent \
+                 allows ({cap}); decide or cancel some first",
+                batch.agent
+            ))),
+        });
+    }
+    Ok(fresh)
+}
+
+/// Decides the calls just stored that a rule or a grant decides, in position order, with what a
+/// human decision would bring along (a denial skips the rest of a SKIP_REST batch).
+async fn decide_by_policy(
+    tx: &mut (impl WriteTx + PolicyTx),
+    batch: &NewBatch,
+    tools: &[&ToolName],
+    accepted: &[(i64, &Call)],
+    prejudged: &BTreeMap<i64, &Prejudged>,
+    texts: &ToolResultTexts,
+    now: Timestamp,
+) -> Result<Vec<Resolved>> {
+    let mut resolved = Vec::new();
+    if accepted.is_empty() {
+        return Ok(resolved);
+    }
+    let rules = tx.rules().await?;
+    let grants = tx
+        .live_grants(&batch.agent, Some(&batch.session), tools, now)
+        .await?;
+    if rules.is_empty() && grants.is_empty() {
+        return Ok(resolved);
+    }
+    for &(rowid, call) in accepted {
+        if let Some((own, skipped)) = decide_by_ruling(
+            tx,
+            (rowid, call, prejudged.get(&rowid).copied()),
+            &rules,
+            &grants,
+            texts,
+            now,
+        )
+        .await?
+        {
+            resolved.push(own);
+            resolved.extend(skipped);
+        }
+    }
+    Ok(resolved)
+}
+
+fn key_of(batch: &NewBatch, call_id: &CallId) -> CallKey {
+    CallKey {
+        agent: batch.agent.clone(),
+        session: batch.session.clone(),
+        call_id: call_id.clone(),
+    }
+}
+
+/// The answer for a submitted call whose identity is already stored.
+fn existing(batch: &NewBatch, call: &NewCall, stored: Call) -> SubmitItem {
+    let result = if call.is_same_request_as(&stored) {
+        SubmitResult::Duplicate(stored)
+    } else {
+        SubmitResult::Refused(Error::AlreadyExists(format!(
+            "call_id: call `{}` already exists in session `{}` with a different tool or input",
+            call.call_id, batch.session
+        )))
+    };
+    SubmitItem {
+        index: call.index,
+        call_id: call.call_id.clone(),
+        result,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{OnDeny, Status};
+    use crate::operations::testing::{Db, batch, call, key, rule, texts};
+
+    fn accepted(item: &SubmitItem) -> &Call {
+        match &item.result {
+            SubmitResult::Accepted(call) => call,
+            other => panic!("expected Accepted, got {other:?}"),
+        }
+    }
+
+    fn refused(item: &SubmitItem) -> tonic::Code {
+        match &item.result {
+            SubmitResult::Refused(err) => err.code(),
+            other => panic!("expected Refused, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn new_calls_are_stored_pending_in_one_batch_in_order() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        let b = batch("s", [call("a", "t", "{}"), call("b", "t", "{}")]);
+        let report = submit_in(&mut tx, &b, &texts(), Timestamp::now())
+            .await
+            .unwrap();
+        let batch_id = report.batch_id.clone().expect("a batch was stored");
+        for (i, item) in report.items.iter().enumerate() {
+            let call = accepted(item);
+            assert_eq!(call.status(), Status::Pending);
+            assert_eq!((call.position, call.batch_size), (i as u32, 2));
+            assert_eq!(call.batch_id, batch_id);
+        }
+        assert!(tx.find_call(&key("s", "b")).await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn the_same_call_again_is_a_duplicate_and_stores_nothing_new() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        let b = batch("s", [call("a", "t", r#"{"x":1}"#)]);
+        submit_in(&mut tx, &b, &texts(), Timestamp::now())
+            .await
+            .unwrap();
+        let again = submit_in(&mut tx, &b, &texts(), Timestamp::now())
+            .await
+            .unwrap();
+        assert!(again.batch_id.is_none(), "nothing new, no batch");
+        assert!(matches!(again.items[0].result, SubmitResult::Duplicate(_)));
+    }
+
+    #[tokio::test]
+    async fn the_same_id_with_another_input_is_refused_for_that_call_alone() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        submit_in(
+            &mut tx,
+            &batch("s", [call("a", "t", r#"{"x":1}"#)]),
+            &texts(),
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+        let b = batch("s", [call("a", "t", r#"{"x":2}"#), call("b", "t", "{}")]);
+        let report = submit_in(&mut tx, &b, &texts(), Timestamp::now())
+            .await
+            .unwrap();
+        assert_eq!(refused(&report.items[0]), tonic::Code::AlreadyExists);
+        assert_eq!(accepted(&report.items[1]).batch_size, 1);
+    }
+
+    #[tokio::test]
+    async fn a_new_call_whose_deadline_passed_is_refused() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        let now = Timestamp::now();
+        let mut late = call("a", "t", "{}");
+        late.deadline = Some(Timestamp::from_micros(now.as_micros() - 1));
+        let report = submit_in(&mut tx, &batch("s", [late]), &texts(), now)
+            .await
+            .unwrap();
+        assert_eq!(refused(&report.items[0]), tonic::Code::InvalidArgument);
+        assert!(report.batch_id.is_none());
+    }
+
+    #[tokio::test]
+    async fn supersede_pending_supersedes_the_sessions_other_pending_calls() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        let now = Timestamp::now();
+        submit_in(
+            &mut tx,
+            &batch("s", [call("old", "t", "{}")]),
+            &texts(),
+            now,
+        )
+        .await
+        .unwrap();
+        let mut b = batch("s", [call("new", "t", "{}")]);
+        b.supersede_pending = true;
+        let report = submit_in(&mut tx, &b, &texts(), now).await.unwrap();
+        assert_eq!(report.superseded.len(), 1);
+        assert_eq!(
+            report.superseded[0].status(),
+            Status::Decided(OutcomeKind::Superseded)
+        );
+        assert_eq!(accepted(&report.items[0]).status(), Status::Pending);
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_stores_nothing_supersedes_nothing() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        let now = Timestamp::now();
+        let first = batch("s", [call("a", "t", "{}")]);
+        submit_in(&mut tx, &first, &texts(), now).await.unwrap();
+        let mut retry = first.clone();
+        retry.supersede_pending = true;
+        let report = submit_in(&mut tx, &retry, &texts(), now).await.unwrap();
+        assert!(report.superseded.is_empty());
+        let a = tx.find_call(&key("s", "a")).await.unwrap().unwrap();
+        assert_eq!(a.call.status(), Status::Pending);
+    }
+
+    #[tokio::test]
+    async fn a_supersede_key_supersedes_the_pending_call_with_that_key() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        let now = Timestamp::now();
+        let keyed = |id| NewCall {
+            supersede_key: Some("k".into()),
+            ..call(id, "t", "{}")
+        };
+        submit_in(&mut tx, &batch("s", [keyed("a")]), &texts(), now)
+            .await
+            .unwrap();
+        let report = submit_in(&mut tx, &batch("s", [keyed("b")]), &texts(), now)
+            .await
+            .unwrap();
+        let superseded: Vec<_> = report
+            .superseded
+            .iter()
+            .map(|c| c.key.call_id.to_string())
+            .collect();
+        assert_eq!(superseded, ["a"]);
+    }
+
+    #[tokio::test]
+    async fn calls_past_the_agents_pending_cap_are_refused_resource_exhausted() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        let mut b = batch(
+            "s",
+            [
+                call("a", "t", "{}"),
+                call("b", "t", "{}"),
+                call("c", "t", "{}"),
+            ],
+        );
+        b.pending_cap = Some(2);
+        let report = submit_in(&mut tx, &b, &texts(), Timestamp::now())
+            .await
+            .unwrap();
+        accepted(&report.items[0]);
+        accepted(&report.items[1]);
+        assert_eq!(refused(&report.items[2]), tonic::Code::ResourceExhausted);
+        assert_eq!(
+            accepted(&report.items[0]).batch_size,
+            2,
+            "the batch holds what was stored"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_rule_decides_at_submit_and_a_denial_skips_the_rest_of_the_batch() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        assert!(tx.insert_rule(&rule("no-rm", "rm", "deny")).await.unwrap());
+        let b = batch("s", [call("a", "rm", "{}"), call("b", "ls", "{}")]);
+        assert_eq!(b.on_deny, OnDeny::SkipRest);
+        let report = submit_in(&mut tx, &b, &texts(), Timestamp::now())
+            .await
+            .unwrap();
+        let a = accepted(&report.items[0]);
+        assert_eq!(a.status(), Status::Decided(OutcomeKind::Denied));
+        assert_eq!(
+            a.outcome.as_ref().unwrap().decided_by,
+            DecidedBy::Policy("no-rm".into())
+        );
+        assert_eq!(
+            accepted(&report.items[1]).status(),
+            Status::Decided(OutcomeKind::Skipped)
+        );
+    }
+
+    #[tokio::test]
+    async fn with_independent_calls_a_denial_leaves_the_siblings_pending() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        tx.insert_rule(&rule("no-rm", "rm", "deny")).await.unwrap();
+        let mut b = batch("s", [call("a", "rm", "{}"), call("b", "ls", "{}")]);
+        b.on_deny = OnDeny::Independent;
+        let report = submit_in(&mut tx, &b, &texts(), Timestamp::now())
+            .await
+            .unwrap();
+        assert_eq!(accepted(&report.items[1]).status(), Status::Pending);
+    }
+}

@@ -1,0 +1,119 @@
+//! A real, migrated SQLite database for the operations' unit tests. Each test runs an operation
+//! in a transaction of its own and reads back what it wrote through the same primitives: the
+//! backend production runs, not a fake that could agree with a wrong operation.
+
+use tempfile::TempDir;
+
+use super::{PolicyTx, Transactions, WriteTx};
+use crate::domain::policy::{Rule, RuleSource};
+use crate::domain::{
+    AgentId, CallId, CallKey, Decision, NewBatch, NewCall, OnDeny, SessionId, Timestamp, ToolInput,
+    ToolName, ToolResultTexts, Verdict,
+};
+use crate::store::{SqliteStore, Synchronous};
+
+/// The agent every call of these tests belongs to.
+pub const AGENT: &str = "agent";
+
+pub struct Db {
+    _dir: TempDir,
+    store: SqliteStore,
+}
+
+impl Db {
+    /// A fresh database file, migrated.
+    pub async fn new() -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let url = format!("sqlite://{}", dir.path().join("ops.db").display());
+        let store = SqliteStore::open(&url, Synchronous::Normal, texts())
+            .await
+            .expect("a fresh store");
+        Self { _dir: dir, store }
+    }
+
+    /// A write transaction; dropped without a commit, it rolls back.
+    pub async fn tx(&self) -> impl WriteTx + PolicyTx + use<> {
+        self.store
+            .writer()
+            .begin_write()
+            .await
+            .expect("a write transaction")
+    }
+
+    /// The backend's writer, for operations that open their own transactions.
+    pub fn writer(&self) -> &impl Transactions {
+        self.store.writer()
+    }
+}
+
+pub fn texts() -> ToolResultTexts {
+    ToolResultTexts::default()
+}
+
+pub fn key(session: &str, call_id: &str) -> CallKey {
+    CallKey {
+        agent: AgentId::from_stored(AGENT.into()),
+        session: SessionId::from_stored(session.into()),
+        call_id: CallId::from_stored(call_id.into()),
+    }
+}
+
+/// A call of `tool` with `input` (JSON text, already canonical).
+pub fn call(call_id: &str, tool: &str, input: &str) -> NewCall {
+    NewCall {
+        index: 0,
+        path: String::new(),
+        call_id: CallId::from_stored(call_id.into()),
+        tool: ToolName::from_stored(tool.into()),
+        input: ToolInput::from_stored(input.into()),
+        title: String::new(),
+        message: String::new(),
+        workspace: String::new(),
+        supersede_key: None,
+        deadline: None,
+        prejudged: Default::default(),
+    }
+}
+
+/// A batch of `calls` in `session`, indexed in order.
+pub fn batch(session: &str, calls: impl IntoIterator<Item = NewCall>) -> NewBatch {
+    let calls = calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, call)| NewCall {
+            index: i as u32,
+            path: format!("batch.calls[{i}]"),
+            ..call
+        })
+        .collect();
+    NewBatch {
+        agent: AgentId::from_stored(AGENT.into()),
+        session: SessionId::from_stored(session.into()),
+        on_deny: OnDeny::default(),
+        supersede_pending: false,
+        calls,
+        pending_cap: None,
+    }
+}
+
+/// An approver's decision, remembered once.
+pub fn decision(verdict: Verdict, reason: &str) -> Decision {
+    Decision {
+        verdict,
+        reason: reason.into(),
+        edited_input: None,
+        approver: "approver".into(),
+        remember: None,
+        prejudged: Default::default(),
+    }
+}
+
+/// A rule for `tool` (a glob) with `effect` (`allow`, `deny` or `ask`), matching any input, as
+/// CreateRule makes it (an operator's, not a policy file's).
+pub fn rule(id: &str, tool: &str, effect: &str) -> Rule {
+    let json = serde_json::json!({"id": id, "tool": tool, "effect": effect});
+    Rule {
+        source: RuleSource::Admin,
+        ..Rule::from_json(&json, 1 << 20, Timestamp::now()).expect("a valid rule")
+    }
+}

@@ -1,0 +1,209 @@
+//! The transaction primitives every operation is written with, and the rules that keep
+//! operations correct when several transactions (or replicas) run at once. Each backend
+//! implements [`WriteTx`] and [`PolicyTx`] over one of its transactions; the operations never see
+//! SQL, and the backends never decide anything.
+//!
+//! The rules, stated once here and kept by every operation:
+//! - an outcome is written only by a conditional update of a pending call (`resolve`), so the
+//!   first decision wins; a transaction that loses reads the winner back;
+//! - a call is inserted only if its identity is free (`insert_call`), so a concurrent duplicate
+//!   submit is recognised, not doubled;
+//! - a submit first locks its session (`lock_session`), so supersede-by-key and
+//!   supersede-pending see every earlier submit of the session;
+//! - before it touches any call, a transaction locks the rows of the batches it will resolve
+//!   calls in, all at once and in one order (`lock_batches`, fed by [`batches_of`]);
+//! - batch completion is decided under the batch's lock (`complete_batch_if_done`), so exactly
+//!   one transaction flags the event that completes a batch;
+//! - grants and submits of the same (agent, tool) are serialised by `lock_policy` (exclusive for
+//!   creating or revoking a grant, shared for submits), taken after the session lock and before
+//!   any batch lock: a grant being created sees every call submitted before it (and decides the
+//!   pending ones it matches), and every submit after it sees the grant.
+//!
+//! The full lock order is session, policy (sorted), batches (sorted), calls: two writers can
+//! never wait for each other in a cycle.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+
+use crate::domain::policy::{Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId};
+use crate::domain::{
+    AgentId, BatchId, Call, CallKey, NewBatch, NewCall, OnDeny, Outcome, SessionId, Timestamp,
+    ToolName,
+};
+use crate::error::Result;
+
+/// A stored call and its row id in the backend.
+pub struct Stored {
+    pub rowid: i64,
+    pub call: Call,
+}
+
+/// A call resolved in the current transaction: its batch, and the id of its Resolved event.
+pub struct Resolved {
+    pub rowid: i64,
+    pub batch_id: String,
+    pub event: i64,
+}
+
+/// One open write transaction of a backend.
+#[async_trait]
+pub trait WriteTx: Send {
+    /// Serialises writers of one session until this transaction ends (a no-op where all writers
+    /// are serialised anyway).
+    async fn lock_session(&mut self, agent: &AgentId, session: &SessionId) -> Result<()>;
+    /// Locks these batches until this transaction ends, in one statement and in sorted order.
+    /// Called once, before any call of them is resolved.
+    async fn lock_batches(&mut self, batches: &[&str]) -> Result<()>;
+    async fn find_call(&mut self, key: &CallKey) -> Result<Option<Stored>>;
+    async fn load_call(&mut self, rowid: i64) -> Result<Call>;
+    async fn insert_batch(
+        &mut self,
+        batch_id: &BatchId,
+        batch: &NewBatch,
+        size: usize,
+        now: Timestamp,
+    ) -> Result<()>;
+    /// Corrects a batch's size when fewer calls than planned were inserted (0: removes it).
+    async fn resize_batch(&mut self, batch_id: &BatchId, size: usize) -> Result<()>;
+    /// Stores a pending call with its Requested event. `None` if its identity is taken
+    /// (a concurrent submit stored it first).
+    async fn insert_call(
+        &mut self,
+        batch: &NewBatch,
+        batch_id: &BatchId,
+        position: usize,
+        call: &NewCall,
+        now: Timestamp,
+    ) -> Result<Option<i64>>;
+    /// Writes `outcome` if the call is still pending, with its Resolved event.
+    async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>>;
+    /// Pending calls of a session, oldest first.
+    async fn pending_in_session(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+    ) -> Result<Vec<Stored>>;
+    /// How many calls of `agent` are pending, counted no further than `at_most` (so the count
+    /// costs at most that many index entries, however many there are).
+    async fn pending_of_agent(&mut self, agent: &AgentId, at_most: u64) -> Result<u64>;
+    /// Pending calls of a session carrying `key`.
+    async fn pending_with_key(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+        key: &str,
+    ) -> Result<Vec<i64>>;
+    /// Pending calls of a batch, in position order.
+    async fn pending_in_batch(&mut self, batch: &BatchId) -> Result<Vec<i64>>;
+    /// Every call of a batch of this session, in position order.
+    async fn calls_of_batch(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+        batch: &BatchId,
+    ) -> Result<Vec<Stored>>;
+    async fn on_deny(&mut self, batch: &BatchId) -> Result<OnDeny>;
+    /// Pending calls due at `now`, at most `limit`, with their batches.
+    async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(i64, String)>>;
+    /// Under the batch's lock: if no call of it is pending, flags `event` as completing it.
+    async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()>;
+    /// How many writing statements this transaction has issued so far, if the backend counts
+    /// them. Without a count, every failed write of a group is taken to have changed something.
+    fn statements_written(&self) -> Option<u64> {
+        None
+    }
+    /// Commits the transaction: only then may its changes be acknowledged.
+    async fn commit(self) -> Result<()>;
+}
+
+/// The grant and rule primitives of a transaction. The reads also serve read-only transactions
+/// (Explain), so what Explain reads is what a submit reads.
+#[async_trait]
+pub trait PolicyTx: Send {
+    /// Locks (agent, tool) for grant changes until this transaction ends: `exclusive` to create
+    /// or revoke grants, shared to submit calls. All keys in one statement, in one order; a
+    /// no-op where writers are serialised anyway.
+    async fn lock_policy(
+        &mut self,
+        agent: &AgentId,
+        tools: &[&ToolName],
+        exclusive: bool,
+    ) -> Result<()>;
+    /// Every rule.
+    async fn rules(&mut self) -> Result<Vec<Rule>>;
+    /// The unrevoked grants of `agent` for `tools` not expired at `now`; only `session`'s among
+    /// session grants when it is given.
+    async fn live_grants(
+        &mut self,
+        agent: &AgentId,
+        session: Option<&SessionId>,
+        tools: &[&ToolName],
+        now: Timestamp,
+    ) -> Result<Vec<Grant>>;
+    async fn insert_grant(&mut self, spec: &GrantSpec) -> Result<Grant>;
+    /// The latest grant created by deciding this call, if any.
+    async fn grant_from_call(&mut self, key: &CallKey) -> Result<Option<Grant>>;
+    /// The grants `target` names: for an id that grant whatever its state; otherwise the
+    /// unrevoked grants of that scope not expired at `now`.
+    async fn grants_named(&mut self, target: &RevokeTarget, now: Timestamp) -> Result<Vec<Grant>>;
+    /// Marks these grants revoked, unless they already are; returns those it marked.
+    async fn revoke(&mut self, ids: &[i64], by: &str, now: Timestamp) -> Result<Vec<Grant>>;
+    /// Pending calls of `agent` calling `tool` in the scope of a grant, oldest first.
+    async fn pending_in_scope(
+        &mut self,
+        agent: &AgentId,
+        tool: &ToolName,
+        scope: &GrantScope,
+    ) -> Result<Vec<Stored>>;
+    async fn find_rule(&mut self, id: &RuleId) -> Result<Option<Rule>>;
+    /// Stores `rule`; `false` if its id is taken (nothing written).
+    async fn insert_rule(&mut self, rule: &Rule) -> Result<bool>;
+    /// Removes a rule; `false` if there was none.
+    async fn delete_rule(&mut self, id: &RuleId) -> Result<bool>;
+    /// Removes every rule loaded from a policy file; until this transaction ends, no other may
+    /// change rules (so concurrent loads of policy files do not interleave).
+    async fn delete_file_rules(&mut self) -> Result<()>;
+}
+
+/// Where write transactions come from: a backend (Postgres) or its one write connection (SQLite).
+#[async_trait]
+pub trait Transactions: Sync {
+    type Tx: WriteTx + PolicyTx;
+    async fn begin_write(&self) -> Result<Self::Tx>;
+    /// Runs on the group-commit writer after each group and each piece of work alone (whether
+    /// or not they committed), once their callers were answered: a backend may hand over what
+    /// was committed. Nothing by default.
+    fn after_commit(&self) {}
+}
+
+/// The distinct batches of `calls`, sorted: the order every transaction locks batches in.
+pub(super) fn batches_of<'a>(calls: impl Iterator<Item = &'a Call>) -> Vec<&'a str> {
+    let mut batches: Vec<&str> = calls.map(|c| c.batch_id.as_str()).collect();
+    batches.sort_unstable();
+    batches.dedup();
+    batches
+}
+
+/// For each batch touched, flags this transaction's last event in it if the batch is now
+/// complete. Batches are visited in id order, so concurrent transactions lock them in the same
+/// order.
+pub(super) async fn complete_batches(tx: &mut impl WriteTx, resolved: &[Resolved]) -> Result<()> {
+    let mut last_by_batch: BTreeMap<&str, i64> = BTreeMap::new();
+    for r in resolved {
+        let last = last_by_batch.entry(&r.batch_id).or_insert(r.event);
+        *last = (*last).max(r.event);
+    }
+    for (batch_id, event) in last_by_batch {
+        tx.complete_batch_if_done(batch_id, event).await?;
+    }
+    Ok(())
+}
+
+/// The distinct tools of some calls, sorted.
+pub(super) fn tools_of<'a>(tools: impl Iterator<Item = &'a ToolName>) -> Vec<&'a ToolName> {
+    let mut tools: Vec<&ToolName> = tools.collect();
+    tools.sort_unstable();
+    tools.dedup();
+    tools
+}
