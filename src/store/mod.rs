@@ -2,12 +2,16 @@
 //! [`EventLog`], [`Policies`]; [`Store`] is all of them). Every state change (a call accepted, a
 //! call resolved) is written in the same transaction as its event, and nothing is acknowledged
 //! before that transaction commits. The operations themselves are written once, in
-//! `crate::operations`; each backend owns its connections and SQL and runs them.
+//! `crate::operations`; so are the SQL both backends run (`statements`), the transaction
+//! primitives over it (`primitives`) and the reads (`reads`): each backend owns its connections
+//! and adds only what it does differently.
 
 mod database;
 pub mod health;
 mod listing;
 mod postgres;
+mod primitives;
+mod reads;
 mod rows;
 mod sqlite;
 pub mod statements;

@@ -71,7 +71,7 @@ use crate::error::{Error, Result};
 use crate::operations::Stored;
 
 /// A call from a row holding the `statements::call_columns`.
-pub fn call_from_row(row: &impl Columns) -> Result<Call> {
+pub fn call_from_row(row: &(impl Columns + ?Sized)) -> Result<Call> {
     let status_code = row.int("status")?;
     let status = Status::from_code(status_code)
         .ok_or_else(|| Error::Internal(format!("unknown stored status {status_code}")))?;
@@ -130,7 +130,7 @@ pub fn page<R: Columns, T>(
 }
 
 /// A call and its row id, from a row holding the `statements::call_columns`.
-pub fn stored(row: &impl Columns) -> Result<Stored> {
+pub fn stored(row: &(impl Columns + ?Sized)) -> Result<Stored> {
     Ok(Stored {
         rowid: row.int("id")?,
         call: call_from_row(row)?,
@@ -138,7 +138,7 @@ pub fn stored(row: &impl Columns) -> Result<Stored> {
 }
 
 /// An event from a row holding `seq`, `kind`, `batch_completed` and the `statements::call_columns`.
-pub fn event_from_row(row: &impl Columns) -> Result<Event> {
+pub fn event_from_row(row: &(impl Columns + ?Sized)) -> Result<Event> {
     let kind = EventKind::from_code(row.int("kind")?);
     let mut call = call_from_row(row)?;
     if kind == EventKind::Requested {
@@ -162,7 +162,7 @@ fn stored_matcher(text: &str) -> Result<Matcher> {
 }
 
 /// A grant from a row holding the `statements::grant_columns`.
-pub fn grant_from_row(row: &impl Columns) -> Result<Grant> {
+pub fn grant_from_row(row: &(impl Columns + ?Sized)) -> Result<Grant> {
     let agent = AgentId::from_stored(row.text("agent")?);
     let scope_code = row.int("scope")?;
     let scope = match Scope::from_code(scope_code) {
@@ -209,7 +209,7 @@ pub fn grant_from_row(row: &impl Columns) -> Result<Grant> {
 }
 
 /// A rule from a row holding the columns `statements::select_rules` selects.
-pub fn rule_from_row(row: &impl Columns) -> Result<Rule> {
+pub fn rule_from_row(row: &(impl Columns + ?Sized)) -> Result<Rule> {
     let effect_code = row.int("effect")?;
     let tool = row.text("tool")?;
     Ok(Rule {

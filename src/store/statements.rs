@@ -11,8 +11,8 @@
 //! the shared part is here and says why the other part differs. Nothing here may use syntax one of the two databases lacks
 //! (no `ANY($1)` arrays, no `?` placeholders, no `::` casts).
 
-use super::RevokeTarget;
 use crate::domain::policy::GrantScope;
+use crate::domain::policy::RevokeTarget;
 use crate::domain::{AgentId, code};
 
 /// The columns `rows::call_from_row` reads, from `calls c` joined with its batch `b` and its
@@ -116,13 +116,16 @@ macro_rules! pending {
     };
 }
 
-pub const PENDING_COUNT: &str = concat!("SELECT COUNT(*) FROM calls WHERE status = ", pending!());
+pub const PENDING_COUNT: &str = concat!(
+    "SELECT COUNT(*) AS n FROM calls WHERE status = ",
+    pending!()
+);
 pub const NEXT_DEADLINE: &str = concat!(
-    "SELECT MIN(deadline) FROM calls WHERE status = ",
+    "SELECT MIN(deadline) AS next FROM calls WHERE status = ",
     pending!(),
     " AND deadline IS NOT NULL"
 );
-pub const LATEST_SEQ: &str = "SELECT MAX(seq) FROM events";
+pub const LATEST_SEQ: &str = "SELECT MAX(seq) AS seq FROM events";
 
 /// Events after sequence number `$1`, with their calls, oldest first, at most `$2` of them.
 pub const EVENTS_AFTER: &str = concat!(
@@ -414,5 +417,56 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The same statements, and Postgres's own, prepared on Postgres's real schema (a fresh
+    /// schema of the database `APPROVALS_TEST_POSTGRES_URL` names): each is valid there, with
+    /// the parameters it is bound with.
+    #[tokio::test]
+    #[cfg_attr(
+        not(approvals_test_postgres),
+        ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres variants"
+    )]
+    async fn every_statement_prepares_on_postgres_with_its_parameters() {
+        use sqlx::{Connection as _, Executor as _, SqlSafeStr as _, Statement as _};
+        let base = std::env::var("APPROVALS_TEST_POSTGRES_URL").expect("set at build time");
+        let schema = format!("statements_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = sqlx::PgConnection::connect(&base).await.unwrap();
+        admin
+            .execute(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .await
+            .unwrap();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
+        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::migrate!("./migrations/postgres")
+            .run(&mut conn)
+            .await
+            .unwrap();
+        let mut all = every_statement();
+        all.extend([
+            (INSERT_CALL_AND_EVENT.to_owned(), 13),
+            (RESOLVE_CALL_AND_EVENT.to_owned(), 8),
+            (COMPLETE_BATCH_AT_ID.to_owned(), 2),
+        ]);
+        let mut failed = Vec::new();
+        for (sql, n) in all {
+            match conn
+                .prepare(sqlx::AssertSqlSafe(sql.as_str()).into_sql_str())
+                .await
+            {
+                Ok(statement) => match statement.parameters() {
+                    Some(sqlx::Either::Left(types)) if types.len() == n => {}
+                    other => failed.push(format!("{sql}: {other:?} parameters, not {n}")),
+                },
+                Err(e) => failed.push(format!("{sql}: {e}")),
+            }
+        }
+        conn.close().await.unwrap();
+        admin
+            .execute(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .await
+            .unwrap();
+        assert!(failed.is_empty(), "{failed:#?}");
     }
 }

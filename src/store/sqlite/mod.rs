@@ -11,23 +11,17 @@
 mod group_commit;
 mod writer;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::Sqlite;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use self::group_commit::GroupCommit;
 use self::writer::WriteConnection;
-use super::listing::{Listing, call_page, grant_page};
-use super::rows::{call_from_row, event_from_row, rule_from_row};
-use super::statements as sql;
+use super::reads::Reads;
 use super::{Calls, CommittedEvents, Deadlines, EventLog, Policies};
 use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
 use crate::domain::{
@@ -67,7 +61,7 @@ pub struct SqliteStore {
     group: GroupCommit<WriteConnection>,
     /// Only to hand committed events over (every write goes through `group`).
     writer: WriteConnection,
-    reader: SqlitePool,
+    reads: Reads<Sqlite>,
     texts: ToolResultTexts,
 }
 
@@ -103,7 +97,7 @@ impl SqliteStore {
         Ok(Self {
             group: GroupCommit::start(writer.clone(), texts.clone())?,
             writer,
-            reader,
+            reads: Reads::new(reader),
             texts,
         })
     }
@@ -173,32 +167,15 @@ impl Calls for SqliteStore {
         session: &SessionId,
         call_ids: &[CallId],
     ) -> Result<Vec<Option<Call>>> {
-        if call_ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows = Listing::<Sqlite>::calls_by_id(agent, session, call_ids)
-            .build()
-            .fetch_all(&self.reader)
-            .await?;
-        let mut by_id = BTreeMap::new();
-        for row in &rows {
-            let call = call_from_row(row)?;
-            by_id.insert(call.key.call_id.clone(), call);
-        }
-        Ok(call_ids.iter().map(|id| by_id.get(id).cloned()).collect())
+        self.reads.calls_by_id(agent, session, call_ids).await
     }
 
     async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
-        let rows = sqlx::query(sql::BATCH_CALLS)
-            .bind(batch.as_str())
-            .fetch_all(&self.reader)
-            .await?;
-        rows.iter().map(call_from_row).collect()
+        self.reads.batch_calls(batch).await
     }
 
     async fn list_calls(&self, q: &CallQuery) -> Result<CallPage> {
-        let mut query = Listing::<Sqlite>::calls(q);
-        call_page(&query.build().fetch_all(&self.reader).await?, q)
+        self.reads.list_calls(q).await
     }
 
     async fn probe(&self) -> Result<()> {
@@ -222,34 +199,22 @@ impl Deadlines for SqliteStore {
     }
 
     async fn pending_count(&self) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar(sql::PENDING_COUNT)
-            .fetch_one(&self.reader)
-            .await?;
-        Ok(n as u64)
+        self.reads.pending_count().await
     }
 
     async fn next_deadline(&self) -> Result<Option<Timestamp>> {
-        let next: Option<i64> = sqlx::query_scalar(sql::NEXT_DEADLINE)
-            .fetch_one(&self.reader)
-            .await?;
-        Ok(next.map(Timestamp::from_micros))
+        self.reads.next_deadline().await
     }
 }
 
 #[async_trait]
 impl EventLog for SqliteStore {
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
-        let rows = sqlx::query(sql::EVENTS_AFTER)
-            .bind(after as i64)
-            .bind(i64::from(limit))
-            .fetch_all(&self.reader)
-            .await?;
-        rows.iter().map(event_from_row).collect()
+        self.reads.events_after(after, limit).await
     }
 
     async fn latest_seq(&self) -> Result<u64> {
-        let mut conn = self.reader.acquire().await?;
-        latest_seq(&mut conn).await
+        self.reads.latest_seq().await
     }
 
     fn take_committed_events(&self) -> Option<CommittedEvents> {
@@ -269,8 +234,7 @@ impl Policies for SqliteStore {
     }
 
     async fn list_grants(&self, q: &GrantQuery) -> Result<GrantPage> {
-        let mut query = Listing::<Sqlite>::grants(q);
-        grant_page(&query.build().fetch_all(&self.reader).await?, q)
+        self.reads.list_grants(q).await
     }
 
     async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
@@ -292,8 +256,7 @@ impl Policies for SqliteStore {
     }
 
     async fn list_rules(&self) -> Result<Vec<Rule>> {
-        let rows = sqlx::query(sql::RULES).fetch_all(&self.reader).await?;
-        rows.iter().map(rule_from_row).collect()
+        self.reads.list_rules().await
     }
 
     async fn load_file_rules(&self, rules: &[Rule]) -> Result<()> {
@@ -316,15 +279,12 @@ impl Policies for SqliteStore {
     }
 }
 
-async fn latest_seq(conn: &mut SqliteConnection) -> Result<u64> {
-    let seq: Option<i64> = sqlx::query_scalar(sql::LATEST_SEQ).fetch_one(conn).await?;
-    Ok(seq.unwrap_or(0) as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::statements as sql;
     use sqlx::Row;
+    use sqlx::sqlite::SqliteConnection;
 
     async fn open(url: &str, synchronous: Synchronous) -> SqliteStore {
         let Ok(crate::store::Database::Sqlite { path, .. }) =
@@ -363,7 +323,7 @@ mod tests {
             )))
             .bind("some-batch")
             .bind("some-batch")
-            .fetch_all(&store.reader)
+            .fetch_all(store.reads.pool())
             .await
             .unwrap()
             .iter()
