@@ -2,6 +2,7 @@
 //! what /proc says about it. Starting it on a free port with a fresh database is the test kit's
 //! (`testkit/src/broker.rs`, included by `main.rs`).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -41,13 +42,56 @@ pub const CLOCK_TICKS: f64 = 100.0;
 /// User plus system CPU seconds of a process, from `/proc/<pid>/stat`.
 pub fn cpu_seconds(pid: &str) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: fields start after the last `)`.
+    stat_cpu(&stat).map(|(_, seconds)| seconds)
+}
+
+/// User plus system CPU seconds of each live thread of a process, added up by what the thread
+/// does (its name, from `/proc/<pid>/task/*/stat`): `runtime` (tokio's workers), `writer` (the
+/// SQLite store's one writer), `readers` (sqlx's SQLite reader workers), `checkpoint`, `main`
+/// and `other`. Threads that already exited are in no kind: the process total minus these sums
+/// is what they used.
+pub fn cpu_by_thread(pid: &str) -> Option<BTreeMap<&'static str, f64>> {
+    let mut kinds = BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(task) = task else { continue };
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let Some((name, seconds)) = stat_cpu(&stat) else {
+            continue;
+        };
+        *kinds.entry(thread_kind(name)).or_insert(0.0) += seconds;
+    }
+    Some(kinds)
+}
+
+/// The command name and user plus system CPU seconds of a `stat` line.
+fn stat_cpu(stat: &str) -> Option<(&str, f64)> {
+    let name = &stat[stat.find('(')? + 1..stat.rfind(')')?];
+    // The name may hold spaces and parentheses: fields start after the last `)`.
     let rest = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // Field 3 (state) is rest[0]; utime is field 14, stime field 15.
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / CLOCK_TICKS)
+    Some((name, (utime + stime) / CLOCK_TICKS))
+}
+
+/// What a broker thread does, by its name (at most 15 bytes in `/proc`).
+fn thread_kind(name: &str) -> &'static str {
+    if name.starts_with("tokio-runtime") {
+        "runtime"
+    } else if name.starts_with("store-writer") {
+        "writer"
+    } else if name.starts_with("sqlx-sqlite") {
+        "readers"
+    } else if name.starts_with("sqlite-checkpoi") {
+        "checkpoint"
+    } else if name.starts_with("approval-broker") {
+        "main"
+    } else {
+        "other"
+    }
 }
 
 /// Peak resident set size in KiB (`VmHWM` of `/proc/<pid>/status`).
@@ -66,4 +110,24 @@ fn proc_status_kib(pid: &str, field: &str) -> Option<u64> {
         .lines()
         .find_map(|line| line.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stat_line_gives_its_thread_name_and_cpu_seconds() {
+        let stat = "42 (tokio-runtime-w) S 1 2 3 4 5 6 7 8 9 10 150 50 0 0 20 0 1";
+        assert_eq!(stat_cpu(stat), Some(("tokio-runtime-w", 2.0)));
+        assert_eq!(thread_kind("tokio-runtime-w"), "runtime");
+        assert_eq!(thread_kind("store-writer"), "writer");
+        assert_eq!(thread_kind("sqlx-sqlite-wor"), "readers");
+    }
+
+    #[test]
+    fn this_process_has_threads_with_cpu_time() {
+        let kinds = cpu_by_thread("self").expect("/proc/self/task");
+        assert!(!kinds.is_empty());
+    }
 }
