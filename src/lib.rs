@@ -13,6 +13,7 @@ pub mod expiry;
 pub mod grpc;
 pub mod hook;
 pub mod limits;
+pub mod mcp;
 pub mod meters;
 pub mod proto;
 pub mod startup;
