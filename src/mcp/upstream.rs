@@ -147,9 +147,13 @@ impl Service<RoleClient> for Relay {
         notification.get_meta_mut().extend(context.meta);
         let notification = match notification {
             ServerNotification::ProgressNotification(mut progress) => {
-                if let Some(token) = self.progress.client_token(&progress.params.progress_token) {
-                    progress.params.progress_token = token;
-                }
+                // The SDK gives every request a token; progress for a request whose client
+                // asked for none has no one to go to.
+                let Some(token) = self.progress.client_token(&progress.params.progress_token)
+                else {
+                    return Ok(());
+                };
+                progress.params.progress_token = token;
                 ServerNotification::ProgressNotification(progress)
             }
             // The SDK turned it into the cancellation of the request the server had sent, which

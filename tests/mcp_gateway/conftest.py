@@ -17,8 +17,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,15 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from approval_broker.proto import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, types_pb2
+from approval_broker.proto import (
+    admin_pb2,
+    admin_pb2_grpc,
+    agent_pb2,
+    agent_pb2_grpc,
+    approver_pb2,
+    approver_pb2_grpc,
+    types_pb2,
+)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -154,6 +163,51 @@ async def next_pending(target: str, session_id: str, tool: str) -> types_pb2.Cal
             return pending[0]
         await asyncio.sleep(0.05)
     raise AssertionError(f"no pending `{tool}` call in {session_id} within {PATIENCE}s")
+
+
+async def pending_anywhere(target: str, wanted: Callable[[types_pb2.Call], bool]) -> types_pb2.Call:
+    """The first pending call in any session that `wanted` picks, once the gateway submitted it
+    (for sessions the gateway names itself)."""
+    deadline = time.monotonic() + PATIENCE
+    while time.monotonic() < deadline:
+        try:
+            async with grpc.aio.insecure_channel(target) as channel:
+                reply = await approver_pb2_grpc.ApproverServiceStub(channel).ListPending(
+                    approver_pb2.ListPendingRequest(filter=types_pb2.CallFilter()), timeout=5
+                )
+            found = [c for c in reply.calls if wanted(c)]
+        except grpc.aio.AioRpcError:
+            found = []
+        if found:
+            return found[0]
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no such pending call within {PATIENCE}s")
+
+
+class SilentListener:
+    """A TCP port that accepts connections and never says a word: a broker that hangs."""
+
+    def __init__(self) -> None:
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.listen(16)
+        self.port = self.socket.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.socket.accept()
+            except OSError:
+                return
+            self.accepted.append(connection)
+
+    def close(self) -> None:
+        self.socket.close()
+        for connection in self.accepted:
+            connection.close()
 
 
 async def outcome_of(target: str, session_id: str, call_id: str) -> types_pb2.Outcome | None:

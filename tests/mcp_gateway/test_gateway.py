@@ -12,12 +12,14 @@ from typing import Any
 
 import mcp_types
 import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
 from approval_broker.proto import types_pb2
 from conftest import (
-    BrokerProcess,
     Decision,
     Listener,
+    SilentListener,
     broker_binary,
     broker_with_policy,
     calls_in,
@@ -27,6 +29,7 @@ from conftest import (
     gateway,
     http_session,
     next_pending,
+    pending_anywhere,
     server_command,
     text_of,
     wait_for_outcome,
@@ -229,30 +232,25 @@ async def test_a_session_per_connection_uses_the_mcp_request_id_as_the_call_id(b
     workspace = f"/ws/{uuid.uuid4().hex}"
     async with gateway(url_of(broker), filesystem(files), "--workspace", workspace) as client:
         call = asyncio.create_task(client.call_tool("list_allowed_directories", {}))
-        found = None
-        for _ in range(1200):
-            found = [c for c in await broker_pending_all(broker.target) if c.workspace == workspace]
-            if found:
-                break
-            await asyncio.sleep(0.05)
-        assert found, "the call never reached the broker"
-        [pending] = found
+        pending = await pending_anywhere(broker.target, lambda c: c.workspace == workspace)
         assert pending.session_id.startswith("mcp-")
         assert pending.call_id.isdigit()
         await decide(broker.target, pending.session_id, [Decision(pending.call_id, approve=True)])
         assert not (await call).is_error
 
 
-async def broker_pending_all(target: str) -> list[types_pb2.Call]:
-    import grpc.aio
-
-    from approval_broker.proto import approver_pb2, approver_pb2_grpc
-
-    async with grpc.aio.insecure_channel(target) as channel:
-        reply = await approver_pb2_grpc.ApproverServiceStub(channel).ListPending(
-            approver_pb2.ListPendingRequest(filter=types_pb2.CallFilter()), timeout=5
-        )
-    return list(reply.calls)
+async def test_a_broker_that_accepts_but_never_answers_fails_closed(files: Path) -> None:
+    hung = SilentListener()
+    target = files / "hung.txt"
+    try:
+        async with gateway(f"http://127.0.0.1:{hung.port}", filesystem(files), "--timeout", "2s") as client:
+            result = await client.call_tool("write_file", {"path": str(target), "content": "x"})
+    finally:
+        hung.close()
+    assert result.is_error
+    assert "No approver decided within 2s" in text_of(result)
+    assert "The tool was not run." in text_of(result)
+    assert not target.exists()
 
 
 async def test_everything_but_tool_calls_passes_through_untouched(broker: Any) -> None:
@@ -289,10 +287,6 @@ async def test_everything_but_tool_calls_passes_through_untouched(broker: Any) -
         pending = await next_pending(broker.target, session, "get-roots-list")
         await decide(broker.target, session, [Decision(pending.call_id, approve=True)])
         listed_roots = await roots
-
-    from mcp.client.stdio import stdio_client
-
-    from mcp import ClientSession, StdioServerParameters
 
     params = StdioServerParameters(command=everything[0], args=everything[1:], env=clean_env())
     async with stdio_client(params) as (read_stream, write_stream):
@@ -393,10 +387,6 @@ async def test_the_documented_client_config_entries_run_as_written(broker: Any, 
     fill = {"http://127.0.0.1:50051": url_of(broker), "/Users/me/Documents": str(files), "${workspaceFolder}": str(files)}
     args = [fill.get(arg, arg) for arg in entry["args"]]
     assert url_of(broker) in args and str(files) in args
-    from mcp.client.stdio import stdio_client
-
-    from mcp import ClientSession, StdioServerParameters
-
     params = StdioServerParameters(
         command=str(broker_binary()), args=args, env=clean_env(), cwd=str(Path(__file__).resolve().parent)
     )
@@ -405,13 +395,7 @@ async def test_the_documented_client_config_entries_run_as_written(broker: Any, 
         async with ClientSession(read, write) as client:
             await client.initialize()
             call = asyncio.create_task(client.call_tool("write_file", {"path": str(target), "content": "documented"}))
-            found: list[types_pb2.Call] = []
-            for _ in range(1200):
-                found = [c for c in await broker_pending_all(broker.target) if c.tool == "write_file"]
-                if found:
-                    break
-                await asyncio.sleep(0.05)
-            assert found, "the call never reached the broker"
-            await decide(broker.target, found[0].session_id, [Decision(found[0].call_id, approve=True)])
+            pending = await pending_anywhere(broker.target, lambda c: c.tool == "write_file")
+            await decide(broker.target, pending.session_id, [Decision(pending.call_id, approve=True)])
             assert not (await call).is_error
     assert target.read_text() == "documented"
