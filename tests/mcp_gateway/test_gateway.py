@@ -399,3 +399,25 @@ async def test_the_documented_client_config_entries_run_as_written(broker: Any, 
             await decide(broker.target, pending.session_id, [Decision(pending.call_id, approve=True)])
             assert not (await call).is_error
     assert target.read_text() == "documented"
+
+
+async def test_the_high_level_client_in_its_default_auto_mode_falls_back_to_initialize(broker: Any, files: Path) -> None:
+    """`mcp.Client` probes `server/discover` first; the gateway, which speaks the handshake era,
+    makes it fall back to `initialize`, and tool calls are reviewed as ever."""
+    from mcp import Client
+
+    session = fresh_session()
+    target = files / "auto.txt"
+    params = StdioServerParameters(
+        command=str(broker_binary()),
+        args=["mcp-gateway", "--broker", url_of(broker), "--session", session, "--", *filesystem(files)],
+        env=clean_env(),
+    )
+    async with Client(params) as client:
+        assert client.session.initialize_result is not None
+        assert client.session.protocol_version == "2025-11-25"
+        call = asyncio.create_task(client.call_tool("write_file", {"path": str(target), "content": "auto"}))
+        pending = await next_pending(broker.target, session, "write_file")
+        await decide(broker.target, session, [Decision(pending.call_id, approve=True)])
+        assert not (await call).is_error
+    assert target.read_text() == "auto"
