@@ -29,7 +29,7 @@ use rmcp::model::{
 use rmcp::model::{SetLevelRequest, SetLevelRequestParams, SubscribeRequest, UnsubscribeRequest};
 use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, watch};
 
 use super::approval::{self, NotSubmitted, ToolFacts, Verdict};
 use super::session::{ConnectionNames, SessionPolicy};
@@ -84,6 +84,25 @@ pub struct Gateway {
     upstream: OnceCell<Upstream>,
     tools: Mutex<HashMap<String, ToolFacts>>,
     progress: ProgressRoutes,
+    /// How many tool calls are under review, so a gateway whose client went away can let their
+    /// cancellations reach the broker before it exits.
+    reviews: Arc<watch::Sender<usize>>,
+}
+
+/// Counts one review while it lives.
+struct UnderReview(Arc<watch::Sender<usize>>);
+
+impl UnderReview {
+    fn start(reviews: &Arc<watch::Sender<usize>>) -> UnderReview {
+        reviews.send_modify(|n| *n += 1);
+        UnderReview(reviews.clone())
+    }
+}
+
+impl Drop for UnderReview {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
 }
 
 impl Gateway {
@@ -95,7 +114,13 @@ impl Gateway {
             upstream: OnceCell::new(),
             tools: Mutex::new(HashMap::new()),
             progress: ProgressRoutes::default(),
+            reviews: Arc::new(watch::channel(0).0),
         }
+    }
+
+    /// The number of tool calls under review, as it changes.
+    pub fn reviews(&self) -> watch::Receiver<usize> {
+        self.reviews.subscribe()
     }
 
     fn upstream(&self) -> Result<&Upstream, McpError> {
@@ -221,10 +246,13 @@ impl Gateway {
         };
         let settings = &self.settings;
         let session_id = &self.names.session_id;
+        let _counted = UnderReview::start(&self.reviews);
         let reviewed = tokio::select! {
             reviewed = review::review(&settings.broker, session_id, spec, settings.timeout) => reviewed,
+            // The client cancelled the request, or went away (the SDK then cancels every
+            // request still open): either way nobody waits for the answer any more.
             () = context.ct.cancelled() => {
-                let reason = "the MCP client cancelled the request";
+                let reason = "the MCP client cancelled the request or disconnected";
                 review::cancel(&settings.broker, session_id, &call_id, reason).await
             }
         };

@@ -20,12 +20,19 @@ pub async fn serve_stdio(settings: Settings) -> Result<(), String> {
         .serve(rmcp::transport::stdio())
         .await
         .map_err(|e| format!("the MCP client on standard I/O: {e}"))?;
+    let mut reviews = running.service().reviews();
     running
         .waiting()
         .await
         .map_err(|e| format!("the gateway stopped: {e}"))?;
+    // The client is gone; the calls it left waiting are being cancelled at the broker, so
+    // approvers are not asked about them. Let that finish before the process exits.
+    let _ = tokio::time::timeout(CLOSE_GRACE, reviews.wait_for(|n| *n == 0)).await;
     Ok(())
 }
+
+/// How long a gateway whose client went away waits for its calls' cancellations.
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Serves Streamable HTTP at `http://ADDRESS/mcp` until SIGINT or SIGTERM.
 pub async fn serve_http(settings: Settings, address: SocketAddr) -> Result<(), String> {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -421,3 +422,41 @@ async def test_the_high_level_client_in_its_default_auto_mode_falls_back_to_init
         await decide(broker.target, session, [Decision(pending.call_id, approve=True)])
         assert not (await call).is_error
     assert target.read_text() == "auto"
+
+
+async def test_calls_left_waiting_by_a_client_that_disconnects_are_cancelled(broker: Any, files: Path) -> None:
+    """The client sends a tools/call and goes away (its end of standard input closes) without
+    cancelling: approvers are not left with a question nobody waits for."""
+    session = fresh_session()
+    target = files / "abandoned.txt"
+    gateway_process = subprocess.Popen(
+        [str(broker_binary()), "mcp-gateway", "--broker", url_of(broker), "--session", session, "--",
+         *filesystem(files)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=clean_env(),
+    )
+    assert gateway_process.stdin is not None and gateway_process.stdout is not None
+
+    def send(message: dict[str, Any]) -> None:
+        assert gateway_process.stdin is not None
+        gateway_process.stdin.write((json.dumps(message) + "\n").encode())
+        gateway_process.stdin.flush()
+
+    try:
+        send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+        initialized = json.loads(await asyncio.to_thread(gateway_process.stdout.readline))
+        assert initialized["id"] == 0 and "result" in initialized, initialized
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+              "params": {"name": "write_file", "arguments": {"path": str(target), "content": "x"}}})
+        pending = await next_pending(broker.target, session, "write_file")
+        gateway_process.stdin.close()
+        outcome = await wait_for_outcome(broker.target, session, pending.call_id)
+        assert outcome.status == types_pb2.CALL_STATUS_CANCELLED
+        assert "disconnected" in outcome.reason
+        assert await asyncio.to_thread(gateway_process.wait, 60) == 0
+    finally:
+        if gateway_process.poll() is None:
+            gateway_process.kill()
+            gateway_process.wait()
+    assert not target.exists()
