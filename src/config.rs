@@ -327,6 +327,9 @@ pub enum Command {
     /// decision JSON); see `hook claude-code --help`.
     #[command(subcommand)]
     Hook(crate::hook::HookCommand),
+    /// Stand between an MCP client and an MCP server, putting every tool call through a running
+    /// broker; see `mcp-gateway --help`.
+    McpGateway(crate::mcp::McpGatewayArgs),
 }
 
 impl Config {

@@ -50,6 +50,7 @@ pub mod expiry;
 pub mod grpc;
 pub mod hook;
 pub mod inbox;
+pub mod mcp;
 pub mod meters;
 pub mod operations;
 pub mod proto;

@@ -14,6 +14,10 @@ async fn main() -> ExitCode {
     if let Some(Command::Hook(hook)) = &config.command {
         return approval_broker::hook::run(hook).await;
     }
+    // Likewise: in stdio mode the gateway's standard output is the MCP channel.
+    if let Some(Command::McpGateway(gateway)) = &config.command {
+        return approval_broker::mcp::run(gateway).await;
+    }
     telemetry::init("info", config.telemetry.log_format == "json");
     match &config.command {
         Some(Command::Migrate) => {
@@ -26,7 +30,7 @@ async fn main() -> ExitCode {
             };
         }
         Some(Command::HashToken { token }) => return hash_token(token.clone()),
-        Some(Command::Hook(_)) => unreachable!("answered above"),
+        Some(Command::Hook(_) | Command::McpGateway(_)) => unreachable!("answered above"),
         None => {}
     }
     let listener = match TcpListener::bind(config.serve.listen).await {
