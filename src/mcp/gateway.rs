@@ -535,3 +535,73 @@ impl ServerHandler for Gateway {
     /// The SDK sends the server its own `notifications/initialized` when it connects.
     async fn on_initialized(&self, _context: NotificationContext<RoleServer>) {}
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::config::{Command, Config};
+
+    fn settings(args: &[&str]) -> Result<Settings, String> {
+        let config = Config::try_parse_from(args).map_err(|e| e.to_string())?;
+        let Some(Command::McpGateway(gateway)) = config.command else {
+            panic!("not the gateway: {args:?}");
+        };
+        Settings::from_args(&gateway)
+    }
+
+    #[test]
+    fn the_server_is_a_command_after_the_separator_or_an_upstream_url() {
+        let spawned = settings(&[
+            "approval-broker",
+            "mcp-gateway",
+            "--",
+            "npx",
+            "-y",
+            "server",
+        ]);
+        assert_eq!(
+            spawned.unwrap().upstream,
+            UpstreamTarget::Command(vec!["npx".into(), "-y".into(), "server".into()])
+        );
+        let remote = settings(&[
+            "approval-broker",
+            "mcp-gateway",
+            "--upstream",
+            "http://127.0.0.1:3001/mcp",
+        ]);
+        assert_eq!(
+            remote.unwrap().upstream,
+            UpstreamTarget::Url("http://127.0.0.1:3001/mcp".into())
+        );
+    }
+
+    #[test]
+    fn a_gateway_with_no_server_or_two_is_refused_naming_the_flags() {
+        let none = settings(&["approval-broker", "mcp-gateway"]).unwrap_err();
+        assert!(none.contains("--upstream"), "{none}");
+        let both = settings(&[
+            "approval-broker",
+            "mcp-gateway",
+            "--upstream",
+            "http://127.0.0.1:3001/mcp",
+            "--",
+            "server",
+        ])
+        .unwrap_err();
+        assert!(both.contains("--upstream"), "{both}");
+        let sessions = settings(&[
+            "approval-broker",
+            "mcp-gateway",
+            "--session",
+            "a",
+            "--session-from",
+            "env:X",
+            "--",
+            "server",
+        ])
+        .unwrap_err();
+        assert!(sessions.contains("--session"), "{sessions}");
+    }
+}
