@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use super::{Calls, CommittedEvents, Deadlines, EventLog, Policies, Store};
+use super::{Backend, BackendReads, Calls, CommittedEvents, Deadlines, EventLog, Policies, Store};
 use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
@@ -109,6 +109,12 @@ pub async fn probe_while_open(store: Arc<dyn Store>) {
             tracing::warn!(error = %err, "the storage probe failed");
         }
         tokio::time::sleep(PROBE_EVERY).await;
+    }
+}
+
+impl Backend for Watched {
+    fn reads(&self) -> &BackendReads {
+        self.inner.reads()
     }
 }
 

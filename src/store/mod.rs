@@ -28,6 +28,7 @@ use crate::error::Result;
 
 pub use database::Database;
 pub use postgres::PostgresStore;
+pub use reads::BackendReads;
 pub use sqlite::{ProcessLock, SqliteStore, Synchronous};
 
 /// The broker's durable state: every part below, from one backend. What startup opens and the
@@ -36,10 +37,17 @@ pub trait Store: Calls + Deadlines + EventLog + Policies {}
 
 impl<T: Calls + Deadlines + EventLog + Policies> Store for T {}
 
+/// What every part of a store shares: the reads both backends answer alike, from their own
+/// pools ([`BackendReads`]). The parts' read methods default to them; a backend writes only what
+/// it does its own way.
+pub trait Backend: Send + Sync + 'static {
+    fn reads(&self) -> &BackendReads;
+}
+
 /// Calls: the writes of submit, decide and cancel (each one transaction, acknowledged only after
 /// it commits), and the reads the API answers from.
 #[async_trait]
-pub trait Calls: Send + Sync + 'static {
+pub trait Calls: Backend {
     /// Stores a batch's new calls, recognising duplicates and refusing conflicting reuse of a
     /// call id, and supersedes what the batch supersedes. One transaction.
     async fn submit(&self, batch: NewBatch) -> Result<SubmitReport>;
@@ -58,13 +66,19 @@ pub trait Calls: Send + Sync + 'static {
         agent: &AgentId,
         session: &SessionId,
         call_ids: &[CallId],
-    ) -> Result<Vec<Option<Call>>>;
+    ) -> Result<Vec<Option<Call>>> {
+        self.reads().calls_by_id(agent, session, call_ids).await
+    }
 
     /// The calls of a batch in position order.
-    async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>>;
+    async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
+        self.reads().batch_calls(batch).await
+    }
 
     /// A page of calls matching `query`, oldest first, with the cursor to continue after.
-    async fn list_calls(&self, query: &CallQuery) -> Result<CallPage>;
+    async fn list_calls(&self, query: &CallQuery) -> Result<CallPage> {
+        self.reads().list_calls(query).await
+    }
 
     /// A small write transaction that reaches the disk as every commit does, and changes
     /// nothing the broker reads: whether writes work (see `health`).
@@ -73,15 +87,19 @@ pub trait Calls: Send + Sync + 'static {
 
 /// What the deadline sweeper reads and writes.
 #[async_trait]
-pub trait Deadlines: Send + Sync + 'static {
+pub trait Deadlines: Backend {
     /// Expires every pending call whose deadline is at or before `now`; returns them decided.
     async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>>;
 
     /// How many calls are pending, in the whole store.
-    async fn pending_count(&self) -> Result<u64>;
+    async fn pending_count(&self) -> Result<u64> {
+        self.reads().pending_count().await
+    }
 
     /// The earliest deadline of a pending call, if any.
-    async fn next_deadline(&self) -> Result<Option<Timestamp>>;
+    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
+        self.reads().next_deadline().await
+    }
 }
 
 /// The durable event log the fan-out and replays read: every committed change, numbered.
@@ -117,12 +135,14 @@ pub trait EventLog: Send + Sync + 'static {
 
 /// Grants and rules: their administration, and Explain.
 #[async_trait]
-pub trait Policies: Send + Sync + 'static {
+pub trait Policies: Backend {
     /// Revokes what `target` names, recording `by`. One transaction.
     async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport>;
 
     /// A page of grants matching `query`, oldest first.
-    async fn list_grants(&self, query: &GrantQuery) -> Result<GrantPage>;
+    async fn list_grants(&self, query: &GrantQuery) -> Result<GrantPage> {
+        self.reads().list_grants(query).await
+    }
 
     /// Adds a rule; the same rule again is returned as stored, another with its id is refused.
     async fn create_rule(&self, rule: &Rule) -> Result<Rule>;
@@ -131,7 +151,9 @@ pub trait Policies: Send + Sync + 'static {
     async fn delete_rule(&self, id: &RuleId) -> Result<Rule>;
 
     /// Every rule.
-    async fn list_rules(&self) -> Result<Vec<Rule>>;
+    async fn list_rules(&self) -> Result<Vec<Rule>> {
+        self.reads().list_rules().await
+    }
 
     /// Replaces the rules an earlier policy file loaded with `rules` (by id, replacing rules made
     /// through CreateRule with the same id). One transaction.

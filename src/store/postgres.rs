@@ -29,14 +29,13 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::primitives::{Decode, Param, Resolution, Run, SqlTx};
-use super::reads::Reads;
+use super::reads::{BackendReads, Reads};
 use super::statements as sql;
-use super::{Calls, Deadlines, EventLog, Policies};
+use super::{Backend, Calls, Deadlines, EventLog, Policies};
 use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
 use crate::domain::{
-    AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
-    DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,
-    Timestamp, ToolName, ToolResultTexts,
+    AgentId, Call, CallKey, CancelReport, CancelTarget, DecideReport, Decision, Event, NewBatch,
+    SessionId, SubmitReport, Timestamp, ToolName, ToolResultTexts,
 };
 use crate::error::Result;
 use crate::operations::{Transactions, cancel, decide, expire, explain, policy_admin, submit};
@@ -47,7 +46,7 @@ const SEQUENCER_CHUNK: i64 = 10_000;
 pub struct PostgresStore {
     pool: PgPool,
     /// Reads outside write transactions, on the same pool.
-    reads: Reads<Postgres>,
+    reads: BackendReads,
     /// The NOTIFY channel of this database schema.
     channel: String,
     /// This replica's (this store's) name: the payload of the NOTIFY its sequencer sends, so its
@@ -56,6 +55,13 @@ pub struct PostgresStore {
     texts: ToolResultTexts,
     remote_commits: Arc<Notify>,
     listener: JoinHandle<()>,
+}
+
+/// The reads both backends answer alike are the shared ones (see `store::Backend`).
+impl Backend for PostgresStore {
+    fn reads(&self) -> &BackendReads {
+        &self.reads
+    }
 }
 
 impl Drop for PostgresStore {
@@ -88,7 +94,7 @@ impl PostgresStore {
             Arc::clone(&remote_commits),
         ));
         Ok(Self {
-            reads: Reads::new(pool.clone()),
+            reads: BackendReads::Postgres(Reads::new(pool.clone())),
             pool,
             channel,
             replica,
@@ -174,23 +180,6 @@ impl Calls for PostgresStore {
         cancel::cancel(self.begin_write().await?, target, &self.texts).await
     }
 
-    async fn calls_by_id(
-        &self,
-        agent: &AgentId,
-        session: &SessionId,
-        call_ids: &[CallId],
-    ) -> Result<Vec<Option<Call>>> {
-        self.reads.calls_by_id(agent, session, call_ids).await
-    }
-
-    async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
-        self.reads.batch_calls(batch).await
-    }
-
-    async fn list_calls(&self, q: &CallQuery) -> Result<CallPage> {
-        self.reads.list_calls(q).await
-    }
-
     async fn probe(&self) -> Result<()> {
         // Taking a transaction id makes the commit write (and flush) a commit record.
         let mut tx = self.pool.begin().await?;
@@ -206,14 +195,6 @@ impl Calls for PostgresStore {
 impl Deadlines for PostgresStore {
     async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
         expire::expire_due(self, &self.texts, now).await
-    }
-
-    async fn pending_count(&self) -> Result<u64> {
-        self.reads.pending_count().await
-    }
-
-    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
-        self.reads.next_deadline().await
     }
 }
 
@@ -280,20 +261,12 @@ impl Policies for PostgresStore {
         policy_admin::revoke_grants(self.begin_write().await?, target, by).await
     }
 
-    async fn list_grants(&self, q: &GrantQuery) -> Result<GrantPage> {
-        self.reads.list_grants(q).await
-    }
-
     async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
         policy_admin::create_rule(self.begin_write().await?, rule).await
     }
 
     async fn delete_rule(&self, id: &RuleId) -> Result<Rule> {
         policy_admin::delete_rule(self.begin_write().await?, id).await
-    }
-
-    async fn list_rules(&self) -> Result<Vec<Rule>> {
-        self.reads.list_rules().await
     }
 
     async fn load_file_rules(&self, rules: &[Rule]) -> Result<()> {

@@ -113,3 +113,63 @@ where
         rows.iter().map(rule_from_row).collect()
     }
 }
+
+/// One backend's [`Reads`], whichever backend it is. The store traits' read methods default to
+/// it (see `store::Backend`), so neither backend writes its reads out again.
+pub enum BackendReads {
+    Sqlite(Reads<sqlx::Sqlite>),
+    Postgres(Reads<sqlx::Postgres>),
+}
+
+/// Calls `$method` on whichever backend's reads this is.
+macro_rules! on_backend {
+    ($reads:expr, $method:ident($($arg:expr),*)) => {
+        match $reads {
+            BackendReads::Sqlite(reads) => reads.$method($($arg),*).await,
+            BackendReads::Postgres(reads) => reads.$method($($arg),*).await,
+        }
+    };
+}
+
+impl BackendReads {
+    pub async fn pending_count(&self) -> Result<u64> {
+        on_backend!(self, pending_count())
+    }
+
+    pub async fn next_deadline(&self) -> Result<Option<Timestamp>> {
+        on_backend!(self, next_deadline())
+    }
+
+    pub async fn calls_by_id(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+        call_ids: &[CallId],
+    ) -> Result<Vec<Option<Call>>> {
+        on_backend!(self, calls_by_id(agent, session, call_ids))
+    }
+
+    pub async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
+        on_backend!(self, batch_calls(batch))
+    }
+
+    pub async fn list_calls(&self, q: &CallQuery) -> Result<CallPage> {
+        on_backend!(self, list_calls(q))
+    }
+
+    pub async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
+        on_backend!(self, events_after(after, limit))
+    }
+
+    pub async fn latest_seq(&self) -> Result<u64> {
+        on_backend!(self, latest_seq())
+    }
+
+    pub async fn list_grants(&self, q: &GrantQuery) -> Result<GrantPage> {
+        on_backend!(self, list_grants(q))
+    }
+
+    pub async fn list_rules(&self) -> Result<Vec<Rule>> {
+        on_backend!(self, list_rules())
+    }
+}

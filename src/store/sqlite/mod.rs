@@ -16,18 +16,16 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::Sqlite;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use self::group_commit::GroupCommit;
 use self::writer::WriteConnection;
-use super::reads::Reads;
-use super::{Calls, CommittedEvents, Deadlines, EventLog, Policies};
+use super::reads::{BackendReads, Reads};
+use super::{Backend, Calls, CommittedEvents, Deadlines, EventLog, Policies};
 use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
 use crate::domain::{
-    AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
-    DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,
-    Timestamp, ToolResultTexts,
+    Call, CallKey, CancelReport, CancelTarget, DecideReport, Decision, Event, NewBatch,
+    SubmitReport, Timestamp, ToolResultTexts,
 };
 use crate::error::{Error, Result};
 use crate::operations::{Transactions, expire, explain, policy_admin};
@@ -61,8 +59,15 @@ pub struct SqliteStore {
     group: GroupCommit<WriteConnection>,
     /// Only to hand committed events over (every write goes through `group`).
     writer: WriteConnection,
-    reads: Reads<Sqlite>,
+    reads: BackendReads,
     texts: ToolResultTexts,
+}
+
+/// The reads both backends answer alike are the shared ones (see `store::Backend`).
+impl Backend for SqliteStore {
+    fn reads(&self) -> &BackendReads {
+        &self.reads
+    }
 }
 
 impl SqliteStore {
@@ -97,7 +102,7 @@ impl SqliteStore {
         Ok(Self {
             group: GroupCommit::start(writer.clone(), texts.clone())?,
             writer,
-            reads: Reads::new(reader),
+            reads: BackendReads::Sqlite(Reads::new(reader)),
             texts,
         })
     }
@@ -161,23 +166,6 @@ impl Calls for SqliteStore {
         self.group.cancel(target).await
     }
 
-    async fn calls_by_id(
-        &self,
-        agent: &AgentId,
-        session: &SessionId,
-        call_ids: &[CallId],
-    ) -> Result<Vec<Option<Call>>> {
-        self.reads.calls_by_id(agent, session, call_ids).await
-    }
-
-    async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
-        self.reads.batch_calls(batch).await
-    }
-
-    async fn list_calls(&self, q: &CallQuery) -> Result<CallPage> {
-        self.reads.list_calls(q).await
-    }
-
     async fn probe(&self) -> Result<()> {
         self.group
             .alone(move |writer| async move { writer.probe() })
@@ -196,14 +184,6 @@ impl Deadlines for SqliteStore {
             })
         })
         .await
-    }
-
-    async fn pending_count(&self) -> Result<u64> {
-        self.reads.pending_count().await
-    }
-
-    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
-        self.reads.next_deadline().await
     }
 }
 
@@ -233,10 +213,6 @@ impl Policies for SqliteStore {
             .await
     }
 
-    async fn list_grants(&self, q: &GrantQuery) -> Result<GrantPage> {
-        self.reads.list_grants(q).await
-    }
-
     async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
         let rule = rule.clone();
         self.group
@@ -253,10 +229,6 @@ impl Policies for SqliteStore {
                 policy_admin::delete_rule(writer.begin_write().await?, &id).await
             })
             .await
-    }
-
-    async fn list_rules(&self) -> Result<Vec<Rule>> {
-        self.reads.list_rules().await
     }
 
     async fn load_file_rules(&self, rules: &[Rule]) -> Result<()> {
@@ -282,7 +254,16 @@ impl Policies for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::{AgentId, CallId, SessionId};
     use crate::store::statements as sql;
+
+    /// The store's read-only pool.
+    fn reader(store: &SqliteStore) -> &sqlx::SqlitePool {
+        match &store.reads {
+            BackendReads::Sqlite(reads) => reads.pool(),
+            BackendReads::Postgres(_) => unreachable!("a SQLite store reads SQLite"),
+        }
+    }
     use sqlx::Row;
     use sqlx::sqlite::SqliteConnection;
 
@@ -323,7 +304,7 @@ mod tests {
             )))
             .bind("some-batch")
             .bind("some-batch")
-            .fetch_all(store.reads.pool())
+            .fetch_all(reader(&store))
             .await
             .unwrap()
             .iter()
