@@ -64,8 +64,8 @@ async fn main() {
         .unwrap_or_else(|_| format!("sqlite://{}", dir.path().join("approvals.db").display()));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    let mut config = Config::with_database(database.clone());
-    config.metrics_listen = approval_broker::config::MetricsListen::Off;
+    let mut config = Config::for_tests(database.clone());
+    config.telemetry.metrics_listen = approval_broker::config::MetricsListen::Off;
     tokio::spawn(startup::run(listener, config, std::future::pending()));
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
         .unwrap()

@@ -2,7 +2,7 @@
 
 use super::policy::Prejudged;
 use super::{
-    AgentId, BatchId, CallId, Outcome, OutcomeKind, SessionId, Timestamp, ToolInput, ToolName,
+    AgentId, BatchId, CallId, Outcome, OutcomeKind, SessionId, Timestamp, ToolInput, ToolName, code,
 };
 use crate::error::Error;
 
@@ -116,13 +116,13 @@ impl Status {
     /// The stored code; the same numbers as the protobuf `CallStatus`.
     pub fn code(self) -> i64 {
         match self {
-            Status::Pending => 1,
+            Status::Pending => code!(Status::Pending),
             Status::Decided(kind) => kind.code(),
         }
     }
 
     pub fn from_code(code: i64) -> Option<Self> {
-        if code == 1 {
+        if code == code!(Status::Pending) {
             Some(Status::Pending)
         } else {
             OutcomeKind::from_code(code).map(Status::Decided)

@@ -1,6 +1,6 @@
 //! Events: each change to a call, appended to the durable log with an increasing sequence number.
 
-use super::Call;
+use super::{Call, code};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventKind {
@@ -13,13 +13,13 @@ pub enum EventKind {
 impl EventKind {
     pub fn code(self) -> i64 {
         match self {
-            EventKind::Requested => 1,
-            EventKind::Resolved => 2,
+            EventKind::Requested => code!(EventKind::Requested),
+            EventKind::Resolved => code!(EventKind::Resolved),
         }
     }
 
     pub fn from_code(code: i64) -> Self {
-        if code == 2 {
+        if code == code!(EventKind::Resolved) {
             EventKind::Resolved
         } else {
             EventKind::Requested

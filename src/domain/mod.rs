@@ -6,6 +6,7 @@
 mod batch;
 mod call;
 mod cancel;
+mod codes;
 mod event;
 mod ids;
 mod input;
@@ -20,6 +21,7 @@ pub mod webhook;
 pub use batch::{MAX_BATCH_CALLS, NewBatch, OnDeny, SubmitItem, SubmitReport, SubmitResult};
 pub use call::{Call, CallKey, NewCall, Status};
 pub use cancel::{CancelReport, CancelScope, CancelTarget};
+pub(crate) use codes::code;
 pub use event::{Event, EventKind};
 pub use ids::{AgentId, BatchId, CallId, SessionId, ToolName, refuse_invisible};
 pub use input::{DEFAULT_MAX_INPUT_BYTES, ToolInput};

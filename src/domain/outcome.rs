@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use super::policy::Prejudged;
-use super::{Call, CallKey, Timestamp, ToolInput};
+use super::{Call, CallKey, Timestamp, ToolInput, code};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,12 +31,12 @@ impl OutcomeKind {
     /// The stored code; the same numbers as the protobuf `CallStatus`.
     pub fn code(self) -> i64 {
         match self {
-            OutcomeKind::Approved => 2,
-            OutcomeKind::Denied => 3,
-            OutcomeKind::Superseded => 4,
-            OutcomeKind::Skipped => 5,
-            OutcomeKind::Expired => 6,
-            OutcomeKind::Cancelled => 7,
+            OutcomeKind::Approved => code!(OutcomeKind::Approved),
+            OutcomeKind::Denied => code!(OutcomeKind::Denied),
+            OutcomeKind::Superseded => code!(OutcomeKind::Superseded),
+            OutcomeKind::Skipped => code!(OutcomeKind::Skipped),
+            OutcomeKind::Expired => code!(OutcomeKind::Expired),
+            OutcomeKind::Cancelled => code!(OutcomeKind::Cancelled),
         }
     }
 

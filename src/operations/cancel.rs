@@ -11,7 +11,7 @@ use crate::domain::{
 use crate::error::{Error, Result};
 use crate::meters;
 
-/// Cancels what `target` names and commits. See [`crate::store::Commands::cancel`].
+/// Cancels what `target` names and commits.
 pub async fn cancel(
     mut tx: impl WriteTx,
     target: &CancelTarget,

@@ -18,7 +18,7 @@ use crate::domain::{
 use crate::error::{Error, Result};
 use crate::meters;
 
-/// Writes an approver's decision and commits. See [`crate::store::Commands::decide`].
+/// Writes an approver's decision and commits.
 pub async fn decide(
     mut tx: impl WriteTx + PolicyTx,
     key: &CallKey,

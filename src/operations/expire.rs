@@ -4,18 +4,18 @@
 
 use std::time::Instant;
 
-use super::tx::{WriteTx, Writer, complete_batches};
+use super::tx::{Transactions, WriteTx, complete_batches};
 use crate::domain::{Call, DecidedBy, OutcomeKind, Timestamp, ToolResultTexts};
 use crate::error::Result;
 use crate::meters;
 
 /// Expires every call due at `now`, a chunk per transaction. Returns them, decided.
 pub async fn expire_due(
-    writer: &impl Writer,
+    store: &impl Transactions,
     texts: &ToolResultTexts,
     now: Timestamp,
 ) -> Result<Vec<Call>> {
-    expire_in_chunks(|| expire_chunk(writer, texts, now)).await
+    expire_in_chunks(|| expire_chunk(store, texts, now)).await
 }
 
 /// Runs `chunk` (an [`expire_chunk`]) until it reports the last one; returns every call expired.
@@ -37,13 +37,13 @@ where
 /// Expires a chunk of the calls due at `now` in one transaction. Returns them, decided, and
 /// whether it was the last chunk.
 pub async fn expire_chunk(
-    writer: &impl Writer,
+    store: &impl Transactions,
     texts: &ToolResultTexts,
     now: Timestamp,
 ) -> Result<(Vec<Call>, bool)> {
     const CHUNK: i64 = 256;
     let started = Instant::now();
-    let mut tx = writer.begin_write().await?;
+    let mut tx = store.begin_write().await?;
     let chunk = expire_some(&mut tx, texts, now, CHUNK).await?;
     tx.commit().await?;
     meters::committed(1, started.elapsed());

@@ -25,4 +25,4 @@ pub mod tx;
 #[cfg(test)]
 mod testing;
 
-pub use tx::{PolicyTx, Resolved, Stored, WriteTx, Writer};
+pub use tx::{PolicyTx, Resolved, Stored, Transactions, WriteTx};

@@ -7,7 +7,7 @@ use crate::domain::Timestamp;
 use crate::domain::policy::{RevokeReport, RevokeTarget, Rule, RuleId, RuleSource};
 use crate::error::{Error, Result};
 
-/// Revokes what `target` names and commits. See [`crate::store::Commands::revoke_grants`].
+/// Revokes what `target` names and commits.
 pub async fn revoke_grants(
     mut tx: impl WriteTx + PolicyTx,
     target: &RevokeTarget,

@@ -21,7 +21,7 @@ use crate::domain::{
 use crate::error::{Error, Result};
 use crate::meters;
 
-/// Stores a batch and commits. See [`crate::store::Commands::submit`].
+/// Stores a batch and commits.
 pub async fn submit(
     mut tx: impl WriteTx + PolicyTx,
     batch: &NewBatch,

@@ -4,7 +4,7 @@
 
 use tempfile::TempDir;
 
-use super::{PolicyTx, WriteTx, Writer};
+use super::{PolicyTx, Transactions, WriteTx};
 use crate::domain::policy::{Rule, RuleSource};
 use crate::domain::{
     AgentId, CallId, CallKey, Decision, NewBatch, NewCall, OnDeny, SessionId, Timestamp, ToolInput,
@@ -24,8 +24,8 @@ impl Db {
     /// A fresh database file, migrated.
     pub async fn new() -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let url = format!("sqlite://{}", dir.path().join("ops.db").display());
-        let store = SqliteStore::open(&url, Synchronous::Normal, texts())
+        let path = dir.path().join("ops.db");
+        let store = SqliteStore::open(&path, Synchronous::Normal, texts())
             .await
             .expect("a fresh store");
         Self { _dir: dir, store }
@@ -41,7 +41,7 @@ impl Db {
     }
 
     /// The backend's writer, for operations that open their own transactions.
-    pub fn writer(&self) -> &impl Writer {
+    pub fn writer(&self) -> &impl Transactions {
         self.store.writer()
     }
 }

@@ -110,7 +110,7 @@ pub trait WriteTx: Send {
     async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()>;
     /// How many writing statements this transaction has issued so far, if the backend counts
     /// them. Without a count, every failed write of a group is taken to have changed something.
-    fn writes(&self) -> Option<u64> {
+    fn statements_written(&self) -> Option<u64> {
         None
     }
     /// Commits the transaction: only then may its changes be acknowledged.
@@ -166,9 +166,9 @@ pub trait PolicyTx: Send {
     async fn delete_file_rules(&mut self) -> Result<()>;
 }
 
-/// A backend that opens write transactions.
+/// Where write transactions come from: a backend (Postgres) or its one write connection (SQLite).
 #[async_trait]
-pub trait Writer: Sync {
+pub trait Transactions: Sync {
     type Tx: WriteTx + PolicyTx;
     async fn begin_write(&self) -> Result<Self::Tx>;
     /// Runs on the group-commit writer after each group and each piece of work alone (whether
@@ -177,7 +177,7 @@ pub trait Writer: Sync {
     fn after_commit(&self) {}
 }
 
-/// The distinct batches of `calls`, sorted: the order every writer locks batches in.
+/// The distinct batches of `calls`, sorted: the order every transaction locks batches in.
 pub(super) fn batches_of<'a>(calls: impl Iterator<Item = &'a Call>) -> Vec<&'a str> {
     let mut batches: Vec<&str> = calls.map(|c| c.batch_id.as_str()).collect();
     batches.sort_unstable();

@@ -14,7 +14,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use super::{Calls, CommittedEvents, Deadlines, EventLog, Policies, Store, Webhooks};
+use super::{
+    Backend, BackendReads, Calls, CommittedEvents, Deadlines, EventLog, Policies, Store, Webhooks,
+};
 use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
 use crate::domain::webhook::{Webhook, WebhookId};
 use crate::domain::{
@@ -110,6 +112,12 @@ pub async fn probe_while_open(store: Arc<dyn Store>) {
             tracing::warn!(error = %err, "the storage probe failed");
         }
         tokio::time::sleep(PROBE_EVERY).await;
+    }
+}
+
+impl Backend for Watched {
+    fn reads(&self) -> &BackendReads {
+        self.inner.reads()
     }
 }
 

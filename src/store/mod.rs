@@ -2,13 +2,19 @@
 //! [`EventLog`], [`Policies`], [`Webhooks`]; [`Store`] is all of them). Every state change (a call accepted, a
 //! call resolved) is written in the same transaction as its event, and nothing is acknowledged
 //! before that transaction commits. The operations themselves are written once, in
-//! `crate::operations`; each backend owns its connections and SQL and runs them.
+//! `crate::operations`; so are the SQL both backends run (`statements`), the transaction
+//! primitives over it (`primitives`) and the reads (`reads`): each backend owns its connections
+//! and adds only what it does differently.
 
-mod group_commit;
+mod database;
 pub mod health;
+mod listing;
 mod postgres;
+mod primitives;
+mod reads;
 mod rows;
 mod sqlite;
+pub mod statements;
 mod webhook_rows;
 
 use async_trait::async_trait;
@@ -22,7 +28,9 @@ use crate::domain::{
 };
 use crate::error::Result;
 
+pub use database::Database;
 pub use postgres::PostgresStore;
+pub use reads::BackendReads;
 pub use sqlite::{ProcessLock, SqliteStore, Synchronous};
 
 /// The broker's durable state: every part below, from one backend. What startup opens and the
@@ -31,10 +39,17 @@ pub trait Store: Calls + Deadlines + EventLog + Policies + Webhooks {}
 
 impl<T: Calls + Deadlines + EventLog + Policies + Webhooks> Store for T {}
 
+/// What every part of a store shares: the reads both backends answer alike, from their own
+/// pools ([`BackendReads`]). The parts' read methods default to them; a backend writes only what
+/// it does its own way.
+pub trait Backend: Send + Sync + 'static {
+    fn reads(&self) -> &BackendReads;
+}
+
 /// Calls: the writes of submit, decide and cancel (each one transaction, acknowledged only after
 /// it commits), and the reads the API answers from.
 #[async_trait]
-pub trait Calls: Send + Sync + 'static {
+pub trait Calls: Backend {
     /// Stores a batch's new calls, recognising duplicates and refusing conflicting reuse of a
     /// call id, and supersedes what the batch supersedes. One transaction.
     async fn submit(&self, batch: NewBatch) -> Result<SubmitReport>;
@@ -53,13 +68,19 @@ pub trait Calls: Send + Sync + 'static {
         agent: &AgentId,
         session: &SessionId,
         call_ids: &[CallId],
-    ) -> Result<Vec<Option<Call>>>;
+    ) -> Result<Vec<Option<Call>>> {
+        self.reads().calls_by_id(agent, session, call_ids).await
+    }
 
     /// The calls of a batch in position order.
-    async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>>;
+    async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
+        self.reads().batch_calls(batch).await
+    }
 
     /// A page of calls matching `query`, oldest first, with the cursor to continue after.
-    async fn list_calls(&self, query: &CallQuery) -> Result<CallPage>;
+    async fn list_calls(&self, query: &CallQuery) -> Result<CallPage> {
+        self.reads().list_calls(query).await
+    }
 
     /// A small write transaction that reaches the disk as every commit does, and changes
     /// nothing the broker reads: whether writes work (see `health`).
@@ -68,15 +89,19 @@ pub trait Calls: Send + Sync + 'static {
 
 /// What the deadline sweeper reads and writes.
 #[async_trait]
-pub trait Deadlines: Send + Sync + 'static {
+pub trait Deadlines: Backend {
     /// Expires every pending call whose deadline is at or before `now`; returns them decided.
     async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>>;
 
     /// How many calls are pending, in the whole store.
-    async fn pending_count(&self) -> Result<u64>;
+    async fn pending_count(&self) -> Result<u64> {
+        self.reads().pending_count().await
+    }
 
     /// The earliest deadline of a pending call, if any.
-    async fn next_deadline(&self) -> Result<Option<Timestamp>>;
+    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
+        self.reads().next_deadline().await
+    }
 }
 
 /// The durable event log the fan-out and replays read: every committed change, numbered.
@@ -112,12 +137,14 @@ pub trait EventLog: Send + Sync + 'static {
 
 /// Grants and rules: their administration, and Explain.
 #[async_trait]
-pub trait Policies: Send + Sync + 'static {
+pub trait Policies: Backend {
     /// Revokes what `target` names, recording `by`. One transaction.
     async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport>;
 
     /// A page of grants matching `query`, oldest first.
-    async fn list_grants(&self, query: &GrantQuery) -> Result<GrantPage>;
+    async fn list_grants(&self, query: &GrantQuery) -> Result<GrantPage> {
+        self.reads().list_grants(query).await
+    }
 
     /// Adds a rule; the same rule again is returned as stored, another with its id is refused.
     async fn create_rule(&self, rule: &Rule) -> Result<Rule>;
@@ -126,7 +153,9 @@ pub trait Policies: Send + Sync + 'static {
     async fn delete_rule(&self, id: &RuleId) -> Result<Rule>;
 
     /// Every rule.
-    async fn list_rules(&self) -> Result<Vec<Rule>>;
+    async fn list_rules(&self) -> Result<Vec<Rule>> {
+        self.reads().list_rules().await
+    }
 
     /// Replaces the rules an earlier policy file loaded with `rules` (by id, replacing rules made
     /// through CreateRule with the same id). One transaction.
@@ -140,15 +169,19 @@ pub trait Policies: Send + Sync + 'static {
 /// (cursor, failures) name its `owner` and change nothing unless it still holds the endpoint's
 /// lease, so a process that lost the lease cannot move the cursor of the one that took it.
 #[async_trait]
-pub trait Webhooks: Send + Sync + 'static {
+pub trait Webhooks: Backend {
     /// Adds an endpoint; another one with its id is ALREADY_EXISTS.
     async fn create_webhook(&self, hook: &Webhook) -> Result<Webhook>;
 
     /// Every endpoint, by id.
-    async fn webhooks(&self) -> Result<Vec<Webhook>>;
+    async fn webhooks(&self) -> Result<Vec<Webhook>> {
+        self.reads().webhooks().await
+    }
 
     /// One endpoint; NOT_FOUND when there is none with that id.
-    async fn webhook(&self, id: &WebhookId) -> Result<Webhook>;
+    async fn webhook(&self, id: &WebhookId) -> Result<Webhook> {
+        self.reads().webhook(id).await
+    }
 
     /// Stores an endpoint's settings and state (not its cursor, which only delivery moves)
     /// and returns it as stored; NOT_FOUND when there is none with that id.
@@ -200,42 +233,28 @@ pub struct CommittedEvents {
     pub missed: std::sync::Arc<tokio::sync::Notify>,
 }
 
-/// How to open the store.
-#[derive(Debug, Clone)]
-pub struct StoreOptions {
-    /// `postgres://...` selects Postgres; `sqlite://...`, `sqlite:...` or a path selects SQLite.
-    pub database_url: String,
-    /// SQLite only.
-    pub synchronous: Synchronous,
-    /// Postgres only: the connection pool's size.
-    pub max_connections: u32,
-    pub texts: ToolResultTexts,
-}
-
-/// Whether `database_url` names a Postgres database.
-pub fn is_postgres(database_url: &str) -> bool {
-    database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")
-}
-
-/// Makes this process the only broker on the database the options name, for as long as the
-/// returned lock is held: a SQLite file serves one broker process (a second one is refused with
-/// an error saying so); any number of replicas share Postgres, so there is nothing to hold.
-pub fn claim(options: &StoreOptions) -> Result<Option<ProcessLock>> {
-    if is_postgres(&options.database_url) {
-        return Ok(None);
+/// Makes this process the only broker on `database` for as long as the returned lock is held:
+/// a SQLite file serves one broker process (a second one is refused with an error saying so); any
+/// number of replicas share Postgres, so there is nothing to hold.
+pub fn claim(database: &Database) -> Result<Option<ProcessLock>> {
+    match database {
+        Database::Sqlite { path, .. } => ProcessLock::claim(path).map(Some),
+        Database::Postgres { .. } => Ok(None),
     }
-    ProcessLock::claim(&options.database_url).map(Some)
 }
 
-/// Opens the store the options name and applies its migrations.
-pub async fn open(options: &StoreOptions) -> Result<std::sync::Arc<dyn Store>> {
-    let texts = options.texts.clone();
-    if is_postgres(&options.database_url) {
-        let store =
-            PostgresStore::open(&options.database_url, options.max_connections, texts).await?;
-        Ok(std::sync::Arc::new(store))
-    } else {
-        let store = SqliteStore::open(&options.database_url, options.synchronous, texts).await?;
-        Ok(std::sync::Arc::new(store))
-    }
+/// Opens the store on `database` and applies its migrations.
+pub async fn open(
+    database: &Database,
+    texts: ToolResultTexts,
+) -> Result<std::sync::Arc<dyn Store>> {
+    Ok(match database {
+        Database::Sqlite { path, synchronous } => {
+            std::sync::Arc::new(SqliteStore::open(path, *synchronous, texts).await?)
+        }
+        Database::Postgres {
+            url,
+            max_connections,
+        } => std::sync::Arc::new(PostgresStore::open(url, *max_connections, texts).await?),
+    })
 }

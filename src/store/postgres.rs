@@ -15,7 +15,7 @@
 //!
 //! Numbering inside each write transaction instead (under the same lock, held through the
 //! commit) was measured and rejected: it queues every commit of every replica behind one lock;
-//! with 8 agents it ran 378 against 454 cycles/s, and doubled submit→ack (README, Benchmark).
+//! with 8 agents it ran 378 against 454 cycles/s, and doubled submit→ack (docs/benchmarks.md).
 
 mod webhooks;
 
@@ -23,39 +23,32 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::Postgres;
+use sqlx::postgres::PgArguments;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use sqlx::{Postgres, QueryBuilder};
+use sqlx::query::Query;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::rows::{
-    call_columns, call_from_row, event_from_row, grant_from_row, page, rule_from_row, select_calls,
-    select_grants, select_rules, stored,
-};
-use super::{Calls, Deadlines, EventLog, Policies};
-use crate::domain::policy::{
-    ExplainTarget, Explanation, Grant, GrantScope, GrantSpec, RevokeReport, RevokeTarget, Rule,
-    RuleId, RuleSource,
-};
+use super::primitives::{Decode, Param, Resolution, Run, SqlTx};
+use super::reads::{BackendReads, Reads};
+use super::statements as sql;
+use super::{Backend, Calls, Deadlines, EventLog, Policies};
+use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
 use crate::domain::{
-    AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
-    Cursor, DecideReport, DecidedByFilter, Decision, Event, EventKind, GrantPage, GrantQuery,
-    NewBatch, NewCall, OnDeny, Outcome, SessionId, SubmitReport, Timestamp, ToolInput, ToolName,
-    ToolResultTexts,
+    AgentId, Call, CallKey, CancelReport, CancelTarget, DecideReport, Decision, Event, NewBatch,
+    SessionId, SubmitReport, Timestamp, ToolName, ToolResultTexts,
 };
 use crate::error::Result;
-use crate::operations::{
-    PolicyTx, Resolved, Stored, WriteTx, Writer, cancel, decide, expire, explain, policy_admin,
-    submit,
-};
-
-const SELECT_CALLS: &str = select_calls!();
+use crate::operations::{Transactions, cancel, decide, expire, explain, policy_admin, submit};
 
 /// How many events one transaction of [`Store::sequence_events`] numbers at most.
 const SEQUENCER_CHUNK: i64 = 10_000;
 
 pub struct PostgresStore {
     pool: PgPool,
+    /// Reads outside write transactions, on the same pool.
+    reads: BackendReads,
     /// The NOTIFY channel of this database schema.
     channel: String,
     /// This replica's (this store's) name: the payload of the NOTIFY its sequencer sends, so its
@@ -64,6 +57,13 @@ pub struct PostgresStore {
     texts: ToolResultTexts,
     remote_commits: Arc<Notify>,
     listener: JoinHandle<()>,
+}
+
+/// The reads both backends answer alike are the shared ones (see `store::Backend`).
+impl Backend for PostgresStore {
+    fn reads(&self) -> &BackendReads {
+        &self.reads
+    }
 }
 
 impl Drop for PostgresStore {
@@ -96,6 +96,7 @@ impl PostgresStore {
             Arc::clone(&remote_commits),
         ));
         Ok(Self {
+            reads: BackendReads::Postgres(Reads::new(pool.clone())),
             pool,
             channel,
             replica,
@@ -159,7 +160,7 @@ async fn listen(pool: PgPool, channel: String, replica: String, remote_commits: 
 }
 
 #[async_trait]
-impl Writer for PostgresStore {
+impl Transactions for PostgresStore {
     type Tx = sqlx::Transaction<'static, Postgres>;
 
     async fn begin_write(&self) -> Result<Self::Tx> {
@@ -181,110 +182,6 @@ impl Calls for PostgresStore {
         cancel::cancel(self.begin_write().await?, target, &self.texts).await
     }
 
-    async fn calls_by_id(
-        &self,
-        agent: &AgentId,
-        session: &SessionId,
-        call_ids: &[CallId],
-    ) -> Result<Vec<Option<Call>>> {
-        if call_ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let ids: Vec<&str> = call_ids.iter().map(CallId::as_str).collect();
-        let rows = sqlx::query(select_calls!(
-            "WHERE c.agent = $1 AND c.session_id = $2 AND c.call_id = ANY($3)"
-        ))
-        .bind(agent.as_str())
-        .bind(session.as_str())
-        .bind(&ids)
-        .fetch_all(&self.pool)
-        .await?;
-        let mut by_id = std::collections::HashMap::new();
-        for row in &rows {
-            let call = call_from_row(row)?;
-            by_id.insert(call.key.call_id.clone(), call);
-        }
-        // A repeated id gets the same answer each time.
-        Ok(call_ids.iter().map(|id| by_id.get(id).cloned()).collect())
-    }
-
-    async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
-        let rows = sqlx::query(select_calls!("WHERE c.batch_id = $1 ORDER BY c.position"))
-            .bind(batch.as_str())
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(call_from_row).collect()
-    }
-
-    async fn list_calls(&self, q: &CallQuery) -> Result<CallPage> {
-        let mut query = QueryBuilder::<Postgres>::new(SELECT_CALLS);
-        query.push("WHERE TRUE");
-        if let Some(agent) = &q.agent {
-            query.push(" AND c.agent = ").push_bind(agent.as_str());
-        }
-        if let Some(session) = &q.session {
-            query
-                .push(" AND c.session_id = ")
-                .push_bind(session.as_str());
-        }
-        if let Some(workspace) = &q.workspace {
-            query
-                .push(" AND c.workspace = ")
-                .push_bind(workspace.as_str());
-        }
-        if let Some(tool) = &q.tool {
-            query.push(" AND c.tool = ").push_bind(tool.as_str());
-        }
-        if !q.statuses.is_empty() {
-            let codes: Vec<i64> = q.statuses.iter().map(|s| s.code()).collect();
-            query
-                .push(" AND c.status = ANY(")
-                .push_bind(codes)
-                .push(")");
-        }
-        if let Some(t) = q.created_after {
-            query.push(" AND c.created_at >= ").push_bind(t.as_micros());
-        }
-        if let Some(t) = q.created_before {
-            query.push(" AND c.created_at < ").push_bind(t.as_micros());
-        }
-        if let Some(seq) = q.requested_at_or_before {
-            // A call whose Requested event is not numbered yet reaches subscribers live.
-            query
-                .push(
-                    " AND EXISTS (SELECT 1 FROM events e WHERE e.call_rowid = c.id \
-                     AND e.kind = 1 AND e.seq <= ",
-                )
-                .push_bind(seq as i64)
-                .push(")");
-        }
-        match &q.decided_by {
-            Some(DecidedByFilter::Exact(by)) => {
-                query.push(" AND c.decided_by = ").push_bind(by.clone());
-            }
-            Some(DecidedByFilter::Prefix(prefix)) => {
-                query
-                    .push(" AND starts_with(c.decided_by, ")
-                    .push_bind(prefix.clone())
-                    .push(")");
-            }
-            None => {}
-        }
-        if let Some(Cursor(after)) = q.after {
-            query.push(" AND c.id > ").push_bind(after);
-        }
-        query
-            .push(" ORDER BY c.id LIMIT ")
-            .push_bind(i64::from(q.limit) + 1);
-        let rows = query.build().fetch_all(&self.pool).await?;
-        let (calls, cursors, next) = page(&rows, q.limit, call_from_row)?;
-        Ok(CallPage {
-            calls,
-            cursors,
-            next,
-        })
-    }
-
     async fn probe(&self) -> Result<()> {
         // Taking a transaction id makes the commit write (and flush) a commit record.
         let mut tx = self.pool.begin().await?;
@@ -301,47 +198,18 @@ impl Deadlines for PostgresStore {
     async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
         expire::expire_due(self, &self.texts, now).await
     }
-
-    async fn pending_count(&self) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM calls WHERE status = 1")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(n as u64)
-    }
-
-    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
-        let next: Option<i64> = sqlx::query_scalar(
-            "SELECT MIN(deadline) FROM calls WHERE status = 1 AND deadline IS NOT NULL",
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(next.map(Timestamp::from_micros))
-    }
 }
 
 #[async_trait]
 impl EventLog for PostgresStore {
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
-        let rows = sqlx::query(concat!(
-            "SELECT e.seq, e.kind, e.batch_completed, ",
-            call_columns!(),
-            " FROM events e JOIN calls c ON c.id = e.call_rowid \
-             JOIN batches b ON b.batch_id = c.batch_id \
-             LEFT JOIN events r ON r.call_rowid = c.id AND r.kind = 2 \
-             WHERE e.seq > $1 ORDER BY e.seq LIMIT $2"
-        ))
-        .bind(after as i64)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(event_from_row).collect()
+        self.reads.events_after(after, limit).await
     }
 
     async fn latest_seq(&self) -> Result<u64> {
         // Number what is committed first: "the latest event" must cover every commit so far.
         self.sequence_for_reader().await?;
-        let mut conn = self.pool.acquire().await?;
-        latest_seq(&mut conn).await
+        self.reads.latest_seq().await
     }
 
     async fn sequence_events(&self) -> Result<u64> {
@@ -395,58 +263,12 @@ impl Policies for PostgresStore {
         policy_admin::revoke_grants(self.begin_write().await?, target, by).await
     }
 
-    async fn list_grants(&self, q: &GrantQuery) -> Result<GrantPage> {
-        let mut query = QueryBuilder::<Postgres>::new(select_grants!("WHERE TRUE"));
-        if let Some(agent) = &q.agent {
-            query.push(" AND agent = ").push_bind(agent.as_str());
-        }
-        if let Some(scope) = q.scope {
-            query.push(" AND scope = ").push_bind(scope.code());
-        }
-        if let Some(session) = &q.session {
-            query.push(" AND session_id = ").push_bind(session.as_str());
-        }
-        if let Some(workspace) = &q.workspace {
-            query
-                .push(" AND workspace = ")
-                .push_bind(workspace.as_str());
-        }
-        if let Some(tool) = &q.tool {
-            query.push(" AND tool = ").push_bind(tool.as_str());
-        }
-        if !q.include_inactive {
-            let now = q.now.unwrap_or_else(Timestamp::now).as_micros();
-            query
-                .push(" AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ")
-                .push_bind(now)
-                .push(")");
-        }
-        if let Some(Cursor(after)) = q.after {
-            query.push(" AND id > ").push_bind(after);
-        }
-        query
-            .push(" ORDER BY id LIMIT ")
-            .push_bind(i64::from(q.limit) + 1);
-        let rows = query.build().fetch_all(&self.pool).await?;
-        let (grants, cursors, next) = page(&rows, q.limit, grant_from_row)?;
-        Ok(GrantPage {
-            grants,
-            cursors,
-            next,
-        })
-    }
-
     async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
         policy_admin::create_rule(self.begin_write().await?, rule).await
     }
 
     async fn delete_rule(&self, id: &RuleId) -> Result<Rule> {
         policy_admin::delete_rule(self.begin_write().await?, id).await
-    }
-
-    async fn list_rules(&self) -> Result<Vec<Rule>> {
-        let rows = sqlx::query(select_rules!()).fetch_all(&self.pool).await?;
-        rows.iter().map(rule_from_row).collect()
     }
 
     async fn load_file_rules(&self, rules: &[Rule]) -> Result<()> {
@@ -463,16 +285,30 @@ impl Policies for PostgresStore {
     }
 }
 
-async fn latest_seq(conn: &mut sqlx::PgConnection) -> Result<u64> {
-    let seq: Option<i64> = sqlx::query_scalar("SELECT MAX(seq) FROM events")
-        .fetch_one(conn)
-        .await?;
-    Ok(seq.unwrap_or(0) as u64)
-}
-
-/// Postgres's write transaction: READ COMMITTED, with the locks the rules need.
+/// Postgres's transaction: READ COMMITTED, with the locks the rules in `writes` need.
 #[async_trait]
-impl WriteTx for sqlx::Transaction<'static, Postgres> {
+impl SqlTx for sqlx::Transaction<'static, Postgres> {
+    const INSERT_CALL: &'static str = sql::INSERT_CALL_AND_EVENT;
+    const COMPLETE_BATCH: &'static str = sql::COMPLETE_BATCH_AT_ID;
+
+    async fn rows<T: Send + 'static>(&mut self, run: Run<'_>, decode: Decode<T>) -> Result<Vec<T>> {
+        let rows = bound(run).fetch_all(&mut **self).await?;
+        rows.iter().map(|row| decode(row)).collect()
+    }
+
+    async fn execute(&mut self, run: Run<'_>) -> Result<u64> {
+        Ok(bound(run).execute(&mut **self).await?.rows_affected())
+    }
+
+    async fn resolve_call(&mut self, resolution: Resolution<'_>) -> Result<Option<(String, i64)>> {
+        // The outcome and its Resolved event, in one statement (one round trip).
+        let run = Run::write(sql::RESOLVE_CALL_AND_EVENT, resolution.outcome);
+        let resolved = self
+            .rows(run, |row| Ok((row.text("batch_id")?, row.int("id")?)))
+            .await?;
+        Ok(resolved.into_iter().next())
+    }
+
     async fn lock_session(&mut self, agent: &AgentId, session: &SessionId) -> Result<()> {
         sqlx::query(
             "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':session'), \
@@ -499,255 +335,6 @@ impl WriteTx for sqlx::Transaction<'static, Postgres> {
         Ok(())
     }
 
-    async fn find_call(&mut self, key: &CallKey) -> Result<Option<Stored>> {
-        let row = sqlx::query(select_calls!(
-            "WHERE c.agent = $1 AND c.session_id = $2 AND c.call_id = $3"
-        ))
-        .bind(key.agent.as_str())
-        .bind(key.session.as_str())
-        .bind(key.call_id.as_str())
-        .fetch_optional(&mut **self)
-        .await?;
-        row.as_ref().map(stored).transpose()
-    }
-
-    async fn load_call(&mut self, rowid: i64) -> Result<Call> {
-        let row = sqlx::query(select_calls!("WHERE c.id = $1"))
-            .bind(rowid)
-            .fetch_one(&mut **self)
-            .await?;
-        call_from_row(&row)
-    }
-
-    async fn insert_batch(
-        &mut self,
-        batch_id: &BatchId,
-        batch: &NewBatch,
-        size: usize,
-        now: Timestamp,
-    ) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO batches (batch_id, agent, session_id, on_deny, size, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(batch_id.as_str())
-        .bind(batch.agent.as_str())
-        .bind(batch.session.as_str())
-        .bind(batch.on_deny.as_i64())
-        .bind(size as i64)
-        .bind(now.as_micros())
-        .execute(&mut **self)
-        .await?;
-        Ok(())
-    }
-
-    async fn resize_batch(&mut self, batch_id: &BatchId, size: usize) -> Result<()> {
-        let query = if size == 0 {
-            sqlx::query("DELETE FROM batches WHERE batch_id = $1").bind(batch_id.as_str())
-        } else {
-            sqlx::query("UPDATE batches SET size = $2 WHERE batch_id = $1")
-                .bind(batch_id.as_str())
-                .bind(size as i64)
-        };
-        query.execute(&mut **self).await?;
-        Ok(())
-    }
-
-    async fn insert_call(
-        &mut self,
-        batch: &NewBatch,
-        batch_id: &BatchId,
-        position: usize,
-        call: &NewCall,
-        now: Timestamp,
-    ) -> Result<Option<i64>> {
-        // The call and its Requested event, in one statement (one round trip).
-        let rowid: Option<i64> = sqlx::query_scalar(
-            "WITH call AS (INSERT INTO calls (agent, session_id, call_id, batch_id, position, \
-             tool, input, title, message, workspace, supersede_key, deadline, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
-             ON CONFLICT (agent, session_id, call_id) DO NOTHING RETURNING id), \
-             event AS (INSERT INTO events (kind, call_rowid, created_at) \
-             SELECT $14, id, $13 FROM call) \
-             SELECT id FROM call",
-        )
-        .bind(batch.agent.as_str())
-        .bind(batch.session.as_str())
-        .bind(call.call_id.as_str())
-        .bind(batch_id.as_str())
-        .bind(position as i64)
-        .bind(call.tool.as_str())
-        .bind(call.input.as_str())
-        .bind(&call.title)
-        .bind(&call.message)
-        .bind(&call.workspace)
-        .bind(call.supersede_key.as_deref())
-        .bind(call.deadline.map(Timestamp::as_micros))
-        .bind(now.as_micros())
-        .bind(EventKind::Requested.code())
-        .fetch_optional(&mut **self)
-        .await?;
-        Ok(rowid)
-    }
-
-    async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>> {
-        // The outcome and its Resolved event, in one statement (one round trip).
-        let resolved: Option<(String, i64)> = sqlx::query_as(
-            "WITH call AS (UPDATE calls SET status = $1, decided_at = $2, decided_by = $3, \
-             reason = $4, tool_result = $5, run_input = $6, input_edited = $7 \
-             WHERE id = $8 AND status = 1 RETURNING batch_id), \
-             event AS (INSERT INTO events (kind, call_rowid, created_at) \
-             SELECT $9, $8, $2 FROM call RETURNING id) \
-             SELECT call.batch_id, event.id FROM call, event",
-        )
-        .bind(outcome.kind.code())
-        .bind(outcome.decided_at.as_micros())
-        .bind(outcome.decided_by.to_string())
-        .bind(&outcome.reason)
-        .bind(&outcome.tool_result)
-        .bind(outcome.run_input.as_ref().map(ToolInput::as_str))
-        .bind(outcome.input_edited)
-        .bind(rowid)
-        .bind(EventKind::Resolved.code())
-        .fetch_optional(&mut **self)
-        .await?;
-        Ok(resolved.map(|(batch_id, event)| Resolved {
-            rowid,
-            batch_id,
-            event,
-        }))
-    }
-
-    async fn pending_in_session(
-        &mut self,
-        agent: &AgentId,
-        session: &SessionId,
-    ) -> Result<Vec<Stored>> {
-        let rows = sqlx::query(select_calls!(
-            "WHERE c.agent = $1 AND c.session_id = $2 AND c.status = 1 ORDER BY c.id"
-        ))
-        .bind(agent.as_str())
-        .bind(session.as_str())
-        .fetch_all(&mut **self)
-        .await?;
-        rows.iter().map(stored).collect()
-    }
-
-    async fn pending_of_agent(&mut self, agent: &AgentId, at_most: u64) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM \
-             (SELECT 1 FROM calls WHERE agent = $1 AND status = 1 LIMIT $2) AS pending",
-        )
-        .bind(agent.as_str())
-        .bind(at_most as i64)
-        .fetch_one(&mut **self)
-        .await?;
-        Ok(n as u64)
-    }
-
-    async fn pending_with_key(
-        &mut self,
-        agent: &AgentId,
-        session: &SessionId,
-        key: &str,
-    ) -> Result<Vec<i64>> {
-        Ok(sqlx::query_scalar(
-            "SELECT id FROM calls WHERE agent = $1 AND session_id = $2 AND supersede_key = $3 \
-             AND status = 1 ORDER BY id",
-        )
-        .bind(agent.as_str())
-        .bind(session.as_str())
-        .bind(key)
-        .fetch_all(&mut **self)
-        .await?)
-    }
-
-    async fn pending_in_batch(&mut self, batch: &BatchId) -> Result<Vec<i64>> {
-        Ok(sqlx::query_scalar(
-            "SELECT id FROM calls WHERE batch_id = $1 AND status = 1 ORDER BY position",
-        )
-        .bind(batch.as_str())
-        .fetch_all(&mut **self)
-        .await?)
-    }
-
-    async fn calls_of_batch(
-        &mut self,
-        agent: &AgentId,
-        session: &SessionId,
-        batch: &BatchId,
-    ) -> Result<Vec<Stored>> {
-        let rows = sqlx::query(select_calls!(
-            "WHERE c.batch_id = $1 AND c.agent = $2 AND c.session_id = $3 ORDER BY c.position"
-        ))
-        .bind(batch.as_str())
-        .bind(agent.as_str())
-        .bind(session.as_str())
-        .fetch_all(&mut **self)
-        .await?;
-        rows.iter().map(stored).collect()
-    }
-
-    async fn on_deny(&mut self, batch: &BatchId) -> Result<OnDeny> {
-        let on_deny: i64 = sqlx::query_scalar("SELECT on_deny FROM batches WHERE batch_id = $1")
-            .bind(batch.as_str())
-            .fetch_one(&mut **self)
-            .await?;
-        Ok(OnDeny::from_i64(on_deny))
-    }
-
-    async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(i64, String)>> {
-        // No row lock here: batches are locked first (see `writes`), and the conditional update
-        // leaves a call another replica expired first alone.
-        Ok(sqlx::query_as(
-            "SELECT id, batch_id FROM calls WHERE status = 1 AND deadline IS NOT NULL \
-             AND deadline <= $1 ORDER BY deadline LIMIT $2",
-        )
-        .bind(now.as_micros())
-        .bind(limit)
-        .fetch_all(&mut **self)
-        .await?)
-    }
-
-    async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()> {
-        // The batch row is locked (`lock_batches`; a batch this transaction stored is its own),
-        // which orders the transactions resolving calls of this batch; this statement's
-        // snapshot, taken after the lock, sees every one that committed before.
-        sqlx::query(
-            "UPDATE events SET batch_completed = TRUE WHERE id = $1 AND NOT EXISTS \
-             (SELECT 1 FROM calls WHERE batch_id = $2 AND status = 1)",
-        )
-        .bind(event)
-        .bind(batch_id)
-        .execute(&mut **self)
-        .await?;
-        Ok(())
-    }
-
-    async fn commit(self) -> Result<()> {
-        Ok(sqlx::Transaction::commit(self).await?)
-    }
-}
-
-/// The advisory-lock key of (agent, tool) for [`PolicyTx::lock_policy`]: FNV-1a, fixed forever,
-/// so every replica (of any version) locks the same key for the same pair.
-fn policy_lock_key(agent: &AgentId, tool: &ToolName) -> i32 {
-    let mut hash: u32 = 0x811c_9dc5;
-    let bytes = agent
-        .as_str()
-        .bytes()
-        .chain([0x1f])
-        .chain(tool.as_str().bytes());
-    for byte in bytes {
-        hash ^= u32::from(byte);
-        hash = hash.wrapping_mul(0x0100_0193);
-    }
-    hash as i32
-}
-
-/// Grants and rules, with the locks `writes` relies on.
-#[async_trait]
-impl PolicyTx for sqlx::Transaction<'static, Postgres> {
     async fn lock_policy(
         &mut self,
         agent: &AgentId,
@@ -776,206 +363,45 @@ impl PolicyTx for sqlx::Transaction<'static, Postgres> {
         Ok(())
     }
 
-    async fn rules(&mut self) -> Result<Vec<Rule>> {
-        let rows = sqlx::query(select_rules!()).fetch_all(&mut **self).await?;
-        rows.iter().map(rule_from_row).collect()
-    }
-
-    async fn live_grants(
-        &mut self,
-        agent: &AgentId,
-        session: Option<&SessionId>,
-        tools: &[&ToolName],
-        now: Timestamp,
-    ) -> Result<Vec<Grant>> {
-        if tools.is_empty() {
-            return Ok(Vec::new());
-        }
-        let tools: Vec<&str> = tools.iter().map(|t| t.as_str()).collect();
-        let rows = sqlx::query(select_grants!(
-            "WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $1) \
-             AND agent = $2 AND tool = ANY($3) \
-             AND ($4::text IS NULL OR session_id IS NULL OR session_id = $4) ORDER BY id"
-        ))
-        .bind(now.as_micros())
-        .bind(agent.as_str())
-        .bind(&tools)
-        .bind(session.map(SessionId::as_str))
-        .fetch_all(&mut **self)
-        .await?;
-        rows.iter().map(grant_from_row).collect()
-    }
-
-    async fn insert_grant(&mut self, spec: &GrantSpec) -> Result<Grant> {
-        let (session, workspace) = match &spec.scope {
-            GrantScope::Session(s) => (Some(s.as_str()), None),
-            GrantScope::Workspace(w) => (None, Some(w.as_str())),
-            GrantScope::Always => (None, None),
-        };
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO grants (agent, scope, session_id, workspace, tool, matcher, effect, \
-             created_by, created_at, expires_at, source_session, source_call, reason) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING id",
-        )
-        .bind(spec.agent.as_str())
-        .bind(spec.scope.scope().code())
-        .bind(session)
-        .bind(workspace)
-        .bind(spec.tool.as_str())
-        .bind(spec.matcher.to_json().to_string())
-        .bind(spec.effect.code())
-        .bind(&spec.created_by)
-        .bind(spec.created_at.as_micros())
-        .bind(spec.expires_at.map(Timestamp::as_micros))
-        .bind(spec.source.session.as_str())
-        .bind(spec.source.call_id.as_str())
-        .bind(&spec.reason)
-        .fetch_one(&mut **self)
-        .await?;
-        Ok(Grant {
-            id,
-            spec: spec.clone(),
-            revoked_at: None,
-            revoked_by: None,
-        })
-    }
-
-    async fn grant_from_call(&mut self, key: &CallKey) -> Result<Option<Grant>> {
-        let row = sqlx::query(select_grants!(
-            "WHERE agent = $1 AND source_session = $2 AND source_call = $3 \
-             ORDER BY id DESC LIMIT 1"
-        ))
-        .bind(key.agent.as_str())
-        .bind(key.session.as_str())
-        .bind(key.call_id.as_str())
-        .fetch_optional(&mut **self)
-        .await?;
-        row.as_ref().map(grant_from_row).transpose()
-    }
-
-    async fn grants_named(&mut self, target: &RevokeTarget, now: Timestamp) -> Result<Vec<Grant>> {
-        let query = match target {
-            RevokeTarget::Id(id) => sqlx::query(select_grants!("WHERE id = $1")).bind(*id),
-            RevokeTarget::Session(agent, session) => sqlx::query(select_grants!(
-                "WHERE agent = $1 AND scope = 2 AND session_id = $2 AND revoked_at IS NULL \
-                 AND (expires_at IS NULL OR expires_at > $3) ORDER BY id"
-            ))
-            .bind(agent.as_str())
-            .bind(session.as_str())
-            .bind(now.as_micros()),
-            RevokeTarget::Workspace(agent, workspace) => sqlx::query(select_grants!(
-                "WHERE agent = $1 AND scope = 3 AND workspace = $2 AND revoked_at IS NULL \
-                 AND (expires_at IS NULL OR expires_at > $3) ORDER BY id"
-            ))
-            .bind(agent.as_str())
-            .bind(workspace.as_str())
-            .bind(now.as_micros()),
-        };
-        let rows = query.fetch_all(&mut **self).await?;
-        rows.iter().map(grant_from_row).collect()
-    }
-
-    async fn revoke(&mut self, ids: &[i64], by: &str, now: Timestamp) -> Result<Vec<Grant>> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows = sqlx::query(
-            "UPDATE grants SET revoked_at = $1, revoked_by = $2 \
-             WHERE revoked_at IS NULL AND id = ANY($3) \
-             RETURNING id, agent, scope, session_id, workspace, tool, matcher, effect, \
-             created_by, created_at, expires_at, revoked_at, revoked_by, source_session, \
-             source_call, reason",
-        )
-        .bind(now.as_micros())
-        .bind(by)
-        .bind(ids)
-        .fetch_all(&mut **self)
-        .await?;
-        let mut grants = rows
-            .iter()
-            .map(grant_from_row)
-            .collect::<Result<Vec<_>>>()?;
-        grants.sort_by_key(|g| g.id);
-        Ok(grants)
-    }
-
-    async fn pending_in_scope(
-        &mut self,
-        agent: &AgentId,
-        tool: &ToolName,
-        scope: &GrantScope,
-    ) -> Result<Vec<Stored>> {
-        let query = match scope {
-            GrantScope::Session(session) => sqlx::query(select_calls!(
-                "WHERE c.agent = $1 AND c.tool = $2 AND c.status = 1 AND c.session_id = $3 \
-                 ORDER BY c.id"
-            ))
-            .bind(agent.as_str())
-            .bind(tool.as_str())
-            .bind(session.as_str()),
-            GrantScope::Workspace(workspace) => sqlx::query(select_calls!(
-                "WHERE c.agent = $1 AND c.tool = $2 AND c.status = 1 AND c.workspace = $3 \
-                 ORDER BY c.id"
-            ))
-            .bind(agent.as_str())
-            .bind(tool.as_str())
-            .bind(workspace.as_str()),
-            GrantScope::Always => sqlx::query(select_calls!(
-                "WHERE c.agent = $1 AND c.tool = $2 AND c.status = 1 ORDER BY c.id"
-            ))
-            .bind(agent.as_str())
-            .bind(tool.as_str()),
-        };
-        let rows = query.fetch_all(&mut **self).await?;
-        rows.iter().map(stored).collect()
-    }
-
-    async fn find_rule(&mut self, id: &RuleId) -> Result<Option<Rule>> {
-        let row = sqlx::query(select_rules!("WHERE id = $1"))
-            .bind(id.as_str())
-            .fetch_optional(&mut **self)
-            .await?;
-        row.as_ref().map(rule_from_row).transpose()
-    }
-
-    async fn insert_rule(&mut self, rule: &Rule) -> Result<bool> {
-        let inserted = sqlx::query(
-            "INSERT INTO rules (id, tool, matcher, effect, priority, description, source, \
-             created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(rule.id.as_str())
-        .bind(rule.tool.as_str())
-        .bind(rule.matcher.to_json().to_string())
-        .bind(rule.effect.code())
-        .bind(i64::from(rule.priority))
-        .bind(&rule.description)
-        .bind(rule.source.as_str())
-        .bind(rule.created_at.as_micros())
-        .execute(&mut **self)
-        .await?
-        .rows_affected();
-        Ok(inserted == 1)
-    }
-
-    async fn delete_rule(&mut self, id: &RuleId) -> Result<bool> {
-        let deleted = sqlx::query("DELETE FROM rules WHERE id = $1")
-            .bind(id.as_str())
-            .execute(&mut **self)
-            .await?
-            .rows_affected();
-        Ok(deleted == 1)
-    }
-
-    async fn delete_file_rules(&mut self) -> Result<()> {
-        // Replicas starting at once load their files one after the other (submits, which only
-        // read rules, are not held up).
+    async fn lock_rules(&mut self) -> Result<()> {
         sqlx::query("LOCK TABLE rules IN EXCLUSIVE MODE")
-            .execute(&mut **self)
-            .await?;
-        sqlx::query("DELETE FROM rules WHERE source = $1")
-            .bind(RuleSource::File.as_str())
             .execute(&mut **self)
             .await?;
         Ok(())
     }
+
+    async fn commit(self) -> Result<()> {
+        Ok(sqlx::Transaction::commit(self).await?)
+    }
+}
+
+/// `run`'s statement with its parameters bound.
+fn bound<'q>(run: Run<'_>) -> Query<'q, Postgres, PgArguments> {
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(run.sql.to_owned()));
+    for param in run.params {
+        query = match *param {
+            Param::Int(value) => query.bind(value),
+            Param::OptInt(value) => query.bind(value),
+            Param::Text(value) => query.bind(value),
+            Param::OptText(value) => query.bind(value),
+            Param::Flag(value) => query.bind(value),
+        };
+    }
+    query
+}
+
+/// The advisory-lock key of (agent, tool) for [`SqlTx::lock_policy`]: FNV-1a, fixed forever,
+/// so every replica (of any version) locks the same key for the same pair.
+fn policy_lock_key(agent: &AgentId, tool: &ToolName) -> i32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    let bytes = agent
+        .as_str()
+        .bytes()
+        .chain([0x1f])
+        .chain(tool.as_str().bytes());
+    for byte in bytes {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    hash as i32
 }

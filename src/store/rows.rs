@@ -70,33 +70,8 @@ use crate::domain::{
 use crate::error::{Error, Result};
 use crate::operations::Stored;
 
-/// The columns [`call_from_row`] reads, from `calls c` joined with its batch `b` and its
-/// Resolved event `r`.
-macro_rules! call_columns {
-    () => {
-        "c.id, c.agent, c.session_id, c.call_id, c.batch_id, c.position, b.size, c.tool, \
-         c.input, c.title, c.message, c.workspace, c.supersede_key, c.deadline, c.created_at, \
-         c.status, c.decided_at, c.decided_by, c.reason, c.tool_result, c.run_input, \
-         c.input_edited, r.seq AS resolved_seq"
-    };
-}
-
-/// `SELECT` of every call column, followed by the given clauses.
-macro_rules! select_calls {
-    ($($rest:literal)*) => {
-        concat!(
-            "SELECT ", call_columns!(),
-            " FROM calls c JOIN batches b ON b.batch_id = c.batch_id ",
-            "LEFT JOIN events r ON r.call_rowid = c.id AND r.kind = 2 ",
-            $($rest),*
-        )
-    };
-}
-
-pub(crate) use {call_columns, select_calls};
-
-/// A call from a row holding the [`call_columns`].
-pub fn call_from_row(row: &impl Columns) -> Result<Call> {
+/// A call from a row holding the `statements::call_columns`.
+pub fn call_from_row(row: &(impl Columns + ?Sized)) -> Result<Call> {
     let status_code = row.int("status")?;
     let status = Status::from_code(status_code)
         .ok_or_else(|| Error::Internal(format!("unknown stored status {status_code}")))?;
@@ -154,16 +129,16 @@ pub fn page<R: Columns, T>(
     Ok((items, cursors, next))
 }
 
-/// A call and its row id, from a row holding the [`call_columns`].
-pub fn stored(row: &impl Columns) -> Result<Stored> {
+/// A call and its row id, from a row holding the `statements::call_columns`.
+pub fn stored(row: &(impl Columns + ?Sized)) -> Result<Stored> {
     Ok(Stored {
         rowid: row.int("id")?,
         call: call_from_row(row)?,
     })
 }
 
-/// An event from a row holding `seq`, `kind`, `batch_completed` and the [`call_columns`].
-pub fn event_from_row(row: &impl Columns) -> Result<Event> {
+/// An event from a row holding `seq`, `kind`, `batch_completed` and the `statements::call_columns`.
+pub fn event_from_row(row: &(impl Columns + ?Sized)) -> Result<Event> {
     let kind = EventKind::from_code(row.int("kind")?);
     let mut call = call_from_row(row)?;
     if kind == EventKind::Requested {
@@ -178,31 +153,6 @@ pub fn event_from_row(row: &impl Columns) -> Result<Event> {
     })
 }
 
-/// `SELECT` of every grant column ([`grant_from_row`] reads them), followed by the given clauses.
-macro_rules! select_grants {
-    ($($rest:literal)*) => {
-        concat!(
-            "SELECT id, agent, scope, session_id, workspace, tool, matcher, effect, created_by, \
-             created_at, expires_at, revoked_at, revoked_by, source_session, source_call, reason \
-             FROM grants ",
-            $($rest),*
-        )
-    };
-}
-
-/// `SELECT` of every rule column ([`rule_from_row`] reads them), followed by the given clauses.
-macro_rules! select_rules {
-    ($($rest:literal)*) => {
-        concat!(
-            "SELECT id, tool, matcher, effect, priority, description, source, created_at \
-             FROM rules ",
-            $($rest),*
-        )
-    };
-}
-
-pub(crate) use {select_grants, select_rules};
-
 /// A matcher stored by this broker; it was validated on the way in.
 fn stored_matcher(text: &str) -> Result<Matcher> {
     let value = serde_json::from_str(text)
@@ -211,8 +161,8 @@ fn stored_matcher(text: &str) -> Result<Matcher> {
         .map_err(|e| Error::Internal(format!("a stored matcher is invalid: {e}")))
 }
 
-/// A grant from a row holding the columns [`select_grants`] selects.
-pub fn grant_from_row(row: &impl Columns) -> Result<Grant> {
+/// A grant from a row holding the `statements::grant_columns`.
+pub fn grant_from_row(row: &(impl Columns + ?Sized)) -> Result<Grant> {
     let agent = AgentId::from_stored(row.text("agent")?);
     let scope_code = row.int("scope")?;
     let scope = match Scope::from_code(scope_code) {
@@ -258,8 +208,8 @@ pub fn grant_from_row(row: &impl Columns) -> Result<Grant> {
     })
 }
 
-/// A rule from a row holding the columns [`select_rules`] selects.
-pub fn rule_from_row(row: &impl Columns) -> Result<Rule> {
+/// A rule from a row holding the columns `statements::select_rules` selects.
+pub fn rule_from_row(row: &(impl Columns + ?Sized)) -> Result<Rule> {
     let effect_code = row.int("effect")?;
     let tool = row.text("tool")?;
     Ok(Rule {

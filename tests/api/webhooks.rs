@@ -26,7 +26,7 @@ use tonic::Code;
 use approval_broker::proto::v1 as pb;
 
 use crate::helpers::{
-    self, BrokerProcess, PATIENCE, TestApp, approve, backend_tests, batch, call, deny, submit,
+    self, PATIENCE, TestApp, approve, backend_tests, batch, call, deny, start_broker, submit,
 };
 
 // --- the receiver ------------------------------------------------------------------------------
@@ -354,8 +354,8 @@ fn assert_duplicates_are_identical(received: &[Received]) {
 }
 
 fn fast_retries(config: &mut approval_broker::config::Config) {
-    config.webhook_retry_min = Duration::from_millis(20);
-    config.webhook_retry_max = Duration::from_millis(200);
+    config.webhooks.retry_min = Duration::from_millis(20);
+    config.webhooks.retry_max = Duration::from_millis(200);
 }
 
 // --- the tests ---------------------------------------------------------------------------------
@@ -365,11 +365,11 @@ backend_tests!(
     a_receiver_down_for_a_while_gets_everything_once_it_is_back => super::fast_retries,
     an_endpoint_that_keeps_failing_is_paused_with_its_last_error_and_resumes => |c: &mut approval_broker::config::Config| {
         super::fast_retries(c);
-        c.webhook_pause_after = 3;
+        c.webhooks.pause_after = 3;
     },
     filters_admit_only_the_events_they_name,
     slack_messages_have_the_documented_shape_and_link_to_the_call_in_the_inbox => |c: &mut approval_broker::config::Config| {
-        c.webhooks_inbox_url = Some("https://approvals.example.com/inbox/".into());
+        c.webhooks.inbox_url = Some("https://approvals.example.com/inbox/".into());
     },
     webhook_administration_refuses_what_it_cannot_do_and_names_the_field,
     a_test_event_is_signed_and_reports_whether_it_arrived,
@@ -773,7 +773,7 @@ async fn endpoints_from_the_webhooks_file_are_loaded_at_start_and_keep_their_cur
     )
     .unwrap();
     let app = app
-        .restart_with(|c| c.webhooks_file = Some(file.clone()))
+        .restart_with(|c| c.webhooks.file = Some(file.clone()))
         .await;
     let hook = listed(&app, "from-file").await;
     assert!(hook.from_file);
@@ -786,7 +786,7 @@ async fn endpoints_from_the_webhooks_file_are_loaded_at_start_and_keep_their_cur
 
     // Started again with the same file: the endpoint keeps its cursor, so nothing is sent twice.
     let app = app
-        .restart_with(|c| c.webhooks_file = Some(file.clone()))
+        .restart_with(|c| c.webhooks.file = Some(file.clone()))
         .await;
     assert_eq!(listed(&app, "from-file").await.cursor, cursor);
     submit(&app, batch("file", vec![call("c2", "shell", "{}")])).await;
@@ -845,8 +845,8 @@ async fn delivery_resumes_after_the_broker_is_killed_mid_delivery() {
         "--webhook-retry-max",
         "200ms",
     ];
-    let mut broker = BrokerProcess::start(&database, &args, &[]).await;
-    let mut agent = pb::agent_service_client::AgentServiceClient::new(broker.channel.clone());
+    let mut broker = start_broker(&database, &args, &[]).await;
+    let mut agent = pb::agent_service_client::AgentServiceClient::new(broker.channel());
     let calls: Vec<String> = (0..8).map(|i| format!("c{i}")).collect();
     agent
         .submit(pb::SubmitRequest {
@@ -859,8 +859,7 @@ async fn delivery_resumes_after_the_broker_is_killed_mid_delivery() {
         .expect("submit");
     // At least one delivered, the rest queued behind slow answers.
     receiver.wait_for_ids(PATIENCE, 1).await;
-    broker.child.kill().expect("SIGKILL");
-    broker.child.wait().expect("reaped");
+    broker.kill();
     let delivered_before = distinct_ids(&receiver.received()).len();
     assert!(
         delivered_before < 8,
@@ -868,7 +867,7 @@ async fn delivery_resumes_after_the_broker_is_killed_mid_delivery() {
     );
 
     *receiver.delay.lock().unwrap() = Duration::ZERO;
-    let _broker = BrokerProcess::start(&database, &args, &[]).await;
+    let _broker = start_broker(&database, &args, &[]).await;
     let received = receiver.wait_for_ids(PATIENCE * 2, 8).await;
     for message in &received {
         assert_signed(secret, message);

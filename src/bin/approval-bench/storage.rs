@@ -1,20 +1,32 @@
-//! The raw storage limit: the durable writes the broker makes per approval cycle, done directly
-//! through sqlx on the same kind of database with the same settings and the broker's own
-//! migrations. A cycle is the submit transaction (insert the batch, the call and its Requested
-//! event; on SQLite the schema's trigger writes that event and records its sequence number on the
-//! call, as it does for the broker) and the decide
-//! transaction (update the call with its outcome, insert its Resolved event, mark the batch
-//! complete). Reads the broker does inside those transactions (finding the call first) are not
-//! counted: this is the write floor.
+//! The raw storage limit: the durable writes the broker makes per approval cycle, made with the
+//! broker's own statements (`approval_broker::store::statements`) through the driver the broker
+//! writes with, on the same kind of database with the broker's migrations. A cycle is the submit
+//! transaction (the batch, the call, and its Requested event: on SQLite the schema's trigger
+//! writes it, on Postgres the same statement as the call) and the decide transaction (the call's
+//! outcome, its Resolved event, the batch marked complete). The reads the broker does inside
+//! those transactions (finding the call first, the policy) are not made: this is the write floor.
+//!
+//! Two figures each: one transaction per write (a submit, then its decide), and the same rows
+//! `GROUP` cycles to a transaction (the submits of `GROUP` calls, then their decides), the limit
+//! a broker that groups commits approaches.
+//!
+//! SQLite: rusqlite on a thread of its own, as the broker's writer (`store/sqlite/writer.rs`);
+//! through sqlx every statement would cross to sqlx's worker thread and back, a cost the broker
+//! does not pay. Postgres: sqlx, several connections at once, as the broker's replicas write.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use approval_broker::domain::{EventKind, OnDeny, OutcomeKind};
+use approval_broker::store::statements as sql;
+use rusqlite::{Connection, params};
 use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+
+/// Cycles per transaction in the batched figure.
+const GROUP: u32 = 100;
 
 /// Cycles per second, one transaction per write and `group` cycles per transaction.
 #[derive(Debug, Clone, Copy)]
@@ -25,45 +37,148 @@ pub struct StorageRates {
     pub concurrency: u32,
     pub connections: u32,
     pub batch_tasks: u32,
+    /// How the writes reach the database.
+    pub driver: &'static str,
 }
 
-#[derive(Clone)]
-enum Db {
-    Sqlite(SqlitePool),
-    Postgres(PgPool),
-}
-
-/// SQLite: a fresh file in `dir`, WAL, `synchronous=FULL`, one writer connection, SQLite's
-/// defaults otherwise. (The broker's writer also keeps statement journals in memory and
-/// checkpoints from a thread of its own; with the first and the broker's checkpoint threshold,
-/// this raw loop measured slower, so it keeps the defaults: the stronger baseline.)
-pub async fn sqlite(
-    dir: &std::path::Path,
-    concurrency: u32,
-    run_for: Duration,
-    input: &str,
-) -> Result<StorageRates, String> {
-    let options = SqliteConnectOptions::new()
-        .filename(dir.join("raw.db"))
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Full)
-        .busy_timeout(Duration::from_secs(10))
-        .foreign_keys(true);
-    let pool = SqlitePoolOptions::new()
+/// SQLite: a fresh file `raw.db` in `dir`, WAL, `synchronous=FULL`, foreign keys on, written by
+/// one thread over one connection, as the broker writes. SQLite's defaults otherwise: the
+/// broker's writer also keeps statement journals in memory and checkpoints from a thread of its
+/// own, which this loop does not, so its checkpoints cost it time the broker's do not.
+pub async fn sqlite(dir: &Path, run_for: Duration, input: &str) -> Result<StorageRates, String> {
+    let path = dir.join("raw.db");
+    let migrator = SqlitePoolOptions::new()
         .max_connections(1)
-        .min_connections(1)
-        .connect_with(options)
+        .connect_with(
+            SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal),
+        )
         .await
         .map_err(|e| format!("raw SQLite: {e}"))?;
     sqlx::migrate!("./migrations/sqlite")
-        .run(&pool)
+        .run(&migrator)
         .await
         .map_err(|e| format!("raw SQLite migrations: {e}"))?;
-    run(Db::Sqlite(pool), concurrency, 1, run_for, input).await
+    migrator.close().await;
+
+    let (done, rates) = tokio::sync::oneshot::channel();
+    let input = input.to_owned();
+    std::thread::Builder::new()
+        .name("raw-sqlite-writer".into())
+        .spawn(move || {
+            let _ = done.send(sqlite_rates(path, run_for, &input));
+        })
+        .map_err(|e| format!("raw SQLite thread: {e}"))?;
+    rates
+        .await
+        .map_err(|_| "the raw SQLite thread died".to_owned())?
+        .map_err(|e| format!("raw SQLite: {e}"))
 }
 
-/// Postgres: the schema `url` puts first on the search path, `connections` connections.
+/// Both SQLite figures, on the calling thread.
+fn sqlite_rates(path: PathBuf, run_for: Duration, input: &str) -> rusqlite::Result<StorageRates> {
+    let mut conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+    conn.busy_timeout(Duration::from_secs(10))?;
+    let mut rate = |group: u32| -> rusqlite::Result<f64> {
+        let started = Instant::now();
+        let mut cycles = 0u64;
+        while started.elapsed() < run_for {
+            sqlite_cycles(&mut conn, &format!("g{group}-{cycles}"), group, input)?;
+            cycles += u64::from(group);
+        }
+        Ok(cycles as f64 / started.elapsed().as_secs_f64())
+    };
+    Ok(StorageRates {
+        per_write: rate(1)?,
+        batched: rate(GROUP)?,
+        group: GROUP,
+        concurrency: 1,
+        connections: 1,
+        batch_tasks: 1,
+        driver: "the broker's statements, rusqlite on one thread",
+    })
+}
+
+/// Who approves the bench's calls, as the broker records an approver.
+const DECIDED_BY: &str = "approver:bench";
+
+/// `group` cycles: one submit transaction holding `group` calls, then one decide transaction
+/// resolving them all (with `group == 1`, one transaction per write).
+fn sqlite_cycles(
+    conn: &mut Connection,
+    prefix: &str,
+    group: u32,
+    input: &str,
+) -> rusqlite::Result<()> {
+    let now = now_micros();
+    let mut stored = Vec::with_capacity(group as usize);
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    for i in 0..group {
+        let batch_id = format!("{prefix}-{i}");
+        tx.prepare_cached(sql::INSERT_BATCH)?.execute(params![
+            batch_id,
+            "default",
+            prefix,
+            OnDeny::default().as_i64(),
+            1,
+            now
+        ])?;
+        // The trigger `calls_requested_event` writes the Requested event, as for the broker.
+        let rowid: i64 = tx.prepare_cached(sql::INSERT_CALL)?.query_row(
+            params![
+                "default",
+                prefix,
+                batch_id,
+                batch_id,
+                0,
+                "edit_file",
+                input,
+                "Edit a file",
+                "",
+                "bench",
+                None::<&str>,
+                None::<i64>,
+                now
+            ],
+            |row| row.get(0),
+        )?;
+        stored.push((rowid, batch_id));
+    }
+    tx.commit()?;
+
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    for (rowid, batch_id) in stored {
+        let _batch: String = tx.prepare_cached(sql::RESOLVE_CALL)?.query_row(
+            params![
+                OutcomeKind::Approved.code(),
+                now,
+                DECIDED_BY,
+                "",
+                "",
+                input,
+                false,
+                rowid
+            ],
+            |row| row.get(0),
+        )?;
+        let seq: i64 = tx
+            .prepare_cached(sql::APPEND_EVENT)?
+            .query_row(params![EventKind::Resolved.code(), rowid, now], |row| {
+                row.get(0)
+            })?;
+        tx.prepare_cached(sql::COMPLETE_BATCH_AT_SEQ)?
+            .execute(params![seq, batch_id])?;
+    }
+    tx.commit()
+}
+
+/// Postgres: the schema `url` puts first on the search path, `concurrency` tasks writing over
+/// `connections` connections one transaction per write; batched, one task per connection.
 pub async fn postgres(
     url: &str,
     concurrency: u32,
@@ -80,67 +195,43 @@ pub async fn postgres(
         .run(&pool)
         .await
         .map_err(|e| format!("raw Postgres migrations: {e}"))?;
-    run(Db::Postgres(pool), concurrency, connections, run_for, input).await
-}
-
-async fn run(
-    db: Db,
-    concurrency: u32,
-    connections: u32,
-    run_for: Duration,
-    input: &str,
-) -> Result<StorageRates, String> {
-    const GROUP: u32 = 100;
-    let per_write = measure(&db, concurrency, 1, run_for, input).await?;
-    // Batched, the writer is the concurrency: on SQLite one task (100 calls submitted, then
-    // the same 100 decided, as a group-committing broker would); on Postgres one per connection.
-    let batch_tasks = match db {
-        Db::Sqlite(_) => 1,
-        Db::Postgres(_) => connections,
-    };
-    let batched = measure(&db, batch_tasks, GROUP, run_for, input).await?;
-    match db {
-        Db::Sqlite(pool) => pool.close().await,
-        Db::Postgres(pool) => pool.close().await,
-    }
+    let per_write = postgres_rate(&pool, concurrency, 1, run_for, input).await?;
+    let batched = postgres_rate(&pool, connections, GROUP, run_for, input).await?;
+    pool.close().await;
     Ok(StorageRates {
         per_write,
         batched,
         group: GROUP,
         concurrency,
         connections,
-        batch_tasks,
+        batch_tasks: connections,
+        driver: "the broker's statements, sqlx",
     })
 }
 
-/// `concurrency` tasks doing cycles, `group` cycles per transaction, for `run_for`: cycles/s.
-async fn measure(
-    db: &Db,
-    concurrency: u32,
+/// `tasks` tasks doing cycles, `group` cycles per transaction, for `run_for`: cycles/s.
+async fn postgres_rate(
+    pool: &PgPool,
+    tasks: u32,
     group: u32,
     run_for: Duration,
     input: &str,
 ) -> Result<f64, String> {
     // Committed writes (a submit or a decide: half a cycle each), counted at each commit so a
-    // short window with many tasks queued on one connection does not undercount.
+    // short window with many tasks queued on few connections does not undercount.
     let writes = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
-    let mut tasks = Vec::new();
-    for task in 0..concurrency {
-        let (db, writes, stop, input) =
-            (db.clone(), writes.clone(), stop.clone(), input.to_owned());
-        tasks.push(tokio::spawn(async move {
+    let mut running = Vec::new();
+    for task in 0..tasks {
+        let (pool, writes, stop, input) =
+            (pool.clone(), writes.clone(), stop.clone(), input.to_owned());
+        running.push(tokio::spawn(async move {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let prefix = format!("g{group}-t{task}-{n}");
                 n += 1;
-                match &db {
-                    Db::Sqlite(pool) => sqlite_cycles(pool, &prefix, group, &input, &writes).await,
-                    Db::Postgres(pool) => {
-                        postgres_cycles(pool, &prefix, group, &input, &writes).await
-                    }
-                }?;
+                postgres_cycles(&pool, &prefix, group, &input, &writes).await?;
             }
             Ok::<(), sqlx::Error>(())
         }));
@@ -149,7 +240,7 @@ async fn measure(
     let done = writes.load(Ordering::Relaxed) as f64 / 2.0;
     let elapsed = started.elapsed();
     stop.store(true, Ordering::Relaxed);
-    for task in tasks {
+    for task in running {
         task.await
             .map_err(|e| format!("raw storage task: {e}"))?
             .map_err(|e| format!("raw storage: {e}"))?;
@@ -157,90 +248,8 @@ async fn measure(
     Ok(done / elapsed.as_secs_f64())
 }
 
-fn now_micros() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
-}
-
-/// `group` cycles: one submit transaction holding `group` calls, then one decide transaction
-/// resolving them all (with `group == 1`, one transaction per write).
-async fn sqlite_cycles(
-    pool: &SqlitePool,
-    prefix: &str,
-    group: u32,
-    input: &str,
-    writes: &AtomicU64,
-) -> Result<(), sqlx::Error> {
-    let now = now_micros();
-    let mut rows = Vec::with_capacity(group as usize);
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    for i in 0..group {
-        let batch_id = format!("{prefix}-{i}");
-        sqlx::query(
-            "INSERT INTO batches (batch_id, agent, session_id, on_deny, size, created_at) \
-             VALUES (?, 'default', ?, 1, 1, ?)",
-        )
-        .bind(&batch_id)
-        .bind(prefix)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        let rowid: i64 = sqlx::query_scalar(
-            "INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, \
-             title, message, workspace, supersede_key, deadline, created_at) \
-             VALUES ('default', ?, ?, ?, 0, 'edit_file', ?, 'Edit a file', '', 'bench', NULL, \
-             NULL, ?) RETURNING id",
-        )
-        .bind(prefix)
-        .bind(&batch_id)
-        .bind(&batch_id)
-        .bind(input)
-        .bind(now)
-        .fetch_one(&mut *tx)
-        .await?;
-        // The Requested event and the call's `requested_seq` are written by the schema's trigger
-        // `calls_requested_event` (migration 0004), as for the broker: writing them here too
-        // would make the raw loop do more than the broker does.
-        rows.push((rowid, batch_id));
-    }
-    tx.commit().await?;
-    writes.fetch_add(u64::from(group), Ordering::Relaxed);
-
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    for (rowid, batch_id) in rows {
-        sqlx::query_scalar::<_, String>(
-            "UPDATE calls SET status = 2, decided_at = ?, decided_by = 'approver:bench', \
-             reason = '', tool_result = '', run_input = input, input_edited = 0 \
-             WHERE id = ? AND status = 1 RETURNING batch_id",
-        )
-        .bind(now)
-        .bind(rowid)
-        .fetch_one(&mut *tx)
-        .await?;
-        let seq: i64 = sqlx::query_scalar(
-            "INSERT INTO events (kind, call_rowid, created_at) VALUES (2, ?, ?) RETURNING seq",
-        )
-        .bind(rowid)
-        .bind(now)
-        .fetch_one(&mut *tx)
-        .await?;
-        sqlx::query(
-            "UPDATE events SET batch_completed = 1 WHERE seq = ? AND NOT EXISTS \
-             (SELECT 1 FROM calls WHERE batch_id = ? AND status = 1)",
-        )
-        .bind(seq)
-        .bind(&batch_id)
-        .execute(&mut *tx)
-        .await?;
-    }
-    tx.commit().await?;
-    writes.fetch_add(u64::from(group), Ordering::Relaxed);
-    Ok(())
-}
-
-/// The same on Postgres (whose broker assigns event sequence numbers after commit, in a
-/// sequencer transaction this does not model).
+/// The same cycles on Postgres (whose broker numbers events after commit, in a sequencer
+/// transaction this does not model).
 async fn postgres_cycles(
     pool: &PgPool,
     prefix: &str,
@@ -249,71 +258,68 @@ async fn postgres_cycles(
     writes: &AtomicU64,
 ) -> Result<(), sqlx::Error> {
     let now = now_micros();
-    let mut rows = Vec::with_capacity(group as usize);
+    let mut stored = Vec::with_capacity(group as usize);
     let mut tx = pool.begin().await?;
     for i in 0..group {
         let batch_id = format!("{prefix}-{i}");
-        sqlx::query(
-            "INSERT INTO batches (batch_id, agent, session_id, on_deny, size, created_at) \
-             VALUES ($1, 'default', $2, 1, 1, $3)",
-        )
-        .bind(&batch_id)
-        .bind(prefix)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        let rowid: i64 = sqlx::query_scalar(
-            "INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, \
-             title, message, workspace, supersede_key, deadline, created_at) \
-             VALUES ('default', $1, $2, $2, 0, 'edit_file', $3, 'Edit a file', '', 'bench', \
-             NULL, NULL, $4) RETURNING id",
-        )
-        .bind(prefix)
-        .bind(&batch_id)
-        .bind(input)
-        .bind(now)
-        .fetch_one(&mut *tx)
-        .await?;
-        sqlx::query("INSERT INTO events (kind, call_rowid, created_at) VALUES (1, $1, $2)")
-            .bind(rowid)
+        sqlx::query(sql::INSERT_BATCH)
+            .bind(&batch_id)
+            .bind("default")
+            .bind(prefix)
+            .bind(OnDeny::default().as_i64())
+            .bind(1_i64)
             .bind(now)
             .execute(&mut *tx)
             .await?;
-        rows.push((rowid, batch_id));
+        let rowid: i64 = sqlx::query_scalar(sql::INSERT_CALL_AND_EVENT)
+            .bind("default")
+            .bind(prefix)
+            .bind(&batch_id)
+            .bind(&batch_id)
+            .bind(0_i64)
+            .bind("edit_file")
+            .bind(input)
+            .bind("Edit a file")
+            .bind("")
+            .bind("bench")
+            .bind(None::<&str>)
+            .bind(None::<i64>)
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await?;
+        stored.push((rowid, batch_id));
     }
     tx.commit().await?;
     writes.fetch_add(u64::from(group), Ordering::Relaxed);
 
     let mut tx = pool.begin().await?;
-    for (rowid, batch_id) in rows {
-        sqlx::query_scalar::<_, String>(
-            "UPDATE calls SET status = 2, decided_at = $1, decided_by = 'approver:bench', \
-             reason = '', tool_result = '', run_input = input, input_edited = FALSE \
-             WHERE id = $2 AND status = 1 RETURNING batch_id",
-        )
-        .bind(now)
-        .bind(rowid)
-        .fetch_one(&mut *tx)
-        .await?;
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO events (kind, call_rowid, created_at) VALUES (2, $1, $2) RETURNING id",
-        )
-        .bind(rowid)
-        .bind(now)
-        .fetch_one(&mut *tx)
-        .await?;
-        sqlx::query(
-            "UPDATE events SET batch_completed = TRUE WHERE id = $1 AND NOT EXISTS \
-             (SELECT 1 FROM calls WHERE batch_id = $2 AND status = 1)",
-        )
-        .bind(id)
-        .bind(&batch_id)
-        .execute(&mut *tx)
-        .await?;
+    for (rowid, batch_id) in stored {
+        let (_batch, event): (String, i64) = sqlx::query_as(sql::RESOLVE_CALL_AND_EVENT)
+            .bind(OutcomeKind::Approved.code())
+            .bind(now)
+            .bind(DECIDED_BY)
+            .bind("")
+            .bind("")
+            .bind(input)
+            .bind(false)
+            .bind(rowid)
+            .fetch_one(&mut *tx)
+            .await?;
+        sqlx::query(sql::COMPLETE_BATCH_AT_ID)
+            .bind(event)
+            .bind(&batch_id)
+            .execute(&mut *tx)
+            .await?;
     }
     tx.commit().await?;
     writes.fetch_add(u64::from(group), Ordering::Relaxed);
     Ok(())
+}
+
+fn now_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
 }
 
 #[cfg(test)]
@@ -321,33 +327,45 @@ mod tests {
     use super::*;
     use sqlx::Connection as _;
 
-    /// The raw loop writes what the broker writes, no more: one Requested and one Resolved event
-    /// per call, the Requested one the call's `requested_seq`.
+    /// The raw loop writes what the broker writes for an approved call, no more and no less:
+    /// per call one batch, one Requested event (the call's `requested_seq`) and one Resolved
+    /// event marking the batch complete, and the call approved. Every cycle it began it
+    /// finished, in both figures.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_raw_sqlite_loop_writes_one_requested_event_per_call_like_the_broker() {
+    async fn the_raw_sqlite_loop_makes_exactly_the_brokers_writes_per_cycle() {
         let dir = tempfile::tempdir().expect("dir");
-        let rates = sqlite(dir.path(), 2, Duration::from_millis(300), "{}")
+        let rates = sqlite(dir.path(), Duration::from_millis(300), "{}")
             .await
             .expect("a raw run");
         assert!(rates.per_write > 0.0 && rates.batched > 0.0, "{rates:?}");
         let url = format!("sqlite://{}", dir.path().join("raw.db").display());
         let mut conn = sqlx::SqliteConnection::connect(&url).await.expect("open");
-        let (calls, requested, resolved, linked): (i64, i64, i64, i64) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM calls), \
-                    (SELECT count(*) FROM events WHERE kind = 1), \
-                    (SELECT count(*) FROM events WHERE kind = 2), \
+        let counts: (i64, i64, i64, i64, i64, i64, i64) =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT (SELECT count(*) FROM calls), \
+                    (SELECT count(*) FROM batches), \
+                    (SELECT count(*) FROM calls WHERE status = {approved}), \
+                    (SELECT count(*) FROM events WHERE kind = {requested}), \
                     (SELECT count(*) FROM calls c JOIN events e \
-                       ON e.seq = c.requested_seq AND e.kind = 1 AND e.call_rowid = c.id)",
-        )
-        .fetch_one(&mut conn)
-        .await
-        .expect("count");
-        assert!(calls > 0);
+                       ON e.seq = c.requested_seq AND e.kind = {requested} \
+                       AND e.call_rowid = c.id), \
+                    (SELECT count(*) FROM events WHERE kind = {resolved}), \
+                    (SELECT count(*) FROM events e JOIN calls c ON c.id = e.call_rowid \
+                       WHERE e.kind = {resolved} AND e.batch_completed)",
+                approved = OutcomeKind::Approved.code(),
+                requested = EventKind::Requested.code(),
+                resolved = EventKind::Resolved.code(),
+            )))
+            .fetch_one(&mut conn)
+            .await
+            .expect("count");
+        let calls = counts.0;
+        assert!(calls > i64::from(GROUP), "both figures ran: {counts:?}");
         assert_eq!(
-            (requested, linked),
-            (calls, calls),
-            "one Requested event per call"
+            counts,
+            (calls, calls, calls, calls, calls, calls, calls),
+            "(calls, batches, approved, Requested events, linked to their call, \
+             Resolved events, completing their batch)"
         );
-        assert!(resolved <= calls, "at most one Resolved event per call");
     }
 }

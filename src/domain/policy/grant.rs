@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use super::{Matcher, Subject};
-use crate::domain::{AgentId, CallKey, SessionId, Timestamp, ToolName};
+use crate::domain::{AgentId, CallKey, SessionId, Timestamp, ToolName, code};
 
 /// How long a decision is remembered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -27,10 +27,10 @@ impl Scope {
     /// The stored code; the same numbers as the protobuf `Scope`.
     pub fn code(self) -> i64 {
         match self {
-            Scope::Once => 1,
-            Scope::Session => 2,
-            Scope::Workspace => 3,
-            Scope::Always => 4,
+            Scope::Once => code!(Scope::Once),
+            Scope::Session => code!(Scope::Session),
+            Scope::Workspace => code!(Scope::Workspace),
+            Scope::Always => code!(Scope::Always),
         }
     }
 

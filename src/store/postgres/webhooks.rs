@@ -14,8 +14,8 @@ use crate::error::Result;
 use crate::store::Webhooks;
 use crate::store::webhook_rows::{
     DELETE_WEBHOOK, INSERT_WEBHOOK, LEASE_WEBHOOK, RECORD_DELIVERED, RECORD_FAILURE,
-    RELEASE_WEBHOOK, SELECT_FILE_WEBHOOK_IDS, SELECT_WEBHOOK, SELECT_WEBHOOKS, UPDATE_WEBHOOK,
-    UPSERT_FILE_WEBHOOK, WebhookRow, already_exists, not_found, pause_reason, webhook_from_row,
+    RELEASE_WEBHOOK, SELECT_FILE_WEBHOOK_IDS, SELECT_WEBHOOK, UPDATE_WEBHOOK, UPSERT_FILE_WEBHOOK,
+    WebhookRow, already_exists, not_found, pause_reason, webhook_from_row,
 };
 
 /// `sql` (either insert statement) with `hook`'s values bound.
@@ -59,16 +59,6 @@ impl Webhooks for PostgresStore {
         stored(&mut conn, &hook.id)
             .await?
             .ok_or_else(|| not_found(&hook.id))
-    }
-
-    async fn webhooks(&self) -> Result<Vec<Webhook>> {
-        let rows = sqlx::query(SELECT_WEBHOOKS).fetch_all(&self.pool).await?;
-        rows.iter().map(webhook_from_row).collect()
-    }
-
-    async fn webhook(&self, id: &WebhookId) -> Result<Webhook> {
-        let mut conn = self.pool.acquire().await?;
-        stored(&mut conn, id).await?.ok_or_else(|| not_found(id))
     }
 
     async fn update_webhook(&self, hook: &Webhook) -> Result<Webhook> {

@@ -1,6 +1,6 @@
 //! The SQLite backend: the zero-setup default, one file, one broker process.
 //!
-//! Every write runs on one thread over one connection (`write`), group-committed, and begins
+//! Every write runs on one thread over one connection (`writer`), group-committed, and begins
 //! with `BEGIN IMMEDIATE`, so write transactions are serialised and sequence numbers are
 //! assigned in commit order. Reads use a separate pool (sqlx) and WAL snapshots, except those
 //! that belong with the writes: Explain (what a submit would read now) and the events each
@@ -8,36 +8,28 @@
 //! `synchronous=FULL` by default: a commit is on disk before it is acknowledged, even across
 //! power loss.
 
+mod group_commit;
 mod webhooks;
-mod write;
+mod writer;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteSynchronous,
-};
-use sqlx::{QueryBuilder, Sqlite};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use self::write::WriteConnection;
-use super::group_commit::GroupCommit;
-use super::rows::{
-    call_columns, call_from_row, event_from_row, grant_from_row, page, rule_from_row, select_calls,
-    select_grants, select_rules,
-};
-use super::{Calls, CommittedEvents, Deadlines, EventLog, Policies};
+use self::group_commit::GroupCommit;
+use self::writer::WriteConnection;
+use super::reads::{BackendReads, Reads};
+use super::{Backend, Calls, CommittedEvents, Deadlines, EventLog, Policies};
 use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
 use crate::domain::{
-    AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
-    Cursor, DecideReport, DecidedByFilter, Decision, Event, GrantPage, GrantQuery, NewBatch,
-    SessionId, SubmitReport, Timestamp, ToolResultTexts,
+    Call, CallKey, CancelReport, CancelTarget, DecideReport, Decision, Event, NewBatch,
+    SubmitReport, Timestamp, ToolResultTexts,
 };
 use crate::error::{Error, Result};
-use crate::operations::{Writer, expire, explain, policy_admin};
+use crate::operations::{Transactions, expire, explain, policy_admin};
 
 /// SQLite's `synchronous` setting for the database file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -62,33 +54,31 @@ impl FromStr for Synchronous {
     }
 }
 
-const SELECT_CALLS: &str = select_calls!();
-
-/// Events after a sequence number, with their calls, oldest first, at most a number of them.
-const EVENTS_AFTER: &str = concat!(
-    "SELECT e.seq, e.kind, e.batch_completed, ",
-    call_columns!(),
-    " FROM events e JOIN calls c ON c.id = e.call_rowid \
-     JOIN batches b ON b.batch_id = c.batch_id \
-     LEFT JOIN events r ON r.call_rowid = c.id AND r.kind = 2 \
-     WHERE e.seq > ? ORDER BY e.seq LIMIT ?"
-);
-
 pub struct SqliteStore {
     /// Every write: submits, decisions and cancels group-committed, the rest alone, all on the
     /// one writer thread.
     group: GroupCommit<WriteConnection>,
     /// Only to hand committed events over (every write goes through `group`).
     writer: WriteConnection,
-    reader: SqlitePool,
+    reads: BackendReads,
     texts: ToolResultTexts,
 }
 
+/// The reads both backends answer alike are the shared ones (see `store::Backend`).
+impl Backend for SqliteStore {
+    fn reads(&self) -> &BackendReads {
+        &self.reads
+    }
+}
+
 impl SqliteStore {
-    /// Opens (creating if needed) the database at `url` (`sqlite://path`, `sqlite:path` or a
-    /// plain path) and applies the migrations under `migrations/sqlite`.
-    pub async fn open(url: &str, synchronous: Synchronous, texts: ToolResultTexts) -> Result<Self> {
-        let path = database_path(url)?;
+    /// Opens (creating if needed) the database file at `path` and applies the migrations under
+    /// `migrations/sqlite`.
+    pub async fn open(
+        path: &Path,
+        synchronous: Synchronous,
+        texts: ToolResultTexts,
+    ) -> Result<Self> {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -109,30 +99,14 @@ impl SqliteStore {
             .max_connections(4)
             .connect_with(options.read_only(true))
             .await?;
-        let writer = WriteConnection::open(Path::new(path), synchronous)?;
+        let writer = WriteConnection::open(path, synchronous)?;
         Ok(Self {
             group: GroupCommit::start(writer.clone(), texts.clone())?,
             writer,
-            reader,
+            reads: BackendReads::Sqlite(Reads::new(reader)),
             texts,
         })
     }
-}
-
-/// The database file a SQLite URL (`sqlite://path`, `sqlite:path` or a plain path) names.
-fn database_path(url: &str) -> Result<&str> {
-    let path = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-        .unwrap_or(url);
-    let path = path.split('?').next().unwrap_or(path);
-    if path.is_empty() || path.contains(":memory:") {
-        return Err(Error::invalid(
-            "DATABASE_URL",
-            "must name a SQLite file (an in-memory database would lose every call)",
-        ));
-    }
-    Ok(path)
 }
 
 /// An exclusive lock on `<database>.lock`, held while the broker runs: one broker process per
@@ -146,8 +120,8 @@ pub struct ProcessLock {
 }
 
 impl ProcessLock {
-    pub fn claim(url: &str) -> Result<Self> {
-        let database = database_path(url)?;
+    pub fn claim(database: &Path) -> Result<Self> {
+        let database = database.display();
         let path = format!("{database}.lock");
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -193,108 +167,6 @@ impl Calls for SqliteStore {
         self.group.cancel(target).await
     }
 
-    async fn calls_by_id(
-        &self,
-        agent: &AgentId,
-        session: &SessionId,
-        call_ids: &[CallId],
-    ) -> Result<Vec<Option<Call>>> {
-        if call_ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut query = QueryBuilder::<Sqlite>::new(SELECT_CALLS);
-        query
-            .push("WHERE c.agent = ")
-            .push_bind(agent.as_str())
-            .push(" AND c.session_id = ")
-            .push_bind(session.as_str())
-            .push(" AND c.call_id IN (");
-        let mut ids = query.separated(", ");
-        for id in call_ids {
-            ids.push_bind(id.as_str());
-        }
-        query.push(")");
-        let rows = query.build().fetch_all(&self.reader).await?;
-        let mut by_id = BTreeMap::new();
-        for row in &rows {
-            let call = call_from_row(row)?;
-            by_id.insert(call.key.call_id.clone(), call);
-        }
-        Ok(call_ids.iter().map(|id| by_id.get(id).cloned()).collect())
-    }
-
-    async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
-        let rows = sqlx::query(select_calls!("WHERE c.batch_id = ? ORDER BY c.position"))
-            .bind(batch.as_str())
-            .fetch_all(&self.reader)
-            .await?;
-        rows.iter().map(call_from_row).collect()
-    }
-
-    async fn list_calls(&self, q: &CallQuery) -> Result<CallPage> {
-        let mut query = QueryBuilder::<Sqlite>::new(SELECT_CALLS);
-        query.push("WHERE 1 = 1");
-        if let Some(agent) = &q.agent {
-            query.push(" AND c.agent = ").push_bind(agent.as_str());
-        }
-        if let Some(session) = &q.session {
-            query
-                .push(" AND c.session_id = ")
-                .push_bind(session.as_str());
-        }
-        if let Some(workspace) = &q.workspace {
-            query
-                .push(" AND c.workspace = ")
-                .push_bind(workspace.as_str());
-        }
-        if let Some(tool) = &q.tool {
-            query.push(" AND c.tool = ").push_bind(tool.as_str());
-        }
-        if !q.statuses.is_empty() {
-            query.push(" AND c.status IN (");
-            let mut codes = query.separated(", ");
-            for status in &q.statuses {
-                codes.push_bind(status.code());
-            }
-            query.push(")");
-        }
-        if let Some(t) = q.created_after {
-            query.push(" AND c.created_at >= ").push_bind(t.as_micros());
-        }
-        if let Some(t) = q.created_before {
-            query.push(" AND c.created_at < ").push_bind(t.as_micros());
-        }
-        if let Some(seq) = q.requested_at_or_before {
-            query.push(" AND c.requested_seq <= ").push_bind(seq as i64);
-        }
-        match &q.decided_by {
-            Some(DecidedByFilter::Exact(by)) => {
-                query.push(" AND c.decided_by = ").push_bind(by.clone());
-            }
-            Some(DecidedByFilter::Prefix(prefix)) => {
-                query
-                    .push(" AND substr(c.decided_by, 1, length(")
-                    .push_bind(prefix.clone())
-                    .push(")) = ")
-                    .push_bind(prefix.clone());
-            }
-            None => {}
-        }
-        if let Some(Cursor(after)) = q.after {
-            query.push(" AND c.id > ").push_bind(after);
-        }
-        query
-            .push(" ORDER BY c.id LIMIT ")
-            .push_bind(i64::from(q.limit) + 1);
-        let rows = query.build().fetch_all(&self.reader).await?;
-        let (calls, cursors, next) = page(&rows, q.limit, call_from_row)?;
-        Ok(CallPage {
-            calls,
-            cursors,
-            next,
-        })
-    }
-
     async fn probe(&self) -> Result<()> {
         self.group
             .alone(move |writer| async move { writer.probe() })
@@ -314,38 +186,16 @@ impl Deadlines for SqliteStore {
         })
         .await
     }
-
-    async fn pending_count(&self) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM calls WHERE status = 1")
-            .fetch_one(&self.reader)
-            .await?;
-        Ok(n as u64)
-    }
-
-    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
-        let next: Option<i64> = sqlx::query_scalar(
-            "SELECT MIN(deadline) FROM calls WHERE status = 1 AND deadline IS NOT NULL",
-        )
-        .fetch_one(&self.reader)
-        .await?;
-        Ok(next.map(Timestamp::from_micros))
-    }
 }
 
 #[async_trait]
 impl EventLog for SqliteStore {
     async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
-        let rows = sqlx::query(EVENTS_AFTER)
-            .bind(after as i64)
-            .bind(i64::from(limit))
-            .fetch_all(&self.reader)
-            .await?;
-        rows.iter().map(event_from_row).collect()
+        self.reads.events_after(after, limit).await
     }
 
     async fn latest_seq(&self) -> Result<u64> {
-        let mut conn = self.reader.acquire().await?;
-        latest_seq(&mut conn).await
+        self.reads.latest_seq().await
     }
 
     fn take_committed_events(&self) -> Option<CommittedEvents> {
@@ -364,47 +214,6 @@ impl Policies for SqliteStore {
             .await
     }
 
-    async fn list_grants(&self, q: &GrantQuery) -> Result<GrantPage> {
-        let mut query = QueryBuilder::<Sqlite>::new(select_grants!("WHERE 1 = 1"));
-        if let Some(agent) = &q.agent {
-            query.push(" AND agent = ").push_bind(agent.as_str());
-        }
-        if let Some(scope) = q.scope {
-            query.push(" AND scope = ").push_bind(scope.code());
-        }
-        if let Some(session) = &q.session {
-            query.push(" AND session_id = ").push_bind(session.as_str());
-        }
-        if let Some(workspace) = &q.workspace {
-            query
-                .push(" AND workspace = ")
-                .push_bind(workspace.as_str());
-        }
-        if let Some(tool) = &q.tool {
-            query.push(" AND tool = ").push_bind(tool.as_str());
-        }
-        if !q.include_inactive {
-            let now = q.now.unwrap_or_else(Timestamp::now).as_micros();
-            query
-                .push(" AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ")
-                .push_bind(now)
-                .push(")");
-        }
-        if let Some(Cursor(after)) = q.after {
-            query.push(" AND id > ").push_bind(after);
-        }
-        query
-            .push(" ORDER BY id LIMIT ")
-            .push_bind(i64::from(q.limit) + 1);
-        let rows = query.build().fetch_all(&self.reader).await?;
-        let (grants, cursors, next) = page(&rows, q.limit, grant_from_row)?;
-        Ok(GrantPage {
-            grants,
-            cursors,
-            next,
-        })
-    }
-
     async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
         let rule = rule.clone();
         self.group
@@ -421,11 +230,6 @@ impl Policies for SqliteStore {
                 policy_admin::delete_rule(writer.begin_write().await?, &id).await
             })
             .await
-    }
-
-    async fn list_rules(&self) -> Result<Vec<Rule>> {
-        let rows = sqlx::query(select_rules!()).fetch_all(&self.reader).await?;
-        rows.iter().map(rule_from_row).collect()
     }
 
     async fn load_file_rules(&self, rules: &[Rule]) -> Result<()> {
@@ -448,21 +252,29 @@ impl Policies for SqliteStore {
     }
 }
 
-async fn latest_seq(conn: &mut SqliteConnection) -> Result<u64> {
-    let seq: Option<i64> = sqlx::query_scalar("SELECT MAX(seq) FROM events")
-        .fetch_one(conn)
-        .await?;
-    Ok(seq.unwrap_or(0) as u64)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::write::{COMPLETE_BATCH_IF_DONE, PENDING_IN_BATCH};
     use super::*;
+    use crate::domain::{AgentId, CallId, SessionId};
+    use crate::store::statements as sql;
+
+    /// The store's read-only pool.
+    fn reader(store: &SqliteStore) -> &sqlx::SqlitePool {
+        match &store.reads {
+            BackendReads::Sqlite(reads) => reads.pool(),
+            BackendReads::Postgres(_) => unreachable!("a SQLite store reads SQLite"),
+        }
+    }
     use sqlx::Row;
+    use sqlx::sqlite::SqliteConnection;
 
     async fn open(url: &str, synchronous: Synchronous) -> SqliteStore {
-        SqliteStore::open(url, synchronous, ToolResultTexts::default())
+        let Ok(crate::store::Database::Sqlite { path, .. }) =
+            crate::store::Database::parse(url, synchronous, 2)
+        else {
+            panic!("{url} names no SQLite file");
+        };
+        SqliteStore::open(&path, synchronous, ToolResultTexts::default())
             .await
             .unwrap()
     }
@@ -487,20 +299,21 @@ mod tests {
     #[tokio::test]
     async fn a_batchs_pending_calls_are_found_through_their_index_not_a_scan() {
         let (_dir, _, store) = fresh().await;
-        for sql in [PENDING_IN_BATCH, COMPLETE_BATCH_IF_DONE] {
-            let plan: Vec<String> =
-                sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
-                    .bind("some-batch")
-                    .bind("some-batch")
-                    .fetch_all(&store.reader)
-                    .await
-                    .unwrap()
-                    .iter()
-                    .map(|row| row.try_get("detail").unwrap())
-                    .collect();
+        for statement in [sql::PENDING_IN_BATCH, sql::COMPLETE_BATCH_AT_SEQ] {
+            let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "EXPLAIN QUERY PLAN {statement}"
+            )))
+            .bind("some-batch")
+            .bind("some-batch")
+            .fetch_all(reader(&store))
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.try_get("detail").unwrap())
+            .collect();
             assert!(
                 plan.iter().any(|step| step.contains("calls_pending_batch")),
-                "{sql}: {plan:?}"
+                "{statement}: {plan:?}"
             );
         }
     }
@@ -542,7 +355,7 @@ mod tests {
 
     #[tokio::test]
     async fn each_commits_events_are_handed_over_in_order_and_an_overflow_is_signalled() {
-        use super::write::PUBLISHED_QUEUE;
+        use super::writer::PUBLISHED_QUEUE;
         use crate::domain::EventKind;
         let (_dir, _, store) = fresh().await;
         let mut committed = store.take_committed_events().expect("handed over");
@@ -758,18 +571,5 @@ mod tests {
         );
         assert_eq!(store.pending_count().await.unwrap(), 0);
         assert!(store.expire_due(later).await.unwrap().is_empty());
-    }
-
-    #[tokio::test]
-    async fn an_in_memory_database_is_refused() {
-        let err = SqliteStore::open(
-            "sqlite::memory:",
-            Synchronous::Full,
-            ToolResultTexts::default(),
-        )
-        .await
-        .err()
-        .expect("refused");
-        assert!(err.to_string().contains("DATABASE_URL"), "{err}");
     }
 }

@@ -1,7 +1,8 @@
-//! Webhook endpoints on SQLite: read through the readers, written on the one writer thread,
-//! each write its own small transaction. One broker process serves a SQLite file (its process
-//! lock says so), so a lease is taken whoever held it before: a broker killed mid-delivery is
-//! not waited for. The lease is kept anyway, so the delivery code is the same everywhere.
+//! Webhook endpoints on SQLite: their reads are the shared ones (`store::reads`); each write is
+//! its own small transaction on the one writer thread. One broker process serves a SQLite file
+//! (its process lock says so), so a lease is taken whoever held it before: a broker killed
+//! mid-delivery is not waited for. The lease is kept anyway, so the delivery code is the same
+//! everywhere.
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension as _, params};
@@ -13,7 +14,7 @@ use crate::error::Result;
 use crate::store::Webhooks;
 use crate::store::webhook_rows::{
     DELETE_WEBHOOK, INSERT_WEBHOOK, RECORD_DELIVERED, RECORD_FAILURE, RELEASE_WEBHOOK,
-    SELECT_FILE_WEBHOOK_IDS, SELECT_WEBHOOK, SELECT_WEBHOOKS, TAKE_WEBHOOK_LEASE, UPDATE_WEBHOOK,
+    SELECT_FILE_WEBHOOK_IDS, SELECT_WEBHOOK, TAKE_WEBHOOK_LEASE, UPDATE_WEBHOOK,
     UPSERT_FILE_WEBHOOK, WebhookRow, already_exists, not_found, pause_reason, webhook_from_row,
 };
 
@@ -63,22 +64,6 @@ impl Webhooks for SqliteStore {
                 })
             })
             .await
-    }
-
-    async fn webhooks(&self) -> Result<Vec<Webhook>> {
-        let rows = sqlx::query(SELECT_WEBHOOKS).fetch_all(&self.reader).await?;
-        rows.iter().map(webhook_from_row).collect()
-    }
-
-    async fn webhook(&self, id: &WebhookId) -> Result<Webhook> {
-        let row = sqlx::query(SELECT_WEBHOOK)
-            .bind(id.as_str())
-            .fetch_optional(&self.reader)
-            .await?;
-        row.as_ref()
-            .map(webhook_from_row)
-            .transpose()?
-            .ok_or_else(|| not_found(id))
     }
 
     async fn update_webhook(&self, hook: &Webhook) -> Result<Webhook> {
@@ -208,7 +193,7 @@ impl Webhooks for SqliteStore {
         id: &WebhookId,
         owner: &str,
         error: &str,
-        pause_after: u32,
+        pause_after_failures: u32,
     ) -> Result<Option<Webhook>> {
         let (id, owner, error) = (id.clone(), owner.to_owned(), error.to_owned());
         self.group
@@ -216,8 +201,8 @@ impl Webhooks for SqliteStore {
                 writer.transact(|conn| {
                     let updated = conn.prepare_cached(RECORD_FAILURE)?.execute(params![
                         error,
-                        i64::from(pause_after),
-                        pause_reason(pause_after, &error),
+                        i64::from(pause_after_failures),
+                        pause_reason(pause_after_failures, &error),
                         id.as_str(),
                         owner,
                     ])?;

@@ -27,11 +27,13 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{CancelReport, CancelTarget, DecideReport, SubmitReport};
-use crate::domain::{CallKey, Decision, NewBatch, Timestamp, ToolResultTexts};
+use crate::domain::{
+    CallKey, CancelReport, CancelTarget, DecideReport, Decision, NewBatch, SubmitReport, Timestamp,
+    ToolResultTexts,
+};
 use crate::error::{Error, Result};
 use crate::meters;
-use crate::operations::{PolicyTx, WriteTx, Writer, cancel, decide, submit};
+use crate::operations::{PolicyTx, Transactions, WriteTx, cancel, decide, submit};
 
 /// The most writes one transaction takes. Bounds how long the first of them waits for the last.
 pub const MAX_GROUP: usize = 256;
@@ -101,7 +103,7 @@ impl<Q, A> Slot<Q, A> {
 
 impl<W> GroupCommit<W>
 where
-    W: Writer + Clone + Send + 'static,
+    W: Transactions + Clone + Send + 'static,
 {
     /// Starts the writer thread over `writer`, whose transactions must not need an async
     /// runtime (the thread has none).
@@ -185,7 +187,7 @@ fn run_here<F: Future>(future: F) -> F::Output {
     }
 }
 
-async fn write_groups<W: Writer + Clone>(
+async fn write_groups<W: Transactions + Clone>(
     writer: W,
     texts: ToolResultTexts,
     mut queue: mpsc::Receiver<Queued<W>>,
@@ -221,7 +223,7 @@ async fn write_groups<W: Writer + Clone>(
 /// changes in the transaction, so the transaction is dropped (rolled back) and the group starts
 /// over without it. No savepoints: they would cost two statements on every write to save work
 /// only on a path that almost never runs.
-async fn write_group<W: Writer>(
+async fn write_group<W: Transactions>(
     writer: &W,
     texts: &ToolResultTexts,
     group: impl Iterator<Item = Job>,
@@ -233,9 +235,9 @@ async fn write_group<W: Writer>(
         let attempt = async {
             let mut tx = writer.begin_write().await?;
             for (i, job) in jobs.iter_mut().enumerate() {
-                let before = tx.writes();
+                let before = tx.statements_written();
                 if !job.run(&mut tx, texts).await {
-                    let wrote = match (before, tx.writes()) {
+                    let wrote = match (before, tx.statements_written()) {
                         (Some(before), Some(after)) => after > before,
                         _ => true,
                     };

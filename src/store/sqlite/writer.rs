@@ -15,32 +15,20 @@ use std::thread;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::types::Value;
-use rusqlite::{Connection, OpenFlags, Params, params, params_from_iter};
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::{Connection, OpenFlags, Params, ToSql, params, params_from_iter};
 
 use tokio::sync::{Notify, mpsc};
 
-use super::{EVENTS_AFTER, Synchronous};
-use crate::domain::policy::{Grant, GrantScope, GrantSpec, Rule, RuleId, RuleSource};
-use crate::domain::{
-    AgentId, BatchId, Call, CallKey, Event, EventKind, NewBatch, NewCall, OnDeny, Outcome,
-    SessionId, Timestamp, ToolInput, ToolName,
-};
+use super::Synchronous;
+use crate::domain::Event;
+use crate::domain::policy::Rule;
 use crate::error::{Error, Result, StorageFault};
-use crate::operations::{PolicyTx, Resolved, Stored, WriteTx, Writer};
+use crate::operations::Transactions;
 use crate::store::CommittedEvents;
-use crate::store::RevokeTarget;
-use crate::store::rows::{
-    Columns, call_columns, call_from_row, event_from_row, grant_from_row, rule_from_row,
-    select_calls, select_grants, select_rules, stored,
-};
-
-/// Both read a batch's pending calls through the index `calls_pending_batch` (migration 0005),
-/// never by walking every pending call of the store; a test checks the plans.
-pub(super) const PENDING_IN_BATCH: &str =
-    "SELECT id FROM calls WHERE batch_id = ? AND status = 1 ORDER BY position";
-pub(super) const COMPLETE_BATCH_IF_DONE: &str = "UPDATE events SET batch_completed = 1 \
-     WHERE seq = ? AND NOT EXISTS (SELECT 1 FROM calls WHERE batch_id = ? AND status = 1)";
+use crate::store::primitives::{Decode, Param, Resolution, Run, SqlTx};
+use crate::store::rows::{Columns, event_from_row};
+use crate::store::statements as sql;
 
 /// Enough for every statement of the write path (about 30) and a few shapes of `IN` lists.
 const STATEMENT_CACHE: usize = 64;
@@ -181,8 +169,7 @@ impl WriteConnection {
         conn.pragma_update(None, "temp_store", "MEMORY")?;
         conn.busy_timeout(Duration::from_secs(10))?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-        let last: Option<i64> =
-            conn.query_row("SELECT MAX(seq) FROM events", [], |row| row.get(0))?;
+        let last: Option<i64> = conn.query_row(sql::LATEST_SEQ, [], |row| row.get(0))?;
         let files = Arc::new(DatabaseFiles::of(path)?);
         let writer = Self {
             home: Arc::new(Mutex::new(Some(conn))),
@@ -246,9 +233,9 @@ impl WriteConnection {
         const PAGE: i64 = 1024;
         let mut tx = self.begin_read()?;
         loop {
-            let events = tx.rows(
+            let events = tx.query_rows(
                 false,
-                EVENTS_AFTER,
+                sql::EVENTS_AFTER,
                 params![published.last as i64, PAGE],
                 |row| event_from_row(row),
             )?;
@@ -304,7 +291,7 @@ impl WriteConnection {
     /// use: migrations are recorded in `_sqlx_migrations`): whether writes work.
     pub fn probe(&self) -> Result<()> {
         let mut tx = self.begin_write_now()?;
-        tx.execute("PRAGMA user_version = 0", [])?;
+        tx.execute_sql("PRAGMA user_version = 0", [])?;
         tx.commit_now()
     }
 
@@ -387,7 +374,7 @@ fn checkpoint_while_open(
 }
 
 #[async_trait]
-impl Writer for WriteConnection {
+impl Transactions for WriteConnection {
     type Tx = SqliteTx;
 
     async fn begin_write(&self) -> Result<Self::Tx> {
@@ -435,13 +422,13 @@ impl SqliteTx {
     }
 
     /// Runs a writing statement; returns how many rows it changed.
-    fn execute(&mut self, sql: &str, params: impl Params) -> Result<usize> {
+    fn execute_sql(&mut self, sql: &str, params: impl Params) -> Result<usize> {
         self.writes += 1;
         Ok(self.conn().prepare_cached(sql)?.execute(params)?)
     }
 
     /// Every row `sql` returns, decoded by `decode`. Counts as a write when `writes`.
-    fn rows<T>(
+    fn query_rows<T>(
         &mut self,
         writes: bool,
         sql: &str,
@@ -460,17 +447,6 @@ impl SqliteTx {
         Ok(decoded)
     }
 
-    /// The first row `sql` returns, if any (read to the end, so a writing statement completes).
-    fn row<T>(
-        &mut self,
-        writes: bool,
-        sql: &str,
-        params: impl Params,
-        decode: impl FnMut(&rusqlite::Row<'_>) -> Result<T>,
-    ) -> Result<Option<T>> {
-        Ok(self.rows(writes, sql, params, decode)?.into_iter().next())
-    }
-
     /// Commits, then checks that the commit went to the database's own files before anyone is
     /// told (a `stat` of each, next to the commit's fsync): a commit into a deleted file is
     /// lost, so it must not be acknowledged, nor its events published.
@@ -481,244 +457,48 @@ impl SqliteTx {
         self.commits.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
-
-    fn append_event(&mut self, kind: EventKind, rowid: i64, now: Timestamp) -> Result<i64> {
-        self.row(
-            true,
-            "INSERT INTO events (kind, call_rowid, created_at) VALUES (?, ?, ?) RETURNING seq",
-            params![kind.code(), rowid, now.as_micros()],
-            |row| row.int("seq"),
-        )?
-        .ok_or_else(|| Error::Internal("an event insert returned no sequence number".into()))
-    }
 }
 
-/// `?, ?, ...`: `n` placeholders for an `IN` list.
-fn placeholders(n: usize) -> String {
-    vec!["?"; n].join(", ")
-}
-
+/// SQLite's transaction. Writers are serialised (one connection, `BEGIN IMMEDIATE`), so there
+/// is nothing to lock, and an event's row id is its sequence number.
 #[async_trait]
-impl WriteTx for SqliteTx {
-    async fn lock_session(&mut self, _agent: &AgentId, _session: &SessionId) -> Result<()> {
-        Ok(())
+impl SqlTx for SqliteTx {
+    /// The trigger `calls_requested_event` (migration 0004) writes the Requested event.
+    const INSERT_CALL: &'static str = sql::INSERT_CALL;
+    const COMPLETE_BATCH: &'static str = sql::COMPLETE_BATCH_AT_SEQ;
+
+    async fn rows<T: Send + 'static>(&mut self, run: Run<'_>, decode: Decode<T>) -> Result<Vec<T>> {
+        let params = params_from_iter(run.params);
+        self.query_rows(run.writes, run.sql, params, |row| decode(row))
     }
 
-    async fn lock_batches(&mut self, _batches: &[&str]) -> Result<()> {
-        Ok(())
+    async fn execute(&mut self, run: Run<'_>) -> Result<u64> {
+        Ok(self.execute_sql(run.sql, params_from_iter(run.params))? as u64)
     }
 
-    async fn find_call(&mut self, key: &CallKey) -> Result<Option<Stored>> {
-        self.row(
-            false,
-            select_calls!("WHERE c.agent = ? AND c.session_id = ? AND c.call_id = ?"),
-            params![
-                key.agent.as_str(),
-                key.session.as_str(),
-                key.call_id.as_str()
-            ],
-            |row| stored(row),
-        )
-    }
-
-    async fn load_call(&mut self, rowid: i64) -> Result<Call> {
-        self.row(false, select_calls!("WHERE c.id = ?"), [rowid], |row| {
-            call_from_row(row)
-        })?
-        .ok_or_else(|| Error::Internal(format!("call row {rowid} vanished")))
-    }
-
-    async fn insert_batch(
-        &mut self,
-        batch_id: &BatchId,
-        batch: &NewBatch,
-        size: usize,
-        now: Timestamp,
-    ) -> Result<()> {
-        self.execute(
-            "INSERT INTO batches (batch_id, agent, session_id, on_deny, size, created_at) \
-             VALUES (?, ?, ?, ?, ?, ?)",
-            params![
-                batch_id.as_str(),
-                batch.agent.as_str(),
-                batch.session.as_str(),
-                batch.on_deny.as_i64(),
-                size as i64,
-                now.as_micros()
-            ],
-        )?;
-        Ok(())
-    }
-
-    async fn resize_batch(&mut self, batch_id: &BatchId, size: usize) -> Result<()> {
-        if size == 0 {
-            self.execute(
-                "DELETE FROM batches WHERE batch_id = ?",
-                [batch_id.as_str()],
-            )?;
-        } else {
-            self.execute(
-                "UPDATE batches SET size = ? WHERE batch_id = ?",
-                params![size as i64, batch_id.as_str()],
-            )?;
-        }
-        Ok(())
-    }
-
-    async fn insert_call(
-        &mut self,
-        batch: &NewBatch,
-        batch_id: &BatchId,
-        position: usize,
-        call: &NewCall,
-        now: Timestamp,
-    ) -> Result<Option<i64>> {
-        // The trigger `calls_requested_event` (migration 0004) writes its Requested event.
-        self.row(
-            true,
-            "INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, \
-             title, message, workspace, supersede_key, deadline, created_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (agent, session_id, call_id) DO NOTHING RETURNING id",
-            params![
-                batch.agent.as_str(),
-                batch.session.as_str(),
-                call.call_id.as_str(),
-                batch_id.as_str(),
-                position as i64,
-                call.tool.as_str(),
-                call.input.as_str(),
-                call.title,
-                call.message,
-                call.workspace,
-                call.supersede_key,
-                call.deadline.map(Timestamp::as_micros),
-                now.as_micros()
-            ],
-            |row| row.int("id"),
-        )
-    }
-
-    async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>> {
-        let batch_id = self.row(
-            true,
-            "UPDATE calls SET status = ?, decided_at = ?, decided_by = ?, reason = ?, \
-             tool_result = ?, run_input = ?, input_edited = ? \
-             WHERE id = ? AND status = 1 RETURNING batch_id",
-            params![
-                outcome.kind.code(),
-                outcome.decided_at.as_micros(),
-                outcome.decided_by.to_string(),
-                outcome.reason,
-                outcome.tool_result,
-                outcome.run_input.as_ref().map(ToolInput::as_str),
-                outcome.input_edited,
-                rowid
-            ],
-            |row| row.text("batch_id"),
-        )?;
-        let Some(batch_id) = batch_id else {
+    async fn resolve_call(&mut self, resolution: Resolution<'_>) -> Result<Option<(String, i64)>> {
+        let outcome = params_from_iter(resolution.outcome);
+        let batch_id =
+            self.query_rows(true, sql::RESOLVE_CALL, outcome, |row| row.text("batch_id"))?;
+        let Some(batch_id) = batch_id.into_iter().next() else {
             return Ok(None);
         };
-        let event = self.append_event(EventKind::Resolved, rowid, outcome.decided_at)?;
-        Ok(Some(Resolved {
-            rowid,
-            batch_id,
-            event,
-        }))
+        let event = params_from_iter(&resolution.event);
+        let seq = self.query_rows(true, sql::APPEND_EVENT, event, |row| row.int("seq"))?;
+        let seq = seq
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Internal("an event insert returned no sequence number".into()))?;
+        Ok(Some((batch_id, seq)))
     }
 
-    async fn pending_in_session(
-        &mut self,
-        agent: &AgentId,
-        session: &SessionId,
-    ) -> Result<Vec<Stored>> {
-        self.rows(
-            false,
-            select_calls!("WHERE c.agent = ? AND c.session_id = ? AND c.status = 1 ORDER BY c.id"),
-            params![agent.as_str(), session.as_str()],
-            |row| stored(row),
-        )
-    }
-
-    async fn pending_of_agent(&mut self, agent: &AgentId, at_most: u64) -> Result<u64> {
-        let n = self.row(
-            false,
-            "SELECT COUNT(*) AS n FROM \
-             (SELECT 1 FROM calls WHERE agent = ? AND status = 1 LIMIT ?)",
-            params![agent.as_str(), at_most as i64],
-            |row| row.int("n"),
-        )?;
-        Ok(n.unwrap_or(0) as u64)
-    }
-
-    async fn pending_with_key(
-        &mut self,
-        agent: &AgentId,
-        session: &SessionId,
-        key: &str,
-    ) -> Result<Vec<i64>> {
-        self.rows(
-            false,
-            "SELECT id FROM calls WHERE agent = ? AND session_id = ? AND supersede_key = ? \
-             AND status = 1 ORDER BY id",
-            params![agent.as_str(), session.as_str(), key],
-            |row| row.int("id"),
-        )
-    }
-
-    async fn pending_in_batch(&mut self, batch: &BatchId) -> Result<Vec<i64>> {
-        self.rows(false, PENDING_IN_BATCH, [batch.as_str()], |row| {
-            row.int("id")
-        })
-    }
-
-    async fn calls_of_batch(
-        &mut self,
-        agent: &AgentId,
-        session: &SessionId,
-        batch: &BatchId,
-    ) -> Result<Vec<Stored>> {
-        self.rows(
-            false,
-            select_calls!(
-                "WHERE c.batch_id = ? AND c.agent = ? AND c.session_id = ? ORDER BY c.position"
-            ),
-            params![batch.as_str(), agent.as_str(), session.as_str()],
-            |row| stored(row),
-        )
-    }
-
-    async fn on_deny(&mut self, batch: &BatchId) -> Result<OnDeny> {
-        let on_deny = self.row(
-            false,
-            "SELECT on_deny FROM batches WHERE batch_id = ?",
-            [batch.as_str()],
-            |row| row.int("on_deny"),
-        )?;
-        on_deny
-            .map(OnDeny::from_i64)
-            .ok_or_else(|| Error::Internal(format!("batch `{}` vanished", batch.as_str())))
-    }
-
-    async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(i64, String)>> {
-        self.rows(
-            false,
-            "SELECT id, batch_id FROM calls WHERE status = 1 AND deadline IS NOT NULL \
-             AND deadline <= ? ORDER BY deadline LIMIT ?",
-            params![now.as_micros(), limit],
-            |row| Ok((row.int("id")?, row.text("batch_id")?)),
-        )
-    }
-
-    async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()> {
-        self.execute(COMPLETE_BATCH_IF_DONE, params![event, batch_id])?;
-        Ok(())
+    fn rules_read(&mut self) -> Option<&mut Option<Vec<Rule>>> {
+        Some(&mut self.rules)
     }
 
     /// `None` once SQLite rolled the transaction back by itself (after some errors: I/O, a full
     /// disk, no memory), so the group starts over rather than run the rest in autocommit.
-    fn writes(&self) -> Option<u64> {
+    fn statements_written(&self) -> Option<u64> {
         (!self.conn().is_autocommit()).then_some(self.writes)
     }
 
@@ -727,236 +507,16 @@ impl WriteTx for SqliteTx {
     }
 }
 
-/// Grants and rules. Writers are serialised, so `lock_policy` has nothing to lock.
-#[async_trait]
-impl PolicyTx for SqliteTx {
-    async fn lock_policy(
-        &mut self,
-        _agent: &AgentId,
-        _tools: &[&ToolName],
-        _exclusive: bool,
-    ) -> Result<()> {
-        Ok(())
-    }
-
-    async fn rules(&mut self) -> Result<Vec<Rule>> {
-        if let Some(rules) = &self.rules {
-            return Ok(rules.clone());
-        }
-        let rules = self.rows(false, select_rules!(), [], |row| rule_from_row(row))?;
-        self.rules = Some(rules.clone());
-        Ok(rules)
-    }
-
-    async fn live_grants(
-        &mut self,
-        agent: &AgentId,
-        session: Option<&SessionId>,
-        tools: &[&ToolName],
-        now: Timestamp,
-    ) -> Result<Vec<Grant>> {
-        if tools.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut sql = format!(
-            "{} AND agent = ? AND tool IN ({})",
-            select_grants!("WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?)"),
-            placeholders(tools.len())
-        );
-        let mut values = vec![
-            Value::Integer(now.as_micros()),
-            Value::Text(agent.as_str().to_owned()),
-        ];
-        values.extend(
-            tools
-                .iter()
-                .map(|tool| Value::Text(tool.as_str().to_owned())),
-        );
-        if let Some(session) = session {
-            sql.push_str(" AND (session_id IS NULL OR session_id = ?)");
-            values.push(Value::Text(session.as_str().to_owned()));
-        }
-        sql.push_str(" ORDER BY id");
-        self.rows(false, &sql, params_from_iter(values), |row| {
-            grant_from_row(row)
-        })
-    }
-
-    async fn insert_grant(&mut self, spec: &GrantSpec) -> Result<Grant> {
-        let (session, workspace) = match &spec.scope {
-            GrantScope::Session(s) => (Some(s.as_str()), None),
-            GrantScope::Workspace(w) => (None, Some(w.as_str())),
-            GrantScope::Always => (None, None),
-        };
-        let id = self
-            .row(
-                true,
-                "INSERT INTO grants (agent, scope, session_id, workspace, tool, matcher, effect, \
-                 created_by, created_at, expires_at, source_session, source_call, reason) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                params![
-                    spec.agent.as_str(),
-                    spec.scope.scope().code(),
-                    session,
-                    workspace,
-                    spec.tool.as_str(),
-                    spec.matcher.to_json().to_string(),
-                    spec.effect.code(),
-                    spec.created_by,
-                    spec.created_at.as_micros(),
-                    spec.expires_at.map(Timestamp::as_micros),
-                    spec.source.session.as_str(),
-                    spec.source.call_id.as_str(),
-                    spec.reason
-                ],
-                |row| row.int("id"),
-            )?
-            .ok_or_else(|| Error::Internal("a grant insert returned no id".into()))?;
-        Ok(Grant {
-            id,
-            spec: spec.clone(),
-            revoked_at: None,
-            revoked_by: None,
-        })
-    }
-
-    async fn grant_from_call(&mut self, key: &CallKey) -> Result<Option<Grant>> {
-        self.row(
-            false,
-            select_grants!(
-                "WHERE agent = ? AND source_session = ? AND source_call = ? \
-                 ORDER BY id DESC LIMIT 1"
-            ),
-            params![
-                key.agent.as_str(),
-                key.session.as_str(),
-                key.call_id.as_str()
-            ],
-            |row| grant_from_row(row),
-        )
-    }
-
-    async fn grants_named(&mut self, target: &RevokeTarget, now: Timestamp) -> Result<Vec<Grant>> {
-        let now = now.as_micros();
-        match target {
-            RevokeTarget::Id(id) => self.rows(false, select_grants!("WHERE id = ?"), [id], |row| {
-                grant_from_row(row)
-            }),
-            RevokeTarget::Session(agent, session) => self.rows(
-                false,
-                select_grants!(
-                    "WHERE agent = ? AND scope = 2 AND session_id = ? AND revoked_at IS NULL \
-                     AND (expires_at IS NULL OR expires_at > ?) ORDER BY id"
-                ),
-                params![agent.as_str(), session.as_str(), now],
-                |row| grant_from_row(row),
-            ),
-            RevokeTarget::Workspace(agent, workspace) => self.rows(
-                false,
-                select_grants!(
-                    "WHERE agent = ? AND scope = 3 AND workspace = ? AND revoked_at IS NULL \
-                     AND (expires_at IS NULL OR expires_at > ?) ORDER BY id"
-                ),
-                params![agent.as_str(), workspace.as_str(), now],
-                |row| grant_from_row(row),
-            ),
-        }
-    }
-
-    async fn revoke(&mut self, ids: &[i64], by: &str, now: Timestamp) -> Result<Vec<Grant>> {
-        self.writes += 1;
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let sql = format!(
-            "UPDATE grants SET revoked_at = ?, revoked_by = ? \
-             WHERE revoked_at IS NULL AND id IN ({}) \
-             RETURNING id, agent, scope, session_id, workspace, tool, matcher, effect, \
-             created_by, created_at, expires_at, revoked_at, revoked_by, source_session, \
-             source_call, reason",
-            placeholders(ids.len())
-        );
-        let mut values = vec![Value::Integer(now.as_micros()), Value::Text(by.to_owned())];
-        values.extend(ids.iter().map(|id| Value::Integer(*id)));
-        let mut grants = self.rows(false, &sql, params_from_iter(values), |row| {
-            grant_from_row(row)
-        })?;
-        grants.sort_by_key(|g| g.id);
-        Ok(grants)
-    }
-
-    async fn pending_in_scope(
-        &mut self,
-        agent: &AgentId,
-        tool: &ToolName,
-        scope: &GrantScope,
-    ) -> Result<Vec<Stored>> {
-        match scope {
-            GrantScope::Session(session) => self.rows(
-                false,
-                select_calls!(
-                    "WHERE c.agent = ? AND c.tool = ? AND c.status = 1 AND c.session_id = ? \
-                     ORDER BY c.id"
-                ),
-                params![agent.as_str(), tool.as_str(), session.as_str()],
-                |row| stored(row),
-            ),
-            GrantScope::Workspace(workspace) => self.rows(
-                false,
-                select_calls!(
-                    "WHERE c.agent = ? AND c.tool = ? AND c.status = 1 AND c.workspace = ? \
-                     ORDER BY c.id"
-                ),
-                params![agent.as_str(), tool.as_str(), workspace.as_str()],
-                |row| stored(row),
-            ),
-            GrantScope::Always => self.rows(
-                false,
-                select_calls!("WHERE c.agent = ? AND c.tool = ? AND c.status = 1 ORDER BY c.id"),
-                params![agent.as_str(), tool.as_str()],
-                |row| stored(row),
-            ),
-        }
-    }
-
-    async fn find_rule(&mut self, id: &RuleId) -> Result<Option<Rule>> {
-        self.row(false, select_rules!("WHERE id = ?"), [id.as_str()], |row| {
-            rule_from_row(row)
-        })
-    }
-
-    async fn insert_rule(&mut self, rule: &Rule) -> Result<bool> {
-        self.rules = None;
-        let inserted = self.execute(
-            "INSERT INTO rules (id, tool, matcher, effect, priority, description, source, \
-             created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-            params![
-                rule.id.as_str(),
-                rule.tool.as_str(),
-                rule.matcher.to_json().to_string(),
-                rule.effect.code(),
-                i64::from(rule.priority),
-                rule.description,
-                rule.source.as_str(),
-                rule.created_at.as_micros()
-            ],
-        )?;
-        Ok(inserted == 1)
-    }
-
-    async fn delete_rule(&mut self, id: &RuleId) -> Result<bool> {
-        self.rules = None;
-        let deleted = self.execute("DELETE FROM rules WHERE id = ?", [id.as_str()])?;
-        Ok(deleted == 1)
-    }
-
-    async fn delete_file_rules(&mut self) -> Result<()> {
-        self.rules = None;
-        self.execute(
-            "DELETE FROM rules WHERE source = ?",
-            [RuleSource::File.as_str()],
-        )?;
-        Ok(())
+/// The shared statements' parameters, as SQLite takes them.
+impl ToSql for Param<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match *self {
+            Param::Int(value) => ValueRef::Integer(value),
+            Param::OptInt(value) => value.map_or(ValueRef::Null, ValueRef::Integer),
+            Param::Text(value) => ValueRef::Text(value.as_bytes()),
+            Param::OptText(value) => value.map_or(ValueRef::Null, |v| ValueRef::Text(v.as_bytes())),
+            Param::Flag(value) => ValueRef::Integer(i64::from(value)),
+        }))
     }
 }
 
@@ -975,8 +535,8 @@ mod tests {
         let writer = WriteConnection::open(&path, Synchronous::Full).unwrap();
         let mut tx = writer.begin_write().await.unwrap();
         // About 300 KiB: far below the pages after which the writer would checkpoint itself.
-        tx.execute("CREATE TABLE t (x BLOB)", []).unwrap();
-        tx.execute(
+        tx.execute_sql("CREATE TABLE t (x BLOB)", []).unwrap();
+        tx.execute_sql(
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300) \
              INSERT INTO t SELECT randomblob(1000) FROM n",
             [],

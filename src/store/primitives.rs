@@ -1,0 +1,543 @@
+//! The transaction primitives (`WriteTx`, `PolicyTx`) written once for both backends, over what
+//! a backend's transaction must offer ([`SqlTx`]): run one of the shared statements with its
+//! parameters and decode the rows, plus the few steps that really differ: the locks Postgres
+//! needs and SQLite's one writer does not, and how a resolved call's event is written.
+//!
+//! No SQL text here (it is in `statements`), and nothing a backend would do differently: a
+//! difference belongs in [`SqlTx`], where both backends show what they do.
+
+use async_trait::async_trait;
+
+use super::rows::{Columns, call_from_row, grant_from_row, rule_from_row, stored};
+use super::statements::{self as sql, GrantsNamed};
+use crate::domain::policy::{Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId, RuleSource};
+use crate::domain::{
+    AgentId, BatchId, Call, CallKey, EventKind, NewBatch, NewCall, OnDeny, Outcome, SessionId,
+    Timestamp, ToolInput, ToolName,
+};
+use crate::error::{Error, Result};
+use crate::operations::{PolicyTx, Resolved, Stored, WriteTx};
+
+/// A parameter of a shared statement, typed as both databases need (Postgres types a NULL).
+#[derive(Debug, Clone, Copy)]
+pub enum Param<'a> {
+    Int(i64),
+    OptInt(Option<i64>),
+    Text(&'a str),
+    OptText(Option<&'a str>),
+    Flag(bool),
+}
+
+/// A statement to run: its text and parameters, and whether it changes rows.
+#[derive(Clone, Copy)]
+pub struct Run<'a> {
+    pub sql: &'a str,
+    pub params: &'a [Param<'a>],
+    pub writes: bool,
+}
+
+impl<'a> Run<'a> {
+    pub fn read(sql: &'a str, params: &'a [Param<'a>]) -> Self {
+        Self {
+            sql,
+            params,
+            writes: false,
+        }
+    }
+
+    pub fn write(sql: &'a str, params: &'a [Param<'a>]) -> Self {
+        Self {
+            sql,
+            params,
+            writes: true,
+        }
+    }
+}
+
+/// A call's outcome to write: [`sql::RESOLVE_CALL`]'s parameters, and its Resolved event's
+/// (kind, call row id, time), for a backend that writes the event with a statement of its own.
+pub struct Resolution<'a> {
+    pub outcome: &'a [Param<'a>],
+    pub event: [Param<'a>; 3],
+}
+
+/// Decodes one row.
+pub type Decode<T> = fn(&dyn Columns) -> Result<T>;
+
+/// A backend's transaction, as the primitives use it.
+#[async_trait]
+pub trait SqlTx: Send {
+    /// [`sql::INSERT_CALL`]'s parameters, in a statement that also writes the Requested event.
+    const INSERT_CALL: &'static str;
+    /// [`sql::COMPLETE_BATCH_AT_SEQ`] or [`sql::COMPLETE_BATCH_AT_ID`]: what [`Resolved::event`]
+    /// holds.
+    const COMPLETE_BATCH: &'static str;
+
+    /// Every row `run` returns, decoded.
+    async fn rows<T: Send + 'static>(&mut self, run: Run<'_>, decode: Decode<T>) -> Result<Vec<T>>;
+
+    /// Runs a statement that returns no rows; how many rows it changed.
+    async fn execute(&mut self, run: Run<'_>) -> Result<u64>;
+
+    /// Writes `resolution`: the batch id and the Resolved event, or `None` if the call was no
+    /// longer pending.
+    async fn resolve_call(&mut self, resolution: Resolution<'_>) -> Result<Option<(String, i64)>>;
+
+    /// See [`WriteTx::lock_session`]; nothing to lock where writers are serialised.
+    async fn lock_session(&mut self, _agent: &AgentId, _session: &SessionId) -> Result<()> {
+        Ok(())
+    }
+
+    /// See [`WriteTx::lock_batches`].
+    async fn lock_batches(&mut self, _batches: &[&str]) -> Result<()> {
+        Ok(())
+    }
+
+    /// See [`PolicyTx::lock_policy`].
+    async fn lock_policy(
+        &mut self,
+        _agent: &AgentId,
+        _tools: &[&ToolName],
+        _exclusive: bool,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    /// Before the rules loaded from a file are replaced: keeps other writers from changing rules
+    /// until this transaction ends.
+    async fn lock_rules(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The rules as this transaction read them, for a backend that keeps them: where this
+    /// transaction is the only writer, only its own rule changes (which drop the copy) make
+    /// them stale.
+    fn rules_read(&mut self) -> Option<&mut Option<Vec<Rule>>> {
+        None
+    }
+
+    /// See [`WriteTx::statements_written`].
+    fn statements_written(&self) -> Option<u64> {
+        None
+    }
+
+    /// See [`WriteTx::commit`].
+    async fn commit(self) -> Result<()>;
+}
+
+/// The first row of `rows`, if any.
+fn first<T>(rows: Vec<T>) -> Option<T> {
+    rows.into_iter().next()
+}
+
+fn id(row: &dyn Columns) -> Result<i64> {
+    row.int("id")
+}
+
+#[async_trait]
+impl<T: SqlTx> WriteTx for T {
+    async fn lock_session(&mut self, agent: &AgentId, session: &SessionId) -> Result<()> {
+        SqlTx::lock_session(self, agent, session).await
+    }
+
+    async fn lock_batches(&mut self, batches: &[&str]) -> Result<()> {
+        SqlTx::lock_batches(self, batches).await
+    }
+
+    async fn find_call(&mut self, key: &CallKey) -> Result<Option<Stored>> {
+        let params = [
+            Param::Text(key.agent.as_str()),
+            Param::Text(key.session.as_str()),
+            Param::Text(key.call_id.as_str()),
+        ];
+        Ok(first(
+            self.rows(Run::read(sql::FIND_CALL, &params), |row| stored(row))
+                .await?,
+        ))
+    }
+
+    async fn load_call(&mut self, rowid: i64) -> Result<Call> {
+        let params = [Param::Int(rowid)];
+        first(
+            self.rows(Run::read(sql::LOAD_CALL, &params), |row| call_from_row(row))
+                .await?,
+        )
+        .ok_or_else(|| Error::Internal(format!("call row {rowid} vanished")))
+    }
+
+    async fn insert_batch(
+        &mut self,
+        batch_id: &BatchId,
+        batch: &NewBatch,
+        size: usize,
+        now: Timestamp,
+    ) -> Result<()> {
+        let params = [
+            Param::Text(batch_id.as_str()),
+            Param::Text(batch.agent.as_str()),
+            Param::Text(batch.session.as_str()),
+            Param::Int(batch.on_deny.as_i64()),
+            Param::Int(size as i64),
+            Param::Int(now.as_micros()),
+        ];
+        self.execute(Run::write(sql::INSERT_BATCH, &params)).await?;
+        Ok(())
+    }
+
+    async fn resize_batch(&mut self, batch_id: &BatchId, size: usize) -> Result<()> {
+        if size == 0 {
+            let params = [Param::Text(batch_id.as_str())];
+            self.execute(Run::write(sql::DELETE_BATCH, &params)).await?;
+        } else {
+            let params = [Param::Int(size as i64), Param::Text(batch_id.as_str())];
+            self.execute(Run::write(sql::RESIZE_BATCH, &params)).await?;
+        }
+        Ok(())
+    }
+
+    async fn insert_call(
+        &mut self,
+        batch: &NewBatch,
+        batch_id: &BatchId,
+        position: usize,
+        call: &NewCall,
+        now: Timestamp,
+    ) -> Result<Option<i64>> {
+        let params = [
+            Param::Text(batch.agent.as_str()),
+            Param::Text(batch.session.as_str()),
+            Param::Text(call.call_id.as_str()),
+            Param::Text(batch_id.as_str()),
+            Param::Int(position as i64),
+            Param::Text(call.tool.as_str()),
+            Param::Text(call.input.as_str()),
+            Param::Text(&call.title),
+            Param::Text(&call.message),
+            Param::Text(&call.workspace),
+            Param::OptText(call.supersede_key.as_deref()),
+            Param::OptInt(call.deadline.map(Timestamp::as_micros)),
+            Param::Int(now.as_micros()),
+        ];
+        Ok(first(
+            self.rows(Run::write(Self::INSERT_CALL, &params), id)
+                .await?,
+        ))
+    }
+
+    async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>> {
+        let decided_by = outcome.decided_by.to_string();
+        let params = [
+            Param::Int(outcome.kind.code()),
+            Param::Int(outcome.decided_at.as_micros()),
+            Param::Text(&decided_by),
+            Param::Text(&outcome.reason),
+            Param::Text(&outcome.tool_result),
+            Param::OptText(outcome.run_input.as_ref().map(ToolInput::as_str)),
+            Param::Flag(outcome.input_edited),
+            Param::Int(rowid),
+        ];
+        let event = [
+            Param::Int(EventKind::Resolved.code()),
+            Param::Int(rowid),
+            Param::Int(outcome.decided_at.as_micros()),
+        ];
+        let resolution = Resolution {
+            outcome: &params,
+            event,
+        };
+        let resolved = self.resolve_call(resolution).await?;
+        Ok(resolved.map(|(batch_id, event)| Resolved {
+            rowid,
+            batch_id,
+            event,
+        }))
+    }
+
+    async fn pending_in_session(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+    ) -> Result<Vec<Stored>> {
+        let params = [Param::Text(agent.as_str()), Param::Text(session.as_str())];
+        self.rows(Run::read(sql::PENDING_IN_SESSION, &params), |row| {
+            stored(row)
+        })
+        .await
+    }
+
+    async fn pending_of_agent(&mut self, agent: &AgentId, at_most: u64) -> Result<u64> {
+        let params = [Param::Text(agent.as_str()), Param::Int(at_most as i64)];
+        let n = first(
+            self.rows(Run::read(sql::PENDING_OF_AGENT, &params), |row| {
+                row.int("n")
+            })
+            .await?,
+        );
+        Ok(n.unwrap_or(0) as u64)
+    }
+
+    async fn pending_with_key(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+        key: &str,
+    ) -> Result<Vec<i64>> {
+        let params = [
+            Param::Text(agent.as_str()),
+            Param::Text(session.as_str()),
+            Param::Text(key),
+        ];
+        self.rows(Run::read(sql::PENDING_WITH_KEY, &params), id)
+            .await
+    }
+
+    async fn pending_in_batch(&mut self, batch: &BatchId) -> Result<Vec<i64>> {
+        let params = [Param::Text(batch.as_str())];
+        self.rows(Run::read(sql::PENDING_IN_BATCH, &params), id)
+            .await
+    }
+
+    async fn calls_of_batch(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+        batch: &BatchId,
+    ) -> Result<Vec<Stored>> {
+        let params = [
+            Param::Text(batch.as_str()),
+            Param::Text(agent.as_str()),
+            Param::Text(session.as_str()),
+        ];
+        self.rows(Run::read(sql::CALLS_OF_BATCH, &params), |row| stored(row))
+            .await
+    }
+
+    async fn on_deny(&mut self, batch: &BatchId) -> Result<OnDeny> {
+        let params = [Param::Text(batch.as_str())];
+        let on_deny = first(
+            self.rows(Run::read(sql::ON_DENY, &params), |row| row.int("on_deny"))
+                .await?,
+        );
+        on_deny
+            .map(OnDeny::from_i64)
+            .ok_or_else(|| Error::Internal(format!("batch `{}` vanished", batch.as_str())))
+    }
+
+    async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(i64, String)>> {
+        // No row lock here: batches are locked first (see `operations::tx`), and the conditional update
+        // leaves a call another writer expired first alone.
+        let params = [Param::Int(now.as_micros()), Param::Int(limit)];
+        self.rows(Run::read(sql::DUE_CALLS, &params), |row| {
+            Ok((row.int("id")?, row.text("batch_id")?))
+        })
+        .await
+    }
+
+    async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()> {
+        // Postgres: the batch row is locked (`lock_batches`; a batch this transaction stored is
+        // its own), which orders the transactions resolving calls of this batch; this
+        // statement's snapshot, taken after the lock, sees every one that committed before.
+        let params = [Param::Int(event), Param::Text(batch_id)];
+        self.execute(Run::write(Self::COMPLETE_BATCH, &params))
+            .await?;
+        Ok(())
+    }
+
+    fn statements_written(&self) -> Option<u64> {
+        SqlTx::statements_written(self)
+    }
+
+    async fn commit(self) -> Result<()> {
+        SqlTx::commit(self).await
+    }
+}
+
+#[async_trait]
+impl<T: SqlTx> PolicyTx for T {
+    async fn lock_policy(
+        &mut self,
+        agent: &AgentId,
+        tools: &[&ToolName],
+        exclusive: bool,
+    ) -> Result<()> {
+        SqlTx::lock_policy(self, agent, tools, exclusive).await
+    }
+
+    async fn rules(&mut self) -> Result<Vec<Rule>> {
+        if let Some(Some(rules)) = self.rules_read() {
+            return Ok(rules.clone());
+        }
+        let rules = self
+            .rows(Run::read(sql::RULES, &[]), |row| rule_from_row(row))
+            .await?;
+        if let Some(kept) = self.rules_read() {
+            *kept = Some(rules.clone());
+        }
+        Ok(rules)
+    }
+
+    async fn live_grants(
+        &mut self,
+        agent: &AgentId,
+        session: Option<&SessionId>,
+        tools: &[&ToolName],
+        now: Timestamp,
+    ) -> Result<Vec<Grant>> {
+        if tools.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut params = vec![Param::Int(now.as_micros()), Param::Text(agent.as_str())];
+        params.extend(tools.iter().map(|tool| Param::Text(tool.as_str())));
+        params.extend(session.map(|session| Param::Text(session.as_str())));
+        let statement = sql::live_grants(tools.len(), session.is_some());
+        self.rows(Run::read(&statement, &params), |row| grant_from_row(row))
+            .await
+    }
+
+    async fn insert_grant(&mut self, spec: &GrantSpec) -> Result<Grant> {
+        let (session, workspace) = match &spec.scope {
+            GrantScope::Session(s) => (Some(s.as_str()), None),
+            GrantScope::Workspace(w) => (None, Some(w.as_str())),
+            GrantScope::Always => (None, None),
+        };
+        let matcher = spec.matcher.to_json().to_string();
+        let params = [
+            Param::Text(spec.agent.as_str()),
+            Param::Int(spec.scope.scope().code()),
+            Param::OptText(session),
+            Param::OptText(workspace),
+            Param::Text(spec.tool.as_str()),
+            Param::Text(&matcher),
+            Param::Int(spec.effect.code()),
+            Param::Text(&spec.created_by),
+            Param::Int(spec.created_at.as_micros()),
+            Param::OptInt(spec.expires_at.map(Timestamp::as_micros)),
+            Param::Text(spec.source.session.as_str()),
+            Param::Text(spec.source.call_id.as_str()),
+            Param::Text(&spec.reason),
+        ];
+        let id = first(
+            self.rows(Run::write(sql::INSERT_GRANT, &params), id)
+                .await?,
+        )
+        .ok_or_else(|| Error::Internal("a grant insert returned no id".into()))?;
+        Ok(Grant {
+            id,
+            spec: spec.clone(),
+            revoked_at: None,
+            revoked_by: None,
+        })
+    }
+
+    async fn grant_from_call(&mut self, key: &CallKey) -> Result<Option<Grant>> {
+        let params = [
+            Param::Text(key.agent.as_str()),
+            Param::Text(key.session.as_str()),
+            Param::Text(key.call_id.as_str()),
+        ];
+        let grants = self
+            .rows(Run::read(sql::GRANT_FROM_CALL, &params), |row| {
+                grant_from_row(row)
+            })
+            .await?;
+        Ok(first(grants))
+    }
+
+    async fn grants_named(&mut self, target: &RevokeTarget, now: Timestamp) -> Result<Vec<Grant>> {
+        match sql::grants_named(target) {
+            GrantsNamed::Id(id) => {
+                let params = [Param::Int(id)];
+                self.rows(Run::read(sql::GRANT_BY_ID, &params), |row| {
+                    grant_from_row(row)
+                })
+                .await
+            }
+            GrantsNamed::Active(statement, agent, value) => {
+                let params = [
+                    Param::Text(agent.as_str()),
+                    Param::Text(value),
+                    Param::Int(now.as_micros()),
+                ];
+                self.rows(Run::read(statement, &params), |row| grant_from_row(row))
+                    .await
+            }
+        }
+    }
+
+    async fn revoke(&mut self, ids: &[i64], by: &str, now: Timestamp) -> Result<Vec<Grant>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut params = vec![Param::Int(now.as_micros()), Param::Text(by)];
+        params.extend(ids.iter().map(|id| Param::Int(*id)));
+        let statement = sql::revoke(ids.len());
+        let mut grants = self
+            .rows(Run::write(&statement, &params), |row| grant_from_row(row))
+            .await?;
+        grants.sort_by_key(|g| g.id);
+        Ok(grants)
+    }
+
+    async fn pending_in_scope(
+        &mut self,
+        agent: &AgentId,
+        tool: &ToolName,
+        scope: &GrantScope,
+    ) -> Result<Vec<Stored>> {
+        let (statement, value) = sql::pending_in_scope(scope);
+        let mut params = vec![Param::Text(agent.as_str()), Param::Text(tool.as_str())];
+        params.extend(value.map(Param::Text));
+        self.rows(Run::read(statement, &params), |row| stored(row))
+            .await
+    }
+
+    async fn find_rule(&mut self, id: &RuleId) -> Result<Option<Rule>> {
+        let params = [Param::Text(id.as_str())];
+        Ok(first(
+            self.rows(Run::read(sql::FIND_RULE, &params), |row| rule_from_row(row))
+                .await?,
+        ))
+    }
+
+    async fn insert_rule(&mut self, rule: &Rule) -> Result<bool> {
+        forget_rules(self);
+        let matcher = rule.matcher.to_json().to_string();
+        let params = [
+            Param::Text(rule.id.as_str()),
+            Param::Text(rule.tool.as_str()),
+            Param::Text(&matcher),
+            Param::Int(rule.effect.code()),
+            Param::Int(i64::from(rule.priority)),
+            Param::Text(&rule.description),
+            Param::Text(rule.source.as_str()),
+            Param::Int(rule.created_at.as_micros()),
+        ];
+        let inserted = self.execute(Run::write(sql::INSERT_RULE, &params)).await?;
+        Ok(inserted == 1)
+    }
+
+    async fn delete_rule(&mut self, id: &RuleId) -> Result<bool> {
+        forget_rules(self);
+        let params = [Param::Text(id.as_str())];
+        let deleted = self.execute(Run::write(sql::DELETE_RULE, &params)).await?;
+        Ok(deleted == 1)
+    }
+
+    async fn delete_file_rules(&mut self) -> Result<()> {
+        forget_rules(self);
+        // Replicas starting at once load their files one after the other (submits, which only
+        // read rules, are not held up).
+        self.lock_rules().await?;
+        let params = [Param::Text(RuleSource::File.as_str())];
+        self.execute(Run::write(sql::DELETE_RULES_FROM, &params))
+            .await?;
+        Ok(())
+    }
+}
+
+/// Drops the rules a transaction kept, before it changes them.
+fn forget_rules(tx: &mut impl SqlTx) {
+    if let Some(kept) = tx.rules_read() {
+        *kept = None;
+    }
+}

@@ -1,0 +1,202 @@
+//! The reads both backends make outside write transactions (API listings, the event log, the
+//! sweeper's questions), written once over sqlx, which both backends read with: Postgres on its
+//! pool, SQLite on its read-only pool beside the one writer. What a backend must do before a
+//! read (Postgres numbers committed events before saying which is the latest) it does itself.
+
+use std::collections::HashMap;
+
+use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
+
+use super::listing::{Dialect, Listing, call_page, grant_page};
+use super::rows::{Columns, call_from_row, event_from_row, rule_from_row};
+use super::statements as sql;
+use super::webhook_rows::{SELECT_WEBHOOK, SELECT_WEBHOOKS, not_found, webhook_from_row};
+use crate::domain::policy::Rule;
+use crate::domain::webhook::{Webhook, WebhookId};
+use crate::domain::{AgentId, BatchId, Call, CallId, Event, SessionId, Timestamp};
+use crate::domain::{CallPage, CallQuery, GrantPage, GrantQuery};
+use crate::error::Result;
+
+/// The read side of a store, on `DB`'s pool.
+pub struct Reads<DB: Database> {
+    pool: Pool<DB>,
+}
+
+impl<DB> Reads<DB>
+where
+    DB: Dialect,
+    DB::Row: Columns,
+    DB::Arguments: IntoArguments<DB> + Default,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    for<'t> i64: Encode<'t, DB> + Type<DB>,
+{
+    pub fn new(pool: Pool<DB>) -> Self {
+        Self { pool }
+    }
+
+    #[cfg(test)]
+    pub fn pool(&self) -> &Pool<DB> {
+        &self.pool
+    }
+
+    pub async fn pending_count(&self) -> Result<u64> {
+        let row = sqlx::query(sql::PENDING_COUNT)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.int("n")? as u64)
+    }
+
+    pub async fn next_deadline(&self) -> Result<Option<Timestamp>> {
+        let row = sqlx::query(sql::NEXT_DEADLINE)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.opt_int("next")?.map(Timestamp::from_micros))
+    }
+
+    /// See `Store::calls_by_id`.
+    pub async fn calls_by_id(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+        call_ids: &[CallId],
+    ) -> Result<Vec<Option<Call>>> {
+        if call_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = Listing::<DB>::calls_by_id(agent, session, call_ids)
+            .build()
+            .fetch_all(&self.pool)
+            .await?;
+        let mut by_id = HashMap::new();
+        for row in &rows {
+            let call = call_from_row(row)?;
+            by_id.insert(call.key.call_id.clone(), call);
+        }
+        // A repeated id gets the same answer each time.
+        Ok(call_ids.iter().map(|id| by_id.get(id).cloned()).collect())
+    }
+
+    pub async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
+        let rows = sqlx::query(sql::BATCH_CALLS)
+            .bind(batch.as_str())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(call_from_row).collect()
+    }
+
+    pub async fn list_calls(&self, q: &CallQuery) -> Result<CallPage> {
+        let mut query = Listing::<DB>::calls(q);
+        call_page(&query.build().fetch_all(&self.pool).await?, q)
+    }
+
+    pub async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
+        let rows = sqlx::query(sql::EVENTS_AFTER)
+            .bind(after as i64)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(event_from_row).collect()
+    }
+
+    /// The last sequence number in the log (0 when it is empty).
+    pub async fn latest_seq(&self) -> Result<u64> {
+        let row = sqlx::query(sql::LATEST_SEQ).fetch_one(&self.pool).await?;
+        Ok(row.opt_int("seq")?.unwrap_or(0) as u64)
+    }
+
+    pub async fn list_grants(&self, q: &GrantQuery) -> Result<GrantPage> {
+        let mut query = Listing::<DB>::grants(q);
+        grant_page(&query.build().fetch_all(&self.pool).await?, q)
+    }
+
+    pub async fn list_rules(&self) -> Result<Vec<Rule>> {
+        let rows = sqlx::query(sql::RULES).fetch_all(&self.pool).await?;
+        rows.iter().map(rule_from_row).collect()
+    }
+
+    pub async fn webhooks(&self) -> Result<Vec<Webhook>> {
+        let rows = sqlx::query(SELECT_WEBHOOKS).fetch_all(&self.pool).await?;
+        rows.iter().map(webhook_from_row).collect()
+    }
+
+    /// NOT_FOUND when there is none with that id.
+    pub async fn webhook(&self, id: &WebhookId) -> Result<Webhook> {
+        let row = sqlx::query(SELECT_WEBHOOK)
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref()
+            .map(webhook_from_row)
+            .transpose()?
+            .ok_or_else(|| not_found(id))
+    }
+}
+
+/// One backend's [`Reads`], whichever backend it is. The store traits' read methods default to
+/// it (see `store::Backend`), so neither backend writes its reads out again.
+pub enum BackendReads {
+    Sqlite(Reads<sqlx::Sqlite>),
+    Postgres(Reads<sqlx::Postgres>),
+}
+
+/// Calls `$method` on whichever backend's reads this is.
+macro_rules! on_backend {
+    ($reads:expr, $method:ident($($arg:expr),*)) => {
+        match $reads {
+            BackendReads::Sqlite(reads) => reads.$method($($arg),*).await,
+            BackendReads::Postgres(reads) => reads.$method($($arg),*).await,
+        }
+    };
+}
+
+impl BackendReads {
+    pub async fn pending_count(&self) -> Result<u64> {
+        on_backend!(self, pending_count())
+    }
+
+    pub async fn next_deadline(&self) -> Result<Option<Timestamp>> {
+        on_backend!(self, next_deadline())
+    }
+
+    pub async fn calls_by_id(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+        call_ids: &[CallId],
+    ) -> Result<Vec<Option<Call>>> {
+        on_backend!(self, calls_by_id(agent, session, call_ids))
+    }
+
+    pub async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
+        on_backend!(self, batch_calls(batch))
+    }
+
+    pub async fn list_calls(&self, q: &CallQuery) -> Result<CallPage> {
+        on_backend!(self, list_calls(q))
+    }
+
+    pub async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
+        on_backend!(self, events_after(after, limit))
+    }
+
+    pub async fn latest_seq(&self) -> Result<u64> {
+        on_backend!(self, latest_seq())
+    }
+
+    pub async fn list_grants(&self, q: &GrantQuery) -> Result<GrantPage> {
+        on_backend!(self, list_grants(q))
+    }
+
+    pub async fn list_rules(&self) -> Result<Vec<Rule>> {
+        on_backend!(self, list_rules())
+    }
+
+    pub async fn webhooks(&self) -> Result<Vec<Webhook>> {
+        on_backend!(self, webhooks())
+    }
+
+    pub async fn webhook(&self, id: &WebhookId) -> Result<Webhook> {
+        on_backend!(self, webhook(id))
+    }
+}

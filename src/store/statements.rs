@@ -1,0 +1,472 @@
+//! The SQL text both backends run, written once. Parameters are numbered (`$1`, `$2`, ...):
+//! Postgres reads them as its own, sqlx's SQLite driver reads `$N` as argument N, and SQLite
+//! itself (rusqlite, on the writer thread) numbers a named parameter by its first appearance, so
+//! every statement here names its parameters in increasing order the first time it uses each
+//! (a test prepares every statement on SQLite and checks). Status, event kind and scope codes
+//! are spliced in as literals with `code!`, so the partial indexes (`WHERE status = 1`) apply.
+//!
+//! What only one backend runs (Postgres's locks and sequencer, SQLite's pragmas) stays in that
+//! backend's file, except the writes of an approval cycle, which the benchmark's raw baseline
+//! (`approval-bench`) makes with these very statements; where a statement differs only in part,
+//! the shared part is here and says why the other part differs. Nothing here may use syntax one of the two databases lacks
+//! (no `ANY($1)` arrays, no `?` placeholders, no `::` casts).
+
+use crate::domain::policy::GrantScope;
+use crate::domain::policy::RevokeTarget;
+use crate::domain::{AgentId, code};
+
+/// The columns `rows::call_from_row` reads, from `calls c` joined with its batch `b` and its
+/// Resolved event `r`.
+macro_rules! call_columns {
+    () => {
+        "c.id, c.agent, c.session_id, c.call_id, c.batch_id, c.position, b.size, c.tool, \
+         c.input, c.title, c.message, c.workspace, c.supersede_key, c.deadline, c.created_at, \
+         c.status, c.decided_at, c.decided_by, c.reason, c.tool_result, c.run_input, \
+         c.input_edited, r.seq AS resolved_seq"
+    };
+}
+
+/// `SELECT` of every call column, followed by the given clauses.
+macro_rules! select_calls {
+    ($($rest:expr),*) => {
+        concat!(
+            "SELECT ", $crate::store::statements::call_columns!(),
+            " FROM calls c JOIN batches b ON b.batch_id = c.batch_id ",
+            "LEFT JOIN events r ON r.call_rowid = c.id AND r.kind = ",
+            $crate::domain::code!(EventKind::Resolved), " ",
+            $($rest),*
+        )
+    };
+}
+
+/// The columns `rows::grant_from_row` reads.
+macro_rules! grant_columns {
+    () => {
+        "id, agent, scope, session_id, workspace, tool, matcher, effect, created_by, created_at, \
+         expires_at, revoked_at, revoked_by, source_session, source_call, reason"
+    };
+}
+
+/// `SELECT` of every grant column, followed by the given clauses.
+macro_rules! select_grants {
+    ($($rest:expr),*) => {
+        concat!("SELECT ", $crate::store::statements::grant_columns!(), " FROM grants ", $($rest),*)
+    };
+}
+
+/// `SELECT` of every rule column (`rows::rule_from_row` reads them), followed by the given
+/// clauses.
+macro_rules! select_rules {
+    ($($rest:expr),*) => {
+        concat!(
+            "SELECT id, tool, matcher, effect, priority, description, source, created_at \
+             FROM rules ",
+            $($rest),*
+        )
+    };
+}
+
+/// A new call, unless its (agent, session, call id) is stored already; returns its row id.
+/// Postgres wraps it to write the Requested event in the same statement; on SQLite the trigger
+/// `calls_requested_event` (migration 0004) writes it.
+macro_rules! insert_call {
+    () => {
+        "INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, title, \
+         message, workspace, supersede_key, deadline, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+         ON CONFLICT (agent, session_id, call_id) DO NOTHING RETURNING id"
+    };
+}
+
+/// A pending call's outcome; returns its batch id, nothing if the call was decided already
+/// (first decision wins). Postgres wraps it to write the Resolved event in the same statement.
+macro_rules! resolve_call {
+    () => {
+        concat!(
+            "UPDATE calls SET status = $1, decided_at = $2, decided_by = $3, reason = $4, \
+             tool_result = $5, run_input = $6, input_edited = $7 \
+             WHERE id = $8 AND status = ",
+            $crate::domain::code!(Status::Pending),
+            " RETURNING batch_id"
+        )
+    };
+}
+
+/// Marks an event as the one that completed its batch if no call of the batch is pending. The
+/// event is named by `$event` = `$1`: SQLite's `seq` is the event's row id; Postgres's events have
+/// an `id` from the start and a `seq` only once the sequencer numbers them after commit.
+macro_rules! complete_batch_if_done {
+    ($event:literal) => {
+        concat!(
+            "UPDATE events SET batch_completed = TRUE WHERE ",
+            $event,
+            " = $1 AND NOT EXISTS (SELECT 1 FROM calls WHERE batch_id = $2 AND status = ",
+            $crate::domain::code!(Status::Pending),
+            ")"
+        )
+    };
+}
+
+pub(crate) use {call_columns, grant_columns, select_calls, select_grants};
+
+/// `WHERE ... status = <pending>`, spliced.
+macro_rules! pending {
+    () => {
+        code!(Status::Pending)
+    };
+}
+
+pub const PENDING_COUNT: &str = concat!(
+    "SELECT COUNT(*) AS n FROM calls WHERE status = ",
+    pending!()
+);
+pub const NEXT_DEADLINE: &str = concat!(
+    "SELECT MIN(deadline) AS next FROM calls WHERE status = ",
+    pending!(),
+    " AND deadline IS NOT NULL"
+);
+pub const LATEST_SEQ: &str = "SELECT MAX(seq) AS seq FROM events";
+
+/// Events after sequence number `$1`, with their calls, oldest first, at most `$2` of them.
+pub const EVENTS_AFTER: &str = concat!(
+    "SELECT e.seq, e.kind, e.batch_completed, ",
+    call_columns!(),
+    " FROM events e JOIN calls c ON c.id = e.call_rowid \
+     JOIN batches b ON b.batch_id = c.batch_id \
+     LEFT JOIN events r ON r.call_rowid = c.id AND r.kind = ",
+    code!(EventKind::Resolved),
+    " WHERE e.seq > $1 ORDER BY e.seq LIMIT $2"
+);
+
+pub const BATCH_CALLS: &str = select_calls!("WHERE c.batch_id = $1 ORDER BY c.position");
+pub const FIND_CALL: &str =
+    select_calls!("WHERE c.agent = $1 AND c.session_id = $2 AND c.call_id = $3");
+pub const LOAD_CALL: &str = select_calls!("WHERE c.id = $1");
+pub const CALLS_OF_BATCH: &str = select_calls!(
+    "WHERE c.batch_id = $1 AND c.agent = $2 AND c.session_id = $3 ORDER BY c.position"
+);
+pub const PENDING_IN_SESSION: &str = select_calls!(
+    "WHERE c.agent = $1 AND c.session_id = $2 AND c.status = ",
+    pending!(),
+    " ORDER BY c.id"
+);
+
+pub const INSERT_BATCH: &str = "INSERT INTO batches \
+     (batch_id, agent, session_id, on_deny, size, created_at) VALUES ($1, $2, $3, $4, $5, $6)";
+pub const DELETE_BATCH: &str = "DELETE FROM batches WHERE batch_id = $1";
+pub const RESIZE_BATCH: &str = "UPDATE batches SET size = $1 WHERE batch_id = $2";
+pub const INSERT_CALL: &str = insert_call!();
+pub const RESOLVE_CALL: &str = resolve_call!();
+/// Postgres: [`INSERT_CALL`] and the call's Requested event, in one statement (one round trip).
+/// On SQLite the trigger writes that event (and records its `seq` on the call); on Postgres a
+/// trigger would gain nothing, the event's `seq` being given after commit.
+pub const INSERT_CALL_AND_EVENT: &str = concat!(
+    "WITH call AS (",
+    insert_call!(),
+    "), event AS (INSERT INTO events (kind, call_rowid, created_at) SELECT ",
+    code!(EventKind::Requested),
+    ", id, $13 FROM call) SELECT id FROM call"
+);
+/// Postgres: [`RESOLVE_CALL`] and the call's Resolved event, in one statement (one round trip);
+/// returns the batch id and the event's `id`. SQLite runs the two statements: it has no
+/// data-modifying `WITH`, and a statement costs it no round trip.
+pub const RESOLVE_CALL_AND_EVENT: &str = concat!(
+    "WITH call AS (",
+    resolve_call!(),
+    "), event AS (INSERT INTO events (kind, call_rowid, created_at) SELECT ",
+    code!(EventKind::Resolved),
+    ", $8, $2 FROM call RETURNING id) SELECT call.batch_id, event.id FROM call, event"
+);
+/// SQLite: an event of kind `$1` for call row `$2` at `$3`; returns its sequence number (its
+/// row id: SQLite's writers are serialised, so row ids follow commit order).
+pub const APPEND_EVENT: &str =
+    "INSERT INTO events (kind, call_rowid, created_at) VALUES ($1, $2, $3) RETURNING seq";
+/// SQLite's [`complete_batch_if_done`]: `$1` is the Resolved event's `seq`.
+pub const COMPLETE_BATCH_AT_SEQ: &str = complete_batch_if_done!("seq");
+/// Postgres's [`complete_batch_if_done`]: `$1` is the Resolved event's `id`.
+pub const COMPLETE_BATCH_AT_ID: &str = complete_batch_if_done!("id");
+
+/// How many calls of agent `$1` are pending, counting to `$2` at most.
+pub const PENDING_OF_AGENT: &str = concat!(
+    "SELECT COUNT(*) AS n FROM (SELECT 1 FROM calls WHERE agent = $1 AND status = ",
+    pending!(),
+    " LIMIT $2) AS pending"
+);
+pub const PENDING_WITH_KEY: &str = concat!(
+    "SELECT id FROM calls WHERE agent = $1 AND session_id = $2 AND supersede_key = $3 \
+     AND status = ",
+    pending!(),
+    " ORDER BY id"
+);
+/// Read through the index `calls_pending_batch` (migration 0005), as is
+/// [`COMPLETE_BATCH_AT_SEQ`], never by walking every pending call of the store; a test checks
+/// the plans.
+pub const PENDING_IN_BATCH: &str = concat!(
+    "SELECT id FROM calls WHERE batch_id = $1 AND status = ",
+    pending!(),
+    " ORDER BY position"
+);
+pub const ON_DENY: &str = "SELECT on_deny FROM batches WHERE batch_id = $1";
+/// Pending calls whose deadline is at or before `$1`, earliest first, at most `$2`.
+pub const DUE_CALLS: &str = concat!(
+    "SELECT id, batch_id FROM calls WHERE status = ",
+    pending!(),
+    " AND deadline IS NOT NULL AND deadline <= $1 ORDER BY deadline LIMIT $2"
+);
+
+/// The pending calls of agent `$1` for tool `$2` that a new grant's scope covers: with the scope's
+/// value as `$3` (session or workspace), or every one (`Always`).
+pub const PENDING_IN_SESSION_SCOPE: &str = select_calls!(
+    "WHERE c.agent = $1 AND c.tool = $2 AND c.status = ",
+    pending!(),
+    " AND c.session_id = $3 ORDER BY c.id"
+);
+pub const PENDING_IN_WORKSPACE_SCOPE: &str = select_calls!(
+    "WHERE c.agent = $1 AND c.tool = $2 AND c.status = ",
+    pending!(),
+    " AND c.workspace = $3 ORDER BY c.id"
+);
+pub const PENDING_IN_ALWAYS_SCOPE: &str = select_calls!(
+    "WHERE c.agent = $1 AND c.tool = $2 AND c.status = ",
+    pending!(),
+    " ORDER BY c.id"
+);
+
+pub const RULES: &str = select_rules!();
+pub const FIND_RULE: &str = select_rules!("WHERE id = $1");
+/// A rule, unless one with its id exists.
+pub const INSERT_RULE: &str = "INSERT INTO rules \
+     (id, tool, matcher, effect, priority, description, source, created_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING";
+pub const DELETE_RULE: &str = "DELETE FROM rules WHERE id = $1";
+/// Every rule loaded from source `$1` (a policy file).
+pub const DELETE_RULES_FROM: &str = "DELETE FROM rules WHERE source = $1";
+
+pub const INSERT_GRANT: &str = "INSERT INTO grants \
+     (agent, scope, session_id, workspace, tool, matcher, effect, created_by, created_at, \
+     expires_at, source_session, source_call, reason) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING id";
+/// The latest grant the decision of call ($1, $2, $3) created.
+pub const GRANT_FROM_CALL: &str = select_grants!(
+    "WHERE agent = $1 AND source_session = $2 AND source_call = $3 ORDER BY id DESC LIMIT 1"
+);
+pub const GRANT_BY_ID: &str = select_grants!("WHERE id = $1");
+/// Agent `$1`'s grants of one scope for session (or workspace) `$2`, active at `$3`.
+pub const ACTIVE_SESSION_GRANTS: &str = select_grants!(
+    "WHERE agent = $1 AND scope = ",
+    code!(Scope::Session),
+    " AND session_id = $2 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $3) \
+     ORDER BY id"
+);
+pub const ACTIVE_WORKSPACE_GRANTS: &str = select_grants!(
+    "WHERE agent = $1 AND scope = ",
+    code!(Scope::Workspace),
+    " AND workspace = $2 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $3) \
+     ORDER BY id"
+);
+
+/// The statement reading the pending calls a new grant of `scope` covers (`$1` agent, `$2`
+/// tool), and the scope's value it takes as `$3` (none for `Always`).
+pub fn pending_in_scope(scope: &GrantScope) -> (&'static str, Option<&str>) {
+    match scope {
+        GrantScope::Session(session) => (PENDING_IN_SESSION_SCOPE, Some(session.as_str())),
+        GrantScope::Workspace(workspace) => (PENDING_IN_WORKSPACE_SCOPE, Some(workspace)),
+        GrantScope::Always => (PENDING_IN_ALWAYS_SCOPE, None),
+    }
+}
+
+/// How to read the grants a revocation names.
+pub enum GrantsNamed<'a> {
+    /// [`GRANT_BY_ID`], active or not.
+    Id(i64),
+    /// This statement, with the agent (`$1`) and the session or workspace (`$2`); `$3` is now.
+    Active(&'static str, &'a AgentId, &'a str),
+}
+
+pub fn grants_named(target: &RevokeTarget) -> GrantsNamed<'_> {
+    match target {
+        RevokeTarget::Id(id) => GrantsNamed::Id(*id),
+        RevokeTarget::Session(agent, session) => {
+            GrantsNamed::Active(ACTIVE_SESSION_GRANTS, agent, session.as_str())
+        }
+        RevokeTarget::Workspace(agent, workspace) => {
+            GrantsNamed::Active(ACTIVE_WORKSPACE_GRANTS, agent, workspace)
+        }
+    }
+}
+
+/// Agent `$2`'s grants active at `$1` for any of `tools` tools (`$3`...), and, given a
+/// session, only those of that session or of no session, oldest first.
+pub fn live_grants(tools: usize, session: bool) -> String {
+    let mut sql = format!(
+        "{} AND tool IN ({})",
+        select_grants!(
+            "WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $1) AND agent = $2"
+        ),
+        numbered(3, tools)
+    );
+    if session {
+        sql.push_str(&format!(
+            " AND (session_id IS NULL OR session_id = ${})",
+            3 + tools
+        ));
+    }
+    sql.push_str(" ORDER BY id");
+    sql
+}
+
+/// Revokes, at `$1` by `$2`, the `ids` grants (`$3`...) not revoked yet; returns them.
+pub fn revoke(ids: usize) -> String {
+    format!(
+        "UPDATE grants SET revoked_at = $1, revoked_by = $2 \
+         WHERE revoked_at IS NULL AND id IN ({}) RETURNING {}",
+        numbered(3, ids),
+        grant_columns!()
+    )
+}
+
+/// `$first, $first+1, ...`: `n` parameters for an `IN` list (neither backend shares arrays).
+fn numbered(first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every statement above and its number of parameters (dynamic ones with a few values).
+    fn every_statement() -> Vec<(String, usize)> {
+        let fixed = [
+            (PENDING_COUNT, 0),
+            (NEXT_DEADLINE, 0),
+            (LATEST_SEQ, 0),
+            (EVENTS_AFTER, 2),
+            (BATCH_CALLS, 1),
+            (FIND_CALL, 3),
+            (LOAD_CALL, 1),
+            (CALLS_OF_BATCH, 3),
+            (PENDING_IN_SESSION, 2),
+            (INSERT_BATCH, 6),
+            (DELETE_BATCH, 1),
+            (RESIZE_BATCH, 2),
+            (INSERT_CALL, 13),
+            (RESOLVE_CALL, 8),
+            (COMPLETE_BATCH_AT_SEQ, 2),
+            (APPEND_EVENT, 3),
+            (PENDING_OF_AGENT, 2),
+            (PENDING_WITH_KEY, 3),
+            (PENDING_IN_BATCH, 1),
+            (ON_DENY, 1),
+            (DUE_CALLS, 2),
+            (PENDING_IN_SESSION_SCOPE, 3),
+            (PENDING_IN_WORKSPACE_SCOPE, 3),
+            (PENDING_IN_ALWAYS_SCOPE, 2),
+            (RULES, 0),
+            (FIND_RULE, 1),
+            (INSERT_RULE, 8),
+            (DELETE_RULE, 1),
+            (DELETE_RULES_FROM, 1),
+            (INSERT_GRANT, 13),
+            (GRANT_FROM_CALL, 3),
+            (GRANT_BY_ID, 1),
+            (ACTIVE_SESSION_GRANTS, 3),
+            (ACTIVE_WORKSPACE_GRANTS, 3),
+        ];
+        let mut all: Vec<(String, usize)> =
+            fixed.iter().map(|(sql, n)| (sql.to_string(), *n)).collect();
+        for n in [1, 3] {
+            all.push((live_grants(n, false), 2 + n));
+            all.push((live_grants(n, true), 3 + n));
+            all.push((revoke(n), 2 + n));
+        }
+        all
+    }
+
+    /// SQLite numbers `$N` by first appearance: each statement must name `$1`, `$2`, ... in
+    /// that order, or rusqlite's positional parameters would land in the wrong places. Prepared
+    /// on the real schema, so every statement is also valid SQLite.
+    #[tokio::test]
+    async fn every_statement_prepares_on_sqlite_with_its_parameters_in_order() {
+        use sqlx::sqlite::SqliteConnectOptions;
+        use sqlx::{ConnectOptions as _, Connection as _};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.db");
+        let mut migrated = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .connect()
+            .await
+            .unwrap();
+        sqlx::migrate!("./migrations/sqlite")
+            .run(&mut migrated)
+            .await
+            .unwrap();
+        migrated.close().await.unwrap();
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        for (sql, n) in every_statement() {
+            let statement = conn.prepare(&sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+            assert_eq!(statement.parameter_count(), n, "{sql}");
+            for i in 1..=n {
+                assert_eq!(
+                    statement.parameter_name(i),
+                    Some(format!("${i}").as_str()),
+                    "{sql}"
+                );
+            }
+        }
+    }
+
+    /// The same statements, and Postgres's own, prepared on Postgres's real schema (a fresh
+    /// schema of the database `APPROVALS_TEST_POSTGRES_URL` names): each is valid there, with
+    /// the parameters it is bound with.
+    #[tokio::test]
+    #[cfg_attr(
+        not(approvals_test_postgres),
+        ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres variants"
+    )]
+    async fn every_statement_prepares_on_postgres_with_its_parameters() {
+        use sqlx::{Connection as _, Executor as _, SqlSafeStr as _, Statement as _};
+        let base = std::env::var("APPROVALS_TEST_POSTGRES_URL").expect("set at build time");
+        let schema = format!("statements_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = sqlx::PgConnection::connect(&base).await.unwrap();
+        admin
+            .execute(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .await
+            .unwrap();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
+        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::migrate!("./migrations/postgres")
+            .run(&mut conn)
+            .await
+            .unwrap();
+        let mut all = every_statement();
+        all.extend([
+            (INSERT_CALL_AND_EVENT.to_owned(), 13),
+            (RESOLVE_CALL_AND_EVENT.to_owned(), 8),
+            (COMPLETE_BATCH_AT_ID.to_owned(), 2),
+        ]);
+        let mut failed = Vec::new();
+        for (sql, n) in all {
+            match conn
+                .prepare(sqlx::AssertSqlSafe(sql.as_str()).into_sql_str())
+                .await
+            {
+                Ok(statement) => match statement.parameters() {
+                    Some(sqlx::Either::Left(types)) if types.len() == n => {}
+                    other => failed.push(format!("{sql}: {other:?} parameters, not {n}")),
+                },
+                Err(e) => failed.push(format!("{sql}: {e}")),
+            }
+        }
+        conn.close().await.unwrap();
+        admin
+            .execute(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .await
+            .unwrap();
+        assert!(failed.is_empty(), "{failed:#?}");
+    }
+}
