@@ -30,7 +30,7 @@ FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=builder /build/target/release/approval-broker /usr/local/bin/approval-broker
 COPY --from=builder --chown=65532:65532 /out/data /data
 # In a container the broker must listen beyond loopback; the database is the volume's file.
-# Every setting can be overridden with its environment variable or flag (README, Settings).
+# Every setting can be overridden with its environment variable or flag (docs/configuration.md).
 ENV APPROVALS_LISTEN=0.0.0.0:50051 \
     APPROVALS_METRICS_LISTEN=0.0.0.0:9464 \
     DATABASE_URL=sqlite:///data/approvals.db

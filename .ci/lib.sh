@@ -1,9 +1,10 @@
 # What the scripts that run documentation against a real broker share; sourced, never run.
 #
-# .ci/grpcurl-check (the README's walkthrough), .ci/grpcurl-cookbook (examples/grpcurl.md) and
-# .ci/python-example (examples/python/) each: prepare the venv `.venv` at the repository root,
-# build the debug broker, start it in a fresh temporary directory (so with a fresh SQLite database),
-# wait until it answers, run their commands, and stop it on exit, printing its log on failure.
+# .ci/grpcurl-check (the README's walkthrough), .ci/docs-examples (examples/grpcurl.md and
+# docs/*.md) and .ci/python-example (examples/python/) each: prepare the venv `.venv` at the
+# repository root, build the debug broker, start it in a fresh temporary directory (so with a fresh
+# SQLite database), wait until it answers, run their commands, and stop it on exit, printing its
+# log on failure.
 #
 # A script sets CI_NAME (used in its messages) and sources this file: that sets ROOT, changes into
 # it, makes the temporary directory WORK and installs the exit trap. Runs with no standard input.

@@ -1,14 +1,18 @@
-//! Configuration: every setting is a flag with an environment fallback. Invalid settings stop the
-//! broker at start with a message naming the setting (clap does that for us).
+//! Configuration: every setting is a flag with an environment fallback, grouped by concern
+//! (serving, database, request limits, streams, connections, authentication, policy, outcome
+//! texts, telemetry). Invalid settings stop the broker at start with a message naming the
+//! setting (clap does that for us). A broker embedded in tests is configured explicitly
+//! ([`Config::for_tests`]) and never reads the environment.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use crate::broker::Limits;
 use crate::domain::ToolResultTexts;
-use crate::store::{StoreOptions, Synchronous};
+use crate::store::{Database, Synchronous};
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -19,20 +23,59 @@ use crate::store::{StoreOptions, Synchronous};
 pub struct Config {
     #[command(subcommand)]
     pub command: Option<Command>,
+    #[command(flatten)]
+    pub serve: ServeSettings,
+    #[command(flatten)]
+    pub store: StoreSettings,
+    #[command(flatten)]
+    pub requests: RequestLimits,
+    #[command(flatten)]
+    pub streams: StreamSettings,
+    #[command(flatten)]
+    pub connections: ConnectionSettings,
+    #[command(flatten)]
+    pub auth: AuthSettings,
+    #[command(flatten)]
+    pub policy: PolicySettings,
+    #[command(flatten)]
+    pub texts: OutcomeTexts,
+    #[command(flatten)]
+    pub telemetry: TelemetrySettings,
+}
 
+/// Where and how gRPC is served, and how it stops.
+#[derive(Debug, Clone, Args)]
+pub struct ServeSettings {
     /// The address to serve gRPC on.
     #[arg(long, env = "APPROVALS_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
-    /// The address to serve Prometheus metrics on (plain HTTP, any path), or `off`.
-    #[arg(long, env = "APPROVALS_METRICS_LISTEN", default_value = "127.0.0.1:9464", value_parser = parse_metrics_listen)]
-    pub metrics_listen: MetricsListen,
+    /// A PEM certificate chain to serve TLS with (needs --tls-key).
+    #[arg(long, env = "APPROVALS_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
 
-    /// Log format: `text` (human-readable) or `json` (one object per line). The level is set
-    /// by `RUST_LOG` (default `info`).
-    #[arg(long, env = "APPROVALS_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"], global = true)]
-    pub log_format: String,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "APPROVALS_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 
+    /// A PEM CA certificate: clients must present a certificate it signed (mutual TLS).
+    #[arg(long, env = "APPROVALS_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Serve the approval inbox: the web page at `/` on this same port, and HTTP/1.1 for browsers
+    /// on `http://` (the page and its gRPC-Web calls). `false`: no page, HTTP/2 only (gRPC, and
+    /// gRPC-Web over HTTP/2, which carries the same tokens and limits as gRPC).
+    #[arg(long, env = "APPROVALS_INBOX", default_value_t = true, action = clap::ArgAction::Set)]
+    pub inbox: bool,
+
+    /// On SIGTERM, how long open requests and commits get to finish before the broker exits.
+    #[arg(long, env = "APPROVALS_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+}
+
+/// Where state lives. Read as text here and parsed once, at start, into a [`Database`].
+#[derive(Debug, Clone, Args)]
+pub struct StoreSettings {
     /// Where state lives: `postgres://USER@HOST:PORT/DB` (any number of replicas may share
     /// it), or `sqlite://PATH`, `sqlite:PATH` or a plain file path (one broker process).
     #[arg(
@@ -58,7 +101,23 @@ pub struct Config {
         global = true
     )]
     pub sqlite_synchronous: Synchronous,
+}
 
+impl StoreSettings {
+    /// The database `--database-url` names, with the options of its backend; an error naming
+    /// `DATABASE_URL` when it names none the broker can keep state in.
+    pub fn database(&self) -> crate::Result<Database> {
+        Database::parse(
+            &self.database_url,
+            self.sqlite_synchronous,
+            self.database_max_connections,
+        )
+    }
+}
+
+/// How large requests and replies may be, and how much one agent may leave pending.
+#[derive(Debug, Clone, Args)]
+pub struct RequestLimits {
     /// The largest tool input accepted, in bytes of JSON text.
     #[arg(long, env = "APPROVALS_MAX_INPUT_BYTES", default_value_t = crate::domain::DEFAULT_MAX_INPUT_BYTES)]
     pub max_input_bytes: usize,
@@ -73,11 +132,15 @@ pub struct Config {
     #[arg(long, env = "APPROVALS_MAX_REPLY_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_reply_bytes: usize,
 
-    /// The deadline given to calls submitted without one, e.g. `90s`, `15m`, `1h30m`, `1d` (at most
-    /// 366d). None by default.
-    #[arg(long, env = "APPROVALS_DEFAULT_DEADLINE", value_parser = parse_duration)]
-    pub default_deadline: Option<Duration>,
+    /// The most pending calls one agent may have (with auth off, every client is the same
+    /// agent). New calls beyond it are refused with RESOURCE_EXHAUSTED, each for itself.
+    #[arg(long, env = "APPROVALS_MAX_PENDING_PER_AGENT", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_pending_per_agent: u64,
+}
 
+/// The streams the broker holds open, and the events buffered for them.
+#[derive(Debug, Clone, Args)]
+pub struct StreamSettings {
     /// Undelivered events a subscriber may have queued before its stream is ended (it then
     /// resumes with `after_seq`).
     #[arg(long, env = "APPROVALS_SUBSCRIBER_BUFFER", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
@@ -87,37 +150,6 @@ pub struct Config {
     #[arg(long, env = "APPROVALS_EVENT_BUFFER", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..))]
     pub event_buffer: u32,
 
-    /// A file of bearer tokens, one per line: `ROLE IDENTITY sha256:HEX` (role agent, approver
-    /// or admin; hash from `approval-broker hash-token`). Naming no token source turns auth
-    /// off; a named source with no token in it stops the broker.
-    #[arg(long, env = "APPROVALS_TOKENS_FILE")]
-    pub tokens_file: Option<std::path::PathBuf>,
-
-    /// Bearer tokens inline, in the same form, entries separated by `;` or new lines.
-    #[arg(long, env = TOKENS_ENV, hide_env_values = true)]
-    pub tokens: Option<String>,
-
-    /// A JSON file of policy rules, loaded at start: `{"rules": [{"id", "tool", "effect", ...}]}`.
-    /// Its rules replace the rules an earlier file loaded; rules made with CreateRule stay.
-    #[arg(long, env = "APPROVALS_POLICY_FILE")]
-    pub policy_file: Option<std::path::PathBuf>,
-
-    /// A PEM certificate chain to serve TLS with (needs --tls-key).
-    #[arg(long, env = "APPROVALS_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<std::path::PathBuf>,
-
-    /// The PEM private key of --tls-cert.
-    #[arg(long, env = "APPROVALS_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<std::path::PathBuf>,
-
-    /// A PEM CA certificate: clients must present a certificate it signed (mutual TLS).
-    #[arg(long, env = "APPROVALS_TLS_CLIENT_CA", requires = "tls_cert")]
-    pub tls_client_ca: Option<std::path::PathBuf>,
-
-    /// On SIGTERM, how long open requests and commits get to finish before the broker exits.
-    #[arg(long, env = "APPROVALS_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
-    pub drain_timeout: Duration,
-
     /// The most `Connect` and `WatchOutcomes` streams open at once.
     #[arg(long, env = "APPROVALS_MAX_AGENT_STREAMS", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_agent_streams: u32,
@@ -126,11 +158,21 @@ pub struct Config {
     #[arg(long, env = "APPROVALS_MAX_SUBSCRIBERS", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_subscribers: u32,
 
-    /// The most pending calls one agent may have (with auth off, every client is the same
-    /// agent). New calls beyond it are refused with RESOURCE_EXHAUSTED, each for itself.
-    #[arg(long, env = "APPROVALS_MAX_PENDING_PER_AGENT", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_pending_per_agent: u64,
+    /// The most `grpc.health.v1.Health/Watch` streams open at once (health needs no token, so
+    /// this is what bounds them).
+    #[arg(long, env = "APPROVALS_MAX_HEALTH_WATCHES", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_health_watches: u32,
 
+    /// The most server reflection streams (v1 and v1alpha together) open at once; reflection
+    /// needs no token, so this is what bounds them.
+    #[arg(long, env = "APPROVALS_MAX_REFLECTION_STREAMS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_reflection_streams: u32,
+}
+
+/// What one client connection may do: how many there are, how fast they must start, how often
+/// they may ping, and how dead ones are noticed.
+#[derive(Debug, Clone, Args)]
+pub struct ConnectionSettings {
     /// The most concurrent HTTP/2 streams (RPCs) one client connection may open.
     #[arg(long, env = "APPROVALS_MAX_CONCURRENT_STREAMS", default_value_t = 1_024, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_streams: u32,
@@ -151,16 +193,6 @@ pub struct Config {
     #[arg(long, env = "APPROVALS_MAX_CONTROL_FRAMES_PER_SECOND", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_control_frames_per_second: u32,
 
-    /// The most `grpc.health.v1.Health/Watch` streams open at once (health needs no token, so
-    /// this is what bounds them).
-    #[arg(long, env = "APPROVALS_MAX_HEALTH_WATCHES", default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_health_watches: u32,
-
-    /// The most server reflection streams (v1 and v1alpha together) open at once; reflection
-    /// needs no token, so this is what bounds them.
-    #[arg(long, env = "APPROVALS_MAX_REFLECTION_STREAMS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_reflection_streams: u32,
-
     /// How often to ping an idle client connection (HTTP/2 keepalive), so dead clients are noticed.
     #[arg(long, env = "APPROVALS_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub keepalive_interval: Duration,
@@ -168,7 +200,51 @@ pub struct Config {
     /// How long a ping may go unanswered before the connection is closed.
     #[arg(long, env = "APPROVALS_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub keepalive_timeout: Duration,
+}
 
+impl ConnectionSettings {
+    /// `http1`: whether browsers may speak HTTP/1.1 (the inbox is served).
+    pub fn limits(&self, http1: bool) -> crate::connections::ConnectionLimits {
+        crate::connections::ConnectionLimits {
+            max_connections: self.max_connections as usize,
+            handshake_timeout: self.handshake_timeout,
+            max_control_frames_per_second: self.max_control_frames_per_second,
+            http1,
+        }
+    }
+}
+
+/// Who may call: bearer tokens from a file, inline, or both.
+#[derive(Debug, Clone, Args)]
+pub struct AuthSettings {
+    /// A file of bearer tokens, one per line: `ROLE IDENTITY sha256:HEX` (role agent, approver
+    /// or admin; hash from `approval-broker hash-token`). Naming no token source turns auth
+    /// off; a named source with no token in it stops the broker.
+    #[arg(long, env = "APPROVALS_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
+
+    /// Bearer tokens inline, in the same form, entries separated by `;` or new lines.
+    #[arg(long, env = TOKENS_ENV, hide_env_values = true)]
+    pub tokens: Option<String>,
+}
+
+/// How calls are judged before a person sees them.
+#[derive(Debug, Clone, Args)]
+pub struct PolicySettings {
+    /// A JSON file of policy rules, loaded at start: `{"rules": [{"id", "tool", "effect", ...}]}`.
+    /// Its rules replace the rules an earlier file loaded; rules made with CreateRule stay.
+    #[arg(long, env = "APPROVALS_POLICY_FILE")]
+    pub policy_file: Option<PathBuf>,
+
+    /// The deadline given to calls submitted without one, e.g. `90s`, `15m`, `1h30m`, `1d` (at most
+    /// 366d). None by default.
+    #[arg(long, env = "APPROVALS_DEFAULT_DEADLINE", value_parser = parse_duration)]
+    pub default_deadline: Option<Duration>,
+}
+
+/// The tool-result texts handed to the model with each outcome but APPROVED.
+#[derive(Debug, Clone, Args)]
+pub struct OutcomeTexts {
     /// The tool-result text for DENIED (a reason is appended as " Reason: ...").
     #[arg(long, env = "APPROVALS_TEXT_DENIED")]
     pub text_denied: Option<String>,
@@ -188,6 +264,35 @@ pub struct Config {
     /// The tool-result text for CANCELLED.
     #[arg(long, env = "APPROVALS_TEXT_CANCELLED")]
     pub text_cancelled: Option<String>,
+}
+
+impl OutcomeTexts {
+    /// The configured texts, each unset one at its default.
+    pub fn resolve(&self) -> ToolResultTexts {
+        let defaults = ToolResultTexts::default();
+        let pick = |set: &Option<String>, default: String| set.clone().unwrap_or(default);
+        ToolResultTexts {
+            denied: pick(&self.text_denied, defaults.denied),
+            denied_by_policy: pick(&self.text_denied_by_policy, defaults.denied_by_policy),
+            superseded: pick(&self.text_superseded, defaults.superseded),
+            skipped: pick(&self.text_skipped, defaults.skipped),
+            expired: pick(&self.text_expired, defaults.expired),
+            cancelled: pick(&self.text_cancelled, defaults.cancelled),
+        }
+    }
+}
+
+/// What the broker tells its operators: metrics and the form of its logs.
+#[derive(Debug, Clone, Args)]
+pub struct TelemetrySettings {
+    /// The address to serve Prometheus metrics on (plain HTTP, any path), or `off`.
+    #[arg(long, env = "APPROVALS_METRICS_LISTEN", default_value = "127.0.0.1:9464", value_parser = parse_metrics_listen)]
+    pub metrics_listen: MetricsListen,
+
+    /// Log format: `text` (human-readable) or `json` (one object per line). The level is set
+    /// by `RUST_LOG` (default `info`).
+    #[arg(long, env = "APPROVALS_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"], global = true)]
+    pub log_format: String,
 }
 
 /// Where metrics are served, if anywhere.
@@ -222,55 +327,51 @@ pub enum Command {
     /// decision JSON); see `hook claude-code --help`.
     #[command(subcommand)]
     Hook(crate::hook::HookCommand),
+    /// Stand between an MCP client and an MCP server, putting every tool call through a running
+    /// broker; see `mcp-gateway --help`.
+    McpGateway(crate::mcp::McpGatewayArgs),
 }
 
 impl Config {
-    /// The defaults, with the database at `database_url`: for tests and embedding.
-    pub fn with_database(database_url: impl Into<String>) -> Self {
-        let mut config = Config::parse_from(["approval-broker"]);
-        config.database_url = database_url.into();
+    /// The settings of the command line and the environment (`APPROVALS_*`, `DATABASE_URL`):
+    /// what the binary runs with.
+    pub fn from_command_line() -> Self {
+        let mut config = Config::parse();
+        // clap treats an empty environment variable as unset; an operator who set
+        // `APPROVALS_TOKENS=""` meant it, and `tokens()` refuses a source that holds no token.
+        if config.auth.tokens.is_none() {
+            config.auth.tokens =
+                std::env::var_os(TOKENS_ENV).map(|v| v.to_string_lossy().into_owned());
+        }
         config
     }
 
-    pub fn texts(&self) -> ToolResultTexts {
-        let defaults = ToolResultTexts::default();
-        let pick = |set: &Option<String>, default: String| set.clone().unwrap_or(default);
-        ToolResultTexts {
-            denied: pick(&self.text_denied, defaults.denied),
-            denied_by_policy: pick(&self.text_denied_by_policy, defaults.denied_by_policy),
-            superseded: pick(&self.text_superseded, defaults.superseded),
-            skipped: pick(&self.text_skipped, defaults.skipped),
-            expired: pick(&self.text_expired, defaults.expired),
-            cancelled: pick(&self.text_cancelled, defaults.cancelled),
-        }
+    /// Every setting at its default, with the database at `database_url`, whatever the
+    /// environment says: for tests and embedding, so a developer's exported `APPROVALS_*` or
+    /// `DATABASE_URL` never changes a broker built here.
+    pub fn for_tests(database_url: impl Into<String>) -> Self {
+        use clap::{CommandFactory as _, FromArgMatches as _};
+        let defaults = Config::command()
+            .mut_args(|arg| arg.env(None::<&'static str>))
+            .get_matches_from(["approval-broker"]);
+        let mut config = Config::from_arg_matches(&defaults).expect("the defaults parse");
+        config.store.database_url = database_url.into();
+        config
     }
 
-    pub fn store_options(&self) -> StoreOptions {
-        StoreOptions {
-            database_url: self.database_url.clone(),
-            synchronous: self.sqlite_synchronous,
-            max_connections: self.database_max_connections,
-            texts: self.texts(),
-        }
-    }
-
+    /// What the broker enforces on requests and streams.
     pub fn limits(&self) -> Limits {
         Limits {
-            max_input_bytes: self.max_input_bytes,
-            default_deadline: self.default_deadline,
-            subscriber_buffer: self.subscriber_buffer as usize,
-            max_agent_streams: self.max_agent_streams as usize,
-            max_subscribers: self.max_subscribers as usize,
-            max_reply_bytes: self.max_reply_bytes.min(self.max_message_bytes),
-            max_pending_per_agent: self.max_pending_per_agent,
-        }
-    }
-
-    pub fn connection_limits(&self) -> crate::connections::ConnectionLimits {
-        crate::connections::ConnectionLimits {
-            max_connections: self.max_connections as usize,
-            handshake_timeout: self.handshake_timeout,
-            max_control_frames_per_second: self.max_control_frames_per_second,
+            max_input_bytes: self.requests.max_input_bytes,
+            default_deadline: self.policy.default_deadline,
+            subscriber_buffer: self.streams.subscriber_buffer as usize,
+            max_agent_streams: self.streams.max_agent_streams as usize,
+            max_subscribers: self.streams.max_subscribers as usize,
+            max_reply_bytes: self
+                .requests
+                .max_reply_bytes
+                .min(self.requests.max_message_bytes),
+            max_pending_per_agent: self.requests.max_pending_per_agent,
         }
     }
 
@@ -278,9 +379,9 @@ impl Config {
     /// not fit.
     pub fn reply_limit(&self) -> crate::Result<usize> {
         crate::grpc::oversize::reply_limit(
-            self.max_reply_bytes,
-            self.max_message_bytes,
-            self.max_input_bytes,
+            self.requests.max_reply_bytes,
+            self.requests.max_message_bytes,
+            self.requests.max_input_bytes,
         )
     }
 
@@ -291,7 +392,7 @@ impl Config {
     pub fn tokens(&self) -> crate::Result<Option<crate::auth::Tokens>> {
         let mut text = String::new();
         let mut named = false;
-        if let Some(path) = &self.tokens_file {
+        if let Some(path) = &self.auth.tokens_file {
             let setting = "--tokens-file / APPROVALS_TOKENS_FILE";
             let file = std::fs::read_to_string(path).map_err(|e| {
                 crate::Error::invalid(setting, format!("cannot read {}: {e}", path.display()))
@@ -305,18 +406,13 @@ impl Config {
             text.push_str(&file);
             text.push('\n');
         }
-        // clap treats an empty environment variable as unset; an operator who set it meant it.
-        let inline = self
-            .tokens
-            .clone()
-            .or_else(|| std::env::var_os(TOKENS_ENV).map(|v| v.to_string_lossy().into_owned()));
-        if let Some(inline) = inline {
+        if let Some(inline) = &self.auth.tokens {
             let what = "--tokens / APPROVALS_TOKENS";
-            if crate::auth::Tokens::parse(&inline, what)?.is_empty() {
+            if crate::auth::Tokens::parse(inline, what)?.is_empty() {
                 return Err(no_token_in(what));
             }
             named = true;
-            text.push_str(&inline);
+            text.push_str(inline);
         }
         if !named {
             return Ok(None);
@@ -341,14 +437,14 @@ impl Config {
     /// The rules of `--policy-file`, if one is set. An unreadable or invalid file is an error
     /// naming the setting and the rule at fault.
     pub fn policy_rules(&self) -> crate::Result<Option<Vec<crate::domain::policy::Rule>>> {
-        let Some(path) = &self.policy_file else {
+        let Some(path) = &self.policy.policy_file else {
             return Ok(None);
         };
         let setting = "--policy-file / APPROVALS_POLICY_FILE";
         let text = std::fs::read_to_string(path).map_err(|e| {
             crate::Error::invalid(setting, format!("cannot read {}: {e}", path.display()))
         })?;
-        crate::domain::policy::parse_policy_file(&text, self.max_input_bytes)
+        crate::domain::policy::parse_policy_file(&text, self.requests.max_input_bytes)
             .map(Some)
             .map_err(|e| crate::Error::invalid(setting, format!("{}: {e}", path.display())))
     }

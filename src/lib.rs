@@ -1,6 +1,43 @@
 //! The approval broker: a gRPC service between LLM agents and the humans who approve their tool
 //! calls. `main.rs` only wires configuration to [`startup::run`]; everything else lives here so
 //! the black-box tests in `tests/` can start the real server on port 0.
+//!
+//! # Layout
+//!
+//! A call travels from the surface, through the facade and one operation, to the store, and its
+//! committed event travels back out through the fan-out:
+//!
+//! ```text
+//! grpc/ (inbox/, hook/, mcp/)  ->  broker/  ->  operations/<one per operation>  ->  store/
+//!                                                                                     |
+//!                      streams  <-  events.rs  <-  the durable event log  <-----------+
+//! ```
+//!
+//! - `grpc/`: the gRPC surface, one file per service (`agent`, `approver`, `admin`), plus `parse`
+//!   (protobuf to validated domain values) and `render` (back). It talks to the broker only.
+//! - `inbox/`: the approval web page, served beside gRPC on the same port; the page's calls are
+//!   gRPC-Web to the same services, through the same tokens and limits.
+//! - `hook/`, `mcp/`: adapters for the agents people run (Claude Code's hooks; any MCP client and
+//!   server), gRPC clients of the broker like any agent.
+//! - `broker/`: the one facade every surface calls; it judges large inputs ahead (`prejudge`),
+//!   runs an operation through the store, then tells the event fan-out and the deadline sweeper.
+//! - `operations/`: what the broker does, one file per operation: `submit`, `decide`, `cancel`,
+//!   `expire`, `policy_admin` (grants and rules), `explain`, and `ruling` (what a rule or
+//!   grant deciding a pending call brings along); `tx` holds the transaction
+//!   primitives they are written over, and the lock order they keep.
+//! - `domain/`: plain, validated types and rules with no I/O: ids, inputs in canonical JSON,
+//!   calls, batches, outcomes, events, policy rules and grants, and the requests and reports the
+//!   operations take and return.
+//! - `store/`: storage behind small traits (`Calls`, `Deadlines`, `EventLog`, `Policies`), one
+//!   backend each: `sqlite/` (its one `writer` thread and `group_commit`) and `postgres`; the SQL
+//!   both run is written once (`statements`), as is the keyset `listing`; `database` parses the
+//!   URL once; `health` watches whether writes work.
+//! - `events.rs`: the in-memory fan-out of committed events to every stream; `expiry.rs`: the
+//!   deadline sweeper.
+//! - `startup.rs` wires the parts and serves them; `config.rs` parses the settings once;
+//!   `connections/`, `auth.rs` and `stream_slots.rs` guard the door (connection caps, bearer
+//!   tokens, stream caps); `error.rs` is the one error type and its gRPC status; `telemetry.rs` and
+//!   `meters.rs` are logs and metrics; `proto.rs` is generated code.
 
 pub mod auth;
 pub mod broker;
@@ -12,6 +49,8 @@ pub mod events;
 pub mod expiry;
 pub mod grpc;
 pub mod hook;
+pub mod inbox;
+pub mod mcp;
 pub mod meters;
 pub mod operations;
 pub mod proto;

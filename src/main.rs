@@ -5,17 +5,20 @@ use std::process::ExitCode;
 
 use approval_broker::config::{Command, Config, MetricsListen};
 use approval_broker::{meters, startup, telemetry};
-use clap::Parser;
 use tokio::net::TcpListener;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let config = Config::parse();
+    let config = Config::from_command_line();
     // Before logging starts: a hook's standard output is its answer and holds nothing else.
     if let Some(Command::Hook(hook)) = &config.command {
         return approval_broker::hook::run(hook).await;
     }
-    telemetry::init("info", config.log_format == "json");
+    // Likewise: in stdio mode the gateway's standard output is the MCP channel.
+    if let Some(Command::McpGateway(gateway)) = &config.command {
+        return approval_broker::mcp::run(gateway).await;
+    }
+    telemetry::init("info", config.telemetry.log_format == "json");
     match &config.command {
         Some(Command::Migrate) => {
             return match startup::migrate(&config).await {
@@ -27,17 +30,17 @@ async fn main() -> ExitCode {
             };
         }
         Some(Command::HashToken { token }) => return hash_token(token.clone()),
-        Some(Command::Hook(_)) => unreachable!("answered above"),
+        Some(Command::Hook(_) | Command::McpGateway(_)) => unreachable!("answered above"),
         None => {}
     }
-    let listener = match TcpListener::bind(config.listen).await {
+    let listener = match TcpListener::bind(config.serve.listen).await {
         Ok(listener) => listener,
         Err(err) => {
-            tracing::error!(listen = %config.listen, error = %err, "cannot bind --listen / APPROVALS_LISTEN");
+            tracing::error!(listen = %config.serve.listen, error = %err, "cannot bind --listen / APPROVALS_LISTEN");
             return ExitCode::FAILURE;
         }
     };
-    if let MetricsListen::On(address) = config.metrics_listen
+    if let MetricsListen::On(address) = config.telemetry.metrics_listen
         && let Err(err) = meters::serve(address)
     {
         tracing::error!(error = %err, "cannot serve metrics (--metrics-listen / APPROVALS_METRICS_LISTEN)");

@@ -11,16 +11,18 @@ use tokio_rustls::TlsAcceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
+use tonic_web::GrpcWebLayer;
 
 use crate::auth::{Gate, Role};
 use crate::broker::Broker;
-use crate::config::Config;
+use crate::config::{Config, ServeSettings};
 use crate::connections;
 use crate::error::{Error, Result, StorageFault};
 use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
 use crate::grpc::oversize::MessageLimitStatus;
 use crate::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi, reflection};
+use crate::inbox::InboxPage;
 use crate::proto::{self, v1 as pb};
 use crate::store;
 use crate::store::health::{self, StorageHealth, Watched};
@@ -41,18 +43,19 @@ pub async fn run(
     // An invalid policy file stops the broker before anything else happens.
     let policy_rules = config.policy_rules()?;
     let reply_limit = config.reply_limit()?;
+    let database = config.store.database()?;
     // Held until the server stops (or its task is dropped): one broker per SQLite file.
-    let _only_broker = store::claim(&config.store_options())?;
+    let _only_broker = store::claim(&database)?;
     let storage = StorageHealth::new();
     let store: Arc<dyn store::Store> = Arc::new(Watched::new(
-        store::open(&config.store_options()).await?,
+        store::open(&database, config.texts.resolve()).await?,
         Arc::clone(&storage),
     ));
     if let Some(rules) = &policy_rules {
         store.load_file_rules(rules).await?;
         tracing::info!(rules = rules.len(), "policy file loaded");
     }
-    let bus = EventBus::new(store.clone(), config.event_buffer as usize).await?;
+    let bus = EventBus::new(store.clone(), config.streams.event_buffer as usize).await?;
     let sweeper = DeadlineSweeper::new(store.clone(), Arc::clone(&bus));
     // Calls that fell due while the broker was down expire before anything is served.
     sweeper.expire_due().await?;
@@ -75,7 +78,7 @@ pub async fn run(
         Some(tokens) => tracing::info!(tokens = tokens.len(), "bearer-token authentication on"),
     }
     let gate = |role| Gate::new(tokens.clone(), role);
-    let max = config.max_message_bytes;
+    let max = config.requests.max_message_bytes;
     let agent = InterceptedService::new(
         AgentServiceServer::new(AgentApi::new(Arc::clone(&broker)))
             .max_decoding_message_size(max)
@@ -97,7 +100,7 @@ pub async fn run(
 
     let health = tonic_health::server::HealthReporter::new();
     let health_service =
-        crate::grpc::health::capped(health.clone(), config.max_health_watches as usize);
+        crate::grpc::health::capped(health.clone(), config.streams.max_health_watches as usize);
     for service in SERVICES.into_iter().chain([READINESS, LIVENESS]) {
         health
             .set_service_status(service, ServingStatus::Serving)
@@ -122,7 +125,8 @@ pub async fn run(
     let reflection_v1alpha = reflection()
         .build_v1alpha()
         .map_err(|e| Error::Internal(format!("reflection: {e}")))?;
-    let reflection_streams = reflection::stream_slots(config.max_reflection_streams as usize);
+    let reflection_streams =
+        reflection::stream_slots(config.streams.max_reflection_streams as usize);
     let reflection_v1 = reflection::Capped::new(reflection_v1, Arc::clone(&reflection_streams));
     let reflection_v1alpha = reflection::Capped::new(reflection_v1alpha, reflection_streams);
 
@@ -130,18 +134,25 @@ pub async fn run(
         // Every request's log lines carry its RPC; the broker's own spans add the session and
         // call ids.
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
+        // HTTP/1.1 only for browsers on `http://`: the page and gRPC-Web (see `inbox`).
+        .accept_http1(config.serve.inbox)
+        // Outermost first: the page's files, then gRPC-Web turned into gRPC, so the limits
+        // below see every call in one form.
+        .layer(InboxPage::new(config.serve.inbox, tokens.is_none()))
+        .layer(GrpcWebLayer::new())
         .layer(MessageLimitStatus)
-        .max_concurrent_streams(config.max_concurrent_streams)
-        .http2_keepalive_interval(Some(config.keepalive_interval))
-        .http2_keepalive_timeout(Some(config.keepalive_timeout));
-    let tls = tls_acceptor(&config)?;
+        .max_concurrent_streams(config.connections.max_concurrent_streams)
+        .http2_keepalive_interval(Some(config.connections.keepalive_interval))
+        .http2_keepalive_timeout(Some(config.connections.keepalive_timeout));
+    let tls = tls_acceptor(&config.serve)?;
 
     let local = listener.local_addr().ok();
     tracing::info!(
         address = ?local,
-        backend = backend_name(&config),
-        tls = config.tls_cert.is_some(),
-        mutual_tls = config.tls_client_ca.is_some(),
+        inbox = config.serve.inbox,
+        backend = database.backend(),
+        tls = config.serve.tls_cert.is_some(),
+        mutual_tls = config.serve.tls_client_ca.is_some(),
         "approval broker serving"
     );
 
@@ -169,10 +180,10 @@ pub async fn run(
         .add_service(approver)
         .add_service(admin)
         .serve_with_incoming_shutdown(
-            connections::admit(listener, config.connection_limits(), tls),
+            connections::admit(listener, config.connections.limits(config.serve.inbox), tls),
             drain,
         );
-    let drain_timeout = config.drain_timeout;
+    let drain_timeout = config.serve.drain_timeout;
     let served = tokio::select! {
         served = serve => served.map_err(|e| Error::Internal(format!("server: {e}"))),
         _ = async {
@@ -254,7 +265,7 @@ const SERVICES: [&str; 4] = [
 
 /// TLS from --tls-cert and --tls-key, with client certificates required when --tls-client-ca
 /// is set.
-fn tls_acceptor(config: &Config) -> Result<Option<TlsAcceptor>> {
+fn tls_acceptor(config: &ServeSettings) -> Result<Option<TlsAcceptor>> {
     let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) else {
         return Ok(None);
     };
@@ -274,18 +285,11 @@ fn tls_acceptor(config: &Config) -> Result<Option<TlsAcceptor>> {
     .map(Some)
 }
 
-fn backend_name(config: &Config) -> &'static str {
-    if store::is_postgres(&config.database_url) {
-        "postgres"
-    } else {
-        "sqlite"
-    }
-}
-
 /// Applies the migrations of the configured database and returns (`approval-broker migrate`).
 pub async fn migrate(config: &Config) -> Result<()> {
-    let _only_broker = store::claim(&config.store_options())?;
-    store::open(&config.store_options()).await?;
-    tracing::info!(backend = backend_name(config), "migrations applied");
+    let database = config.store.database()?;
+    let _only_broker = store::claim(&database)?;
+    store::open(&database, config.texts.resolve()).await?;
+    tracing::info!(backend = database.backend(), "migrations applied");
     Ok(())
 }

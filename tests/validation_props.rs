@@ -1,4 +1,4 @@
-//! Issue 4, property tests of the validation layer (`approval_broker::grpc::parse`), driven
+//! Property tests of the validation layer (`approval_broker::grpc::parse`), driven
 //! directly with arbitrary protobuf values: strings with control characters, multi-byte
 //! characters and lengths around and far beyond every limit, arbitrary enum numbers, timestamps
 //! with out-of-range nanos and i64 extremes, batches of 0 to 200 calls. They prove that

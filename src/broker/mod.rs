@@ -248,19 +248,15 @@ where
 mod tests {
     use super::*;
     use crate::domain::ToolResultTexts;
-    use crate::store::{StoreOptions, Synchronous};
+    use crate::store::Database;
 
     #[tokio::test]
     async fn new_streams_are_refused_while_draining() {
         let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::open(&StoreOptions {
-            database_url: format!("sqlite://{}", dir.path().join("a.db").display()),
-            synchronous: Synchronous::Full,
-            max_connections: 2,
-            texts: ToolResultTexts::default(),
-        })
-        .await
-        .unwrap();
+        let database = Database::sqlite_file(dir.path().join("a.db"));
+        let store = crate::store::open(&database, ToolResultTexts::default())
+            .await
+            .unwrap();
         let bus = EventBus::new(store.clone(), 16).await.unwrap();
         let sweeper = DeadlineSweeper::new(store.clone(), Arc::clone(&bus));
         let limits = Limits {

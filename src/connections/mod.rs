@@ -1,9 +1,15 @@
 //! Client connections, before gRPC sees them: the broker accepts TCP itself so that no client
 //! can hold a file descriptor for nothing. A connection beyond `--max-connections` is closed at
-//! once; one that has not finished its TLS handshake and sent the HTTP/2 client preface within
-//! `--handshake-timeout` is closed; and every admitted connection goes to tonic inside the
+//! once; one that has not finished its TLS handshake and sent its first bytes (the HTTP/2
+//! client preface, or the start of an HTTP/1.1 request) within `--handshake-timeout` is closed;
+//! and every admitted HTTP/2 connection goes to tonic inside the
 //! [`FloodGuard`](flood::FloodGuard), which ends PING and SETTINGS floods. TLS is done here,
 //! not by tonic, so the guard sees frames rather than ciphertext.
+//!
+//! HTTP/1.1 is how a browser reaches a plain `http://` broker: the inbox page and its gRPC-Web
+//! calls (see `inbox`). Such a connection is told apart by its first bytes, which are not the
+//! HTTP/2 preface; it has no PING or SETTINGS frames to flood with, and holds one request at a
+//! time. With `--inbox false` it is not told apart: hyper refuses it as before.
 //!
 //! Nothing here may stall the accept loop: each handshake runs in a task of its own.
 
@@ -26,8 +32,8 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use crate::meters;
 use flood::FloodGuard;
 
-/// `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`: what every HTTP/2 client sends first (RFC 9113 §3.4).
-const PREFACE_LEN: usize = 24;
+/// What every HTTP/2 client sends first (RFC 9113 §3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// How connections are admitted.
 #[derive(Debug, Clone)]
@@ -38,10 +44,17 @@ pub struct ConnectionLimits {
     pub handshake_timeout: Duration,
     /// PING frames, and apart from them SETTINGS frames, a client may send in a second.
     pub max_control_frames_per_second: u32,
+    /// Whether HTTP/1.1 connections (browsers on `http://`, for the inbox) are admitted.
+    pub http1: bool,
 }
 
-/// The connections tonic serves: admitted, past their handshake, flood-guarded.
-pub type Connection = FloodGuard<ClientIo>;
+/// The connections tonic serves: admitted and past their handshake.
+pub enum Connection {
+    /// HTTP/2 (gRPC, and gRPC-Web over TLS), flood-guarded.
+    Http2(FloodGuard<ClientIo>),
+    /// HTTP/1.1 (a browser on `http://`): its first bytes are replayed to hyper.
+    Http1(Replayed<ClientIo>),
+}
 
 /// Accepts connections on `listener` and yields each one once its handshake is done, until the
 /// stream is dropped (tonic drops it when it stops accepting; the listener closes with it).
@@ -129,7 +142,8 @@ impl Admission {
         Some(slot)
     }
 
-    /// TLS, if configured, then the HTTP/2 client preface.
+    /// TLS, if configured, then the HTTP/2 client preface (or, with HTTP/1.1 admitted, the first
+    /// bytes that show a connection is not HTTP/2).
     async fn handshake(&self, tcp: TcpStream, slot: Slot) -> io::Result<Connection> {
         let info = TcpConnectInfo {
             local_addr: tcp.local_addr().ok(),
@@ -144,14 +158,58 @@ impl Admission {
             info,
             _slot: slot,
         };
-        // Read, not checked: anything but HTTP/2 is hyper's to refuse, as before.
-        let mut preface = vec![0; PREFACE_LEN];
-        io.read_exact(&mut preface).await?;
-        Ok(FloodGuard::new(
-            io,
-            preface,
-            self.limits.max_control_frames_per_second,
-        ))
+        let first = read_first_bytes(&mut io, self.limits.http1).await?;
+        if first.as_slice() == PREFACE {
+            Ok(Connection::Http2(FloodGuard::new(
+                io,
+                first,
+                self.limits.max_control_frames_per_second,
+            )))
+        } else if self.limits.http1 {
+            Ok(Connection::Http1(Replayed::new(io, first)))
+        } else {
+            // Not checked further: anything but HTTP/2 is hyper's to refuse, as before.
+            Ok(Connection::Http2(FloodGuard::new(
+                io,
+                first,
+                self.limits.max_control_frames_per_second,
+            )))
+        }
+    }
+}
+
+/// The most an HTTP/1.1 connection's first request head may take (request line and headers).
+const MAX_HTTP1_HEAD: usize = 16 * 1024;
+
+/// Reads the client's first bytes: the HTTP/2 preface; or, when `http1` is admitted and they
+/// stop matching the preface, the whole head of the first HTTP/1.1 request, so that a browser's
+/// connection too has `--handshake-timeout` to say what it wants, not hyper's 30 seconds.
+async fn read_first_bytes(io: &mut ClientIo, http1: bool) -> io::Result<Vec<u8>> {
+    let mut first = Vec::with_capacity(PREFACE.len());
+    let mut chunk = [0; 1024];
+    loop {
+        let want = if http1 && !PREFACE.starts_with(&first) {
+            if first.windows(4).any(|w| w == b"\r\n\r\n") {
+                return Ok(first);
+            }
+            if first.len() >= MAX_HTTP1_HEAD {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "an HTTP/1.1 request head too large",
+                ));
+            }
+            chunk.len().min(MAX_HTTP1_HEAD - first.len())
+        } else if first.len() == PREFACE.len() {
+            return Ok(first);
+        } else {
+            // Never past the preface: what follows it is the flood guard's to read.
+            PREFACE.len() - first.len()
+        };
+        let n = io.read(&mut chunk[..want]).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        first.extend_from_slice(&chunk[..n]);
     }
 }
 
@@ -247,7 +305,103 @@ impl Connected for Connection {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.get_ref().info.clone()
+        match self {
+            Connection::Http2(io) => io.get_ref().info.clone(),
+            Connection::Http1(io) => io.io.info.clone(),
+        }
+    }
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Connection::Http2(io) => Pin::new(io).poll_read(cx, buf),
+            Connection::Http1(io) => Pin::new(io).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Connection::Http2(io) => Pin::new(io).poll_write(cx, buf),
+            Connection::Http1(io) => Pin::new(&mut io.io).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Connection::Http2(io) => Pin::new(io).poll_write_vectored(cx, bufs),
+            Connection::Http1(io) => Pin::new(&mut io.io).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Connection::Http2(io) => io.is_write_vectored(),
+            Connection::Http1(io) => io.io.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Connection::Http2(io) => Pin::new(io).poll_flush(cx),
+            Connection::Http1(io) => Pin::new(&mut io.io).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Connection::Http2(io) => Pin::new(io).poll_shutdown(cx),
+            Connection::Http1(io) => Pin::new(&mut io.io).poll_shutdown(cx),
+        }
+    }
+}
+
+/// A connection whose first bytes were read to tell its protocol: they are read again first.
+pub struct Replayed<IO> {
+    io: IO,
+    first: Vec<u8>,
+    replayed: usize,
+}
+
+impl<IO> Replayed<IO> {
+    fn new(io: IO, first: Vec<u8>) -> Self {
+        Self {
+            io,
+            first,
+            replayed: 0,
+        }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Replayed<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.replayed < this.first.len() {
+            let rest = &this.first[this.replayed..];
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            this.replayed += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
     }
 }
 

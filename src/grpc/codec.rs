@@ -1,6 +1,6 @@
 //! The protobuf codec of the generated services (`build.rs` names it): prost's, except that a
 //! message that cannot be decoded is the sender's mistake, INVALID_ARGUMENT naming the decode
-//! problem, where prost's codec answers INTERNAL (PRODUCT.md, guarantees 7 and 8).
+//! problem, where prost's codec answers INTERNAL (no client mistake is ever answered INTERNAL).
 //!
 //! This is the one place a decode error becomes a status: for a unary request it is the RPC's
 //! answer, and on a client stream (`Connect`) the handler ends the stream with it.

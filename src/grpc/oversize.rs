@@ -1,4 +1,4 @@
-//! Oversized messages are a limit, and limits answer RESOURCE_EXHAUSTED (PRODUCT.md, guarantee 7).
+//! Oversized messages are a limit, and limits answer RESOURCE_EXHAUSTED (the precise-errors promise).
 //! tonic refuses a message over `--max-message-bytes` with OUT_OF_RANGE while decoding it: before
 //! a unary or server-streaming handler runs (the status travels in the response headers, which
 //! [`MessageLimitStatus`] rewrites), or inside a client stream (which the handler maps with

@@ -80,6 +80,18 @@ pub async fn review(
     }
 }
 
+/// Cancels `call_id` in `session_id` because the agent stopped waiting (its user cancelled the
+/// request). A decision that won the race is returned as the review: it stands.
+pub async fn cancel(
+    broker: &BrokerAddress,
+    session_id: &str,
+    call_id: &str,
+    reason: &str,
+) -> Result<Review, ReviewError> {
+    let client = Client::connect(broker).await?;
+    Ok(client.cancel(session_id, call_id, reason).await)
+}
+
 /// The outcome a submit already carries (a duplicate of a decided call, or a call a rule or a
 /// grant decided at once); `None` while the call is pending.
 fn decided_at_submit(
@@ -227,13 +239,22 @@ impl Client {
     /// Cancels the call after the time limit. A decision that won the race is returned as the
     /// review: it stands, and is what the agent must follow.
     async fn give_up(&self, session_id: &str, call_id: &str) -> Review {
+        self.cancel(
+            session_id,
+            call_id,
+            "the agent stopped waiting for a decision (its time limit passed)",
+        )
+        .await
+    }
+
+    async fn cancel(&self, session_id: &str, call_id: &str, reason: &str) -> Review {
         let request = self.request(pb::CancelRequest {
             target: Some(pb::CancelTarget {
                 session_id: session_id.into(),
                 target: Some(pb::cancel_target::Target::Calls(pb::CallIds {
                     call_ids: vec![call_id.into()],
                 })),
-                reason: "the agent's hook stopped waiting for a decision".into(),
+                reason: reason.into(),
             }),
         });
         let mut agent = self.agent.clone();

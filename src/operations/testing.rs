@@ -24,8 +24,8 @@ impl Db {
     /// A fresh database file, migrated.
     pub async fn new() -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let url = format!("sqlite://{}", dir.path().join("ops.db").display());
-        let store = SqliteStore::open(&url, Synchronous::Normal, texts())
+        let path = dir.path().join("ops.db");
+        let store = SqliteStore::open(&path, Synchronous::Normal, texts())
             .await
             .expect("a fresh store");
         Self { _dir: dir, store }

@@ -6,6 +6,7 @@
 //! primitives over it (`primitives`) and the reads (`reads`): each backend owns its connections
 //! and adds only what it does differently.
 
+mod database;
 pub mod health;
 mod listing;
 mod postgres;
@@ -25,6 +26,7 @@ use crate::domain::{
 };
 use crate::error::Result;
 
+pub use database::Database;
 pub use postgres::PostgresStore;
 pub use sqlite::{ProcessLock, SqliteStore, Synchronous};
 
@@ -148,42 +150,28 @@ pub struct CommittedEvents {
     pub missed: std::sync::Arc<tokio::sync::Notify>,
 }
 
-/// How to open the store.
-#[derive(Debug, Clone)]
-pub struct StoreOptions {
-    /// `postgres://...` selects Postgres; `sqlite://...`, `sqlite:...` or a path selects SQLite.
-    pub database_url: String,
-    /// SQLite only.
-    pub synchronous: Synchronous,
-    /// Postgres only: the connection pool's size.
-    pub max_connections: u32,
-    pub texts: ToolResultTexts,
-}
-
-/// Whether `database_url` names a Postgres database.
-pub fn is_postgres(database_url: &str) -> bool {
-    database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")
-}
-
-/// Makes this process the only broker on the database the options name, for as long as the
-/// returned lock is held: a SQLite file serves one broker process (a second one is refused with
-/// an error saying so); any number of replicas share Postgres, so there is nothing to hold.
-pub fn claim(options: &StoreOptions) -> Result<Option<ProcessLock>> {
-    if is_postgres(&options.database_url) {
-        return Ok(None);
+/// Makes this process the only broker on `database` for as long as the returned lock is held:
+/// a SQLite file serves one broker process (a second one is refused with an error saying so); any
+/// number of replicas share Postgres, so there is nothing to hold.
+pub fn claim(database: &Database) -> Result<Option<ProcessLock>> {
+    match database {
+        Database::Sqlite { path, .. } => ProcessLock::claim(path).map(Some),
+        Database::Postgres { .. } => Ok(None),
     }
-    ProcessLock::claim(&options.database_url).map(Some)
 }
 
-/// Opens the store the options name and applies its migrations.
-pub async fn open(options: &StoreOptions) -> Result<std::sync::Arc<dyn Store>> {
-    let texts = options.texts.clone();
-    if is_postgres(&options.database_url) {
-        let store =
-            PostgresStore::open(&options.database_url, options.max_connections, texts).await?;
-        Ok(std::sync::Arc::new(store))
-    } else {
-        let store = SqliteStore::open(&options.database_url, options.synchronous, texts).await?;
-        Ok(std::sync::Arc::new(store))
-    }
+/// Opens the store on `database` and applies its migrations.
+pub async fn open(
+    database: &Database,
+    texts: ToolResultTexts,
+) -> Result<std::sync::Arc<dyn Store>> {
+    Ok(match database {
+        Database::Sqlite { path, synchronous } => {
+            std::sync::Arc::new(SqliteStore::open(path, *synchronous, texts).await?)
+        }
+        Database::Postgres {
+            url,
+            max_connections,
+        } => std::sync::Arc::new(PostgresStore::open(url, *max_connections, texts).await?),
+    })
 }

@@ -15,7 +15,7 @@
 //!
 //! Numbering inside each write transaction instead (under the same lock, held through the
 //! commit) was measured and rejected: it queues every commit of every replica behind one lock;
-//! with 8 agents it ran 378 against 454 cycles/s, and doubled submit→ack (README, Benchmark).
+//! with 8 agents it ran 378 against 454 cycles/s, and doubled submit→ack (docs/benchmarks.md).
 
 use std::sync::Arc;
 use std::time::Duration;

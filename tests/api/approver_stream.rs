@@ -525,7 +525,10 @@ const LONGER_THAN_ANY_SEND_TIMEOUT: std::time::Duration = std::time::Duration::f
 /// Storage plays no part, so it runs on SQLite only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_blocked_for_long_after_falling_behind_is_still_told_where_to_resume() {
-    let app = spawn_app_on(Backend::Sqlite, |config| config.subscriber_buffer = 4).await;
+    let app = spawn_app_on(Backend::Sqlite, |config| {
+        config.streams.subscriber_buffer = 4
+    })
+    .await;
     // A client whose windows hold less than one event: its window is closed from the first big
     // event on, before the broker finds the subscriber behind, and stays closed while it sleeps.
     let window = 64 * 1024 - 1;
@@ -579,7 +582,7 @@ async fn a_subscriber_blocked_for_long_after_falling_behind_is_still_told_where_
 }
 
 backend_tests! {
-    a_subscriber_that_falls_too_far_behind_is_told_where_to_resume_and_resumes_without_gap => |config| config.subscriber_buffer = 4,
+    a_subscriber_that_falls_too_far_behind_is_told_where_to_resume_and_resumes_without_gap => |config| config.streams.subscriber_buffer = 4,
     live_requested_and_resolved_events_reach_subscribers_for_matching_calls_only_in_seq_order,
     subscribing_without_a_cursor_sends_a_snapshot_of_exactly_the_matching_pending_calls,
     several_subscribers_see_the_same_requested_and_resolved_events,

@@ -18,7 +18,7 @@ const ALICE: &str = "token-of-alice";
 const ROOT: &str = "token-of-root";
 
 fn with_tokens(config: &mut Config) {
-    config.tokens = Some(format!(
+    config.auth.tokens = Some(format!(
         "agent agent-a {}; agent agent-b {}\napprover alice {}; admin root {}",
         hash_token(AGENT_A),
         hash_token(AGENT_B),

@@ -8,7 +8,7 @@
 //! the model reads the denial's text, and a timeout or an unreachable broker fails closed.
 
 use std::io::Write as _;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use approval_broker::proto::v1 as pb;
@@ -36,15 +36,13 @@ fn start_hook(broker: &str, args: &[&str], input: &Value) -> Child {
 
 /// [`start_hook`] with `APPROVALS_BROKER_TOKEN` set to `token`.
 fn start_hook_with_token(broker: &str, args: &[&str], token: Option<&str>, input: &Value) -> Child {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_approval-broker"));
-    command.env_remove("APPROVALS_BROKER_TOKEN");
+    let mut command = broker_binary();
     if let Some(token) = token {
         command.env("APPROVALS_BROKER_TOKEN", token);
     }
     let mut child = command
         .args(["hook", "claude-code", "--broker", broker])
         .args(args)
-        .env_remove("APPROVALS_HOOK_TIMEOUT")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -321,7 +319,7 @@ async fn no_decision_in_time_asks_the_user_when_configured() {
 
 #[tokio::test]
 async fn an_unreachable_broker_fails_closed_with_a_message_on_stderr() {
-    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let nowhere = format!("http://127.0.0.1:{}", free_port().expect("a free port"));
     for (event, input) in [
         ("PreToolUse", fixture("pre_tool_use")),
         ("PermissionRequest", fixture("permission_request")),
@@ -478,7 +476,7 @@ async fn with_authentication_the_hook_submits_as_its_token_and_a_bad_token_fails
     const AGENT: &str = "token-of-claude-code";
     const ALICE: &str = "token-of-alice";
     let app = spawn_app_on(Backend::Sqlite, |config| {
-        config.tokens = Some(format!(
+        config.auth.tokens = Some(format!(
             "agent claude-code {}; approver alice {}",
             approval_broker::auth::hash_token(AGENT),
             approval_broker::auth::hash_token(ALICE)

@@ -6,9 +6,8 @@ use std::process::Command;
 use crate::helpers::*;
 
 fn broker() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_approval-broker"));
+    let mut command = broker_binary();
     command
-        .env_remove("DATABASE_URL")
         .env("RUST_LOG", "info")
         // Tests run side by side: none may take the default metrics port.
         .env("APPROVALS_METRICS_LISTEN", "off");

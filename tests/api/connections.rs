@@ -101,7 +101,7 @@ fn new_channel(address: SocketAddr) -> tonic::transport::Channel {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_sends_nothing_is_closed_after_the_handshake_timeout() {
     let app = spawn_app_on(Backend::Sqlite, |config| {
-        config.handshake_timeout = Duration::from_millis(300);
+        config.connections.handshake_timeout = Duration::from_millis(300);
     })
     .await;
     let mut silent = TcpStream::connect(app.address).await.expect("connect");
@@ -119,9 +119,9 @@ async fn a_connection_that_sends_nothing_is_closed_after_the_handshake_timeout()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_connection_cap_new_connections_are_closed_and_open_ones_are_served() {
     let app = spawn_app_on(Backend::Sqlite, |config| {
-        config.max_connections = 3;
+        config.connections.max_connections = 3;
         // Long enough that only the cap can close a connection in this test.
-        config.handshake_timeout = Duration::from_secs(600);
+        config.connections.handshake_timeout = Duration::from_secs(600);
     })
     .await;
     // The app's own channel holds one connection; two idle sockets take the other places.
@@ -187,7 +187,7 @@ pub async fn flood_on(
 /// times): the connection must end with GOAWAY ENHANCE_YOUR_CALM, and other clients be served.
 async fn a_flood_of(flood: Vec<u8>) {
     let app = spawn_app_on(Backend::Sqlite, |config| {
-        config.max_control_frames_per_second = 20;
+        config.connections.max_control_frames_per_second = 20;
     })
     .await;
     let seen = flood_with(app.address, flood, 5_000).await;
@@ -214,7 +214,7 @@ async fn a_settings_flood_gets_goaway_enhance_your_calm_and_the_connection_close
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_few_pings_within_the_limit_leave_the_connection_open() {
     let app = spawn_app_on(Backend::Sqlite, |config| {
-        config.max_control_frames_per_second = 20;
+        config.connections.max_control_frames_per_second = 20;
     })
     .await;
     let mut socket = TcpStream::connect(app.address).await.expect("connect");
@@ -250,7 +250,7 @@ async fn a_few_pings_within_the_limit_leave_the_connection_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_health_watch_cap_a_new_watch_is_refused_and_checks_still_answer() {
     let app = spawn_app_on(Backend::Sqlite, |config| {
-        config.max_health_watches = 2;
+        config.streams.max_health_watches = 2;
     })
     .await;
     let mut health = HealthClient::new(app.channel.clone());
@@ -297,7 +297,7 @@ async fn past_the_reflection_stream_cap_a_new_reflection_stream_is_refused() {
     use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
 
     let app = spawn_app_on(Backend::Sqlite, |config| {
-        config.max_reflection_streams = 2;
+        config.streams.max_reflection_streams = 2;
     })
     .await;
     let list = || ServerReflectionRequest {

@@ -3,8 +3,6 @@
 //! the server's certificate checked), and refuses to start when the certificate does not check
 //! out. Runs against the local server, which serves TLS with a self-signed certificate.
 
-use std::process::Command;
-
 use sqlx::Connection as _;
 
 use approval_broker::proto::v1 as pb;
@@ -58,9 +56,8 @@ async fn with_sslmode_require_every_connection_to_postgres_is_encrypted() {
 }
 
 fn migrate(url: &str) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_approval-broker"))
+    broker_binary()
         .args(["migrate", "--database-url", url])
-        .env_remove("DATABASE_URL")
         .env("NO_COLOR", "1")
         .output()
         .expect("run")
@@ -73,7 +70,7 @@ fn migrate(url: &str) -> std::process::Output {
 )]
 async fn a_server_certificate_that_the_configured_root_did_not_sign_stops_the_broker() {
     let base = postgres_url();
-    let schema = Schema::create(&base).await;
+    let schema = fresh_schema(&base).await;
     let dir = tempfile::tempdir().expect("dir");
     // A CA of our own, which never signed the server's certificate.
     let ca = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("a CA");

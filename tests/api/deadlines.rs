@@ -271,7 +271,7 @@ backend_tests! {
     a_decision_after_the_deadline_loses_to_it,
     a_call_expires_within_a_second_of_its_deadline,
     a_decision_before_the_deadline_stands_and_the_call_never_expires,
-    the_configured_default_deadline_applies_to_calls_without_one => |c| c.default_deadline = Some(std::time::Duration::from_millis(400)),
+    the_configured_default_deadline_applies_to_calls_without_one => |c| c.policy.default_deadline = Some(std::time::Duration::from_millis(400)),
     calls_that_fell_due_while_the_broker_was_down_expire_at_start,
     retrying_a_submit_after_its_deadline_returns_the_stored_calls_and_their_outcomes,
     a_past_deadline_refuses_new_calls_only,

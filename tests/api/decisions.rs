@@ -345,8 +345,8 @@ backend_tests! {
     an_edited_approval_after_a_plain_one_is_refused,
     a_repeated_denial_with_another_reason_is_replayed_and_the_first_reason_stands,
     tool_result_texts_are_configurable => |c| {
-        c.text_denied = Some("Refused by the operator.".into());
-        c.text_skipped = Some("Skipped.".into());
+        c.texts.text_denied = Some("Refused by the operator.".into());
+        c.texts.text_skipped = Some("Skipped.".into());
     },
     the_first_decision_wins_and_repeating_it_returns_the_stored_outcome,
     a_conflicting_decision_is_refused_naming_the_outcome_that_stands,

@@ -16,9 +16,9 @@ use crate::helpers::*;
 
 async fn on_sigterm_the_broker_drains_and_loses_nothing_acknowledged(mut app: TestApp) {
     app.shut_down().await;
-    let mut broker = BrokerProcess::start(&app.database_url, &["--drain-timeout", "5s"], &[]).await;
+    let mut broker = start_broker(&app.database_url, &["--drain-timeout", "5s"], &[]).await;
 
-    let mut health = HealthClient::new(broker.channel.clone())
+    let mut health = HealthClient::new(broker.channel())
         .watch(tonic_health::pb::HealthCheckRequest::default())
         .await
         .expect("watch health")
@@ -26,7 +26,7 @@ async fn on_sigterm_the_broker_drains_and_loses_nothing_acknowledged(mut app: Te
     let first = health.next().await.expect("a status").expect("ok");
     assert_eq!(first.status, ServingStatus::Serving as i32);
     let watch = |service: &str| {
-        let mut client = HealthClient::new(broker.channel.clone());
+        let mut client = HealthClient::new(broker.channel());
         let request = tonic_health::pb::HealthCheckRequest {
             service: service.into(),
         };
@@ -39,7 +39,7 @@ async fn on_sigterm_the_broker_drains_and_loses_nothing_acknowledged(mut app: Te
         assert_eq!(first.status, ServingStatus::Serving as i32);
     }
 
-    let mut subscriber = ApproverServiceClient::new(broker.channel.clone())
+    let mut subscriber = ApproverServiceClient::new(broker.channel())
         .subscribe(pb::SubscribeRequest {
             filter: None,
             after_seq: None,
@@ -48,7 +48,7 @@ async fn on_sigterm_the_broker_drains_and_loses_nothing_acknowledged(mut app: Te
         .expect("subscribe")
         .into_inner();
     let (requests, rx) = tokio::sync::mpsc::channel(8);
-    let mut agent_stream = AgentServiceClient::new(broker.channel.clone())
+    let mut agent_stream = AgentServiceClient::new(broker.channel())
         .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
         .expect("connect")
@@ -76,7 +76,7 @@ async fn on_sigterm_the_broker_drains_and_loses_nothing_acknowledged(mut app: Te
     // A steady load of submits, recording every acknowledged call.
     let acknowledged = Arc::new(Mutex::new(vec!["s1".to_string()]));
     let load = {
-        let channel = broker.channel.clone();
+        let channel = broker.channel();
         let acknowledged = Arc::clone(&acknowledged);
         tokio::spawn(async move {
             let mut client = AgentServiceClient::new(channel);
@@ -99,7 +99,7 @@ async fn on_sigterm_the_broker_drains_and_loses_nothing_acknowledged(mut app: Te
 
     let signalled = Instant::now();
     let killed = Command::new("kill")
-        .args(["-TERM", &broker.child.id().to_string()])
+        .args(["-TERM", &broker.pid().expect("running").to_string()])
         .status()
         .expect("kill");
     assert!(killed.success());
@@ -153,7 +153,7 @@ async fn on_sigterm_the_broker_drains_and_loses_nothing_acknowledged(mut app: Te
 
     // The process exits 0, within the drain time.
     let status = loop {
-        if let Some(status) = broker.child.try_wait().expect("wait") {
+        if let Some(status) = broker.try_wait() {
             break status;
         }
         assert!(

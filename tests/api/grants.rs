@@ -837,7 +837,7 @@ async fn an_edited_approval_cannot_be_remembered(app: TestApp) {
     );
 }
 
-/// Issue 13: an approver's grant matcher is judged against every pending call it may cover. A
+/// A hostile glob: an approver's grant matcher is judged against every pending call it may cover. A
 /// glob that backtracking matched in quadratic time held the one SQLite writer for seconds; now
 /// matching is linear and done before the decision reaches the writer, so an unrelated submit
 /// sent meanwhile is answered at once (the one-second bound tells "not stalled" from seconds).

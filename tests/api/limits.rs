@@ -306,11 +306,11 @@ async fn past_the_per_agent_pending_cap_new_calls_are_refused_each_naming_the_se
 backend_tests! {
     one_agent_stream_follows_a_bounded_number_of_sessions,
     a_client_that_stops_answering_is_noticed_and_its_stream_released => |c| {
-        c.max_subscribers = 1;
-        c.keepalive_interval = std::time::Duration::from_millis(300);
-        c.keepalive_timeout = std::time::Duration::from_millis(300);
+        c.streams.max_subscribers = 1;
+        c.connections.keepalive_interval = std::time::Duration::from_millis(300);
+        c.connections.keepalive_timeout = std::time::Duration::from_millis(300);
     },
-    past_the_subscriber_cap_a_new_subscriber_is_refused_and_the_others_are_served => |c| c.max_subscribers = 2,
-    past_the_agent_stream_cap_a_new_stream_is_refused_and_the_others_are_served => |c| c.max_agent_streams = 2,
-    past_the_per_agent_pending_cap_new_calls_are_refused_each_naming_the_setting => |c| c.max_pending_per_agent = 3,
+    past_the_subscriber_cap_a_new_subscriber_is_refused_and_the_others_are_served => |c| c.streams.max_subscribers = 2,
+    past_the_agent_stream_cap_a_new_stream_is_refused_and_the_others_are_served => |c| c.streams.max_agent_streams = 2,
+    past_the_per_agent_pending_cap_new_calls_are_refused_each_naming_the_setting => |c| c.requests.max_pending_per_agent = 3,
 }

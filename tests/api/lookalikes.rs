@@ -1,4 +1,4 @@
-//! Inputs that mean something other than they look (issue 13): JSON naming a key twice (the
+//! Inputs that mean something other than they look (lookalike and hidden text): JSON naming a key twice (the
 //! approver sees one value, a tool may run the other) is refused; one number spelled three ways
 //! is one input, so a client that re-serialises numbers still retries idempotently; ids and
 //! names refuse characters that hide themselves, and approvers are shown those in free text.
@@ -114,7 +114,7 @@ async fn outcome_or_pending(app: &TestApp, call_id: &str) -> CallStatus {
     }
 }
 
-/// The characters issue 13 names, one of each kind.
+/// The hidden characters ids refuse (bidi overrides, isolates, marks, zero-width), one of each kind.
 const HIDDEN: [char; 7] = [
     '\u{202E}', '\u{2066}', '\u{200F}', '\u{061C}', '\u{200B}', '\u{2060}', '\u{FEFF}',
 ];

@@ -23,6 +23,7 @@ mod explain;
 mod grants;
 mod group_commit;
 mod idempotency;
+mod inbox;
 mod limits;
 mod lookalikes;
 mod recovery;

@@ -1008,7 +1008,7 @@ async fn numbering_wakes_the_other_replicas_but_not_its_own() {
 
     let url = postgres_url();
     // Two stores and no broker: nothing else numbers events on this schema.
-    let schema = Schema::create(&url).await;
+    let schema = fresh_schema(&url).await;
     let url = schema.url();
     let open = || PostgresStore::open(&url, 2, ToolResultTexts::default());
     let (one, two) = (

@@ -494,8 +494,7 @@ async fn resuming_and_cancelling_a_session_of_many_calls_on_the_agent_stream_sta
 fn a_message_limit_too_small_for_one_call_stops_the_broker_naming_the_settings() {
     let dir = tempfile::tempdir().expect("dir");
     // 300 KB cannot hold a call with a 256 KiB input and a 256 KiB edited input.
-    let mut broker = std::process::Command::new(env!("CARGO_BIN_EXE_approval-broker"))
-        .env_remove("DATABASE_URL")
+    let mut broker = broker_binary()
         .env("APPROVALS_METRICS_LISTEN", "off")
         .args(["--listen", "127.0.0.1:0", "--max-message-bytes", "300000"])
         .arg("--database-url")
@@ -530,8 +529,8 @@ fn a_message_limit_too_small_for_one_call_stops_the_broker_naming_the_settings()
 
 /// A small message limit (and inputs small enough that one call fits it).
 fn small_messages(config: &mut approval_broker::config::Config) {
-    config.max_message_bytes = SMALL_MESSAGE_LIMIT;
-    config.max_input_bytes = 1024;
+    config.requests.max_message_bytes = SMALL_MESSAGE_LIMIT;
+    config.requests.max_input_bytes = 1024;
 }
 
 backend_tests! {

@@ -465,7 +465,7 @@ async fn the_policy_file_is_loaded_at_start_and_replaces_the_rules_it_loaded_bef
                 {"id": "reads", "tool": "read_*", "effect": "allow"}
             ]}"#,
         );
-        let app = app.restart_with(|c| c.policy_file = Some(v1)).await;
+        let app = app.restart_with(|c| c.policy.policy_file = Some(v1)).await;
         let rules = app
             .admin()
             .list_rules(pb::ListRulesRequest::default())
@@ -495,7 +495,7 @@ async fn the_policy_file_is_loaded_at_start_and_replaces_the_rules_it_loaded_bef
             r#"{"rules": [{"id": "reads", "tool": "read_*", "effect": "deny"},
                           {"id": "writes", "tool": "write_*", "effect": "ask"}]}"#,
         );
-        let app = app.restart_with(|c| c.policy_file = Some(v2)).await;
+        let app = app.restart_with(|c| c.policy.policy_file = Some(v2)).await;
         let ids = |rules: Vec<pb::Rule>| {
             let mut ids: Vec<(String, i32)> = rules.into_iter().map(|r| (r.id, r.effect)).collect();
             ids.sort();
@@ -528,7 +528,7 @@ async fn the_policy_file_is_loaded_at_start_and_replaces_the_rules_it_loaded_bef
     }
 }
 
-/// Issue 13: a 1,024-byte glob that backtracking matched in quadratic time (`*aaa…ab` against
+/// A hostile glob: a 1,024-byte glob that backtracking matched in quadratic time (`*aaa…ab` against
 /// 256 KiB of `a`: 0.46 s a call in a release build) held the one SQLite writer for seconds, and
 /// every other submit waited. Matching is linear now, and done before the batch reaches the
 /// writer: an unrelated submit sent while such a batch is being judged is answered at once. The

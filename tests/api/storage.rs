@@ -110,7 +110,7 @@ async fn a_deleted_sqlite_file_is_noticed_without_any_write() {
 async fn a_second_broker_on_the_same_sqlite_file_is_refused_at_start() {
     let dir = tempfile::tempdir().expect("dir");
     let url = format!("sqlite://{}", dir.path().join("one.db").display());
-    let mut first = BrokerProcess::start(&url, &[], &[]).await;
+    let mut first = start_broker(&url, &[], &[]).await;
 
     let second = exits_within_patience(
         std::process::Command::new(env!("CARGO_BIN_EXE_approval-broker"))
@@ -132,14 +132,13 @@ async fn a_second_broker_on_the_same_sqlite_file_is_refused_at_start() {
     );
     assert!(!migrate.status.success(), "migrate is refused too");
 
-    let channel = first.channel.clone();
+    let channel = first.channel();
     let response = try_submit(&channel, batch("s", vec![call("c", "t", "{}")])).await;
     assert!(response.is_ok(), "the first broker serves on: {response:?}");
 
-    first.child.kill().expect("kill");
-    first.child.wait().expect("reap");
+    first.kill();
     // A killed broker's lock goes with it.
-    let _again = BrokerProcess::start(&url, &[], &[]).await;
+    let _again = start_broker(&url, &[], &[]).await;
 }
 
 /// Runs `command` to its end, which must come within [`PATIENCE`] (a broker that starts serving
@@ -187,7 +186,7 @@ impl BrokerOnSmallDisk {
         let dir = tempfile::tempdir().expect("dir");
         let log = std::env::temp_dir().join(format!("broker-{}.log", uuid::Uuid::new_v4()));
         let out = std::fs::File::create(&log).expect("log file");
-        let port = free_port();
+        let port = free_port().expect("a free port");
         let child = std::process::Command::new("unshare")
             .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
             .arg(r#"mount -t tmpfs -o size=4m tmpfs "$1" && shift && exec "$@""#)
@@ -389,25 +388,18 @@ impl OwnRole {
 impl Drop for OwnRole {
     fn drop(&mut self) {
         let (base_url, name) = (self.base_url.clone(), self.name.clone());
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async {
-                use sqlx::Connection as _;
-                if let Ok(mut conn) = sqlx::PgConnection::connect(&base_url).await {
-                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                         WHERE usename = '{name}'; \
-                         DROP SCHEMA IF EXISTS {name} CASCADE; DROP ROLE IF EXISTS {name}"
-                    )))
-                    .execute(&mut conn)
-                    .await;
-                }
-            });
-        })
-        .join();
+        testkit::block_on_own_thread(async move {
+            use sqlx::Connection as _;
+            if let Ok(mut conn) = sqlx::PgConnection::connect(&base_url).await {
+                let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE usename = '{name}'; \
+                     DROP SCHEMA IF EXISTS {name} CASCADE; DROP ROLE IF EXISTS {name}"
+                )))
+                .execute(&mut conn)
+                .await;
+            }
+        });
     }
 }
 
@@ -429,15 +421,18 @@ fn url_with_user(url: &str, user: &str) -> String {
 async fn postgres_going_away_makes_writes_unavailable_and_health_not_serving_until_it_is_back() {
     let base_url = postgres_url();
     let role = OwnRole::create(&base_url).await;
-    let broker = BrokerProcess::start(&role.url(), &[], &[]).await;
-    try_submit(&broker.channel, batch("s", vec![call("before", "t", "{}")]))
-        .await
-        .expect("stored");
+    let broker = start_broker(&role.url(), &[], &[]).await;
+    try_submit(
+        &broker.channel(),
+        batch("s", vec![call("before", "t", "{}")]),
+    )
+    .await
+    .expect("stored");
 
     role.shut_out().await;
     for i in 0..3 {
         let refused = try_submit(
-            &broker.channel,
+            &broker.channel(),
             batch("s", vec![call(&format!("down{i}"), "t", "{}")]),
         )
         .await
@@ -445,13 +440,16 @@ async fn postgres_going_away_makes_writes_unavailable_and_health_not_serving_unt
         assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
         assert_eq!(refused.message(), UNAVAILABLE);
     }
-    wait_for_health(&broker.channel, ServingStatus::NotServing).await;
+    wait_for_health(&broker.channel(), ServingStatus::NotServing).await;
 
     role.let_in().await;
-    wait_for_health(&broker.channel, ServingStatus::Serving).await;
-    let response = try_submit(&broker.channel, batch("s", vec![call("after", "t", "{}")]))
-        .await
-        .expect("stored again");
+    wait_for_health(&broker.channel(), ServingStatus::Serving).await;
+    let response = try_submit(
+        &broker.channel(),
+        batch("s", vec![call("after", "t", "{}")]),
+    )
+    .await
+    .expect("stored again");
     assert_eq!(ack_status(&response, 0), CallStatus::Pending);
     assert!(
         !broker.log_text().contains("internal error"),

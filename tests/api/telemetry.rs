@@ -80,9 +80,9 @@ async fn eventually(port: u16, what: &str, check: impl Fn(&BTreeMap<Sample, f64>
 
 async fn metrics_count_one_approval_cycle_and_logs_name_its_ids(mut app: TestApp) {
     app.shut_down().await;
-    let port = free_port();
+    let port = free_port().expect("a free port");
     let metrics_listen = format!("127.0.0.1:{port}");
-    let broker = BrokerProcess::start(
+    let broker = start_broker(
         &app.database_url,
         &["--metrics-listen", &metrics_listen, "--log-format", "json"],
         &[("RUST_LOG", "info,approval_broker=debug")],
@@ -90,7 +90,7 @@ async fn metrics_count_one_approval_cycle_and_logs_name_its_ids(mut app: TestApp
     .await;
 
     // An approver UI and an agent stream are open.
-    let mut subscription = ApproverServiceClient::new(broker.channel.clone())
+    let mut subscription = ApproverServiceClient::new(broker.channel())
         .subscribe(pb::SubscribeRequest {
             filter: None,
             after_seq: None,
@@ -99,7 +99,7 @@ async fn metrics_count_one_approval_cycle_and_logs_name_its_ids(mut app: TestApp
         .expect("subscribe")
         .into_inner();
     let (requests, rx) = tokio::sync::mpsc::channel(8);
-    let mut agent = AgentServiceClient::new(broker.channel.clone())
+    let mut agent = AgentServiceClient::new(broker.channel())
         .connect(ReceiverStream::new(rx))
         .await
         .expect("connect")
@@ -142,7 +142,7 @@ async fn metrics_count_one_approval_cycle_and_logs_name_its_ids(mut app: TestApp
     })
     .await;
 
-    let mut approver = ApproverServiceClient::new(broker.channel.clone());
+    let mut approver = ApproverServiceClient::new(broker.channel());
     approver
         .decide(decide_request(
             "metrics-session",
@@ -265,15 +265,15 @@ async fn metrics_count_one_approval_cycle_and_logs_name_its_ids(mut app: TestApp
 
 async fn each_superseded_call_is_counted_once(mut app: TestApp) {
     app.shut_down().await;
-    let port = free_port();
+    let port = free_port().expect("a free port");
     let metrics_listen = format!("127.0.0.1:{port}");
-    let broker = BrokerProcess::start(
+    let broker = start_broker(
         &app.database_url,
         &["--metrics-listen", &metrics_listen],
         &[],
     )
     .await;
-    let mut agent = AgentServiceClient::new(broker.channel.clone());
+    let mut agent = AgentServiceClient::new(broker.channel());
     let keyed = |call_id: &str| pb::CallSpec {
         supersede_key: "ask".into(),
         ..call(call_id, "ask_user", "{}")

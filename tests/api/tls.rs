@@ -62,12 +62,12 @@ async fn serve_tls_with(
     let (cert, key) = ca.issue(&["localhost"]);
     std::fs::write(dir.join("server.pem"), cert).expect("write");
     std::fs::write(dir.join("server.key"), key).expect("write");
-    let mut config = Config::with_database(format!("sqlite://{}", dir.join("a.db").display()));
-    config.tls_cert = Some(dir.join("server.pem"));
-    config.tls_key = Some(dir.join("server.key"));
+    let mut config = Config::for_tests(format!("sqlite://{}", dir.join("a.db").display()));
+    config.serve.tls_cert = Some(dir.join("server.pem"));
+    config.serve.tls_key = Some(dir.join("server.key"));
     if let Some(client_ca) = client_ca {
         std::fs::write(dir.join("clients.pem"), client_ca.pem()).expect("write");
-        config.tls_client_ca = Some(dir.join("clients.pem"));
+        config.serve.tls_client_ca = Some(dir.join("clients.pem"));
     }
     configure(&mut config);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -169,7 +169,7 @@ async fn a_connection_that_never_starts_its_tls_handshake_is_closed_after_the_ti
     let dir = tempfile::tempdir().expect("dir");
     let ca = Authority::new("server CA");
     let address = serve_tls_with(dir.path(), &ca, None, |config| {
-        config.handshake_timeout = Duration::from_millis(300);
+        config.connections.handshake_timeout = Duration::from_millis(300);
     })
     .await;
     // Wait until the broker serves, so the silent socket below meets the real thing.
@@ -187,7 +187,7 @@ async fn a_ping_flood_inside_tls_gets_goaway_enhance_your_calm() {
     let dir = tempfile::tempdir().expect("dir");
     let ca = Authority::new("server CA");
     let address = serve_tls_with(dir.path(), &ca, None, |config| {
-        config.max_control_frames_per_second = 20;
+        config.connections.max_control_frames_per_second = 20;
     })
     .await;
     assert!(serves(channel(address, Some(trusting(&ca))).await).await);
@@ -250,12 +250,11 @@ async fn the_claude_code_hook_reaches_a_tls_broker_and_fails_closed_on_a_wrong_c
             "tool_input": {"command": "ls"},
             "tool_use_id": tool_use_id,
         });
-        let mut hook = std::process::Command::new(env!("CARGO_BIN_EXE_approval-broker"))
+        let mut hook = broker_binary()
             .args(["hook", "claude-code", "--timeout", "30s", "--broker"])
             .arg(format!("https://localhost:{}", address.port()))
             .arg("--ca-cert")
             .arg(dir.path().join(name))
-            .env_remove("APPROVALS_BROKER_TOKEN")
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())

@@ -309,7 +309,7 @@ async fn filters_full_of_quotes_and_wildcards_match_literally(app: TestApp) {
 
 backend_tests! {
     batch_level_violations_refuse_the_batch_naming_the_field,
-    a_bad_call_is_refused_alone_naming_its_field_and_the_others_are_stored => |c| c.max_input_bytes = 1024,
+    a_bad_call_is_refused_alone_naming_its_field_and_the_others_are_stored => |c| c.requests.max_input_bytes = 1024,
     decide_and_lookups_refuse_bad_requests_naming_the_field,
     paging_refuses_huge_pages_and_forged_tokens,
     filters_full_of_quotes_and_wildcards_match_literally,

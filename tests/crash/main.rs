@@ -25,13 +25,12 @@ use pb::admin_service_client::AdminServiceClient;
 use pb::approver_service_client::ApproverServiceClient;
 use tokio::sync::{oneshot, watch};
 
-use broker::{BrokerProcess, Database, lazy_channel};
+use broker::{Database, lazy_channel};
 use check::{Collected, Figures};
 use load::{Agent, EventRecord};
 use rng::Rng;
 
 const AGENTS: u64 = 4;
-const POSTGRES_URL_VAR: &str = "APPROVALS_TEST_POSTGRES_URL";
 
 /// The two runs share two cores with the broker: one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -48,10 +47,7 @@ async fn sqlite() {
     ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres crash run"
 )]
 async fn postgres() {
-    let url = std::env::var(POSTGRES_URL_VAR)
-        .ok()
-        .filter(|url| !url.is_empty())
-        .unwrap_or_else(|| panic!("{POSTGRES_URL_VAR} was set at build time but is not set now"));
+    let url = testkit::postgres_url();
     let _turn = ONE_AT_A_TIME.lock().await;
     run(Database::postgres(&url).await).await;
 }
@@ -88,7 +84,7 @@ async fn run(database: Database) {
         database.backend
     );
     let mut rng = Rng::new(seed);
-    let mut broker = BrokerProcess::start(&database).await;
+    let mut broker = database.start_broker().await;
     let address = broker.address();
 
     let (drain, draining) = watch::channel(false);
@@ -120,7 +116,10 @@ async fn run(database: Database) {
         tokio::time::sleep(rng.millis(500, 2500)).await;
         broker.kill();
         tokio::time::sleep(rng.millis(0, 200)).await;
-        broker.restart().await;
+        broker
+            .restart()
+            .await
+            .unwrap_or_else(|e| panic!("crash: {e}"));
     }
 
     // Stop the load; the agents resume and wait for every outcome they are owed while the
@@ -255,23 +254,20 @@ async fn reference_log(address: &str, latest: u64) -> Vec<EventRecord> {
 
 /// Every stored call, through the admin audit view.
 async fn all_calls(address: &str) -> Vec<pb::Call> {
-    let mut client = AdminServiceClient::new(lazy_channel(address));
-    let mut calls = Vec::new();
-    let mut token = String::new();
-    loop {
-        let page = client
-            .list_calls(pb::ListCallsRequest {
+    let client = AdminServiceClient::new(lazy_channel(address));
+    let pages = testkit::every_page(|page_token| {
+        let mut client = client.clone();
+        async move {
+            let request = pb::ListCallsRequest {
                 page_size: 1000,
-                page_token: token,
+                page_token,
                 ..Default::default()
-            })
-            .await
-            .expect("list calls")
-            .into_inner();
-        calls.extend(page.calls);
-        if page.next_page_token.is_empty() {
-            return calls;
+            };
+            let page = client.list_calls(request).await.expect("list calls");
+            let page = page.into_inner();
+            (page.calls, page.next_page_token)
         }
-        token = page.next_page_token;
-    }
+    })
+    .await;
+    pages.into_iter().flatten().collect()
 }

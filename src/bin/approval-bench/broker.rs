@@ -1,181 +1,27 @@
-//! The broker under test: a child process on a free port with a fresh database (a temp SQLite
-//! file, or a Postgres schema created here and dropped at the end), and what /proc says about it.
+//! The broker under test, as the bench sees it: where its binary is, a connection to it, and
+//! what /proc says about it. Starting it on a free port with a fresh database is the test kit's
+//! (`testkit/src/broker.rs`, included by `main.rs`).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
 
-use sqlx::Connection as _;
 use tonic::transport::{Channel, Endpoint};
 
-/// A temp directory, removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new() -> std::io::Result<TempDir> {
-        let path =
-            std::env::temp_dir().join(format!("approval-bench-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&path)?;
-        Ok(TempDir(path))
+/// `approval-broker`, next to this executable (both are built into the same `target/<profile>/`).
+pub fn binary() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let binary = exe
+        .parent()
+        .map(|dir| dir.join("approval-broker"))
+        .ok_or("current_exe has no directory")?;
+    if !binary.exists() {
+        return Err(format!(
+            "{} not found: build it first (cargo build --release --bin approval-broker)",
+            binary.display()
+        ));
     }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A Postgres schema this run owns: created on `create`, dropped by `drop_now`.
-pub struct Schema {
-    base_url: String,
-    pub name: String,
-}
-
-impl Schema {
-    pub async fn create(base_url: &str, prefix: &str) -> Result<Schema, String> {
-        let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
-        let mut conn = sqlx::PgConnection::connect(base_url)
-            .await
-            .map_err(|e| format!("{base_url} is unreachable: {e}"))?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
-            .execute(&mut conn)
-            .await
-            .map_err(|e| format!("create schema {name}: {e}"))?;
-        Ok(Schema {
-            base_url: base_url.to_owned(),
-            name,
-        })
-    }
-
-    /// The database URL with this schema first on the search path.
-    pub fn url(&self) -> String {
-        let sep = if self.base_url.contains('?') {
-            '&'
-        } else {
-            '?'
-        };
-        format!(
-            "{}{sep}options=-c%20search_path%3D{}",
-            self.base_url, self.name
-        )
-    }
-
-    pub async fn drop_now(self) {
-        if let Ok(mut conn) = sqlx::PgConnection::connect(&self.base_url).await {
-            let sql = format!(
-                "SET lock_timeout = '5s'; DROP SCHEMA IF EXISTS {} CASCADE",
-                self.name
-            );
-            if let Err(e) = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                .execute(&mut conn)
-                .await
-            {
-                eprintln!("approval-bench: could not drop schema {}: {e}", self.name);
-            }
-        }
-    }
-}
-
-/// The broker binary running as a child process.
-pub struct BrokerProcess {
-    pub address: String,
-    pub log: PathBuf,
-    child: Child,
-}
-
-impl BrokerProcess {
-    /// Starts `approval-broker` (next to this executable) on a free port and waits until it
-    /// answers SERVING.
-    pub async fn start(
-        database_url: &str,
-        log: &Path,
-        extra_args: &[String],
-    ) -> Result<BrokerProcess, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-        let binary = exe
-            .parent()
-            .map(|dir| dir.join("approval-broker"))
-            .ok_or("current_exe has no directory")?;
-        if !binary.exists() {
-            return Err(format!(
-                "{} not found: build it first (cargo build --release --bin approval-broker)",
-                binary.display()
-            ));
-        }
-        let port = free_port().map_err(|e| format!("free port: {e}"))?;
-        let address = format!("http://127.0.0.1:{port}");
-        let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
-        let mut command = Command::new(&binary);
-        command
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--database-url")
-            .arg(database_url)
-            .args(extra_args)
-            // Every other setting at its default (`synchronous=FULL`, log level `info`),
-            // whatever this environment says...
-            .env_clear()
-            // ...but no metrics endpoint unless asked for (`--broker-arg=--metrics-listen=...`):
-            // the default port may be taken, and nothing here reads it.
-            .env("APPROVALS_METRICS_LISTEN", "off")
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err));
-        if let Some(path) = std::env::var_os("PATH") {
-            command.env("PATH", path);
-        }
-        let child = command
-            .spawn()
-            .map_err(|e| format!("start {}: {e}", binary.display()))?;
-        let mut broker = BrokerProcess {
-            address,
-            log: log.to_owned(),
-            child,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if serving(&broker.address).await {
-                return Ok(broker);
-            }
-            if let Ok(Some(status)) = broker.child.try_wait() {
-                return Err(format!(
-                    "the broker exited during start ({status}); log {}:\n{}",
-                    broker.log.display(),
-                    std::fs::read_to_string(&broker.log).unwrap_or_default()
-                ));
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "the broker did not serve within 30 s; log: {}",
-                    broker.log.display()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// SIGKILL and reap (the run's database is thrown away anyway).
-    pub fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for BrokerProcess {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn free_port() -> std::io::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+    Ok(binary)
 }
 
 /// A channel to `address`, connected now.
@@ -189,25 +35,6 @@ pub async fn connect(address: &str) -> Result<Channel, String> {
         .map_err(|e| format!("connect to {address}: {e}"))
 }
 
-/// Whether `grpc.health.v1.Health/Check` answers SERVING.
-pub async fn serving(address: &str) -> bool {
-    use tonic_health::pb::health_client::HealthClient;
-    let Ok(Ok(channel)) = tokio::time::timeout(Duration::from_secs(2), connect(address)).await
-    else {
-        return false;
-    };
-    let mut health = HealthClient::new(channel);
-    let request = tonic_health::pb::HealthCheckRequest {
-        service: String::new(),
-    };
-    matches!(
-        tokio::time::timeout(Duration::from_secs(2), health.check(request)).await,
-        Ok(Ok(response))
-            if response.get_ref().status
-                == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    )
-}
-
 /// Clock ticks per second of `/proc/<pid>/stat` times. `libc` is not a dependency of the crate,
 /// so this assumes the Linux default, 100 (`getconf CLK_TCK`).
 pub const CLOCK_TICKS: f64 = 100.0;
@@ -215,13 +42,56 @@ pub const CLOCK_TICKS: f64 = 100.0;
 /// User plus system CPU seconds of a process, from `/proc/<pid>/stat`.
 pub fn cpu_seconds(pid: &str) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: fields start after the last `)`.
+    stat_cpu(&stat).map(|(_, seconds)| seconds)
+}
+
+/// User plus system CPU seconds of each live thread of a process, added up by what the thread
+/// does (its name, from `/proc/<pid>/task/*/stat`): `runtime` (tokio's workers), `writer` (the
+/// SQLite store's one writer), `readers` (sqlx's SQLite reader workers), `checkpoint`, `main`
+/// and `other`. Threads that already exited are in no kind: the process total minus these sums
+/// is what they used.
+pub fn cpu_by_thread(pid: &str) -> Option<BTreeMap<&'static str, f64>> {
+    let mut kinds = BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(task) = task else { continue };
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let Some((name, seconds)) = stat_cpu(&stat) else {
+            continue;
+        };
+        *kinds.entry(thread_kind(name)).or_insert(0.0) += seconds;
+    }
+    Some(kinds)
+}
+
+/// The command name and user plus system CPU seconds of a `stat` line.
+fn stat_cpu(stat: &str) -> Option<(&str, f64)> {
+    let name = &stat[stat.find('(')? + 1..stat.rfind(')')?];
+    // The name may hold spaces and parentheses: fields start after the last `)`.
     let rest = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // Field 3 (state) is rest[0]; utime is field 14, stime field 15.
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / CLOCK_TICKS)
+    Some((name, (utime + stime) / CLOCK_TICKS))
+}
+
+/// What a broker thread does, by its name (at most 15 bytes in `/proc`).
+fn thread_kind(name: &str) -> &'static str {
+    if name.starts_with("tokio-runtime") {
+        "runtime"
+    } else if name.starts_with("store-writer") {
+        "writer"
+    } else if name.starts_with("sqlx-sqlite") {
+        "readers"
+    } else if name.starts_with("sqlite-checkpoi") {
+        "checkpoint"
+    } else if name.starts_with("approval-broker") {
+        "main"
+    } else {
+        "other"
+    }
 }
 
 /// Peak resident set size in KiB (`VmHWM` of `/proc/<pid>/status`).
@@ -240,4 +110,24 @@ fn proc_status_kib(pid: &str, field: &str) -> Option<u64> {
         .lines()
         .find_map(|line| line.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stat_line_gives_its_thread_name_and_cpu_seconds() {
+        let stat = "42 (tokio-runtime-w) S 1 2 3 4 5 6 7 8 9 10 150 50 0 0 20 0 1";
+        assert_eq!(stat_cpu(stat), Some(("tokio-runtime-w", 2.0)));
+        assert_eq!(thread_kind("tokio-runtime-w"), "runtime");
+        assert_eq!(thread_kind("store-writer"), "writer");
+        assert_eq!(thread_kind("sqlx-sqlite-wor"), "readers");
+    }
+
+    #[test]
+    fn this_process_has_threads_with_cpu_time() {
+        let kinds = cpu_by_thread("self").expect("/proc/self/task");
+        assert!(!kinds.is_empty());
+    }
 }

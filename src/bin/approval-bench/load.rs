@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use approval_broker::proto::v1::{
-    AgentRequest, ApproverEvent, BatchSpec, CallSpec, CallStatus, DecideRequest, Decision,
-    SubscribeRequest, agent_request, agent_response, agent_service_client::AgentServiceClient,
-    approver_event, approver_service_client::ApproverServiceClient, call_ack,
+    AgentRequest, AgentResponse, AnyInput, ApproverEvent, BatchSpec, CallSpec, CallStatus,
+    DecideRequest, Decision, InputMatcher, Scope, SubscribeRequest, agent_request, agent_response,
+    agent_service_client::AgentServiceClient, approver_event,
+    approver_service_client::ApproverServiceClient, call_ack, input_matcher,
 };
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -31,6 +32,27 @@ pub struct LoadConfig {
     pub measure_end: Instant,
     /// How long an agent waits for a batch's outcomes before giving up on it.
     pub patience: Duration,
+    /// What approves the calls at submit, if not the approvers.
+    pub auto: Option<AutoApprove>,
+}
+
+/// What approves every call at submit, with no approver in the loop (`--auto-approve`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AutoApprove {
+    /// A policy rule allowing the bench's tool, created before the agents start.
+    Rule,
+    /// A session grant: each agent's first call is approved by a person, remembered for the
+    /// session for every input, before the agent starts measuring.
+    Grant,
+}
+
+impl AutoApprove {
+    pub fn name(self) -> &'static str {
+        match self {
+            AutoApprove::Rule => "a policy rule",
+            AutoApprove::Grant => "a session grant",
+        }
+    }
 }
 
 /// One submitted call as its agent saw it.
@@ -117,7 +139,7 @@ pub async fn agent(
     let mut records = Vec::new();
     let session = format!("{}-agent-{index}", config.run_id);
     let (tx, rx) = mpsc::channel::<AgentRequest>(4);
-    let mut client = AgentServiceClient::new(channel).max_decoding_message_size(64 << 20);
+    let mut client = AgentServiceClient::new(channel.clone()).max_decoding_message_size(64 << 20);
     let mut stream = match client.connect(ReceiverStream::new(rx)).await {
         Ok(response) => response.into_inner(),
         Err(status) => {
@@ -126,6 +148,13 @@ pub async fn agent(
             return records;
         }
     };
+    if config.auto == Some(AutoApprove::Grant)
+        && let Err(e) = grant_session(index, &session, &tx, &mut stream, channel).await
+    {
+        shared.agent_errors.fetch_add(1, Ordering::Relaxed);
+        shared.error(format!("agent {index}: granting its session: {e}"));
+        return records;
+    }
     let interval = config
         .rate
         .map(|rate| Duration::from_secs_f64(f64::from(config.batch_size) / rate));
@@ -255,6 +284,63 @@ pub async fn agent(
         }
     }
     records
+}
+
+/// Under `--auto-approve grant`: submits one call and approves it as a person would, remembered
+/// for the session for every input, so the session grant approves each later call at submit.
+/// Returns once the seed call's outcome reached the agent.
+async fn grant_session(
+    index: u32,
+    session: &str,
+    tx: &mpsc::Sender<AgentRequest>,
+    stream: &mut tonic::Streaming<AgentResponse>,
+    channel: Channel,
+) -> Result<(), String> {
+    let seed = format!("seed-{index}");
+    let request = AgentRequest {
+        request_id: "seed".into(),
+        request: Some(agent_request::Request::Submit(BatchSpec {
+            session_id: session.into(),
+            calls: vec![CallSpec {
+                call_id: seed.clone(),
+                tool: "edit_file".into(),
+                input_json: "{}".into(),
+                workspace: "bench".into(),
+                ..CallSpec::default()
+            }],
+            ..BatchSpec::default()
+        })),
+    };
+    tx.send(request)
+        .await
+        .map_err(|_| "the Connect stream closed")?;
+    let mut next = async || match stream.message().await {
+        Ok(Some(message)) => Ok(message.response),
+        Ok(None) => Err("the broker ended the stream".to_string()),
+        Err(status) => Err(status.to_string()),
+    };
+    while !matches!(next().await?, Some(agent_response::Response::Submitted(_))) {}
+    ApproverServiceClient::new(channel)
+        .decide(DecideRequest {
+            session_id: session.into(),
+            call_id: seed.clone(),
+            decision: Decision::Approve as i32,
+            approver: "bench".into(),
+            scope: Scope::Session as i32,
+            matcher: Some(InputMatcher {
+                kind: Some(input_matcher::Kind::Any(AnyInput {})),
+            }),
+            ..DecideRequest::default()
+        })
+        .await
+        .map_err(|status| format!("Decide: {status}"))?;
+    loop {
+        if let Some(agent_response::Response::Outcome(outcome)) = next().await?
+            && outcome.call_id == seed
+        {
+            return Ok(());
+        }
+    }
 }
 
 /// A subscriber (`approver` is `None`) or an approver (`Some((index, of))`: it approves the

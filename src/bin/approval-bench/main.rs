@@ -1,4 +1,4 @@
-//! `approval-bench`: the approval broker's benchmark (issue 5). One command:
+//! `approval-bench`: the approval broker's throughput, latency and scale benchmark. One command:
 //!
 //! ```sh
 //! cargo run --release --bin approval-bench -- --agents 64 --duration 10
@@ -27,19 +27,25 @@
 //! decided, and its outcome received by its agent. Speed is never asserted.
 
 mod broker;
+// The test kit's one file (a bin cannot use the kit crate, a dev-dependency); the bench uses
+// only part of it.
+#[allow(dead_code)]
+#[path = "../../../testkit/src/broker.rs"]
+mod kit;
 mod load;
 mod scale;
 mod stats;
 mod storage;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 
-use broker::{BrokerProcess, Schema, TempDir};
-use load::{CallRecord, LoadConfig, Shared};
+use kit::{BrokerProcess, Launch, Schema, TempDir};
+use load::{AutoApprove, CallRecord, LoadConfig, Shared};
 use stats::{Percentiles, ms};
 
 #[derive(Debug, Parser)]
@@ -93,6 +99,12 @@ struct Args {
     /// Seconds an agent waits for a batch's outcomes after the run before giving up on it.
     #[arg(long, default_value_t = 30.0)]
     drain: f64,
+    /// Approve every call at submit, with no approver in the loop: by `rule` (a policy rule
+    /// allowing the bench's tool) or by `grant` (a session grant each agent gets from a person
+    /// for its first call). Measures the path most calls take in a mature deployment: the
+    /// figures are then auto-approved calls/s and submit→outcome at the agent.
+    #[arg(long, value_enum)]
+    auto_approve: Option<load::AutoApprove>,
     /// Write the figures as JSON to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -187,7 +199,11 @@ async fn scale(args: &Args, setup: &Setup) -> Result<bool, String> {
         idle_subscribers: args.idle_subscribers,
         input_bytes: args.input_bytes,
     };
-    let pid = setup.broker.as_ref().map(|b| b.pid().to_string());
+    let pid = setup
+        .broker
+        .as_ref()
+        .and_then(|b| b.pid())
+        .map(|pid| pid.to_string());
     let figures = scale::run(&config, &setup.address, pid).await?;
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&figures).map_err(|e| e.to_string())?;
@@ -201,7 +217,7 @@ fn secs(value: f64, name: &str) -> Result<Duration, String> {
 }
 
 async fn setup(args: &Args) -> Result<Setup, String> {
-    let dir = TempDir::new().map_err(|e| format!("temp dir: {e}"))?;
+    let dir = TempDir::new("approval-bench").map_err(|e| format!("temp dir: {e}"))?;
     if let Some(target) = &args.target {
         return Ok(Setup {
             address: target.clone(),
@@ -237,9 +253,13 @@ async fn setup(args: &Args) -> Result<Setup, String> {
         let pending = args.scale_pending + 2 * scale::PROBE_CALLS as u64;
         broker_args.push(format!("--max-pending-per-agent={pending}"));
     }
-    let broker = BrokerProcess::start(&url, &dir.0.join("broker.log"), &broker_args).await?;
+    let broker = Launch::new(broker::binary()?, &url)
+        .log(dir.0.join("broker.log"))
+        .args(&broker_args)
+        .start()
+        .await?;
     Ok(Setup {
-        address: broker.address.clone(),
+        address: broker.address(),
         backend,
         broker: Some(broker),
         schema,
@@ -255,10 +275,22 @@ async fn measure(
     storage_duration: Duration,
     drain: Duration,
 ) -> Result<bool, String> {
-    let pid = setup.broker.as_ref().map(|b| b.pid().to_string());
+    let pid = setup
+        .broker
+        .as_ref()
+        .and_then(|b| b.pid())
+        .map(|pid| pid.to_string());
+    // Calls approved at submit need no approver.
+    let approvers = if args.auto_approve.is_some() {
+        0
+    } else {
+        args.approvers
+    };
     let agent_channels = load::channels(&setup.address, args.agents).await?;
-    let watcher_channels =
-        load::channels(&setup.address, args.subscribers + args.approvers).await?;
+    let watcher_channels = load::channels(&setup.address, args.subscribers + approvers).await?;
+    if args.auto_approve == Some(AutoApprove::Rule) {
+        allow_the_bench_tool(agent_channels[0].clone()).await?;
+    }
 
     let started = Instant::now();
     let config = Arc::new(LoadConfig {
@@ -270,6 +302,7 @@ async fn measure(
         measure_start: started + warmup,
         measure_end: started + warmup + duration,
         patience: drain,
+        auto: args.auto_approve,
     });
     let shared = Arc::new(Shared::new(args.subscribers));
 
@@ -280,7 +313,7 @@ async fn measure(
         let (subscriber, approver) = if i < args.subscribers {
             (Some(i as usize), None)
         } else {
-            (None, Some((i - args.subscribers, args.approvers)))
+            (None, Some((i - args.subscribers, approvers)))
         };
         watchers.push(tokio::spawn(load::watcher(
             config.clone(),
@@ -312,9 +345,16 @@ async fn measure(
     let self_pid = "self".to_string();
     tokio::time::sleep_until(config.measure_start.into()).await;
     let cpu_start = pid.as_deref().and_then(broker::cpu_seconds);
+    let threads_start = pid.as_deref().and_then(broker::cpu_by_thread);
     let own_cpu_start = broker::cpu_seconds(&self_pid);
     tokio::time::sleep_until(config.measure_end.into()).await;
     let cpu_end = pid.as_deref().and_then(broker::cpu_seconds);
+    let threads_end = pid.as_deref().and_then(broker::cpu_by_thread);
+    let cpu_by_thread = threads_end.zip(threads_start).map(|(end, start)| {
+        end.into_iter()
+            .map(|(kind, seconds)| (kind, seconds - start.get(kind).copied().unwrap_or(0.0)))
+            .collect()
+    });
     let own_cpu_end = broker::cpu_seconds(&self_pid);
     let cpu_total = pid.as_deref().and_then(broker::cpu_seconds);
 
@@ -332,6 +372,8 @@ async fn measure(
 
     let report = Report::compute(
         args,
+        approvers,
+        cpu_by_thread,
         setup,
         &config,
         &shared,
@@ -392,7 +434,7 @@ async fn measure(
                 eprintln!("check FAILED: {p}");
             }
             if let Some(broker) = &setup.broker {
-                let log = std::fs::read_to_string(&broker.log).unwrap_or_default();
+                let log = broker.log_text();
                 let lines: Vec<&str> = log.lines().collect();
                 eprintln!(
                     "the broker's log ends:\n{}",
@@ -433,16 +475,21 @@ struct Report {
     decide_outcome: Percentiles,
     full_cycle: Percentiles,
     broker_cpu: Option<f64>,
+    /// The broker's CPU seconds in the window by thread kind (see `broker::cpu_by_thread`).
+    broker_cpu_by_thread: Option<BTreeMap<&'static str, f64>>,
     broker_cpu_total: Option<f64>,
     bench_cpu: Option<f64>,
     peak_rss_kib: Option<u64>,
     drained_after: Duration,
+    auto: Option<AutoApprove>,
 }
 
 impl Report {
     #[allow(clippy::too_many_arguments)]
     fn compute(
         args: &Args,
+        approvers: u32,
+        broker_cpu_by_thread: Option<BTreeMap<&'static str, f64>>,
         setup: &Setup,
         config: &LoadConfig,
         shared: &Shared,
@@ -487,7 +534,7 @@ impl Report {
             agents: args.agents,
             batch_size: args.batch_size,
             subscribers: args.subscribers,
-            approvers: args.approvers,
+            approvers,
             rate: args.rate,
             input_bytes: args.input_bytes,
             duration,
@@ -517,10 +564,12 @@ impl Report {
             decide_outcome: Percentiles::of(&mut decide_outcome),
             full_cycle: Percentiles::of(&mut full_cycle),
             broker_cpu,
+            broker_cpu_by_thread,
             broker_cpu_total,
             bench_cpu,
             peak_rss_kib,
             drained_after,
+            auto: args.auto_approve,
         }
     }
 
@@ -540,8 +589,10 @@ impl Report {
         expect("acknowledged", self.acked);
         expect("with an outcome at their agent", self.outcomes);
         expect("approved", self.approved);
-        expect("decided", self.decided);
-        expect("decisions answered OK", self.decide_ok);
+        if self.auto.is_none() {
+            expect("decided", self.decided);
+            expect("decisions answered OK", self.decide_ok);
+        }
         if self.subscribers > 0 {
             expect("seen by a subscriber", self.seen);
             for (i, shown) in self.shown.iter().enumerate() {
@@ -575,10 +626,19 @@ impl Report {
                 .unwrap_or_default()
         );
         println!();
-        println!(
-            "full approval cycles/s            {:>12.1}  ({} cycles in the window)",
-            self.cycles_per_sec, self.cycles_in_window
-        );
+        match self.auto {
+            None => println!(
+                "full approval cycles/s            {:>12.1}  ({} cycles in the window)",
+                self.cycles_per_sec, self.cycles_in_window
+            ),
+            Some(auto) => println!(
+                "auto-approved calls/s             {:>12.1}  ({} calls in the window, approved at \
+                 submit by {}; full cycle = submit -> outcome at the agent)",
+                self.cycles_per_sec,
+                self.cycles_in_window,
+                auto.name()
+            ),
+        }
         println!();
         println!(
             "{:<32} {:>8} {:>10} {:>10} {:>10} {:>10}",
@@ -618,6 +678,20 @@ impl Report {
                 )),
             opt(self.broker_cpu_total, " s"),
         );
+        if let Some(threads) = &self.broker_cpu_by_thread {
+            let per_cycle = |seconds: f64| {
+                if self.cycles_in_window == 0 {
+                    "-".to_string()
+                } else {
+                    format!("{:.0} us", seconds * 1e6 / self.cycles_in_window as f64)
+                }
+            };
+            let split: Vec<String> = threads
+                .iter()
+                .map(|(kind, seconds)| format!("{kind} {}", per_cycle(*seconds)))
+                .collect();
+            println!("  per cycle by thread             {}", split.join(", "));
+        }
         println!(
             "bench CPU in the window           {:>12}  (same 2 cores: the load generator competes)",
             opt(self.bench_cpu, " s")
@@ -684,7 +758,18 @@ impl Report {
                 "decide_outcome": self.decide_outcome.json(),
                 "full_cycle": self.full_cycle.json(),
             },
+            "auto_approve": self.auto.map(AutoApprove::name),
             "broker_cpu_s": self.broker_cpu,
+            "broker_cpu_by_thread_s": self.broker_cpu_by_thread,
+            "broker_cpu_per_cycle_by_thread_us": self.broker_cpu_by_thread.as_ref().map(|threads| {
+                threads
+                    .iter()
+                    .map(|(kind, seconds)| {
+                        let cycles = self.cycles_in_window.max(1) as f64;
+                        (*kind, seconds * 1e6 / cycles)
+                    })
+                    .collect::<BTreeMap<_, _>>()
+            }),
             "broker_cpu_total_s": self.broker_cpu_total,
             "bench_cpu_s": self.bench_cpu,
             "clock_ticks_assumed": broker::CLOCK_TICKS,
@@ -715,4 +800,25 @@ impl Report {
             })),
         })
     }
+}
+
+/// Under `--auto-approve rule`: a policy rule allowing the bench's tool, so every call is
+/// approved at submit (the broker runs without auth, so any client may administer it).
+async fn allow_the_bench_tool(channel: tonic::transport::Channel) -> Result<(), String> {
+    use approval_broker::proto::v1::{
+        CreateRuleRequest, Effect, Rule, admin_service_client::AdminServiceClient,
+    };
+    AdminServiceClient::new(channel)
+        .create_rule(CreateRuleRequest {
+            rule: Some(Rule {
+                id: "bench-allow-edit-file".into(),
+                tool: "edit_file".into(),
+                effect: Effect::Allow as i32,
+                description: "approval-bench --auto-approve rule".into(),
+                ..Rule::default()
+            }),
+        })
+        .await
+        .map_err(|status| format!("CreateRule: {status}"))?;
+    Ok(())
 }

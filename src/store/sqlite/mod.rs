@@ -66,10 +66,13 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database at `url` (`sqlite://path`, `sqlite:path` or a
-    /// plain path) and applies the migrations under `migrations/sqlite`.
-    pub async fn open(url: &str, synchronous: Synchronous, texts: ToolResultTexts) -> Result<Self> {
-        let path = database_path(url)?;
+    /// Opens (creating if needed) the database file at `path` and applies the migrations under
+    /// `migrations/sqlite`.
+    pub async fn open(
+        path: &Path,
+        synchronous: Synchronous,
+        texts: ToolResultTexts,
+    ) -> Result<Self> {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -90,7 +93,7 @@ impl SqliteStore {
             .max_connections(4)
             .connect_with(options.read_only(true))
             .await?;
-        let writer = WriteConnection::open(Path::new(path), synchronous)?;
+        let writer = WriteConnection::open(path, synchronous)?;
         Ok(Self {
             group: GroupCommit::start(writer.clone(), texts.clone())?,
             writer,
@@ -98,22 +101,6 @@ impl SqliteStore {
             texts,
         })
     }
-}
-
-/// The database file a SQLite URL (`sqlite://path`, `sqlite:path` or a plain path) names.
-fn database_path(url: &str) -> Result<&str> {
-    let path = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-        .unwrap_or(url);
-    let path = path.split('?').next().unwrap_or(path);
-    if path.is_empty() || path.contains(":memory:") {
-        return Err(Error::invalid(
-            "DATABASE_URL",
-            "must name a SQLite file (an in-memory database would lose every call)",
-        ));
-    }
-    Ok(path)
 }
 
 /// An exclusive lock on `<database>.lock`, held while the broker runs: one broker process per
@@ -127,8 +114,8 @@ pub struct ProcessLock {
 }
 
 impl ProcessLock {
-    pub fn claim(url: &str) -> Result<Self> {
-        let database = database_path(url)?;
+    pub fn claim(database: &Path) -> Result<Self> {
+        let database = database.display();
         let path = format!("{database}.lock");
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -300,7 +287,12 @@ mod tests {
     use sqlx::sqlite::SqliteConnection;
 
     async fn open(url: &str, synchronous: Synchronous) -> SqliteStore {
-        SqliteStore::open(url, synchronous, ToolResultTexts::default())
+        let Ok(crate::store::Database::Sqlite { path, .. }) =
+            crate::store::Database::parse(url, synchronous, 2)
+        else {
+            panic!("{url} names no SQLite file");
+        };
+        SqliteStore::open(&path, synchronous, ToolResultTexts::default())
             .await
             .unwrap()
     }
@@ -597,18 +589,5 @@ mod tests {
         );
         assert_eq!(store.pending_count().await.unwrap(), 0);
         assert!(store.expire_due(later).await.unwrap().is_empty());
-    }
-
-    #[tokio::test]
-    async fn an_in_memory_database_is_refused() {
-        let err = SqliteStore::open(
-            "sqlite::memory:",
-            Synchronous::Full,
-            ToolResultTexts::default(),
-        )
-        .await
-        .err()
-        .expect("refused");
-        assert!(err.to_string().contains("DATABASE_URL"), "{err}");
     }
 }

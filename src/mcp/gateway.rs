@@ -1,0 +1,607 @@
+//! The MCP server the client sees. Every request is relayed to the real server unchanged,
+//! except `initialize`, which opens the connection to it with the client's parameters and
+//! answers with the server's, and `tools/call`, which is submitted to the broker first: only an
+//! APPROVED outcome is forwarded (with the approved, possibly edited, arguments), and every other
+//! outcome, a timeout, a broker that cannot be reached or a refusal, is answered with a tool
+//! result with `isError: true` whose text the model reads. A client's `notifications/cancelled`
+//! cancels the call at the broker (CANCELLED) or, once it runs, at the server.
+//!
+//! It must never forward a `tools/call` the broker did not approve.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResponse, ClientNotification, ClientRequest,
+    CompleteRequest, CompleteRequestParams, CompleteResult, CustomNotification, CustomRequest,
+    CustomResult, DiscoverResult, GetMeta as _, GetPromptRequest, GetPromptRequestParams,
+    GetPromptResponse, InitializeRequestParams, InitializeResult, ListPromptsRequest,
+    ListPromptsResult, ListResourceTemplatesRequest, ListResourceTemplatesResult,
+    ListResourcesRequest, ListResourcesResult, ListToolsRequest, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ProtocolVersion, ReadResourceRequest,
+    ReadResourceRequestParams, ReadResourceResponse, RootsListChangedNotification, ServerConfig,
+    ServerResult, SubscribeRequestParams, UnsubscribeRequestParams,
+};
+// Logging levels and resource subscriptions are deprecated by the newest revision, which the
+// gateway does not speak; for the revisions it speaks they are ordinary requests to relay.
+#[allow(deprecated)]
+use rmcp::model::{SetLevelRequest, SetLevelRequestParams, SubscribeRequest, UnsubscribeRequest};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use tokio::sync::{OnceCell, watch};
+
+use super::approval::{self, NotSubmitted, ToolFacts, Verdict};
+use super::session::{ConnectionNames, SessionPolicy};
+use super::upstream::{ProgressRoutes, Relay, Upstream, UpstreamTarget, cancelled, relay_error};
+use crate::hook::review::{self, BrokerAddress, Review, ReviewError};
+
+/// The most `tools/list` pages read to learn a tool's annotations the client never listed.
+const MAX_TOOL_PAGES: usize = 20;
+
+/// What every connection of one gateway shares.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub broker: BrokerAddress,
+    pub sessions: SessionPolicy,
+    pub workspace: Option<String>,
+    pub timeout: Duration,
+    pub upstream: UpstreamTarget,
+}
+
+impl Settings {
+    pub fn from_args(args: &super::McpGatewayArgs) -> Result<Settings, String> {
+        let upstream = match (&args.upstream, args.server.is_empty()) {
+            (Some(url), true) => UpstreamTarget::Url(url.clone()),
+            (None, false) => UpstreamTarget::Command(args.server.clone()),
+            (None, true) => {
+                return Err(
+                    "name the MCP server: its command after `--`, or --upstream URL".to_owned(),
+                );
+            }
+            (Some(_), false) => {
+                return Err("give either --upstream or a server command, not both".to_owned());
+            }
+        };
+        Ok(Settings {
+            broker: BrokerAddress {
+                url: args.broker.clone(),
+                ca_cert: args.ca_cert.clone(),
+                token: args.token.clone(),
+            },
+            sessions: SessionPolicy::from_flags(args.session.as_deref(), &args.session_from)?,
+            workspace: args.workspace.clone(),
+            timeout: args.timeout,
+            upstream,
+        })
+    }
+}
+
+/// One client connection (one MCP session over HTTP) and its own connection to the server.
+pub struct Gateway {
+    settings: Arc<Settings>,
+    names: ConnectionNames,
+    upstream: OnceCell<Upstream>,
+    tools: Mutex<HashMap<String, ToolFacts>>,
+    progress: ProgressRoutes,
+    /// How many tool calls are under review, so a gateway whose client went away can let their
+    /// cancellations reach the broker before it exits.
+    reviews: Arc<watch::Sender<usize>>,
+}
+
+/// Counts one review while it lives.
+struct UnderReview(Arc<watch::Sender<usize>>);
+
+impl UnderReview {
+    fn start(reviews: &Arc<watch::Sender<usize>>) -> UnderReview {
+        reviews.send_modify(|n| *n += 1);
+        UnderReview(reviews.clone())
+    }
+}
+
+impl Drop for UnderReview {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
+}
+
+impl Gateway {
+    pub fn new(settings: Arc<Settings>) -> Gateway {
+        let names = settings.sessions.connection();
+        Gateway {
+            settings,
+            names,
+            upstream: OnceCell::new(),
+            tools: Mutex::new(HashMap::new()),
+            progress: ProgressRoutes::default(),
+            reviews: Arc::new(watch::channel(0).0),
+        }
+    }
+
+    /// The number of tool calls under review, as it changes.
+    pub fn reviews(&self) -> watch::Receiver<usize> {
+        self.reviews.subscribe()
+    }
+
+    fn upstream(&self) -> Result<&Upstream, McpError> {
+        self.upstream
+            .get()
+            .ok_or_else(|| McpError::invalid_request("initialize first", None))
+    }
+
+    /// Sends `request` to the server and returns its answer; a client cancellation is passed on.
+    async fn forward(
+        &self,
+        request: ClientRequest,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<ServerResult, McpError> {
+        let upstream = self.upstream()?;
+        let options = PeerRequestOptions::no_options().with_meta(context.meta.clone());
+        let handle = upstream
+            .peer()
+            .send_cancellable_request(request, options)
+            .await
+            .map_err(relay_error)?;
+        let _route = context
+            .meta
+            .get_progress_token()
+            .map(|client| self.progress.route(handle.progress_token.clone(), client));
+        let id = handle.id.clone();
+        tokio::select! {
+            response = handle.await_response() => response.map_err(relay_error),
+            () = context.ct.cancelled() => {
+                let _ = upstream.notify(cancelled(id, "the client cancelled the request").into()).await;
+                Err(client_cancelled())
+            }
+        }
+    }
+
+    /// Relays a client notification with the `_meta` the SDK took out of it.
+    async fn notify_upstream(
+        &self,
+        mut notification: ClientNotification,
+        context: NotificationContext<RoleServer>,
+    ) {
+        let Ok(upstream) = self.upstream() else {
+            return;
+        };
+        notification.get_meta_mut().extend(context.meta);
+        if let Err(error) = upstream.notify(notification).await {
+            tracing::warn!(%error, "cannot relay a notification to the MCP server");
+        }
+    }
+
+    fn remember_tools(&self, result: &ListToolsResult) {
+        let mut tools = self.tools.lock().unwrap_or_else(|p| p.into_inner());
+        for tool in &result.tools {
+            tools.insert(tool.name.to_string(), ToolFacts::from(tool));
+        }
+    }
+
+    fn known_tool(&self, name: &str) -> Option<ToolFacts> {
+        let tools = self.tools.lock().unwrap_or_else(|p| p.into_inner());
+        tools.get(name).cloned()
+    }
+
+    /// What the server declared about `name`: from the client's own `tools/list`, or, for a
+    /// client that called without listing, from a listing the gateway asks for itself.
+    async fn tool_facts(&self, name: &str) -> Option<ToolFacts> {
+        if let Some(facts) = self.known_tool(name) {
+            return Some(facts);
+        }
+        let peer = self.upstream().ok()?.peer();
+        let mut cursor = None;
+        for _ in 0..MAX_TOOL_PAGES {
+            let mut request = ListToolsRequest::with_param(PaginatedRequestParams::default());
+            request.params = cursor.map(|cursor| {
+                let mut page = PaginatedRequestParams::default();
+                page.cursor = Some(cursor);
+                page
+            });
+            let Ok(ServerResult::ListToolsResult(page)) = peer
+                .send_request(ClientRequest::ListToolsRequest(request))
+                .await
+            else {
+                break;
+            };
+            self.remember_tools(&page);
+            if let Some(facts) = self.known_tool(name) {
+                return Some(facts);
+            }
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        None
+    }
+
+    fn server_name(&self) -> String {
+        self.upstream
+            .get()
+            .and_then(Upstream::server_info)
+            .map(|info| info.server_info.name)
+            .unwrap_or_else(|| self.settings.upstream.to_string())
+    }
+
+    /// Has the broker review the call, and says what its answer calls for. Every path but an
+    /// APPROVED outcome refuses.
+    async fn review(
+        &self,
+        params: &CallToolRequestParams,
+        call_id: String,
+        context: &RequestContext<RoleServer>,
+    ) -> Verdict {
+        let facts = self.tool_facts(&params.name).await;
+        let spec = match approval::call_spec(
+            call_id.clone(),
+            &self.server_name(),
+            &params.name,
+            params.arguments.as_ref(),
+            facts.as_ref(),
+            self.settings.workspace.as_deref(),
+        ) {
+            Ok(spec) => spec,
+            Err(NotSubmitted(text)) => return Verdict::Refuse(approval::refusal(&text)),
+        };
+        let settings = &self.settings;
+        let session_id = &self.names.session_id;
+        let _counted = UnderReview::start(&self.reviews);
+        let reviewed = tokio::select! {
+            reviewed = review::review(&settings.broker, session_id, spec, settings.timeout) => reviewed,
+            // The client cancelled the request, or went away (the SDK then cancels every
+            // request still open): either way nobody waits for the answer any more.
+            () = context.ct.cancelled() => {
+                let reason = "the MCP client cancelled the request or disconnected";
+                review::cancel(&settings.broker, session_id, &call_id, reason).await
+            }
+        };
+        match reviewed {
+            Ok(Review::Decided(outcome)) => approval::verdict(&outcome),
+            Ok(Review::TimedOut { cancelled }) => {
+                let what = if cancelled {
+                    "it was cancelled at the approval broker"
+                } else {
+                    "cancelling it at the approval broker failed too"
+                };
+                Verdict::Refuse(approval::refusal(&format!(
+                    "No approver decided within {}, so {what}. The tool was not run.",
+                    humantime::format_duration(settings.timeout)
+                )))
+            }
+            Err(error @ (ReviewError::Unreachable { .. } | ReviewError::Refused(_))) => {
+                tracing::warn!(call_id, %error, "a tool call could not be reviewed; not run");
+                Verdict::Refuse(approval::refusal(&format!("{error} The tool was not run.")))
+            }
+        }
+    }
+}
+
+fn client_cancelled() -> McpError {
+    McpError::internal_error("the client cancelled the request", None)
+}
+
+fn unexpected(result: ServerResult) -> McpError {
+    tracing::warn!(
+        ?result,
+        "the MCP server answered with another kind of result"
+    );
+    McpError::internal_error("the MCP server answered with another kind of result", None)
+}
+
+impl ServerHandler for Gateway {
+    /// The client's `initialize` opens the connection to the server with the client's own
+    /// parameters; the server's answer is the gateway's.
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        context.peer.set_peer_info(request.clone());
+        let relay = Relay::new(context.peer.clone(), request, self.progress.clone());
+        let upstream = self
+            .upstream
+            .get_or_try_init(|| Upstream::connect(&self.settings.upstream, relay))
+            .await
+            .map_err(|problem| {
+                tracing::error!(%problem, "cannot reach the MCP server");
+                McpError::internal_error(problem, None)
+            })?;
+        upstream
+            .server_info()
+            .ok_or_else(|| McpError::internal_error("the MCP server sent no server info", None))
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        self.upstream
+            .get()
+            .and_then(Upstream::server_info)
+            .unwrap_or_default()
+    }
+
+    /// The handshake era only (up to 2025-11-25): every request is relayed within the one
+    /// session `initialize` opened with the server.
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        std::borrow::Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2025_11_25))
+    }
+
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, McpError> {
+        Err(McpError::method_not_found::<
+            rmcp::model::DiscoverRequestMethod,
+        >())
+    }
+
+    async fn call_tool(
+        &self,
+        params: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        self.upstream()?;
+        let call_id = self.names.call_id(&context.id.to_string());
+        match self.review(&params, call_id, &context).await {
+            Verdict::Refuse(result) => Ok(CallToolResponse::Complete(result)),
+            Verdict::Run(arguments) => {
+                let mut params = params;
+                params.arguments = Some(arguments);
+                let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+                match self.forward(request, &context).await? {
+                    ServerResult::CallToolResult(result) => Ok(CallToolResponse::Complete(result)),
+                    ServerResult::InputRequiredResult(input) => {
+                        Ok(CallToolResponse::InputRequired(input))
+                    }
+                    ServerResult::CreateTaskResult(task) => Ok(CallToolResponse::Task(task)),
+                    other => Err(unexpected(other)),
+                }
+            }
+        }
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let mut list = ListToolsRequest::with_param(PaginatedRequestParams::default());
+        list.params = request;
+        match self
+            .forward(ClientRequest::ListToolsRequest(list), &context)
+            .await?
+        {
+            ServerResult::ListToolsResult(result) => {
+                self.remember_tools(&result);
+                Ok(result)
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, McpError> {
+        let request = ClientRequest::CompleteRequest(CompleteRequest::new(request));
+        match self.forward(request, &context).await? {
+            ServerResult::CompleteResult(result) => Ok(result),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let request = ClientRequest::SetLevelRequest(SetLevelRequest::new(request));
+        self.forward(request, &context).await.map(drop)
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, McpError> {
+        let request = ClientRequest::GetPromptRequest(GetPromptRequest::new(request));
+        match self.forward(request, &context).await? {
+            ServerResult::GetPromptResult(result) => Ok(GetPromptResponse::Complete(result)),
+            ServerResult::InputRequiredResult(input) => Ok(GetPromptResponse::InputRequired(input)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn list_prompts(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        let mut list = ListPromptsRequest::with_param(PaginatedRequestParams::default());
+        list.params = request;
+        match self
+            .forward(ClientRequest::ListPromptsRequest(list), &context)
+            .await?
+        {
+            ServerResult::ListPromptsResult(result) => Ok(result),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        let mut list = ListResourcesRequest::with_param(PaginatedRequestParams::default());
+        list.params = request;
+        match self
+            .forward(ClientRequest::ListResourcesRequest(list), &context)
+            .await?
+        {
+            ServerResult::ListResourcesResult(result) => Ok(result),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn list_resource_templates(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        let mut list = ListResourceTemplatesRequest::with_param(PaginatedRequestParams::default());
+        list.params = request;
+        match self
+            .forward(ClientRequest::ListResourceTemplatesRequest(list), &context)
+            .await?
+        {
+            ServerResult::ListResourceTemplatesResult(result) => Ok(result),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let request = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(request));
+        match self.forward(request, &context).await? {
+            ServerResult::ReadResourceResult(result) => Ok(ReadResourceResponse::Complete(result)),
+            ServerResult::InputRequiredResult(input) => {
+                Ok(ReadResourceResponse::InputRequired(input))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    #[allow(deprecated)]
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let request = ClientRequest::SubscribeRequest(SubscribeRequest::new(request));
+        self.forward(request, &context).await.map(drop)
+    }
+
+    #[allow(deprecated)]
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let request = ClientRequest::UnsubscribeRequest(UnsubscribeRequest::new(request));
+        self.forward(request, &context).await.map(drop)
+    }
+
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, McpError> {
+        match self
+            .forward(ClientRequest::CustomRequest(request), &context)
+            .await?
+        {
+            ServerResult::CustomResult(result) => Ok(result),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn on_progress(
+        &self,
+        notification: ProgressNotificationParam,
+        context: NotificationContext<RoleServer>,
+    ) {
+        let notification = rmcp::model::ProgressNotification::new(notification);
+        self.notify_upstream(notification.into(), context).await;
+    }
+
+    async fn on_roots_list_changed(&self, context: NotificationContext<RoleServer>) {
+        let notification = RootsListChangedNotification::default();
+        self.notify_upstream(notification.into(), context).await;
+    }
+
+    async fn on_custom_notification(
+        &self,
+        notification: CustomNotification,
+        context: NotificationContext<RoleServer>,
+    ) {
+        self.notify_upstream(notification.into(), context).await;
+    }
+
+    /// The SDK sends the server its own `notifications/initialized` when it connects.
+    async fn on_initialized(&self, _context: NotificationContext<RoleServer>) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::config::{Command, Config};
+
+    fn settings(args: &[&str]) -> Result<Settings, String> {
+        let config = Config::try_parse_from(args).map_err(|e| e.to_string())?;
+        let Some(Command::McpGateway(gateway)) = config.command else {
+            panic!("not the gateway: {args:?}");
+        };
+        Settings::from_args(&gateway)
+    }
+
+    #[test]
+    fn the_server_is_a_command_after_the_separator_or_an_upstream_url() {
+        let spawned = settings(&[
+            "approval-broker",
+            "mcp-gateway",
+            "--",
+            "npx",
+            "-y",
+            "server",
+        ]);
+        assert_eq!(
+            spawned.unwrap().upstream,
+            UpstreamTarget::Command(vec!["npx".into(), "-y".into(), "server".into()])
+        );
+        let remote = settings(&[
+            "approval-broker",
+            "mcp-gateway",
+            "--upstream",
+            "http://127.0.0.1:3001/mcp",
+        ]);
+        assert_eq!(
+            remote.unwrap().upstream,
+            UpstreamTarget::Url("http://127.0.0.1:3001/mcp".into())
+        );
+    }
+
+    #[test]
+    fn a_gateway_with_no_server_or_two_is_refused_naming_the_flags() {
+        let none = settings(&["approval-broker", "mcp-gateway"]).unwrap_err();
+        assert!(none.contains("--upstream"), "{none}");
+        let both = settings(&[
+            "approval-broker",
+            "mcp-gateway",
+            "--upstream",
+            "http://127.0.0.1:3001/mcp",
+            "--",
+            "server",
+        ])
+        .unwrap_err();
+        assert!(both.contains("--upstream"), "{both}");
+        let sessions = settings(&[
+            "approval-broker",
+            "mcp-gateway",
+            "--session",
+            "a",
+            "--session-from",
+            "env:X",
+            "--",
+            "server",
+        ])
+        .unwrap_err();
+        assert!(sessions.contains("--session"), "{sessions}");
+    }
+}

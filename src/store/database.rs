@@ -1,0 +1,131 @@
+//! Which database holds the broker's state, parsed once from `DATABASE_URL` at start into a
+//! [`Database`]: a SQLite file with its `synchronous` setting, or a Postgres URL with its pool's
+//! size. Nothing else in the broker looks at the URL's text again; an option of the other backend
+//! is simply not carried.
+
+use std::path::{Path, PathBuf};
+
+use super::Synchronous;
+use crate::error::{Error, Result};
+
+/// The database the broker runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Database {
+    /// One file, served by one broker process.
+    Sqlite {
+        path: PathBuf,
+        synchronous: Synchronous,
+    },
+    /// Shared by any number of replicas.
+    Postgres {
+        /// The URL as given (`postgres://` or `postgresql://`, query options included).
+        url: String,
+        /// The size of this replica's connection pool.
+        max_connections: u32,
+    },
+}
+
+impl Database {
+    /// `postgres://...` or `postgresql://...` is Postgres; `sqlite://PATH`, `sqlite:PATH` or a
+    /// plain path is a SQLite file (a query string after it is ignored). An in-memory SQLite
+    /// database is refused: it would lose every call. `synchronous` applies to SQLite only,
+    /// `max_connections` to Postgres only.
+    pub fn parse(url: &str, synchronous: Synchronous, max_connections: u32) -> Result<Database> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Database::Postgres {
+                url: url.to_owned(),
+                max_connections,
+            });
+        }
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .unwrap_or(url);
+        let path = path.split('?').next().unwrap_or(path);
+        if path.is_empty() || path.contains(":memory:") {
+            return Err(Error::invalid(
+                "DATABASE_URL",
+                "must name a SQLite file (an in-memory database would lose every call)",
+            ));
+        }
+        Ok(Database::Sqlite {
+            path: PathBuf::from(path),
+            synchronous,
+        })
+    }
+
+    /// A SQLite file with the default (power-safe) settings.
+    pub fn sqlite_file(path: impl AsRef<Path>) -> Database {
+        Database::Sqlite {
+            path: path.as_ref().to_owned(),
+            synchronous: Synchronous::default(),
+        }
+    }
+
+    /// `sqlite` or `postgres`, for logs.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Database::Sqlite { .. } => "sqlite",
+            Database::Postgres { .. } => "postgres",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(url: &str) -> Result<Database> {
+        Database::parse(url, Synchronous::Normal, 7)
+    }
+
+    #[test]
+    fn postgres_urls_keep_their_text_and_the_pool_size() {
+        for url in [
+            "postgres://u@h:5432/db?sslmode=require",
+            "postgresql://u@h/db",
+        ] {
+            assert_eq!(
+                parse(url).unwrap(),
+                Database::Postgres {
+                    url: url.into(),
+                    max_connections: 7
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn sqlite_urls_and_plain_paths_name_the_file() {
+        for url in [
+            "sqlite:///tmp/a.db",
+            "sqlite:/tmp/a.db",
+            "/tmp/a.db",
+            "sqlite:///tmp/a.db?mode=rwc",
+        ] {
+            assert_eq!(
+                parse(url).unwrap(),
+                Database::Sqlite {
+                    path: "/tmp/a.db".into(),
+                    synchronous: Synchronous::Normal
+                },
+                "{url}"
+            );
+        }
+        assert_eq!(
+            parse("sqlite://approvals.db").unwrap(),
+            Database::Sqlite {
+                path: "approvals.db".into(),
+                synchronous: Synchronous::Normal
+            }
+        );
+    }
+
+    #[test]
+    fn an_in_memory_or_empty_sqlite_database_is_refused_naming_the_setting() {
+        for url in ["sqlite::memory:", "sqlite://:memory:", "sqlite://", ""] {
+            let err = parse(url).expect_err(url);
+            assert!(err.to_string().contains("DATABASE_URL"), "{url}: {err}");
+        }
+    }
+}

@@ -1,0 +1,419 @@
+// The pending calls, grouped by session and batch (newest batch first), each a card a person
+// can approve, deny with a reason, edit then approve, or open; a whole batch in one action. A
+// call another UI (or a rule, a grant, the deadline) decided turns into its outcome with who
+// decided it; a decision this page loses to another shows the outcome that stands, not an error.
+import { create } from "@bufbuild/protobuf";
+import { timestampDate } from "@bufbuild/protobuf/wkt";
+import { type Api, ConnectError, Code, describeError, isPermissionDenied } from "./api";
+import { grantPreview, span, statusName } from "./describe";
+import { h } from "./dom";
+import { Decision, type DecideResponse } from "./gen/approvals/v1/approver_pb";
+import { type Call, InputMatcherSchema, type Outcome, Scope } from "./gen/approvals/v1/types_pb";
+import { jsonView, parseEdit, pretty, revealed } from "./json";
+import { callKey, type Live } from "./live";
+
+/** How long a decided call stays on screen as its outcome. */
+export const KEEP_DECIDED_MS = 120_000;
+
+interface Filters {
+  agent: string;
+  session: string;
+  tool: string;
+  workspace: string;
+}
+
+interface Card {
+  el: HTMLElement;
+  call: Call;
+  outcome: HTMLElement;
+  decided: boolean;
+  refresh(): void;
+  /** Approves as the card's own Approve button does (with its Remember choice). */
+  approve(): void;
+}
+
+const FILTER_FIELDS: (keyof Filters)[] = ["agent", "session", "tool", "workspace"];
+
+export class PendingView {
+  readonly el: HTMLElement;
+  private readonly list: HTMLElement;
+  private readonly cards = new Map<string, Card>();
+  private readonly filters: Filters = { agent: "", session: "", tool: "", workspace: "" };
+  readonly search: HTMLInputElement;
+  private selected: string | undefined;
+  private layoutKey = "";
+
+  constructor(
+    private readonly api: Api,
+    private readonly live: Live,
+  ) {
+    const inputs = FILTER_FIELDS.map((field) => {
+      const input = h("input", { type: "search", name: field, "aria-label": `Filter by ${field}`, placeholder: field });
+      input.addEventListener("input", () => {
+        this.filters[field] = input.value.trim();
+        this.render();
+      });
+      return input;
+    });
+    this.search = inputs[0];
+    this.list = h("div", { class: "groups", "aria-live": "off" });
+    this.el = h(
+      "section",
+      { id: "pending", "aria-labelledby": "pending-heading" },
+      h("h2", { id: "pending-heading", class: "visually-hidden" }, "Pending calls"),
+      h("div", { class: "filters", role: "search" }, inputs),
+      this.list,
+    );
+  }
+
+  private matches(call: Call): boolean {
+    const f = this.filters;
+    const has = (value: string, want: string) => want === "" || value.toLowerCase().includes(want.toLowerCase());
+    return has(call.agent, f.agent) && has(call.sessionId, f.session) && has(call.tool, f.tool) && has(call.workspace, f.workspace);
+  }
+
+  /** The calls on screen, pending and recently decided, grouped and ordered. */
+  private groups(): { session: string; agent: string; batches: { id: string; calls: Call[]; newest: number }[] }[] {
+    const calls: Call[] = [...this.live.pending.values()];
+    for (const d of this.live.decided.values()) if (d.call && this.cards.has(callKey(d.call))) calls.push(d.call);
+    const sessions = new Map<string, { session: string; agent: string; batches: Map<string, { id: string; calls: Call[]; newest: number }> }>();
+    for (const call of calls) {
+      if (!this.matches(call)) continue;
+      const sk = `${call.agent}\u0000${call.sessionId}`;
+      let s = sessions.get(sk);
+      if (!s) sessions.set(sk, (s = { session: call.sessionId, agent: call.agent, batches: new Map() }));
+      let b = s.batches.get(call.batchId);
+      if (!b) s.batches.set(call.batchId, (b = { id: call.batchId, calls: [], newest: 0 }));
+      b.calls.push(call);
+      b.newest = Math.max(b.newest, call.createdAt ? timestampDate(call.createdAt).getTime() : 0);
+    }
+    const out = [...sessions.values()].map((s) => {
+      const batches = [...s.batches.values()].sort((a, b) => b.newest - a.newest || (a.id < b.id ? 1 : -1));
+      for (const b of batches) b.calls.sort((x, y) => x.position - y.position);
+      return { session: s.session, agent: s.agent, batches };
+    });
+    return out.sort((a, b) => b.batches[0].newest - a.batches[0].newest);
+  }
+
+  pendingCount(): number {
+    return this.live.pending.size;
+  }
+
+  render(): void {
+    for (const [key, card] of this.cards) {
+      const decided = this.live.decided.get(key);
+      if (decided && !card.decided) this.showOutcome(card, decided.outcome);
+      if (!decided && !this.live.pending.has(key)) this.cards.delete(key);
+    }
+    for (const [key, call] of this.live.pending) if (!this.cards.has(key)) this.cards.set(key, this.card(call));
+    const groups = this.groups();
+    const layoutKey = JSON.stringify(groups.map((g) => g.batches.map((b) => b.calls.map(callKey))));
+    for (const card of this.cards.values()) card.refresh();
+    if (layoutKey === this.layoutKey) return;
+    this.layoutKey = layoutKey;
+    const focused = document.activeElement;
+    const nodes = groups.map((g) =>
+      h(
+        "section",
+        { class: "session", "aria-label": `Session ${g.session} of agent ${g.agent}` },
+        h("h3", {}, "Session ", h("code", {}, g.session), h("span", { class: "meta" }, ` agent ${g.agent}`)),
+        g.batches.map((b) => this.batchSection(b.id, b.calls)),
+      ),
+    );
+    this.list.replaceChildren(
+      ...(nodes.length > 0 ? nodes : [h("p", { class: "empty" }, this.live.pending.size > 0 ? "No pending call matches the filters." : "Nothing to approve.")]),
+    );
+    if (focused instanceof HTMLElement && focused.isConnected && focused !== document.activeElement) focused.focus();
+  }
+
+  private batchSection(batchId: string, calls: Call[]): HTMLElement {
+    const pending = calls.filter((c) => this.live.pending.has(callKey(c)));
+    const reason = h("input", { type: "text", name: "batch-reason", "aria-label": `Reason to deny batch ${batchId}`, placeholder: "reason (optional)" });
+    const denyForm = h(
+      "form",
+      { class: "inline", hidden: true },
+      reason,
+      h("button", { type: "submit", class: "deny" }, "Deny all"),
+    );
+    denyForm.addEventListener("submit", (event) => {
+      event.preventDefault();
+      denyForm.hidden = true;
+      void this.decideAll(pending, Decision.DENY, reason.value);
+    });
+    const header = h(
+      "div",
+      { class: "batch-head" },
+      h("span", {}, `Batch …${batchId.slice(-8)} · ${calls[0]?.batchSize ?? calls.length} call(s), ${pending.length} pending`),
+      pending.length > 1
+        ? [
+            h("button", { type: "button", class: "approve", "aria-label": `Approve all ${pending.length} pending calls of batch ${batchId}`, onClick: () => void this.decideAll(pending, Decision.APPROVE, "") }, "Approve all"),
+            h("button", { type: "button", "aria-label": `Deny all ${pending.length} pending calls of batch ${batchId}`, onClick: () => { denyForm.hidden = false; reason.focus(); } }, "Deny all…"),
+            denyForm,
+          ]
+        : null,
+    );
+    return h("div", { class: "batch", "data-batch": batchId }, header, calls.map((c) => this.cards.get(callKey(c))!.el));
+  }
+
+  private async decideAll(calls: Call[], decision: Decision, reason: string): Promise<void> {
+    for (const call of calls) {
+      const card = this.cards.get(callKey(call));
+      if (card && !card.decided) await this.decide(card, { decision, reason });
+    }
+  }
+
+  private card(call: Call): Card {
+    const key = callKey(call);
+    const label = `${call.tool} call ${call.callId}`;
+    const titleId = `t-${Math.random().toString(36).slice(2)}`;
+    const hiddenIn = call.hiddenCharacters.map((hc) => `${hc.field} hides ${hc.count} invisible character(s): ${hc.codePoints.join(", ")}`);
+    const shown = (field: string, text: string) => {
+      const hc = call.hiddenCharacters.find((x) => x.field === field);
+      return hc && hc.revealed !== "" ? [hc.revealed] : revealed(text);
+    };
+    const age = h("span", { class: "age" });
+    const deadline = h("span", { class: "deadline" });
+    const outcome = h("p", { class: "outcome", role: "status" });
+
+    const scope = h(
+      "select",
+      { name: "scope", "aria-label": `Remember the decision on ${label}` },
+      h("option", { value: String(Scope.ONCE) }, "Once"),
+      h("option", { value: String(Scope.SESSION) }, "This session"),
+      h("option", { value: String(Scope.WORKSPACE), disabled: call.workspace === "" }, "This workspace"),
+      h("option", { value: String(Scope.ALWAYS) }, "Always (this agent)"),
+    );
+    const inputs = h(
+      "select",
+      { name: "matcher", "aria-label": `Which inputs the grant for ${label} matches` },
+      h("option", { value: "exact" }, "exactly this input"),
+      h("option", { value: "any" }, "any input"),
+    );
+    const preview = h("p", { class: "grant-preview" });
+    const showPreview = () => {
+      const s = Number(scope.value) as Scope;
+      inputs.hidden = s === Scope.ONCE;
+      preview.textContent = grantPreview(call, s, inputs.value === "any");
+    };
+    scope.addEventListener("change", showPreview);
+    inputs.addEventListener("change", showPreview);
+    showPreview();
+    const remembered = () => {
+      const s = Number(scope.value) as Scope;
+      if (s === Scope.ONCE) return {};
+      return {
+        scope: s,
+        matcher: inputs.value === "any" ? create(InputMatcherSchema, { kind: { case: "any", value: {} } }) : undefined,
+      };
+    };
+
+    const reason = h("input", { type: "text", name: "reason", "aria-label": `Reason to deny ${label}`, placeholder: "reason (shown to the model)" });
+    const denyForm = h("form", { class: "deny-form", hidden: true }, reason, h("button", { type: "submit", class: "deny" }, "Deny"), h("button", { type: "button", onClick: () => (denyForm.hidden = true) }, "Cancel"));
+    const editor = h("textarea", { name: "edit", rows: "8", spellcheck: "false", "aria-label": `Edited input of ${label} (JSON)` });
+    const editError = h("p", { class: "error", role: "alert" });
+    const editForm = h(
+      "form",
+      { class: "edit-form", hidden: true },
+      editor,
+      editError,
+      h("button", { type: "submit", class: "approve" }, "Approve edited input"),
+      h("button", { type: "button", onClick: () => (editForm.hidden = true) }, "Cancel"),
+    );
+    const explain = h("p", { class: "explain", role: "status" });
+    const detail = h(
+      "div",
+      { class: "detail", hidden: true },
+      jsonView(call.inputJson),
+      h("button", { type: "button", "aria-label": `Explain what would decide ${label}`, onClick: () => void this.explain(call, explain) }, "Explain"),
+      explain,
+    );
+    const actions = h(
+      "div",
+      { class: "actions" },
+      h("button", { type: "button", class: "approve", "aria-label": `Approve ${label}`, onClick: () => card.approve() }, "Approve"),
+      h("button", { type: "button", class: "deny", "aria-label": `Deny ${label}`, onClick: () => this.openDeny(card) }, "Deny…"),
+      h("button", { type: "button", "aria-label": `Edit the input of ${label}, then approve`, onClick: () => this.openEdit(card) }, "Edit…"),
+      h("button", { type: "button", "aria-expanded": "false", "aria-label": `Details of ${label}`, onClick: (e) => { detail.hidden = !detail.hidden; (e.currentTarget as HTMLElement).setAttribute("aria-expanded", String(!detail.hidden)); } }, "Details"),
+      h("label", { class: "scope" }, "Remember ", scope, inputs),
+      preview,
+    );
+    denyForm.addEventListener("submit", (event) => {
+      event.preventDefault();
+      void this.decide(card, { decision: Decision.DENY, reason: reason.value, ...remembered() });
+    });
+    editForm.addEventListener("submit", (event) => {
+      event.preventDefault();
+      const parsed = parseEdit(editor.value);
+      if ("error" in parsed) {
+        editError.textContent = `Not sent: ${parsed.error}`;
+        editor.setAttribute("aria-invalid", "true");
+        editor.focus();
+        return;
+      }
+      editError.textContent = "";
+      editor.removeAttribute("aria-invalid");
+      void this.decide(card, { decision: Decision.APPROVE, editedInputJson: parsed.json });
+    });
+    editor.addEventListener("input", () => {
+      const parsed = parseEdit(editor.value);
+      editError.textContent = "error" in parsed ? parsed.error : "";
+    });
+
+    const el = h(
+      "article",
+      { class: "card", tabindex: "-1", "aria-labelledby": titleId, "data-call": call.callId, "data-session": call.sessionId },
+      h(
+        "header",
+        {},
+        h("h4", { id: titleId }, h("code", { class: "tool" }, call.tool), " ", call.title ? shown("title", call.title) : h("span", { class: "meta" }, call.callId)),
+        h("p", { class: "meta" }, `${call.callId} · agent ${call.agent}`, call.workspace ? ` · workspace ${call.workspace}` : "", " · ", age, deadline),
+      ),
+      call.message ? h("p", { class: "message" }, shown("message", call.message)) : null,
+      hiddenIn.length > 0 ? h("p", { class: "warn", role: "note" }, "Hidden characters: ", hiddenIn.join("; ")) : null,
+      actions,
+      denyForm,
+      editForm,
+      detail,
+      outcome,
+    );
+    const card: Card = {
+      el,
+      call,
+      outcome,
+      decided: false,
+      approve: () => void this.decide(card, { decision: Decision.APPROVE, ...remembered() }),
+      refresh: () => {
+        const created = call.createdAt ? timestampDate(call.createdAt).getTime() : Date.now();
+        age.textContent = `${span((Date.now() - created) / 1000)} ago`;
+        if (call.deadline && !card.decided) {
+          const left = (timestampDate(call.deadline).getTime() - Date.now()) / 1000;
+          deadline.textContent = left > 0 ? ` · expires in ${span(left)}` : " · expiring";
+          deadline.classList.toggle("soon", left < 60);
+        }
+      },
+    };
+    editor.value = pretty(call.inputJson);
+    el.addEventListener("focusin", () => this.select(key, false));
+    return card;
+  }
+
+  private openDeny(card: Card): void {
+    if (card.decided) return;
+    const form = card.el.querySelector<HTMLFormElement>(".deny-form")!;
+    form.hidden = false;
+    form.querySelector("input")!.focus();
+  }
+
+  private openEdit(card: Card): void {
+    if (card.decided) return;
+    const form = card.el.querySelector<HTMLFormElement>(".edit-form")!;
+    form.hidden = false;
+    form.querySelector("textarea")!.focus();
+  }
+
+  private async decide(
+    card: Card,
+    d: { decision: Decision; reason?: string; editedInputJson?: string; scope?: Scope; matcher?: ReturnType<typeof create<typeof InputMatcherSchema>> },
+  ): Promise<void> {
+    if (card.decided) return;
+    const c = card.call;
+    card.el.classList.add("busy");
+    card.outcome.textContent = "Sending…";
+    try {
+      const reply: DecideResponse = await this.api.approver.decide({
+        sessionId: c.sessionId,
+        callId: c.callId,
+        agent: c.agent,
+        approver: this.api.approverName,
+        decision: d.decision,
+        reason: d.reason ?? "",
+        editedInputJson: d.editedInputJson ?? "",
+        scope: d.scope,
+        matcher: d.matcher,
+      });
+      if (reply.outcome) this.live.resolve(reply.outcome);
+      for (const o of [...reply.skipped, ...reply.decidedByGrant]) this.live.resolve(o);
+      this.render();
+    } catch (error) {
+      if (error instanceof ConnectError && error.code === Code.FailedPrecondition) {
+        // Another decision won: its outcome stands and arrives on the live stream too.
+        card.outcome.textContent = `Already decided: ${error.rawMessage}`;
+        card.el.classList.add("lost-race");
+      } else {
+        card.outcome.textContent = describeError(error);
+        card.outcome.classList.add("error");
+      }
+    } finally {
+      card.el.classList.remove("busy");
+    }
+  }
+
+  private showOutcome(card: Card, outcome: Outcome): void {
+    card.decided = true;
+    card.el.classList.remove("lost-race");
+    card.el.classList.add("decided", `status-${statusName(outcome.status).toLowerCase()}`);
+    card.el.querySelectorAll("form, .actions").forEach((n) => ((n as HTMLElement).hidden = true));
+    const parts = [`${statusName(outcome.status)} by ${outcome.decidedBy}`];
+    if (outcome.reason) parts.push(`reason: ${outcome.reason}`);
+    if (outcome.inputEdited) parts.push("with an edited input");
+    card.outcome.classList.remove("error");
+    card.outcome.textContent = parts.join(" · ");
+  }
+
+  private async explain(call: Call, into: HTMLElement): Promise<void> {
+    into.textContent = "Asking…";
+    try {
+      const r = await this.api.admin.explain({
+        call: { case: "stored", value: { sessionId: call.sessionId, callId: call.callId, agent: call.agent } },
+      });
+      into.textContent = `${statusName(r.verdict)}${r.decidedBy ? ` by ${r.decidedBy}` : ""}: ${r.reason}`;
+    } catch (error) {
+      into.textContent = isPermissionDenied(error) ? "Explain needs an admin token." : describeError(error);
+    }
+  }
+
+  // Keyboard: the selected card is the one j/k moved to (or that holds focus).
+  private visibleKeys(): string[] {
+    return [...this.list.querySelectorAll<HTMLElement>("article.card")].map((el) => {
+      for (const [key, card] of this.cards) if (card.el === el) return key;
+      return "";
+    });
+  }
+
+  private select(key: string, focus: boolean): void {
+    if (this.selected) this.cards.get(this.selected)?.el.classList.remove("selected");
+    this.selected = key;
+    const card = this.cards.get(key);
+    card?.el.classList.add("selected");
+    if (focus) {
+      card?.el.focus();
+      card?.el.scrollIntoView({ block: "nearest" });
+    }
+  }
+
+  move(step: number): void {
+    const keys = this.visibleKeys();
+    if (keys.length === 0) return;
+    const at = this.selected ? keys.indexOf(this.selected) : -1;
+    const next = at < 0 ? (step > 0 ? 0 : keys.length - 1) : Math.min(keys.length - 1, Math.max(0, at + step));
+    this.select(keys[next], true);
+  }
+
+  act(what: "approve" | "deny" | "edit"): void {
+    const card = this.selected ? this.cards.get(this.selected) : undefined;
+    if (!card || card.decided) return;
+    if (what === "approve") card.approve();
+    else if (what === "deny") this.openDeny(card);
+    else this.openEdit(card);
+  }
+
+  /** Drops cards of calls decided long enough ago; says whether any went. */
+  prune(): void {
+    if (this.live.prune(KEEP_DECIDED_MS)) this.render();
+    else for (const card of this.cards.values()) card.refresh();
+  }
+
+  focusSearch(): void {
+    this.search.focus();
+  }
+}

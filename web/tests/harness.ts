@@ -1,0 +1,128 @@
+// What the browser tests and the screenshot script share: the real broker binary started on a
+// free port with a fresh SQLite file and known tokens, an agent and an admin speaking real gRPC
+// (HTTP/2, @connectrpc/connect-node), and Debian's Chromium driven by playwright-core.
+import { type ChildProcess, spawn } from "node:child_process";
+import { createHash } from "node:crypto";
+import { mkdtempSync, openSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { createClient, type Interceptor } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { type Browser, chromium } from "playwright-core";
+import { AdminService } from "../src/gen/approvals/v1/admin_pb";
+import { AgentService } from "../src/gen/approvals/v1/agent_pb";
+import { ApproverService } from "../src/gen/approvals/v1/approver_pb";
+
+export const TOKENS = {
+  agent: "agent-token-for-tests",
+  /** An admin: every view of the page works. */
+  alice: "alice-admin-token-for-tests",
+  /** An approver: pending calls and decisions only. */
+  bob: "bob-approver-token-for-tests",
+};
+
+const hash = (token: string) => `sha256:${createHash("sha256").update(token).digest("hex")}`;
+
+const TOKEN_LINES = [
+  `agent agent-a ${hash(TOKENS.agent)}`,
+  `admin alice ${hash(TOKENS.alice)}`,
+  `approver bob ${hash(TOKENS.bob)}`,
+].join(";");
+
+/** The broker binary: $BROKER, else the debug build of this repository (run from web/). */
+export const BROKER = process.env.BROKER ?? resolve(process.cwd(), "../target/debug/approval-broker");
+
+async function freePort(): Promise<number> {
+  return new Promise((ok, fail) => {
+    const server = createServer();
+    server.once("error", fail);
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address();
+      server.close(() => ok(typeof address === "object" && address ? address.port : 0));
+    });
+  });
+}
+
+export class Broker {
+  process: ChildProcess | undefined;
+  readonly dir = mkdtempSync(join(tmpdir(), "inbox-test-"));
+  port = 0;
+
+  get url(): string {
+    return `http://127.0.0.1:${this.port}`;
+  }
+
+  async start(): Promise<void> {
+    if (this.port === 0) this.port = await freePort();
+    const log = openSync(join(this.dir, "broker.log"), "a");
+    this.process = spawn(
+      BROKER,
+      ["--listen", `127.0.0.1:${this.port}`, "--metrics-listen", "off", "--database-url", `sqlite://${join(this.dir, "approvals.db")}`],
+      { env: { PATH: process.env.PATH ?? "", APPROVALS_TOKENS: TOKEN_LINES, RUST_LOG: "info" }, stdio: ["ignore", log, log] },
+    );
+    const started = Date.now();
+    for (;;) {
+      if (this.process.exitCode !== null) throw new Error(`the broker exited (${this.process.exitCode}); see ${this.dir}/broker.log`);
+      try {
+        const page = await fetch(`${this.url}/`);
+        if (page.ok) return;
+      } catch {
+        // Not listening yet.
+      }
+      if (Date.now() - started > 60_000) throw new Error("the broker did not start within 60 s");
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+
+  /** Kills the broker at once (SIGKILL): nothing gets to drain. */
+  async kill(): Promise<void> {
+    const child = this.process;
+    if (!child || child.exitCode !== null) return;
+    const exited = new Promise((r) => child.once("exit", r));
+    child.kill("SIGKILL");
+    await exited;
+  }
+
+  async stop(): Promise<void> {
+    const child = this.process;
+    if (!child || child.exitCode !== null) return;
+    const exited = new Promise((r) => child.once("exit", r));
+    child.kill("SIGTERM");
+    await exited;
+  }
+}
+
+function bearer(token: string): Interceptor {
+  return (next) => (request) => {
+    request.header.set("authorization", `Bearer ${token}`);
+    return next(request);
+  };
+}
+
+/** gRPC clients (HTTP/2, as any agent or tool speaks to the broker). */
+export function grpcClients(broker: Broker) {
+  const transport = (token: string) => createGrpcTransport({ baseUrl: broker.url, interceptors: [bearer(token)] });
+  return {
+    agent: createClient(AgentService, transport(TOKENS.agent)),
+    admin: createClient(AdminService, transport(TOKENS.alice)),
+    approver: createClient(ApproverService, transport(TOKENS.bob)),
+  };
+}
+
+/** Chromium as the CI machine has it, with the flags this closed network needs. */
+export async function launchChromium(): Promise<Browser> {
+  return chromium.launch({
+    executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
+    headless: true,
+    args: [
+      "--no-sandbox",
+      "--disable-gpu",
+      "--disable-quic",
+      "--no-first-run",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+    ],
+  });
+}

@@ -1,0 +1,359 @@
+// The inbox in a real browser, driven as a person would: the real broker binary, calls
+// submitted by a real gRPC agent, Debian's Chromium through playwright-core. Each test proves
+// one promise of issue 15; the submit-to-visible time is measured and printed, not asserted.
+import assert from "node:assert/strict";
+import { after, afterEach, before, describe, test } from "node:test";
+import type { Browser, BrowserContext, Page } from "playwright-core";
+import { CallStatus, type Outcome } from "../src/gen/approvals/v1/types_pb";
+import { Broker, grpcClients, launchChromium, TOKENS } from "./harness";
+
+let broker: Broker;
+let browser: Browser;
+let clients: ReturnType<typeof grpcClients>;
+const contexts: BrowserContext[] = [];
+
+before(async () => {
+  broker = new Broker();
+  await broker.start();
+  clients = grpcClients(broker);
+  browser = await launchChromium();
+});
+
+// Each test's pages close with it: open pages keep their live streams and render every event.
+afterEach(async () => {
+  for (const context of contexts.splice(0)) await context.close().catch(() => {});
+});
+
+after(async () => {
+  await browser?.close();
+  await broker?.stop();
+});
+
+async function openInbox(token: string, viewport = { width: 1200, height: 900 }): Promise<Page> {
+  const context = await browser.newContext({ viewport });
+  contexts.push(context);
+  const page = await context.newPage();
+  await page.goto(`${broker.url}/`);
+  await page.getByLabel("Token", { exact: true }).fill(token);
+  await page.getByRole("button", { name: "Open the inbox" }).click();
+  await page.locator("#connection", { hasText: "live" }).waitFor();
+  return page;
+}
+
+let seq = 0;
+function unique(prefix: string): string {
+  seq += 1;
+  return `${prefix}-${seq}`;
+}
+
+async function submit(session: string, calls: { id: string; tool?: string; input?: string; title?: string }[]) {
+  return clients.agent.submit({
+    batch: {
+      sessionId: session,
+      calls: calls.map((c) => ({ callId: c.id, tool: c.tool ?? "shell", inputJson: c.input ?? '{"command":"ls"}', title: c.title ?? "" })),
+    },
+  });
+}
+
+/** The call's outcome as the agent gets it, once decided. */
+async function outcomeOf(session: string, callId: string): Promise<Outcome> {
+  for (let i = 0; i < 200; i++) {
+    const reply = await clients.agent.getOutcomes({ sessionId: session, callIds: [callId] });
+    const state = reply.calls[0]?.state;
+    if (state?.case === "outcome") return state.value;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`${session}/${callId} was never decided`);
+}
+
+async function isPending(session: string, callId: string): Promise<boolean> {
+  const reply = await clients.agent.getOutcomes({ sessionId: session, callIds: [callId] });
+  return reply.calls[0]?.state.case === "pending";
+}
+
+const card = (page: Page, session: string, callId: string) => page.locator(`article[data-session="${session}"][data-call="${callId}"]`);
+
+describe("the approval inbox in Chromium", () => {
+  test("a wrong token is refused", async () => {
+    const context = await browser.newContext();
+    contexts.push(context);
+    const page = await context.newPage();
+    await page.goto(`${broker.url}/`);
+    await page.getByLabel("Token", { exact: true }).fill("not-a-token");
+    await page.getByRole("button", { name: "Open the inbox" }).click();
+    await page.getByRole("alert").filter({ hasText: "refused this token (UNAUTHENTICATED)" }).waitFor();
+    assert.equal(await page.evaluate(() => sessionStorage.getItem("approvals.token")), null);
+  });
+
+  test("a submitted call appears, and approve reaches the agent as APPROVED", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-approve");
+    await submit(session, [{ id: "c1", title: "List files" }]);
+    await card(page, session, "c1").waitFor();
+    assert.match(await page.title(), /^\(\d+\) Approval inbox$/);
+    await page.getByRole("button", { name: "Approve shell call c1" }).first().click();
+    const outcome = await outcomeOf(session, "c1");
+    assert.equal(outcome.status, CallStatus.APPROVED);
+    assert.equal(outcome.decidedBy, "approver:alice");
+    await card(page, session, "c1").getByText("APPROVED by approver:alice").waitFor();
+  });
+
+  test("deny with a reason reaches the agent as DENIED with that reason", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-deny");
+    await submit(session, [{ id: "c1", input: '{"command":"rm -rf /"}' }]);
+    const c = card(page, session, "c1");
+    await c.getByRole("button", { name: "Deny shell call c1" }).click();
+    await c.getByLabel("Reason to deny shell call c1").fill("never delete the root");
+    await c.getByRole("button", { name: "Deny", exact: true }).click();
+    const outcome = await outcomeOf(session, "c1");
+    assert.equal(outcome.status, CallStatus.DENIED);
+    assert.equal(outcome.reason, "never delete the root");
+    assert.match(outcome.toolResult, /never delete the root/);
+  });
+
+  test("edit then approve gives the agent the edited input; invalid JSON is refused before sending", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-edit");
+    await submit(session, [{ id: "c1", input: '{"command":"rm -rf build"}' }]);
+    const c = card(page, session, "c1");
+    await c.getByRole("button", { name: "Edit the input of shell call c1, then approve" }).click();
+    const editor = c.getByLabel("Edited input of shell call c1 (JSON)");
+    await editor.fill('{"command": "rm -rf build/tmp"');
+    await c.getByRole("button", { name: "Approve edited input" }).click();
+    await c.getByText("Not sent: not valid JSON").waitFor();
+    assert.equal(await isPending(session, "c1"), true, "nothing was sent");
+    await editor.fill('{"command": "rm -rf build/tmp"}');
+    await c.getByRole("button", { name: "Approve edited input" }).click();
+    const outcome = await outcomeOf(session, "c1");
+    assert.equal(outcome.status, CallStatus.APPROVED);
+    assert.equal(outcome.inputEdited, true);
+    assert.equal(outcome.inputJson, '{"command":"rm -rf build/tmp"}');
+  });
+
+  test("a session grant auto-approves the next matching call, shows in Grants, and revoking it works", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-grant");
+    await submit(session, [{ id: "c1", tool: "read_file", input: '{"path":"README.md"}' }]);
+    const c = card(page, session, "c1");
+    await c.getByLabel("Remember the decision on read_file call c1").selectOption({ label: "This session" });
+    await c.getByText(/Creates a grant: ALLOW \(on Approve\) or DENY \(on Deny\) every later "read_file" call in session/).waitFor();
+    await c.getByRole("button", { name: "Approve read_file call c1" }).click();
+    assert.equal((await outcomeOf(session, "c1")).status, CallStatus.APPROVED);
+
+    const second = await submit(session, [{ id: "c2", tool: "read_file", input: '{"path":"README.md"}' }]);
+    const decided = second.outcomes.find((o) => o.callId === "c2");
+    assert.equal(decided?.status, CallStatus.APPROVED);
+    assert.match(decided?.decidedBy ?? "", /^grant:\d+$/);
+    const grantId = decided!.decidedBy.slice("grant:".length);
+
+    await page.getByRole("tab", { name: "Grants" }).click();
+    const row = page.locator(`li[data-grant="${grantId}"]`);
+    await row.getByText(`in session "${session}"`).waitFor();
+    await row.getByRole("button", { name: `Revoke grant ${grantId}` }).click();
+    await page.locator(`li[data-grant="${grantId}"]`).waitFor({ state: "detached" });
+
+    await submit(session, [{ id: "c3", tool: "read_file", input: '{"path":"README.md"}' }]);
+    assert.equal(await isPending(session, "c3"), true, "the revoked grant decides nothing");
+    await page.getByRole("tab", { name: /Pending/ }).click();
+    await card(page, session, "c3").waitFor();
+  });
+
+  test("history finds decided calls by tool, with who decided and why", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-history");
+    await submit(session, [{ id: "h1", tool: "history_probe" }]);
+    await clients.approver.decide({ sessionId: session, callId: "h1", agent: "agent-a", decision: 2, reason: "not today" });
+    await page.getByRole("tab", { name: "History" }).click();
+    await page.locator("#history").getByLabel("tool", { exact: true }).fill("history_probe");
+    await page.getByRole("button", { name: "Search" }).click();
+    await page.locator("#history li", { hasText: `${session} / h1` }).getByText("by approver:bob · reason: not today").waitFor();
+  });
+
+  test("rules: create one, Explain shows it deciding, delete it", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const id = unique("no-danger");
+    await page.getByRole("tab", { name: "Rules" }).click();
+    const form = page.getByRole("form", { name: "Create a rule" });
+    await form.getByLabel("rule id").fill(id);
+    await form.getByLabel("tool glob (shell, mcp__github__*)").fill("danger_*");
+    await form.getByLabel("Effect").selectOption({ label: "DENY" });
+    await form.getByLabel("description (a deny rule's reason)").fill("dangerous tools are off");
+    await form.getByRole("button", { name: "Create rule" }).click();
+    await page.locator(`li[data-rule="${id}"]`).waitFor();
+
+    const explain = page.getByRole("form", { name: "Explain a call" });
+    await explain.getByLabel("tool", { exact: true }).fill("danger_zone");
+    await explain.getByLabel("agent (empty: default)").fill("agent-a");
+    await explain.getByRole("button", { name: "Explain" }).click();
+    await explain.getByText(`DENIED by policy:${id}`).waitFor();
+
+    await page.getByRole("button", { name: `Delete rule ${id}` }).click();
+    await page.locator(`li[data-rule="${id}"]`).waitFor({ state: "detached" });
+    await explain.getByRole("button", { name: "Explain" }).click();
+    await explain.getByText(/^PENDING/).waitFor();
+  });
+
+  test("a new pending call notifies while the tab is in the background, once notifications are allowed", async () => {
+    const context = await browser.newContext({ viewport: { width: 1200, height: 900 } });
+    contexts.push(context);
+    await context.grantPermissions(["notifications"], { origin: broker.url });
+    const page = await context.newPage();
+    // The real Notification, wrapped to record what the page shows; the tab reports itself
+    // hidden, as a background tab does (headless tabs are never hidden by themselves).
+    await page.addInitScript(() => {
+      const Real = window.Notification;
+      const shown: string[] = [];
+      (window as unknown as { shown: string[] }).shown = shown;
+      class Recorded extends Real {
+        constructor(title: string, options?: NotificationOptions) {
+          super(title, options);
+          shown.push(`${title} | ${options?.body ?? ""}`);
+        }
+      }
+      window.Notification = Recorded as typeof Notification;
+      Object.defineProperty(document, "hidden", { get: () => true });
+    });
+    await page.goto(`${broker.url}/`);
+    await page.getByLabel("Token", { exact: true }).fill(TOKENS.alice);
+    await page.getByRole("button", { name: "Open the inbox" }).click();
+    await page.locator("#connection", { hasText: "live" }).waitFor();
+    const session = unique("s-notify");
+    await submit(session, [{ id: "n1", tool: "deploy", title: "Deploy to production" }]);
+    await card(page, session, "n1").waitFor();
+    await page.waitForFunction(() => (window as unknown as { shown: string[] }).shown.length > 0);
+    const shown = await page.evaluate(() => (window as unknown as { shown: string[] }).shown);
+    assert.deepEqual(shown, ["Approve deploy? | Deploy to production"]);
+  });
+
+  test("a second browser sees the first one's decision, with who decided", async () => {
+    const first = await openInbox(TOKENS.alice);
+    const second = await openInbox(TOKENS.bob);
+    const session = unique("s-two");
+    await submit(session, [{ id: "c1" }]);
+    await card(second, session, "c1").waitFor();
+    await card(first, session, "c1").getByRole("button", { name: "Approve shell call c1" }).click();
+    await card(second, session, "c1").getByText("APPROVED by approver:alice").waitFor();
+    // Bob's approver token cannot read the audit: the view says so, nothing else breaks.
+    await second.getByRole("tab", { name: "History" }).click();
+    await second.getByText("This view needs an admin token.").waitFor();
+  });
+
+  test("a whole batch is approved in one action; keyboard j and a approve the selected call", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-batch");
+    await submit(session, [{ id: "b1" }, { id: "b2", tool: "read_file", input: '{"path":"a"}' }]);
+    await card(page, session, "b2").waitFor();
+    await page.getByRole("button", { name: /^Approve all 2 pending calls of batch/ }).click();
+    assert.equal((await outcomeOf(session, "b1")).status, CallStatus.APPROVED);
+    assert.equal((await outcomeOf(session, "b2")).status, CallStatus.APPROVED);
+
+    const keys = unique("s-keys");
+    await submit(keys, [{ id: "k1" }]);
+    await card(page, keys, "k1").waitFor();
+    await page.getByLabel("Filter by session").fill(keys);
+    await page.locator("body").click({ position: { x: 1, y: 1 } });
+    await page.keyboard.press("j");
+    await page.keyboard.press("a");
+    assert.equal((await outcomeOf(keys, "k1")).status, CallStatus.APPROVED);
+  });
+
+  test("the page works 360 px wide (a phone)", async () => {
+    const page = await openInbox(TOKENS.alice, { width: 360, height: 740 });
+    const session = unique("s-phone");
+    await submit(session, [{ id: "c1", title: "A long title that has to wrap on a small phone screen without scrolling sideways" }]);
+    const approve = card(page, session, "c1").getByRole("button", { name: "Approve shell call c1" });
+    await approve.waitFor();
+    const box = await approve.boundingBox();
+    assert.ok(box && box.x >= 0 && box.x + box.width <= 360, `the button is on screen: ${JSON.stringify(box)}`);
+    const scrollWidth = await page.evaluate(() => document.documentElement.scrollWidth);
+    assert.ok(scrollWidth <= 360, `no sideways scrolling (scrollWidth ${scrollWidth})`);
+    await approve.click();
+    assert.equal((await outcomeOf(session, "c1")).status, CallStatus.APPROVED);
+  });
+
+  test("killing and restarting the broker loses nothing; the page resumes and says what was decided while away", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-restart");
+    await submit(session, [{ id: "r1" }]);
+    await card(page, session, "r1").waitFor();
+
+    await broker.kill();
+    await page.locator("#connection", { hasText: "reconnecting" }).waitFor();
+    // Keep the page away while the broker is back and decides without it.
+    await page.route("**/approvals.v1.ApproverService/Subscribe", (route) => route.abort());
+    await broker.start();
+    clients = grpcClients(broker);
+    await clients.approver.decide({ sessionId: session, callId: "r1", agent: "agent-a", decision: 1 });
+    await submit(session, [{ id: "r2" }]);
+    await page.unroute("**/approvals.v1.ApproverService/Subscribe");
+
+    await page.locator("#connection", { hasText: "live" }).waitFor();
+    await page.locator("#away", { hasText: "You were away: 1 decided" }).waitFor();
+    await card(page, session, "r1").getByText("APPROVED by approver:bob").waitFor();
+    await card(page, session, "r2").waitFor();
+    assert.equal(await card(page, session, "r1").count(), 1, "no duplicate");
+    assert.equal(await card(page, session, "r2").count(), 1, "no duplicate");
+    await card(page, session, "r2").getByRole("button", { name: "Approve shell call r2" }).click();
+    assert.equal((await outcomeOf(session, "r2")).status, CallStatus.APPROVED);
+  });
+
+  test("a decision that loses the race shows the outcome that stands, never an error", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-race");
+    await submit(session, [{ id: "c1" }]);
+    const c = card(page, session, "c1");
+    await c.waitFor();
+    // Hold the page's live stream away (a restart breaks it; reconnects are refused) so that
+    // it still shows the call as pending when Bob approves it elsewhere.
+    await page.route("**/approvals.v1.ApproverService/Subscribe", (route) => route.abort());
+    await broker.kill();
+    await broker.start();
+    clients = grpcClients(broker);
+    await clients.approver.decide({ sessionId: session, callId: "c1", agent: "agent-a", decision: 1 });
+    await c.getByRole("button", { name: "Deny shell call c1" }).click();
+    await c.getByLabel("Reason to deny shell call c1").fill("too late");
+    await c.getByRole("button", { name: "Deny", exact: true }).click();
+    await c.getByText(/^Already decided: .*APPROVED/).waitFor();
+    assert.equal(await c.locator(".outcome.error").count(), 0, "not shown as an error");
+    await page.unroute("**/approvals.v1.ApproverService/Subscribe");
+    await c.getByText("APPROVED by approver:bob").waitFor();
+    assert.equal((await outcomeOf(session, "c1")).status, CallStatus.APPROVED);
+  });
+
+  test("submit to visible in the page: the median of 20 (measured, not asserted)", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-latency");
+    // The page notes when each card enters its DOM (the same machine's wall clock as this
+    // process): the test's own polling for the card would add its interval to the figure.
+    await page.evaluate(() => {
+      const seen: Record<string, number> = {};
+      (window as unknown as { seen: Record<string, number> }).seen = seen;
+      new MutationObserver(() => {
+        for (const el of document.querySelectorAll<HTMLElement>("article.card[data-call]")) {
+          const id = el.dataset.call!;
+          if (!(id in seen)) seen[id] = Date.now();
+        }
+      }).observe(document.body, { childList: true, subtree: true });
+    });
+    const times: number[] = [];
+    const acks: number[] = [];
+    for (let i = 0; i < 20; i++) {
+      const started = Date.now();
+      await submit(session, [{ id: `m${i}` }]);
+      acks.push(Date.now() - started);
+      await card(page, session, `m${i}`).waitFor();
+      const seenAt = await page.evaluate((id) => (window as unknown as { seen: Record<string, number> }).seen[id], `m${i}`);
+      times.push(seenAt - started);
+    }
+    const median = (xs: number[]) => {
+      const s = [...xs].sort((a, b) => a - b);
+      return ((s[9] + s[10]) / 2).toFixed(1);
+    };
+    const sorted = [...times].sort((a, b) => a - b);
+    console.log(
+      `submit -> visible in the page: median ${median(times)} ms of 20 (min ${sorted[0]}, max ${sorted[19]}); ` +
+        `of which submit -> acknowledged (committed): median ${median(acks)} ms`,
+    );
+  });
+});
