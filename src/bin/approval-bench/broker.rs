@@ -79,7 +79,7 @@ fn stat_cpu(stat: &str) -> Option<(&str, f64)> {
 
 /// What a broker thread does, by its name (at most 15 bytes in `/proc`).
 fn thread_kind(name: &str) -> &'static str {
-    if name.starts_with("tokio-runtime") {
+    if name.starts_with("tokio-rt") || name.starts_with("tokio-runtime") {
         "runtime"
     } else if name.starts_with("store-writer") {
         "writer"
@@ -121,6 +121,7 @@ mod tests {
         let stat = "42 (tokio-runtime-w) S 1 2 3 4 5 6 7 8 9 10 150 50 0 0 20 0 1";
         assert_eq!(stat_cpu(stat), Some(("tokio-runtime-w", 2.0)));
         assert_eq!(thread_kind("tokio-runtime-w"), "runtime");
+        assert_eq!(thread_kind("tokio-rt-worker"), "runtime");
         assert_eq!(thread_kind("store-writer"), "writer");
         assert_eq!(thread_kind("sqlx-sqlite-wor"), "readers");
     }
