@@ -487,3 +487,15 @@ mod tests {
         assert!(WebhookFilter::kinds_from_code(0).is_empty());
     }
 }
+
+/// A failed delivery attempt, as the task holding an endpoint's lease records it.
+#[derive(Debug, Clone)]
+pub struct DeliveryFailure {
+    pub webhook: WebhookId,
+    /// Who holds the lease: the failure counts only while it still does.
+    pub owner: String,
+    /// What went wrong; the pause reason when this failure pauses the endpoint.
+    pub error: String,
+    /// Pause the endpoint when this many attempts in a row have failed.
+    pub pause_after: u32,
+}

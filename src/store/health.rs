@@ -18,7 +18,7 @@ use super::{
     Backend, BackendReads, Calls, CommittedEvents, Deadlines, EventLog, Policies, Store, Webhooks,
 };
 use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
-use crate::domain::webhook::{Webhook, WebhookId};
+use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookId};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
     DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,
@@ -285,18 +285,8 @@ impl Webhooks for Watched {
         self.read(self.inner.record_delivered(id, owner, cursor).await)
     }
 
-    async fn record_failure(
-        &self,
-        id: &WebhookId,
-        owner: &str,
-        error: &str,
-        pause_after: u32,
-    ) -> Result<Option<Webhook>> {
-        self.read(
-            self.inner
-                .record_failure(id, owner, error, pause_after)
-                .await,
-        )
+    async fn record_failure(&self, failure: &DeliveryFailure) -> Result<Option<Webhook>> {
+        self.read(self.inner.record_failure(failure).await)
     }
 }
 

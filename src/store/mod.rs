@@ -20,7 +20,7 @@ mod webhook_rows;
 use async_trait::async_trait;
 
 use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
-use crate::domain::webhook::{Webhook, WebhookId};
+use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookId};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
     DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,
@@ -212,16 +212,10 @@ pub trait Webhooks: Backend {
     /// and the run of failures ends. Whether `owner` still held the lease.
     async fn record_delivered(&self, id: &WebhookId, owner: &str, cursor: u64) -> Result<bool>;
 
-    /// Records a failed attempt; pauses the endpoint (with `error` as the reason) when this
-    /// makes `pause_after` failures in a row. The endpoint as it stands, if `owner` still held
-    /// the lease.
-    async fn record_failure(
-        &self,
-        id: &WebhookId,
-        owner: &str,
-        error: &str,
-        pause_after: u32,
-    ) -> Result<Option<Webhook>>;
+    /// Records a failed attempt; pauses the endpoint (with the error as the reason) when this
+    /// makes `pause_after` failures in a row. The endpoint as it stands, if the failure's owner
+    /// still held the lease.
+    async fn record_failure(&self, failure: &DeliveryFailure) -> Result<Option<Webhook>>;
 }
 
 /// Committed events, handed over by the writer (see [`EventLog::take_committed_events`]). Best

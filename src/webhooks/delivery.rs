@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 
 use super::http::{Client, Message};
 use super::{DeliverySettings, Dispatcher, payload, signature};
-use crate::domain::webhook::{Webhook, WebhookId, WebhookState};
+use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookId, WebhookState};
 use crate::domain::{CallKey, Event, Timestamp};
 use crate::events::Feed;
 use crate::store::Store;
@@ -216,7 +216,12 @@ impl Delivery {
             tracing::warn!(webhook = %self.id, error = %error, "webhook delivery failed; retrying");
             match self
                 .store
-                .record_failure(&self.id, &self.owner, &error, self.settings.pause_after)
+                .record_failure(&DeliveryFailure {
+                    webhook: self.id.clone(),
+                    owner: self.owner.clone(),
+                    error: error.clone(),
+                    pause_after: self.settings.pause_after,
+                })
                 .await
             {
                 Ok(None) => return Err(Stop::LeaseLost),

@@ -9,7 +9,7 @@ use sqlx::{PgConnection, Postgres};
 
 use super::PostgresStore;
 use crate::domain::Timestamp;
-use crate::domain::webhook::{Webhook, WebhookId};
+use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookId};
 use crate::error::Result;
 use crate::store::Webhooks;
 use crate::store::webhook_rows::{
@@ -161,25 +161,19 @@ impl Webhooks for PostgresStore {
         Ok(updated.rows_affected() == 1)
     }
 
-    async fn record_failure(
-        &self,
-        id: &WebhookId,
-        owner: &str,
-        error: &str,
-        pause_after: u32,
-    ) -> Result<Option<Webhook>> {
+    async fn record_failure(&self, failure: &DeliveryFailure) -> Result<Option<Webhook>> {
         let mut conn = self.pool.acquire().await?;
         let updated = sqlx::query(RECORD_FAILURE)
-            .bind(error)
-            .bind(i64::from(pause_after))
-            .bind(pause_reason(pause_after, error))
-            .bind(id.as_str())
-            .bind(owner)
+            .bind(&failure.error)
+            .bind(i64::from(failure.pause_after))
+            .bind(pause_reason(failure.pause_after, &failure.error))
+            .bind(failure.webhook.as_str())
+            .bind(&failure.owner)
             .execute(&mut *conn)
             .await?;
         if updated.rows_affected() == 0 {
             return Ok(None);
         }
-        stored(&mut conn, id).await
+        stored(&mut conn, &failure.webhook).await
     }
 }

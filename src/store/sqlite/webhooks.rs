@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension as _, params};
 
 use super::SqliteStore;
 use crate::domain::Timestamp;
-use crate::domain::webhook::{Webhook, WebhookId};
+use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookId};
 use crate::error::Result;
 use crate::store::Webhooks;
 use crate::store::webhook_rows::{
@@ -188,28 +188,22 @@ impl Webhooks for SqliteStore {
             .await
     }
 
-    async fn record_failure(
-        &self,
-        id: &WebhookId,
-        owner: &str,
-        error: &str,
-        pause_after_failures: u32,
-    ) -> Result<Option<Webhook>> {
-        let (id, owner, error) = (id.clone(), owner.to_owned(), error.to_owned());
+    async fn record_failure(&self, failure: &DeliveryFailure) -> Result<Option<Webhook>> {
+        let failure = failure.clone();
         self.group
             .alone(move |writer| async move {
                 writer.transact(|conn| {
                     let updated = conn.prepare_cached(RECORD_FAILURE)?.execute(params![
-                        error,
-                        i64::from(pause_after_failures),
-                        pause_reason(pause_after_failures, &error),
-                        id.as_str(),
-                        owner,
+                        failure.error,
+                        i64::from(failure.pause_after),
+                        pause_reason(failure.pause_after, &failure.error),
+                        failure.webhook.as_str(),
+                        failure.owner,
                     ])?;
                     if updated == 0 {
                         return Ok(None);
                     }
-                    stored(conn, &id)
+                    stored(conn, &failure.webhook)
                 })
             })
             .await
