@@ -15,13 +15,12 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-use super::review::{BrokerAddress, Review, ReviewError, review};
+use super::review::{BrokerAddress, Review, ReviewError, one_line, review};
 use crate::proto::v1 as pb;
 
 /// The exit code with which Claude Code blocks the call and shows standard error.
 const EXIT_BLOCK: u8 = 2;
 /// The longest title shown to approvers, in characters (the broker takes 512 bytes).
-const TITLE_CHARS: usize = 120;
 /// Keys of `tool_input` that say best what a call does, in order of preference.
 const SUMMARY_KEYS: [&str; 7] = [
     "command",
@@ -36,23 +35,8 @@ const SUMMARY_KEYS: [&str; 7] = [
 /// The settings of `hook claude-code`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClaudeCodeArgs {
-    /// The broker's gRPC address.
-    #[arg(
-        long,
-        env = "APPROVALS_BROKER",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    pub broker: String,
-
-    /// A bearer token with the `agent` role, when the broker has authentication on (prefer the
-    /// environment variable: a flag is visible to other users of the machine).
-    #[arg(long, env = "APPROVALS_BROKER_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-
-    /// A PEM CA certificate to check an `https://` broker's certificate with (a private CA);
-    /// without it, the Mozilla root certificates built in are used.
-    #[arg(long, env = "APPROVALS_BROKER_CA_CERT")]
-    pub ca_cert: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub broker: BrokerAddress,
 
     /// How long to wait for a decision, e.g. `90s`, `5m`. Keep it below the `timeout` of the hook
     /// entry in settings.json (Claude Code's default is 600 seconds).
@@ -215,21 +199,6 @@ fn optional_string(fields: &Map<String, Value>, key: &str) -> Result<Option<Stri
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(_) => Err(format!("{key}: must be a string")),
     }
-}
-
-/// Control characters (a multi-line command's new lines) become spaces; long text is cut.
-fn one_line(text: &str) -> String {
-    let flat: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    let flat = flat.trim();
-    if flat.chars().count() <= TITLE_CHARS {
-        return flat.to_owned();
-    }
-    let mut cut: String = flat.chars().take(TITLE_CHARS - 1).collect();
-    cut.push('…');
-    cut
 }
 
 /// The hook's decision, before it is written in an event's shape.
@@ -410,11 +379,7 @@ pub async fn run(args: &ClaudeCodeArgs) -> ExitCode {
 
 /// What the broker's review of `input` calls for; every path but APPROVED fails closed.
 pub async fn answer(args: &ClaudeCodeArgs, input: &HookInput) -> Answer {
-    let broker = BrokerAddress {
-        url: args.broker.clone(),
-        ca_cert: args.ca_cert.clone(),
-        token: args.token.clone(),
-    };
+    let broker = args.broker.clone();
     let call = input.call(args.workspace.as_deref());
     match review(&broker, &input.session_id, call, args.timeout).await {
         Ok(Review::Decided(outcome)) => Answer::from_outcome(&outcome),
@@ -447,6 +412,7 @@ fn block(message: &str) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hook::review::TITLE_CHARS;
 
     fn input(tool_input: Value) -> HookInput {
         HookInput::parse(

@@ -20,17 +20,49 @@ const CANCEL_TIMEOUT: Duration = Duration::from_secs(3);
 /// The pause before watching again after the outcome stream broke (a broker restart).
 const REWATCH_PAUSE: Duration = Duration::from_millis(300);
 
-/// Where the broker is and how to authenticate to it.
-#[derive(Debug, Clone)]
+/// Where the broker is and how to authenticate to it: the same three settings for every command
+/// that reviews calls through a broker (the hooks, the MCP gateway).
+#[derive(Debug, Clone, clap::Args)]
 pub struct BrokerAddress {
-    /// `http://host:port`, or `https://host:port` for a broker serving TLS.
+    /// The broker's gRPC address: `http://host:port`, or `https://host:port` for a broker
+    /// serving TLS.
+    #[arg(
+        id = "broker",
+        long = "broker",
+        env = "APPROVALS_BROKER",
+        default_value = "http://127.0.0.1:50051"
+    )]
     pub url: String,
-    /// A PEM CA certificate to check an `https://` broker's certificate with; without it, the
-    /// Mozilla roots built in.
+
+    /// A PEM CA certificate to check an `https://` broker's certificate with (a private CA);
+    /// without it, the Mozilla root certificates built in are used.
+    #[arg(long, env = "APPROVALS_BROKER_CA_CERT")]
     pub ca_cert: Option<std::path::PathBuf>,
-    /// A bearer token with the `agent` role, when the broker has authentication on.
+
+    /// A bearer token with the `agent` role, when the broker has authentication on (prefer the
+    /// environment variable: a flag is visible to other users of the machine).
+    #[arg(long, env = "APPROVALS_BROKER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
 }
+
+/// Control characters (a multi-line command's new lines) become spaces; text longer than
+/// [`TITLE_CHARS`] is cut: what an approver reads as a title stays one short line.
+pub fn one_line(text: &str) -> String {
+    let flat: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let flat = flat.trim();
+    if flat.chars().count() <= TITLE_CHARS {
+        return flat.to_owned();
+    }
+    let mut cut: String = flat.chars().take(TITLE_CHARS - 1).collect();
+    cut.push('…');
+    cut
+}
+
+/// The most characters of a title an adapter derives from a call.
+pub const TITLE_CHARS: usize = 120;
 
 /// What became of a reviewed call.
 #[derive(Debug, Clone, PartialEq)]

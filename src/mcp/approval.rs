@@ -10,12 +10,12 @@
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject, Tool, ToolAnnotations};
 use serde_json::{Map, Value};
 
+use crate::hook::review::one_line;
 use crate::proto::v1 as pb;
 
 /// The input key that carries the tool's annotations to approvers and policy rules.
 pub const HINTS_KEY: &str = "_mcp_hints";
 /// The longest title shown to approvers, in characters (the broker takes 512 bytes).
-const TITLE_CHARS: usize = 120;
 /// Keys of the arguments that say best what a call does, in order of preference.
 const SUMMARY_KEYS: [&str; 8] = [
     "command",
@@ -143,21 +143,6 @@ fn message(
         None => message.push_str("\n\nThe server declares no hints about this tool."),
     }
     message.replace('\0', "")
-}
-
-/// Control characters become spaces; long text is cut.
-fn one_line(text: &str) -> String {
-    let flat: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    let flat = flat.trim();
-    if flat.chars().count() <= TITLE_CHARS {
-        return flat.to_owned();
-    }
-    let mut cut: String = flat.chars().take(TITLE_CHARS - 1).collect();
-    cut.push('…');
-    cut
 }
 
 /// What an outcome calls for.

@@ -64,11 +64,7 @@ impl Settings {
             }
         };
         Ok(Settings {
-            broker: BrokerAddress {
-                url: args.broker.clone(),
-                ca_cert: args.ca_cert.clone(),
-                token: args.token.clone(),
-            },
+            broker: args.broker.clone(),
             sessions: SessionPolicy::from_flags(args.session.as_deref(), &args.session_from)?,
             workspace: args.workspace.clone(),
             timeout: args.timeout,

@@ -32,23 +32,8 @@ use std::time::Duration;
     after_help = "Example: approval-broker mcp-gateway --broker http://127.0.0.1:50051 -- npx -y @modelcontextprotocol/server-filesystem /srv/data"
 )]
 pub struct McpGatewayArgs {
-    /// The broker's gRPC address (`https://` for a broker serving TLS).
-    #[arg(
-        long,
-        env = "APPROVALS_BROKER",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    pub broker: String,
-
-    /// A bearer token with the `agent` role, when the broker has authentication on (prefer the
-    /// environment variable: a flag is visible to other users of the machine).
-    #[arg(long, env = "APPROVALS_BROKER_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-
-    /// A PEM CA certificate to check an `https://` broker's certificate with (a private CA);
-    /// without it, the Mozilla root certificates built in are used.
-    #[arg(long, env = "APPROVALS_BROKER_CA_CERT")]
-    pub ca_cert: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub broker: crate::hook::review::BrokerAddress,
 
     /// The broker session every tool call goes into. Call ids are then prefixed with a fresh id
     /// per client connection, since MCP request ids start again at 0 on each connection.
