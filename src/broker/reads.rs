@@ -7,7 +7,7 @@ use crate::domain::policy::Rule;
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, GrantPage, GrantQuery, SessionId,
 };
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 impl Broker {
     /// The last sequence number in the event log, covering every commit so far.
@@ -20,12 +20,11 @@ impl Broker {
         let found = self
             .calls_by_id(&key.agent, &key.session, std::slice::from_ref(&key.call_id))
             .await?;
-        found.into_iter().next().flatten().ok_or_else(|| {
-            Error::NotFound(format!(
-                "no call `{}` in session `{}` of agent `{}`",
-                key.call_id, key.session, key.agent
-            ))
-        })
+        found
+            .into_iter()
+            .next()
+            .flatten()
+            .ok_or_else(|| key.not_found())
     }
 
     /// The named calls of a session, in the order asked; `None` for unknown ids.

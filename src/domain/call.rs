@@ -14,6 +14,16 @@ pub struct CallKey {
     pub call_id: CallId,
 }
 
+impl CallKey {
+    /// NOT_FOUND naming this call, as every request about an unknown call is answered.
+    pub fn not_found(&self) -> Error {
+        Error::NotFound(format!(
+            "no call `{}` in session `{}` of agent `{}`",
+            self.call_id, self.session, self.agent
+        ))
+    }
+}
+
 /// A call as submitted, validated.
 #[derive(Debug, Clone)]
 pub struct NewCall {

@@ -40,10 +40,7 @@ pub async fn decide_in(
     now: Timestamp,
 ) -> Result<DecideReport> {
     let Some(Stored { rowid, call }) = tx.find_call(key).await? else {
-        return Err(Error::NotFound(format!(
-            "no call `{}` in session `{}` of agent `{}`",
-            key.call_id, key.session, key.agent
-        )));
+        return Err(key.not_found());
     };
     let grant = decision
         .remember

@@ -6,7 +6,7 @@ use super::tx::{PolicyTx, WriteTx};
 use crate::domain::policy::{Decider, Ruling, Subject, evaluate};
 use crate::domain::policy::{ExplainTarget, Explanation};
 use crate::domain::{Call, Timestamp};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Explains `target` inside `tx`, a read transaction (nothing is written, and it is dropped).
 pub async fn explain(
@@ -31,10 +31,7 @@ pub async fn explain(
         ) => Subject::new(agent, session, workspace, tool, input),
         (ExplainTarget::Stored(_), Some(call)) => Subject::of_call(call),
         (ExplainTarget::Stored(key), None) => {
-            return Err(Error::NotFound(format!(
-                "no call `{}` in session `{}` of agent `{}`",
-                key.call_id, key.session, key.agent
-            )));
+            return Err(key.not_found());
         }
     };
     let rules = tx.rules().await?;
