@@ -9,10 +9,15 @@
 //! failures, which pauses it at `pause_after`), and only what was not delivered is retried,
 //! after an exponential backoff with jitter. The task ends when the endpoint is paused or
 //! deleted, or when this process lost its lease.
+//!
+//! The cursor is a durable write, so it is stored at most once per [`CURSOR_EVERY`] while events
+//! flow, and within that time once they stop: storing it after every batch made each endpoint
+//! one more write per few events on the path every submit takes. A crash re-sends at most that
+//! last stretch, with the same `webhook-id`s (at least once, as before).
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::{Semaphore, watch};
@@ -28,6 +33,9 @@ use crate::store::Store;
 /// The most events one batch holds.
 const BATCH: usize = 256;
 
+/// How long a delivered event may wait for its cursor to be stored.
+const CURSOR_EVERY: Duration = Duration::from_millis(250);
+
 pub(super) struct Delivery {
     store: Arc<dyn Store>,
     settings: DeliverySettings,
@@ -38,6 +46,9 @@ pub(super) struct Delivery {
     client: Arc<Client>,
     feed: Feed,
     leased_until: Timestamp,
+    /// The last event delivered whose cursor is not stored yet, and when it last was.
+    unrecorded: Option<u64>,
+    recorded_at: Instant,
 }
 
 /// Why a task stops.
@@ -78,6 +89,8 @@ impl Delivery {
             hook,
             config,
             leased_until,
+            unrecorded: None,
+            recorded_at: Instant::now(),
         })
     }
 
@@ -85,6 +98,7 @@ impl Delivery {
         let stop = self.deliver().await;
         match stop {
             Stop::Inactive => {
+                let _ = self.record_cursor().await;
                 if let Err(err) = self.store.release_webhook(&self.id, &self.owner).await {
                     tracing::warn!(webhook = %self.id, error = %err, "cannot release the lease");
                 }
@@ -99,6 +113,10 @@ impl Delivery {
     async fn deliver(&mut self) -> Stop {
         loop {
             let renewal = self.until_renewal();
+            let record_in = match self.unrecorded {
+                Some(_) => CURSOR_EVERY.saturating_sub(self.recorded_at.elapsed()),
+                None => Duration::MAX,
+            };
             let first = tokio::select! {
                 next = self.feed.next() => match next {
                     Ok(delivery) => delivery.event,
@@ -109,6 +127,12 @@ impl Delivery {
                 },
                 _ = tokio::time::sleep(renewal) => {
                     if let Err(stop) = self.renew_lease().await {
+                        return stop;
+                    }
+                    continue;
+                }
+                _ = tokio::time::sleep(record_in), if self.unrecorded.is_some() => {
+                    if let Err(stop) = self.record_cursor().await {
                         return stop;
                     }
                     continue;
@@ -138,17 +162,35 @@ impl Delivery {
             if let Err(stop) = self.deliver_batch(admitted).await {
                 return stop;
             }
-            match self
-                .store
-                .record_delivered(&self.id, &self.owner, last)
-                .await
+            self.unrecorded = Some(last);
+            if self.recorded_at.elapsed() >= CURSOR_EVERY
+                && let Err(stop) = self.record_cursor().await
             {
-                Ok(true) => {}
-                Ok(false) => return Stop::LeaseLost,
-                // Delivered, only not recorded: a restart delivers these again.
-                Err(err) => {
-                    tracing::warn!(webhook = %self.id, error = %err, "cannot store the webhook cursor")
-                }
+                return stop;
+            }
+        }
+    }
+
+    /// Stores the cursor of the last event delivered, if it moved since it was last stored.
+    async fn record_cursor(&mut self) -> Result<(), Stop> {
+        let Some(last) = self.unrecorded else {
+            return Ok(());
+        };
+        self.recorded_at = Instant::now();
+        match self
+            .store
+            .record_delivered(&self.id, &self.owner, last)
+            .await
+        {
+            Ok(true) => {
+                self.unrecorded = None;
+                Ok(())
+            }
+            Ok(false) => Err(Stop::LeaseLost),
+            // Delivered, only not recorded: tried again later, and a restart delivers these again.
+            Err(err) => {
+                tracing::warn!(webhook = %self.id, error = %err, "cannot store the webhook cursor");
+                Ok(())
             }
         }
     }
