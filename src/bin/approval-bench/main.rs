@@ -25,6 +25,10 @@
 //! `--check` is the CI smoke mode: a short run (2 s, 0.5 s warm-up, 4 agents unless given)
 //! that fails (exit 1) unless every submitted call was acknowledged, shown to every subscriber,
 //! decided, and its outcome received by its agent. Speed is never asserted.
+//!
+//! `--webhooks N` measures what webhook endpoints cost, in one run on one broker: first with
+//! none, then with N endpoints (receivers inside the bench, every event to each, the last one in
+//! Slack format) created through AdminService, and prints the two rates and their ratio.
 
 mod broker;
 // The test kit's one file (a bin cannot use the kit crate, a dev-dependency); the bench uses
@@ -34,6 +38,7 @@ mod broker;
 mod kit;
 mod load;
 mod scale;
+mod sinks;
 mod stats;
 mod storage;
 
@@ -48,7 +53,7 @@ use kit::{BrokerProcess, Launch, Schema, TempDir};
 use load::{AutoApprove, CallRecord, LoadConfig, Shared};
 use stats::{Percentiles, ms};
 
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(
     name = "approval-bench",
     about = "Benchmarks the approval broker: full approval cycles/s, latencies, CPU and memory, \
@@ -105,6 +110,10 @@ struct Args {
     /// figures are then auto-approved calls/s and submit→outcome at the agent.
     #[arg(long, value_enum)]
     auto_approve: Option<load::AutoApprove>,
+    /// Measure with no webhook endpoint, then with this many (receivers inside the bench, every
+    /// event to each, the last in Slack format), on the same broker, and print both rates.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=64), conflicts_with_all = ["scale", "target"])]
+    webhooks: u32,
     /// Write the figures as JSON to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -174,8 +183,12 @@ async fn run(mut args: Args) -> Result<bool, String> {
     let setup = setup(&args).await?;
     let result = if args.scale {
         scale(&args, &setup).await
+    } else if args.webhooks > 0 {
+        with_and_without_webhooks(&args, &setup, duration, warmup, storage_duration, drain).await
     } else {
-        measure(&args, &setup, duration, warmup, storage_duration, drain).await
+        measure(&args, &setup, duration, warmup, storage_duration, drain)
+            .await
+            .map(|m| m.ok)
     };
     let Setup {
         broker,
@@ -267,7 +280,15 @@ async fn setup(args: &Args) -> Result<Setup, String> {
     })
 }
 
-async fn measure(
+/// What one measured run says: whether its counting held, and its rate and CPU per cycle.
+struct Measured {
+    ok: bool,
+    cycles_per_sec: f64,
+    cpu_per_cycle_us: Option<f64>,
+}
+
+/// `--webhooks N`: the same broker measured with no endpoint, then with N.
+async fn with_and_without_webhooks(
     args: &Args,
     setup: &Setup,
     duration: Duration,
@@ -275,6 +296,74 @@ async fn measure(
     storage_duration: Duration,
     drain: Duration,
 ) -> Result<bool, String> {
+    use approval_broker::proto::v1::{
+        CreateWebhookRequest, WebhookFormat, admin_service_client::AdminServiceClient,
+    };
+    let without_args = Args {
+        json: None,
+        ..args.clone()
+    };
+    println!("--- without webhook endpoints ---");
+    let without = measure(
+        &without_args,
+        setup,
+        duration,
+        warmup,
+        Duration::ZERO,
+        drain,
+    )
+    .await?;
+    let mut sinks = Vec::new();
+    let channel = load::channels(&setup.address, 1).await?.remove(0);
+    let mut admin = AdminServiceClient::new(channel);
+    for i in 0..args.webhooks {
+        let sink = sinks::Sink::start().await?;
+        let format = if i + 1 == args.webhooks && args.webhooks > 1 {
+            WebhookFormat::Slack
+        } else {
+            WebhookFormat::Cloudevents
+        };
+        admin
+            .create_webhook(CreateWebhookRequest {
+                id: format!("bench-{i}"),
+                url: sink.url.clone(),
+                format: format as i32,
+                ..CreateWebhookRequest::default()
+            })
+            .await
+            .map_err(|status| format!("CreateWebhook: {status}"))?;
+        sinks.push(sink);
+    }
+    println!("\n--- with {} webhook endpoints ---", args.webhooks);
+    let with = measure(args, setup, duration, warmup, storage_duration, drain).await?;
+    let received: u64 = sinks.iter().map(sinks::Sink::received).sum();
+    let cpu = |m: &Measured| {
+        m.cpu_per_cycle_us
+            .map(|us| format!(", broker CPU {us:.0} µs per cycle"))
+            .unwrap_or_default()
+    };
+    println!();
+    println!(
+        "webhooks: no endpoints {:.1} cycles/s{}; {} endpoints {:.1} cycles/s{} ({:.2}x); \
+         {received} requests received",
+        without.cycles_per_sec,
+        cpu(&without),
+        args.webhooks,
+        with.cycles_per_sec,
+        cpu(&with),
+        with.cycles_per_sec / without.cycles_per_sec,
+    );
+    Ok(without.ok && with.ok)
+}
+
+async fn measure(
+    args: &Args,
+    setup: &Setup,
+    duration: Duration,
+    warmup: Duration,
+    storage_duration: Duration,
+    drain: Duration,
+) -> Result<Measured, String> {
     let pid = setup
         .broker
         .as_ref()
@@ -419,6 +508,14 @@ async fn measure(
     };
 
     report.print(raw.as_ref());
+    let measured = Measured {
+        ok: true,
+        cycles_per_sec: report.cycles_per_sec,
+        cpu_per_cycle_us: report
+            .broker_cpu
+            .filter(|_| report.cycles_in_window > 0)
+            .map(|cpu| cpu * 1e6 / report.cycles_in_window as f64),
+    };
     if let Some(path) = &args.json {
         let json = report.json(raw.as_ref());
         std::fs::write(path, serde_json::to_string_pretty(&json).unwrap() + "\n")
@@ -441,10 +538,13 @@ async fn measure(
                     lines[lines.len().saturating_sub(20)..].join("\n")
                 );
             }
-            return Ok(false);
+            return Ok(Measured {
+                ok: false,
+                ..measured
+            });
         }
     }
-    Ok(true)
+    Ok(measured)
 }
 
 struct Report {
@@ -819,6 +919,10 @@ async fn allow_the_bench_tool(channel: tonic::transport::Channel) -> Result<(), 
             }),
         })
         .await
-        .map_err(|status| format!("CreateRule: {status}"))?;
+        // A second measured run on the same broker (`--webhooks`) finds it there.
+        .or_else(|status| match status.code() {
+            tonic::Code::AlreadyExists => Ok(tonic::Response::new(Rule::default())),
+            _ => Err(format!("CreateRule: {status}")),
+        })?;
     Ok(())
 }
