@@ -4,6 +4,7 @@
 
 use crate::domain::webhook::{Webhook, WebhookChange, WebhookId};
 use crate::error::{Error, Result};
+use crate::webhooks::TestEvent;
 
 use super::Broker;
 
@@ -23,8 +24,7 @@ impl Broker {
 
     /// Applies `change` to the stored endpoint `id`.
     pub async fn update_webhook(&self, id: &WebhookId, change: WebhookChange) -> Result<Webhook> {
-        let hook = change.apply(self.store.webhook(id).await?);
-        let stored = self.store.update_webhook(&hook).await?;
+        let stored = self.store.update_webhook(id, change).await?;
         self.webhooks_changed();
         tracing::info!(webhook = %stored.id, state = ?stored.state, "webhook updated");
         Ok(stored)
@@ -37,11 +37,8 @@ impl Broker {
         Ok(deleted)
     }
 
-    /// POSTs a test message to endpoint `id`: its message id, or why it failed.
-    pub async fn send_test_event(
-        &self,
-        id: &WebhookId,
-    ) -> Result<std::result::Result<String, String>> {
+    /// POSTs a test message to endpoint `id`.
+    pub async fn send_test_event(&self, id: &WebhookId) -> Result<TestEvent> {
         let hook = self.store.webhook(id).await?;
         let dispatcher = self
             .webhooks

@@ -202,17 +202,11 @@ impl pb::admin_service_server::AdminService for AdminApi {
         request: Request<pb::SendTestEventRequest>,
     ) -> Result<Response<pb::SendTestEventResponse>, Status> {
         let id = hooks::webhook_id("id", &request.into_inner().id)?;
-        let reply = match self.broker.send_test_event(&id).await? {
-            Ok(message_id) => pb::SendTestEventResponse {
-                delivered: true,
-                message_id,
-                error: String::new(),
-            },
-            Err(error) => pb::SendTestEventResponse {
-                delivered: false,
-                message_id: String::new(),
-                error,
-            },
+        let sent = self.broker.send_test_event(&id).await?;
+        let reply = pb::SendTestEventResponse {
+            delivered: sent.delivered.is_ok(),
+            message_id: sent.message_id,
+            error: sent.delivered.err().unwrap_or_default(),
         };
         Ok(Response::new(reply))
     }

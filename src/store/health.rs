@@ -18,7 +18,7 @@ use super::{
     Backend, BackendReads, Calls, CommittedEvents, Deadlines, EventLog, Policies, Store, Webhooks,
 };
 use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
-use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookId};
+use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookChange, WebhookId};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
     DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,
@@ -255,8 +255,8 @@ impl Webhooks for Watched {
         self.read(self.inner.webhook(id).await)
     }
 
-    async fn update_webhook(&self, hook: &Webhook) -> Result<Webhook> {
-        self.read(self.inner.update_webhook(hook).await)
+    async fn update_webhook(&self, id: &WebhookId, change: WebhookChange) -> Result<Webhook> {
+        self.read(self.inner.update_webhook(id, change).await)
     }
 
     async fn delete_webhook(&self, id: &WebhookId) -> Result<Webhook> {

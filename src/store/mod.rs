@@ -20,7 +20,7 @@ mod webhook_rows;
 use async_trait::async_trait;
 
 use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
-use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookId};
+use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookChange, WebhookId};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
     DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,
@@ -183,9 +183,10 @@ pub trait Webhooks: Backend {
         self.reads().webhook(id).await
     }
 
-    /// Stores an endpoint's settings and state (not its cursor, which only delivery moves)
-    /// and returns it as stored; NOT_FOUND when there is none with that id.
-    async fn update_webhook(&self, hook: &Webhook) -> Result<Webhook>;
+    /// Applies `change` to the endpoint as stored, read and written in one transaction (so a
+    /// failure delivery records meanwhile is neither lost nor undone), and returns the result;
+    /// never touches the cursor, which only delivery moves. NOT_FOUND when there is none.
+    async fn update_webhook(&self, id: &WebhookId, change: WebhookChange) -> Result<Webhook>;
 
     /// Removes an endpoint and returns it; NOT_FOUND when there is none with that id.
     async fn delete_webhook(&self, id: &WebhookId) -> Result<Webhook>;

@@ -23,6 +23,8 @@ macro_rules! select_webhooks {
 
 pub const SELECT_WEBHOOKS: &str = select_webhooks!("ORDER BY id");
 pub const SELECT_WEBHOOK: &str = select_webhooks!("WHERE id = $1");
+/// Postgres: the row locked until the transaction ends (SQLite's one writer needs no lock).
+pub const SELECT_WEBHOOK_FOR_UPDATE: &str = select_webhooks!("WHERE id = $1 FOR UPDATE");
 pub const SELECT_FILE_WEBHOOK_IDS: &str = "SELECT id FROM webhooks WHERE from_file";
 
 /// Refused (no row) when the id is taken.

@@ -66,6 +66,13 @@ impl Default for DeliverySettings {
     }
 }
 
+/// What a test message did: its `webhook-id` (also when it was not delivered, so a receiver's
+/// logs can be searched for it) and whether the endpoint answered 2xx, or why not.
+pub struct TestEvent {
+    pub message_id: String,
+    pub delivered: std::result::Result<(), String>,
+}
+
 /// Starts and stops the delivery tasks of this process.
 pub struct Dispatcher {
     store: Arc<dyn Store>,
@@ -194,7 +201,7 @@ impl Dispatcher {
 
     /// POSTs a test message to `hook` now and says how it went (`Err`: why it failed). Its
     /// `webhook-id` is new each time and it changes nothing stored.
-    pub async fn send_test_event(&self, hook: &Webhook) -> std::result::Result<String, String> {
+    pub async fn send_test_event(&self, hook: &Webhook) -> TestEvent {
         let id = format!("test_{}", uuid::Uuid::now_v7().simple());
         let body = match hook.format {
             PayloadFormat::CloudEvents => json!({
@@ -211,9 +218,14 @@ impl Dispatcher {
             }),
         };
         let body = serde_json::to_vec(&body).expect("JSON values always serialise");
-        let client = http::Client::new(&hook.url, self.settings.timeout)?;
         let message = delivery::sign(hook, id.clone(), Bytes::from(body));
-        client.post(&message).await?;
-        Ok(id)
+        let delivered = match http::Client::new(&hook.url, self.settings.timeout) {
+            Ok(client) => client.post(&message).await,
+            Err(error) => Err(error),
+        };
+        TestEvent {
+            message_id: id,
+            delivered,
+        }
     }
 }

@@ -757,6 +757,9 @@ async fn a_test_event_is_signed_and_reports_whether_it_arrived(app: TestApp) {
         .into_inner();
     assert!(!reply.delivered);
     assert!(reply.error.contains("500"), "{}", reply.error);
+    // The refused message is named too (a new one), so the receiver's logs can be searched for it.
+    assert!(reply.message_id.starts_with("test_"), "{reply:?}");
+    assert_ne!(reply.message_id, received[0].id);
 }
 
 async fn endpoints_from_the_webhooks_file_are_loaded_at_start_and_keep_their_cursor(app: TestApp) {

@@ -9,13 +9,14 @@ use sqlx::{PgConnection, Postgres};
 
 use super::PostgresStore;
 use crate::domain::Timestamp;
-use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookId};
+use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookChange, WebhookId};
 use crate::error::Result;
 use crate::store::Webhooks;
 use crate::store::webhook_rows::{
     DELETE_WEBHOOK, INSERT_WEBHOOK, LEASE_WEBHOOK, RECORD_DELIVERED, RECORD_FAILURE,
-    RELEASE_WEBHOOK, SELECT_FILE_WEBHOOK_IDS, SELECT_WEBHOOK, UPDATE_WEBHOOK, UPSERT_FILE_WEBHOOK,
-    WebhookRow, already_exists, not_found, pause_reason, webhook_from_row,
+    RELEASE_WEBHOOK, SELECT_FILE_WEBHOOK_IDS, SELECT_WEBHOOK, SELECT_WEBHOOK_FOR_UPDATE,
+    UPDATE_WEBHOOK, UPSERT_FILE_WEBHOOK, WebhookRow, already_exists, not_found, pause_reason,
+    webhook_from_row,
 };
 
 /// `sql` (either insert statement) with `hook`'s values bound.
@@ -61,9 +62,21 @@ impl Webhooks for PostgresStore {
             .ok_or_else(|| not_found(&hook.id))
     }
 
-    async fn update_webhook(&self, hook: &Webhook) -> Result<Webhook> {
-        let r = WebhookRow::of(hook);
-        let mut conn = self.pool.acquire().await?;
+    async fn update_webhook(&self, id: &WebhookId, change: WebhookChange) -> Result<Webhook> {
+        let mut tx = self.pool.begin().await?;
+        // Locked until the change is written: delivery's failure count waits, then applies.
+        let locked = sqlx::query(SELECT_WEBHOOK_FOR_UPDATE)
+            .bind(id.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let hook = change.apply(
+            locked
+                .as_ref()
+                .map(webhook_from_row)
+                .transpose()?
+                .ok_or_else(|| not_found(id))?,
+        );
+        let r = WebhookRow::of(&hook);
         let updated = sqlx::query(UPDATE_WEBHOOK)
             .bind(r.url)
             .bind(r.secret)
@@ -77,14 +90,16 @@ impl Webhooks for PostgresStore {
             .bind(r.consecutive_failures)
             .bind(r.from_file)
             .bind(r.id)
-            .execute(&mut *conn)
+            .execute(&mut *tx)
             .await?;
         if updated.rows_affected() == 0 {
             return Err(not_found(&hook.id));
         }
-        stored(&mut conn, &hook.id)
+        let stored = stored(&mut tx, &hook.id)
             .await?
-            .ok_or_else(|| not_found(&hook.id))
+            .ok_or_else(|| not_found(&hook.id))?;
+        tx.commit().await?;
+        Ok(stored)
     }
 
     async fn delete_webhook(&self, id: &WebhookId) -> Result<Webhook> {

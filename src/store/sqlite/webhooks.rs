@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension as _, params};
 
 use super::SqliteStore;
 use crate::domain::Timestamp;
-use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookId};
+use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookChange, WebhookId};
 use crate::error::Result;
 use crate::store::Webhooks;
 use crate::store::webhook_rows::{
@@ -66,11 +66,12 @@ impl Webhooks for SqliteStore {
             .await
     }
 
-    async fn update_webhook(&self, hook: &Webhook) -> Result<Webhook> {
-        let hook = hook.clone();
+    async fn update_webhook(&self, id: &WebhookId, change: WebhookChange) -> Result<Webhook> {
+        let id = id.clone();
         self.group
             .alone(move |writer| async move {
                 writer.transact(|conn| {
+                    let hook = change.apply(stored(conn, &id)?.ok_or_else(|| not_found(&id))?);
                     let r = WebhookRow::of(&hook);
                     let updated = conn.prepare_cached(UPDATE_WEBHOOK)?.execute(params![
                         r.url,
