@@ -141,11 +141,13 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(shadowed.mode, RuleMode::Shadow);
-        let mut tx = db.tx().await;
-        assert_eq!(
-            tx.find_rule(&id).await.unwrap().unwrap().mode,
-            RuleMode::Shadow
-        );
+        {
+            let mut tx = db.tx().await;
+            assert_eq!(
+                tx.find_rule(&id).await.unwrap().unwrap().mode,
+                RuleMode::Shadow
+            );
+        }
         let unknown = RuleId::parse("id", "nope").unwrap();
         let err = set_rule_mode(db.tx().await, &unknown, RuleMode::Enforce)
             .await
