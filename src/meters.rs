@@ -13,6 +13,7 @@ use std::time::Duration;
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
+use crate::domain::policy::ShadowVerdict;
 use crate::domain::{Call, DecidedBy, OutcomeKind};
 use crate::error::{Error, Result};
 
@@ -30,6 +31,7 @@ const CONNECTIONS_REFUSED: &str = "approvals_connections_refused_total";
 const CONNECTIONS_CLOSED: &str = "approvals_connections_closed_total";
 const HEALTH_WATCHES: &str = "approvals_health_watches";
 const REFLECTION_STREAMS: &str = "approvals_reflection_streams";
+const SHADOW_VERDICTS: &str = "approvals_shadow_verdicts_total";
 
 /// Installs the Prometheus recorder and serves its scrape endpoint (any path) on `address`.
 /// Must run inside the Tokio runtime; fails if the address cannot be bound.
@@ -101,7 +103,19 @@ fn describe() {
         COMMIT_WRITES,
         "Writes (submits, decisions, cancels) sharing one committed transaction."
     );
+    describe_counter!(
+        SHADOW_VERDICTS,
+        "What rules in shadow would have done with the calls submitted to this broker, by rule and verdict (approve, deny, ask)."
+    );
     describe_connections();
+}
+
+/// Shadow rules would have done this with calls just stored (see `policy::shadow_verdicts`).
+pub fn shadow_verdicts(verdicts: &[ShadowVerdict]) {
+    for v in verdicts {
+        counter!(SHADOW_VERDICTS, "rule" => v.rule.to_string(), "verdict" => v.verdict.to_string())
+            .increment(1);
+    }
 }
 
 /// `n` new calls were stored.

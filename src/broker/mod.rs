@@ -6,7 +6,8 @@
 //!
 //! - this file: the writes (submit, decide, cancel) and the stream slots;
 //! - `reads`: what the API reads (calls, batches, grants, rules, the event log's head);
-//! - `policy`: grant and rule administration, and Explain;
+//! - `policy`: grant and rule administration (rule modes too), and Explain;
+//! - `rule_replay`: ReplayRule, a candidate rule judged against decided calls (read-only);
 //! - `prejudge`: matching large inputs off the store's writer;
 //! - `webhooks`: webhook endpoint administration.
 
@@ -31,9 +32,11 @@ use crate::webhooks::Dispatcher;
 mod policy;
 mod prejudge;
 mod reads;
+mod rule_replay;
 mod webhooks;
 
 pub use prejudge::PREJUDGE_FROM_BYTES;
+pub use rule_replay::{REPLAY_PAGE_BUDGET, ReplayPage};
 
 /// Limits and defaults the broker applies to what clients send.
 #[derive(Debug, Clone)]
@@ -171,6 +174,7 @@ impl Broker {
             .into_iter()
             .filter(|call| !matches!(call.status(), Status::Decided(OutcomeKind::Superseded)));
         meters::outcomes(decided_at_once.chain(&report.superseded));
+        meters::shadow_verdicts(&report.shadow_verdicts);
         if has_deadline {
             self.sweeper.deadline_added();
         }

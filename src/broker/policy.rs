@@ -3,7 +3,9 @@
 //! would read now and asks the same pure function, so it cannot drift from behaviour.
 
 use super::Broker;
-use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
+use crate::domain::policy::{
+    ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId, RuleMode,
+};
 use crate::error::Result;
 
 impl Broker {
@@ -27,8 +29,19 @@ impl Broker {
         self.store.delete_rule(id).await
     }
 
-    /// What would decide `target` if it were submitted now.
+    /// Puts a rule in `mode` (enforce, shadow, disabled) and returns it.
+    #[tracing::instrument(name = "set_rule_mode", skip_all, fields(rule = %id, mode = %mode))]
+    pub async fn set_rule_mode(&self, id: &RuleId, mode: RuleMode) -> Result<Rule> {
+        self.store.set_rule_mode(id, mode).await
+    }
+
+    /// What would decide `target` if it were submitted now; for a stored call, also what the
+    /// shadow rules would have done with it at its submit.
     pub async fn explain(&self, target: &ExplainTarget) -> Result<Explanation> {
-        self.store.explain(target).await
+        let mut explanation = self.store.explain(target).await?;
+        if let ExplainTarget::Stored(key) = target {
+            explanation.recorded_shadow = self.store.shadow_verdicts(key).await?;
+        }
+        Ok(explanation)
     }
 }

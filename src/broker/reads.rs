@@ -3,7 +3,7 @@
 //! here so the surface depends on the broker alone, never on the store.
 
 use super::Broker;
-use crate::domain::policy::Rule;
+use crate::domain::policy::{Rule, ShadowVerdict};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, GrantPage, GrantQuery, SessionId,
 };
@@ -25,6 +25,14 @@ impl Broker {
             .next()
             .flatten()
             .ok_or_else(|| key.not_found())
+    }
+
+    /// One call, or NOT_FOUND naming it, with what the shadow rules would have done with it at
+    /// its submit: the audit's view of a call.
+    pub async fn audited_call(&self, key: &CallKey) -> Result<(Call, Vec<ShadowVerdict>)> {
+        let call = self.call(key).await?;
+        let shadow = self.store.shadow_verdicts(key).await?;
+        Ok((call, shadow))
     }
 
     /// The named calls of a session, in the order asked; `None` for unknown ids.

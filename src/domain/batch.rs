@@ -67,6 +67,8 @@ pub struct SubmitReport {
     /// Pending calls this submit superseded; those it carries itself (superseded by a later
     /// call of it with the same key) are in `items` too, with their outcome.
     pub superseded: Vec<Call>,
+    /// What shadow rules would have done with the calls stored now (recorded with them).
+    pub shadow_verdicts: Vec<crate::domain::policy::ShadowVerdict>,
 }
 
 #[derive(Debug)]

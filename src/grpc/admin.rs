@@ -7,7 +7,7 @@ use tonic::{Request, Response, Status};
 
 use super::oversize::{self, Room};
 use super::webhook_messages::{self as hooks, Secret};
-use super::{paging, parse, render};
+use super::{paging, parse, render, shadow_messages};
 use crate::auth::Caller;
 use crate::broker::Broker;
 use crate::domain::Timestamp;
@@ -58,8 +58,11 @@ impl pb::admin_service_server::AdminService for AdminApi {
     ) -> Result<Response<pb::Call>, Status> {
         let req = request.into_inner();
         let key = parse::call_key(req.agent, req.session_id, req.call_id)?;
-        let call = self.broker.call(&key).await?;
-        Ok(Response::new(render::call(&call)))
+        let (call, shadow) = self.broker.audited_call(&key).await?;
+        Ok(Response::new(pb::Call {
+            shadow_verdicts: shadow_messages::shadow_verdicts(&shadow),
+            ..render::call(&call)
+        }))
     }
 
     async fn list_grants(
@@ -150,6 +153,30 @@ impl pb::admin_service_server::AdminService for AdminApi {
             reply,
             self.broker.limits().max_reply_bytes,
         )))
+    }
+
+    async fn set_rule_mode(
+        &self,
+        request: Request<pb::SetRuleModeRequest>,
+    ) -> Result<Response<pb::Rule>, Status> {
+        let (id, mode) = shadow_messages::set_rule_mode(request.into_inner())?;
+        let rule = self.broker.set_rule_mode(&id, mode).await?;
+        Ok(Response::new(render::rule(&rule)))
+    }
+
+    async fn replay_rule(
+        &self,
+        request: Request<pb::ReplayRuleRequest>,
+    ) -> Result<Response<pb::ReplayRuleResponse>, Status> {
+        let req = shadow_messages::replay_request(
+            request.into_inner(),
+            self.broker.limits().max_input_bytes,
+        )?;
+        let page = self
+            .broker
+            .replay_rule(&req.candidate, req.range, req.limit, req.after)
+            .await?;
+        Ok(Response::new(shadow_messages::replay_response(&page)))
     }
 
     async fn create_webhook(

@@ -14,6 +14,7 @@ pub mod queue;
 pub mod reflection;
 mod render;
 pub mod replay;
+mod shadow_messages;
 mod webhook_messages;
 
 /// A stream is over for the broker: its client went away, or was told why it ends (it fell

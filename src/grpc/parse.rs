@@ -432,6 +432,7 @@ pub fn rule(field: &str, rule: Option<pb::Rule>, max_input_bytes: usize) -> Resu
         description: crate::domain::policy::description(&at("description"), &rule.description)?,
         source: RuleSource::Admin,
         created_at: Timestamp::now(),
+        mode: super::shadow_messages::rule_mode(&at("mode"), rule.mode)?,
     })
 }
 

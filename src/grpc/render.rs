@@ -46,6 +46,8 @@ pub fn call(c: &Call) -> pb::Call {
         status: status(c.status()) as i32,
         outcome: outcome(c),
         hidden_characters: hidden_characters(c),
+        // Only the audit (GetCall, Explain) reads and sets them.
+        shadow_verdicts: Vec::new(),
     }
 }
 
@@ -351,6 +353,7 @@ pub fn rule(r: &Rule) -> pb::Rule {
         description: r.description.clone(),
         source: r.source.as_str().to_owned(),
         created_at: Some(timestamp(r.created_at)),
+        mode: super::shadow_messages::render_rule_mode(r.mode) as i32,
     }
 }
 
@@ -370,7 +373,11 @@ pub fn explanation(e: &Explanation, now: Timestamp) -> pb::ExplainResponse {
         rule: e.rule.as_ref().map(rule),
         grant: e.grant.as_ref().map(|g| grant(g, now)),
         reason: e.reason.clone(),
-        call: e.call.as_ref().map(call),
+        call: e.call.as_ref().map(|c| pb::Call {
+            shadow_verdicts: super::shadow_messages::shadow_verdicts(&e.recorded_shadow),
+            ..call(c)
+        }),
+        shadow_verdicts: super::shadow_messages::shadow_verdicts(&e.shadow),
         // Set where the reply is fitted to the reply limit (`oversize::fit_explanation`).
         truncated: false,
     }

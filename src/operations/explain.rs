@@ -1,9 +1,10 @@
 //! Explain, for every backend: reads what a submit reads (every rule, and the live grants of the
 //! call's agent and tool), through the same primitives, and asks the same pure function,
-//! [`evaluate`], so its answer is what a submit of the call would get now.
+//! [`evaluate`], so its answer is what a submit of the call would get now; and what the shadow
+//! rules would do, by [`shadow_verdicts`], as a submit records it.
 
 use super::tx::{PolicyTx, WriteTx};
-use crate::domain::policy::{Decider, Ruling, Subject, evaluate};
+use crate::domain::policy::{Decider, Ruling, Subject, evaluate, shadow_verdicts};
 use crate::domain::policy::{ExplainTarget, Explanation};
 use crate::domain::{Call, Timestamp};
 use crate::error::Result;
@@ -39,6 +40,7 @@ pub async fn explain(
         .live_grants(subject.agent, Some(subject.session), &[subject.tool], now)
         .await?;
     let ruling = evaluate(&subject, &rules, &grants, now);
+    let shadow = shadow_verdicts(&subject, &rules, &grants, now);
     let (effect, decided_by, rule, grant) = match ruling {
         Ruling::Decided { effect, by } => {
             let decided_by = Some(by.decided_by());
@@ -57,6 +59,9 @@ pub async fn explain(
         grant,
         reason,
         call: stored,
+        shadow,
+        // Read beside the transaction by the broker, which knows whether the call is stored.
+        recorded_shadow: Vec::new(),
     })
 }
 

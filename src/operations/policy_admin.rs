@@ -1,10 +1,11 @@
-//! Policy administration: revoking grants, and creating, deleting and loading rules. Each is
+//! Policy administration: revoking grants, and creating, deleting, loading rules and setting
+//! their mode. Each is
 //! one transaction; revoking takes the exclusive policy lock, so a submit reading the grants
 //! finishes first and every later one sees them revoked.
 
 use super::tx::{PolicyTx, WriteTx, tools_of};
 use crate::domain::Timestamp;
-use crate::domain::policy::{RevokeReport, RevokeTarget, Rule, RuleId, RuleSource};
+use crate::domain::policy::{RevokeReport, RevokeTarget, Rule, RuleId, RuleMode, RuleSource};
 use crate::error::{Error, Result};
 
 /// Revokes what `target` names and commits.
@@ -75,6 +76,23 @@ pub async fn delete_rule(mut tx: impl WriteTx + PolicyTx, id: &RuleId) -> Result
     Ok(rule)
 }
 
+/// Sets a rule's mode and commits; returns the rule as it now stands.
+pub async fn set_rule_mode(
+    mut tx: impl WriteTx + PolicyTx,
+    id: &RuleId,
+    mode: RuleMode,
+) -> Result<Rule> {
+    if !tx.set_rule_mode(id, mode).await? {
+        return Err(Error::NotFound(format!("no rule `{id}`")));
+    }
+    let rule = tx
+        .find_rule(id)
+        .await?
+        .ok_or_else(|| Error::Internal("a rule vanished in its own transaction".into()))?;
+    tx.commit().await?;
+    Ok(rule)
+}
+
 /// Replaces the rules of the previous policy file with `rules` and commits.
 pub async fn load_file_rules(mut tx: impl WriteTx + PolicyTx, rules: &[Rule]) -> Result<()> {
     tx.delete_file_rules().await?;
@@ -110,6 +128,31 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::AlreadyExists);
         assert!(err.to_string().contains("rule.id"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_rules_mode_is_stored_and_an_unknown_rule_is_not_found() {
+        let db = Db::new().await;
+        create_rule(db.tx().await, &rule("r", "t", "allow"))
+            .await
+            .unwrap();
+        let id = rule("r", "t", "allow").id;
+        let shadowed = set_rule_mode(db.tx().await, &id, RuleMode::Shadow)
+            .await
+            .unwrap();
+        assert_eq!(shadowed.mode, RuleMode::Shadow);
+        {
+            let mut tx = db.tx().await;
+            assert_eq!(
+                tx.find_rule(&id).await.unwrap().unwrap().mode,
+                RuleMode::Shadow
+            );
+        }
+        let unknown = RuleId::parse("id", "nope").unwrap();
+        let err = set_rule_mode(db.tx().await, &unknown, RuleMode::Enforce)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound);
     }
 
     #[tokio::test]

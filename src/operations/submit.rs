@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use super::ruling::decide_by_ruling;
 use super::tx::{PolicyTx, Resolved, WriteTx, batches_of, complete_batches, tools_of};
-use crate::domain::policy::Prejudged;
+use crate::domain::policy::{Prejudged, RuleMode, ShadowVerdict, Subject, shadow_verdicts};
 use crate::domain::{
     BatchId, Call, CallId, CallKey, DecidedBy, NewBatch, NewCall, OutcomeKind, SubmitItem,
     SubmitReport, SubmitResult, Timestamp, ToolName, ToolResultTexts,
@@ -167,8 +167,17 @@ pub async fn submit_in(
             accepted_calls.push((rowid, call));
         }
     }
-    let decided =
-        decide_by_policy(tx, batch, &tools, &accepted_calls, &prejudged, texts, now).await?;
+    let decided = decide_by_policy(
+        tx,
+        batch,
+        &tools,
+        &accepted_calls,
+        &prejudged,
+        texts,
+        now,
+        &mut report.shadow_verdicts,
+    )
+    .await?;
     resolved.extend(decided);
     complete_batches(tx, &resolved).await?;
     // A call this request carries (stored now, or resubmitted) that a later call of it
@@ -233,7 +242,9 @@ async fn refuse_past_pending_cap<'b>(
 }
 
 /// Decides the calls just stored that a rule or a grant decides, in position order, with what a
-/// human decision would bring along (a denial skips the rest of a SKIP_REST batch).
+/// human decision would bring along (a denial skips the rest of a SKIP_REST batch). Records with
+/// each call what the shadow rules would have done with it, and adds those verdicts to `shadow`.
+#[allow(clippy::too_many_arguments)]
 async fn decide_by_policy(
     tx: &mut (impl WriteTx + PolicyTx),
     batch: &NewBatch,
@@ -242,6 +253,7 @@ async fn decide_by_policy(
     prejudged: &BTreeMap<i64, &Prejudged>,
     texts: &ToolResultTexts,
     now: Timestamp,
+    shadow: &mut Vec<ShadowVerdict>,
 ) -> Result<Vec<Resolved>> {
     let mut resolved = Vec::new();
     if accepted.is_empty() {
@@ -254,7 +266,16 @@ async fn decide_by_policy(
     if rules.is_empty() && grants.is_empty() {
         return Ok(resolved);
     }
+    let any_shadow = rules.iter().any(|rule| rule.mode == RuleMode::Shadow);
     for &(rowid, call) in accepted {
+        if any_shadow {
+            // Judged as the call arrived, before this pass decides it or a sibling's denial
+            // skips it: what the shadow rules would have done in the enforced rules' place.
+            let subject = Subject::of_call(call).with_prejudged(prejudged.get(&rowid).copied());
+            let verdicts = shadow_verdicts(&subject, &rules, &grants, now);
+            tx.record_shadow_verdicts(rowid, &verdicts).await?;
+            shadow.extend(verdicts);
+        }
         if let Some((own, skipped)) = decide_by_ruling(
             tx,
             (rowid, call, prejudged.get(&rowid).copied()),

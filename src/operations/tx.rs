@@ -26,7 +26,9 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 
-use crate::domain::policy::{Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId};
+use crate::domain::policy::{
+    Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId, RuleMode, ShadowVerdict,
+};
 use crate::domain::{
     AgentId, BatchId, Call, CallKey, NewBatch, NewCall, OnDeny, Outcome, SessionId, Timestamp,
     ToolName,
@@ -161,6 +163,14 @@ pub trait PolicyTx: Send {
     async fn insert_rule(&mut self, rule: &Rule) -> Result<bool>;
     /// Removes a rule; `false` if there was none.
     async fn delete_rule(&mut self, id: &RuleId) -> Result<bool>;
+    /// Sets a rule's mode; `false` if there is no such rule.
+    async fn set_rule_mode(&mut self, id: &RuleId, mode: RuleMode) -> Result<bool>;
+    /// Records, with call row `rowid`, what shadow rules would have done with it.
+    async fn record_shadow_verdicts(
+        &mut self,
+        rowid: i64,
+        verdicts: &[ShadowVerdict],
+    ) -> Result<()>;
     /// Removes every rule loaded from a policy file; until this transaction ends, no other may
     /// change rules (so concurrent loads of policy files do not interleave).
     async fn delete_file_rules(&mut self) -> Result<()>;

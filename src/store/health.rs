@@ -17,7 +17,9 @@ use tokio::sync::watch;
 use super::{
     Backend, BackendReads, Calls, CommittedEvents, Deadlines, EventLog, Policies, Store, Webhooks,
 };
-use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
+use crate::domain::policy::{
+    ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId, RuleMode, ShadowVerdict,
+};
 use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookChange, WebhookId};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
@@ -230,6 +232,14 @@ impl Policies for Watched {
 
     async fn list_rules(&self) -> Result<Vec<Rule>> {
         self.read(self.inner.list_rules().await)
+    }
+
+    async fn set_rule_mode(&self, id: &RuleId, mode: RuleMode) -> Result<Rule> {
+        self.read(self.inner.set_rule_mode(id, mode).await)
+    }
+
+    async fn shadow_verdicts(&self, key: &CallKey) -> Result<Vec<ShadowVerdict>> {
+        self.read(self.inner.shadow_verdicts(key).await)
     }
 
     async fn load_file_rules(&self, rules: &[Rule]) -> Result<()> {

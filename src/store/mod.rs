@@ -19,7 +19,9 @@ mod webhook_rows;
 
 use async_trait::async_trait;
 
-use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
+use crate::domain::policy::{
+    ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId, RuleMode, ShadowVerdict,
+};
 use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookChange, WebhookId};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
@@ -151,6 +153,14 @@ pub trait Policies: Backend {
 
     /// Removes a rule and returns it.
     async fn delete_rule(&self, id: &RuleId) -> Result<Rule>;
+
+    /// Sets a rule's mode (enforce, shadow, disabled) and returns the rule. One transaction.
+    async fn set_rule_mode(&self, id: &RuleId, mode: RuleMode) -> Result<Rule>;
+
+    /// What shadow rules would have done with a call, recorded at its submit, by rule id.
+    async fn shadow_verdicts(&self, key: &CallKey) -> Result<Vec<ShadowVerdict>> {
+        self.reads().shadow_verdicts(key).await
+    }
 
     /// Every rule.
     async fn list_rules(&self) -> Result<Vec<Rule>> {

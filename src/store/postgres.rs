@@ -34,7 +34,9 @@ use super::primitives::{Decode, Param, Resolution, Run, SqlTx};
 use super::reads::{BackendReads, Reads};
 use super::statements as sql;
 use super::{Backend, Calls, Deadlines, EventLog, Policies};
-use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
+use crate::domain::policy::{
+    ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId, RuleMode,
+};
 use crate::domain::{
     AgentId, Call, CallKey, CancelReport, CancelTarget, DecideReport, Decision, Event, NewBatch,
     SessionId, SubmitReport, Timestamp, ToolName, ToolResultTexts,
@@ -269,6 +271,10 @@ impl Policies for PostgresStore {
 
     async fn delete_rule(&self, id: &RuleId) -> Result<Rule> {
         policy_admin::delete_rule(self.begin_write().await?, id).await
+    }
+
+    async fn set_rule_mode(&self, id: &RuleId, mode: RuleMode) -> Result<Rule> {
+        policy_admin::set_rule_mode(self.begin_write().await?, id, mode).await
     }
 
     async fn load_file_rules(&self, rules: &[Rule]) -> Result<()> {

@@ -10,7 +10,9 @@ use async_trait::async_trait;
 
 use super::rows::{Columns, call_from_row, grant_from_row, rule_from_row, stored};
 use super::statements::{self as sql, GrantsNamed};
-use crate::domain::policy::{Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId, RuleSource};
+use crate::domain::policy::{
+    Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId, RuleMode, RuleSource, ShadowVerdict,
+};
 use crate::domain::{
     AgentId, BatchId, Call, CallKey, EventKind, NewBatch, NewCall, OnDeny, Outcome, SessionId,
     Timestamp, ToolInput, ToolName,
@@ -511,6 +513,7 @@ impl<T: SqlTx> PolicyTx for T {
             Param::Text(&rule.description),
             Param::Text(rule.source.as_str()),
             Param::Int(rule.created_at.as_micros()),
+            Param::Int(rule.mode.code()),
         ];
         let inserted = self.execute(Run::write(sql::INSERT_RULE, &params)).await?;
         Ok(inserted == 1)
@@ -521,6 +524,32 @@ impl<T: SqlTx> PolicyTx for T {
         let params = [Param::Text(id.as_str())];
         let deleted = self.execute(Run::write(sql::DELETE_RULE, &params)).await?;
         Ok(deleted == 1)
+    }
+
+    async fn set_rule_mode(&mut self, id: &RuleId, mode: RuleMode) -> Result<bool> {
+        forget_rules(self);
+        let params = [Param::Int(mode.code()), Param::Text(id.as_str())];
+        let changed = self
+            .execute(Run::write(sql::SET_RULE_MODE, &params))
+            .await?;
+        Ok(changed == 1)
+    }
+
+    async fn record_shadow_verdicts(
+        &mut self,
+        rowid: i64,
+        verdicts: &[ShadowVerdict],
+    ) -> Result<()> {
+        for verdict in verdicts {
+            let params = [
+                Param::Int(rowid),
+                Param::Text(verdict.rule.as_str()),
+                Param::Int(verdict.verdict.code()),
+            ];
+            self.execute(Run::write(sql::INSERT_SHADOW_VERDICT, &params))
+                .await?;
+        }
+        Ok(())
     }
 
     async fn delete_file_rules(&mut self) -> Result<()> {

@@ -8,12 +8,12 @@ use std::collections::HashMap;
 use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 
 use super::listing::{Dialect, Listing, call_page, grant_page};
-use super::rows::{Columns, call_from_row, event_from_row, rule_from_row};
+use super::rows::{Columns, call_from_row, event_from_row, rule_from_row, shadow_verdict_from_row};
 use super::statements as sql;
 use super::webhook_rows::{SELECT_WEBHOOK, SELECT_WEBHOOKS, not_found, webhook_from_row};
-use crate::domain::policy::Rule;
+use crate::domain::policy::{Rule, ShadowVerdict};
 use crate::domain::webhook::{Webhook, WebhookId};
-use crate::domain::{AgentId, BatchId, Call, CallId, Event, SessionId, Timestamp};
+use crate::domain::{AgentId, BatchId, Call, CallId, CallKey, Event, SessionId, Timestamp};
 use crate::domain::{CallPage, CallQuery, GrantPage, GrantQuery};
 use crate::error::Result;
 
@@ -115,6 +115,17 @@ where
         rows.iter().map(rule_from_row).collect()
     }
 
+    /// See `Policies::shadow_verdicts`.
+    pub async fn shadow_verdicts(&self, key: &CallKey) -> Result<Vec<ShadowVerdict>> {
+        let rows = sqlx::query(sql::SHADOW_VERDICTS_OF_CALL)
+            .bind(key.agent.as_str())
+            .bind(key.session.as_str())
+            .bind(key.call_id.as_str())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(shadow_verdict_from_row).collect()
+    }
+
     pub async fn webhooks(&self) -> Result<Vec<Webhook>> {
         let rows = sqlx::query(SELECT_WEBHOOKS).fetch_all(&self.pool).await?;
         rows.iter().map(webhook_from_row).collect()
@@ -190,6 +201,10 @@ impl BackendReads {
 
     pub async fn list_rules(&self) -> Result<Vec<Rule>> {
         on_backend!(self, list_rules())
+    }
+
+    pub async fn shadow_verdicts(&self, key: &CallKey) -> Result<Vec<ShadowVerdict>> {
+        on_backend!(self, shadow_verdicts(key))
     }
 
     pub async fn webhooks(&self) -> Result<Vec<Webhook>> {

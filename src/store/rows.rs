@@ -60,8 +60,8 @@ impl Columns for rusqlite::Row<'_> {
 
 use crate::domain::Cursor;
 use crate::domain::policy::{
-    Effect, Glob, Grant, GrantScope, GrantSpec, Matcher, Rule, RuleEffect, RuleId, RuleSource,
-    Scope,
+    Effect, Glob, Grant, GrantScope, GrantSpec, Matcher, Rule, RuleEffect, RuleId, RuleMode,
+    RuleSource, RuleVerdict, Scope, ShadowVerdict,
 };
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Event, EventKind, Outcome, SessionId,
@@ -223,5 +223,21 @@ pub fn rule_from_row(row: &(impl Columns + ?Sized)) -> Result<Rule> {
         description: row.text("description")?,
         source: RuleSource::from_stored(&row.text("source")?),
         created_at: Timestamp::from_micros(row.int("created_at")?),
+        mode: {
+            let code = row.int("mode")?;
+            RuleMode::from_code(code)
+                .ok_or_else(|| Error::Internal(format!("unknown stored rule mode {code}")))?
+        },
+    })
+}
+
+/// A shadow verdict from a row of `statements::SHADOW_VERDICTS_OF_CALL`.
+pub fn shadow_verdict_from_row(row: &(impl Columns + ?Sized)) -> Result<ShadowVerdict> {
+    let code = row.int("verdict")?;
+    Ok(ShadowVerdict {
+        rule: RuleId::from_stored(row.text("rule_id")?),
+        verdict: RuleVerdict::from_code(code)
+            .ok_or_else(|| Error::Internal(format!("unknown stored shadow verdict {code}")))?,
+        reason: String::new(),
     })
 }

@@ -59,7 +59,7 @@ macro_rules! select_grants {
 macro_rules! select_rules {
     ($($rest:expr),*) => {
         concat!(
-            "SELECT id, tool, matcher, effect, priority, description, source, created_at \
+            "SELECT id, tool, matcher, effect, priority, description, source, created_at, mode \
              FROM rules ",
             $($rest),*
         )
@@ -236,8 +236,17 @@ pub const RULES: &str = select_rules!();
 pub const FIND_RULE: &str = select_rules!("WHERE id = $1");
 /// A rule, unless one with its id exists.
 pub const INSERT_RULE: &str = "INSERT INTO rules \
-     (id, tool, matcher, effect, priority, description, source, created_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING";
+     (id, tool, matcher, effect, priority, description, source, created_at, mode) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING";
+/// Rule `$2`'s mode becomes `$1`.
+pub const SET_RULE_MODE: &str = "UPDATE rules SET mode = $1 WHERE id = $2";
+/// What shadow rule `$2` would have done (`$3`) with call row `$1`, recorded at its submit.
+pub const INSERT_SHADOW_VERDICT: &str = "INSERT INTO shadow_verdicts (call_rowid, rule_id, \
+     verdict) VALUES ($1, $2, $3) ON CONFLICT (call_rowid, rule_id) DO NOTHING";
+/// The shadow verdicts recorded for call (`$1` agent, `$2` session, `$3` call id), by rule id.
+pub const SHADOW_VERDICTS_OF_CALL: &str = "SELECT v.rule_id, v.verdict FROM shadow_verdicts v \
+     JOIN calls c ON c.id = v.call_rowid \
+     WHERE c.agent = $1 AND c.session_id = $2 AND c.call_id = $3 ORDER BY v.rule_id";
 pub const DELETE_RULE: &str = "DELETE FROM rules WHERE id = $1";
 /// Every rule loaded from source `$1` (a policy file).
 pub const DELETE_RULES_FROM: &str = "DELETE FROM rules WHERE source = $1";
@@ -366,7 +375,10 @@ mod tests {
             (PENDING_IN_ALWAYS_SCOPE, 2),
             (RULES, 0),
             (FIND_RULE, 1),
-            (INSERT_RULE, 8),
+            (INSERT_RULE, 9),
+            (SET_RULE_MODE, 2),
+            (INSERT_SHADOW_VERDICT, 3),
+            (SHADOW_VERDICTS_OF_CALL, 3),
             (DELETE_RULE, 1),
             (DELETE_RULES_FROM, 1),
             (INSERT_GRANT, 13),

@@ -31,6 +31,7 @@ mod replay;
 mod replicas;
 mod replies;
 mod rules;
+mod shadow;
 mod storage;
 mod supersede;
 mod surface;

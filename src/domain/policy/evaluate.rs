@@ -9,10 +9,14 @@
 //! 3. **grants** that are live (not revoked, not expired) and cover the call: deny grants
 //!    before allow grants, then the narrower scope (session, workspace, always), then the older;
 //! 4. nothing matched: a human decides.
+//!
+//! Only rules in mode `enforce` take part. Shadow rules and replayed candidate rules are judged by
+//! the same precedence through [`evaluate_as_enforced`], so "what this rule would have done" is
+//! answered by the very function that decides.
 
 use std::cmp::Reverse;
 
-use super::{Effect, Grant, GrantScope, Rule, RuleEffect, Subject};
+use super::{Effect, Grant, GrantScope, Rule, RuleEffect, RuleMode, Subject};
 use crate::domain::{DecidedBy, Outcome, OutcomeKind, Timestamp, ToolInput, ToolResultTexts};
 
 /// What decides a call.
@@ -30,15 +34,27 @@ pub enum Decider<'p> {
     Grant(&'p Grant),
 }
 
-/// Which of `rules` and `grants` decides `subject` at `now`, or that a human must.
+/// Which of `rules` (those enforced) and `grants` decides `subject` at `now`, or that a human
+/// must.
 pub fn evaluate<'p>(
     subject: &Subject<'_>,
     rules: &'p [Rule],
     grants: &'p [Grant],
     now: Timestamp,
 ) -> Ruling<'p> {
+    let enforced = rules.iter().filter(|rule| rule.mode == RuleMode::Enforce);
+    evaluate_as_enforced(subject, enforced, grants, now)
+}
+
+/// [`evaluate`] with every one of `rules` enforced, whatever its mode: what a shadow rule or a
+/// candidate rule would do if it were enforced beside them.
+pub(super) fn evaluate_as_enforced<'p>(
+    subject: &Subject<'_>,
+    rules: impl Iterator<Item = &'p Rule>,
+    grants: &'p [Grant],
+    now: Timestamp,
+) -> Ruling<'p> {
     let first_rule = rules
-        .iter()
         .filter(|rule| rule.covers(subject))
         .min_by_key(|rule| rule_precedence(rule));
     if let Some(rule) = first_rule {
@@ -100,7 +116,19 @@ impl Decider<'_> {
     }
 }
 
-impl Ruling<'_> {
+impl<'p> Ruling<'p> {
+    /// The rule this ruling names: the one that decides, or the ask rule that requires a human.
+    pub fn rule(&self) -> Option<&'p Rule> {
+        match *self {
+            Ruling::Decided {
+                by: Decider::Rule(rule),
+                ..
+            } => Some(rule),
+            Ruling::AskHuman { rule } => rule,
+            Ruling::Decided { .. } => None,
+        }
+    }
+
     /// The outcome a call with `input` gets, if this ruling decides it.
     pub fn outcome(
         &self,
@@ -199,6 +227,7 @@ mod tests {
             description: String::new(),
             source: RuleSource::Admin,
             created_at: Timestamp::from_micros(0),
+            mode: RuleMode::Enforce,
         }
     }
 

@@ -1,7 +1,7 @@
 //! Explain: what would decide a call (a rule, a grant, or a human) if it were submitted now,
-//! asked of a stored call or of one described inline.
+//! asked of a stored call or of one described inline; and what the rules in shadow would do.
 
-use super::{Effect, Grant, Rule};
+use super::{Effect, Grant, Rule, ShadowVerdict};
 use crate::domain::{AgentId, Call, CallKey, DecidedBy, SessionId, ToolInput, ToolName};
 
 /// The call Explain is about.
@@ -31,4 +31,9 @@ pub struct Explanation {
     pub reason: String,
     /// For a stored call: the call as it stands.
     pub call: Option<Call>,
+    /// What each shadow rule would do with the call now, if enforced (see
+    /// [`super::shadow_verdicts`]).
+    pub shadow: Vec<ShadowVerdict>,
+    /// For a stored call: what the shadow rules would have done with it at its submit.
+    pub recorded_shadow: Vec<ShadowVerdict>,
 }

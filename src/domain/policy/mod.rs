@@ -1,13 +1,17 @@
 //! Remembered approvals and policies, as plain values and pure functions (no I/O): scopes and
-//! grants, operators' rules, input matchers, and [`evaluate`], the one function that says
-//! whether a rule, a grant or a human decides a call.
+//! grants, operators' rules and their modes (shadow verdicts, replays of a candidate rule),
+//! input matchers, and [`evaluate`], the one function that says whether a rule, a grant or a
+//! human decides a call.
 
 mod evaluate;
 mod explain;
 mod glob;
 mod grant;
 mod matcher;
+mod mode;
 mod rule;
+mod rule_replay;
+mod shadow;
 
 pub use evaluate::{Decider, Ruling, evaluate, rule_precedence, sort_by_precedence};
 pub use explain::{ExplainTarget, Explanation};
@@ -16,7 +20,10 @@ pub use grant::{
     Effect, Grant, GrantScope, GrantSpec, Remember, RevokeReport, RevokeTarget, Scope,
 };
 pub use matcher::{FieldCondition, FieldPath, FieldTest, InputView, Matcher, Prejudged};
+pub use mode::RuleMode;
 pub use rule::{Rule, RuleEffect, RuleId, RuleSource, description, parse_policy_file};
+pub use rule_replay::{Disagreement, MAX_REPLAY_SAMPLES, ReplayRange, ReplayTally};
+pub use shadow::{RuleVerdict, ShadowVerdict, candidate_verdict, shadow_verdicts};
 
 use super::{AgentId, Call, SessionId, ToolInput, ToolName};
 

@@ -3,8 +3,9 @@
 //! human). Rules come from the policy file (loaded at start) and from AdminService.
 //!
 //! The policy file is JSON: `{"rules": [{"id": "...", "tool": "...", "effect": "allow" |
-//! "deny" | "ask", "priority": 0, "match": {...}, "description": "..."}]}`; only `id`, `tool`
-//! and `effect` are required (no `match` means any input). Unknown keys are refused, so a typo
+//! "deny" | "ask", "priority": 0, "match": {...}, "description": "...", "mode": "enforce" |
+//! "shadow" | "disabled"}]}`; only `id`, `tool` and `effect` are required (no `match` means any
+//! input, no `mode` means `enforce`). Unknown keys are refused, so a typo
 //! never silently widens a rule.
 
 use std::collections::HashSet;
@@ -12,7 +13,7 @@ use std::fmt;
 
 use serde_json::Value;
 
-use super::{Glob, Matcher, Subject};
+use super::{Glob, Matcher, RuleMode, Subject};
 use crate::domain::Timestamp;
 use crate::error::{Error, Result};
 
@@ -144,6 +145,8 @@ pub struct Rule {
     pub description: String,
     pub source: RuleSource,
     pub created_at: Timestamp,
+    /// Whether it decides, is tried in shadow, or is set aside.
+    pub mode: RuleMode,
 }
 
 impl Rule {
@@ -159,6 +162,7 @@ impl Rule {
             && self.effect == other.effect
             && self.priority == other.priority
             && self.description == other.description
+            && self.mode == other.mode
     }
 
     /// One rule of the policy file. Errors name the key at fault (`effect`, `match.fields[0]`).
@@ -166,7 +170,15 @@ impl Rule {
         let object = value
             .as_object()
             .ok_or_else(|| Error::invalid("rule", "must be a JSON object"))?;
-        const KEYS: [&str; 6] = ["id", "tool", "effect", "priority", "match", "description"];
+        const KEYS: [&str; 7] = [
+            "id",
+            "tool",
+            "effect",
+            "priority",
+            "match",
+            "description",
+            "mode",
+        ];
         if let Some(unknown) = object.keys().find(|k| !KEYS.contains(&k.as_str())) {
             return Err(Error::invalid(
                 unknown,
@@ -199,6 +211,10 @@ impl Rule {
             description: description("description", string("description")?.unwrap_or(""))?,
             source: RuleSource::File,
             created_at,
+            mode: match string("mode")? {
+                None => RuleMode::Enforce,
+                Some(mode) => RuleMode::parse("mode", mode)?,
+            },
         })
     }
 }
@@ -270,6 +286,34 @@ mod tests {
         assert_eq!(rules[1].matcher, Matcher::Any);
         assert_eq!(rules[1].priority, 0);
         assert_eq!(rules[1].source, RuleSource::File);
+    }
+
+    #[test]
+    fn a_rules_mode_is_read_from_the_policy_file_and_defaults_to_enforce() {
+        let rules = parse_policy_file(
+            r#"{"rules": [
+                {"id": "tried", "tool": "shell", "effect": "deny", "mode": "shadow"},
+                {"id": "off", "tool": "shell", "effect": "allow", "mode": "disabled"},
+                {"id": "on", "tool": "shell", "effect": "allow"}
+            ]}"#,
+            4096,
+        )
+        .unwrap();
+        let modes: Vec<RuleMode> = rules.iter().map(|r| r.mode).collect();
+        assert_eq!(
+            modes,
+            [RuleMode::Shadow, RuleMode::Disabled, RuleMode::Enforce]
+        );
+        let e = parse_policy_file(
+            r#"{"rules": [{"id": "x", "tool": "b", "effect": "deny", "mode": "dry-run"}]}"#,
+            4096,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("(id `x`): mode: must be `enforce`, `shadow` or"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -23,7 +23,9 @@ use self::group_commit::GroupCommit;
 use self::writer::WriteConnection;
 use super::reads::{BackendReads, Reads};
 use super::{Backend, Calls, CommittedEvents, Deadlines, EventLog, Policies};
-use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
+use crate::domain::policy::{
+    ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId, RuleMode,
+};
 use crate::domain::{
     Call, CallKey, CancelReport, CancelTarget, DecideReport, Decision, Event, NewBatch,
     SubmitReport, Timestamp, ToolResultTexts,
@@ -228,6 +230,15 @@ impl Policies for SqliteStore {
         self.group
             .alone(move |writer| async move {
                 policy_admin::delete_rule(writer.begin_write().await?, &id).await
+            })
+            .await
+    }
+
+    async fn set_rule_mode(&self, id: &RuleId, mode: RuleMode) -> Result<Rule> {
+        let id = id.clone();
+        self.group
+            .alone(move |writer| async move {
+                policy_admin::set_rule_mode(writer.begin_write().await?, &id, mode).await
             })
             .await
     }
