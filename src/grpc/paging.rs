@@ -251,6 +251,7 @@ mod tests {
             description: String::new(),
             source: RuleSource::Admin,
             created_at: Timestamp::from_micros(0),
+            escalation: Default::default(),
         }
     }
 

@@ -46,6 +46,10 @@ pub fn call(c: &Call) -> pb::Call {
         status: status(c.status()) as i32,
         outcome: outcome(c),
         hidden_characters: hidden_characters(c),
+        escalation: c
+            .escalation
+            .as_ref()
+            .map(super::escalation_messages::escalation),
     }
 }
 
@@ -351,6 +355,7 @@ pub fn rule(r: &Rule) -> pb::Rule {
         description: r.description.clone(),
         source: r.source.as_str().to_owned(),
         created_at: Some(timestamp(r.created_at)),
+        escalation: super::escalation_messages::steps(&r.escalation),
     }
 }
 

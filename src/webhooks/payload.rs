@@ -30,15 +30,25 @@ pub fn event_type(kind: EventKind) -> &'static str {
     match kind {
         EventKind::Requested => "approvals.v1.call.requested",
         EventKind::Resolved => "approvals.v1.call.resolved",
+        EventKind::Reminded => "approvals.v1.call.reminded",
+        EventKind::Escalated => "approvals.v1.call.escalated",
+    }
+}
+
+/// When an event happened, from the event alone (so a retry sends the same body): a decision's
+/// time, a fired step's due time, or the request's.
+fn event_time(event: &Event) -> Timestamp {
+    let call = &event.call;
+    match (&event.kind, &call.outcome, event.fired_step()) {
+        (EventKind::Resolved, Some(outcome), _) => outcome.decided_at,
+        (_, _, Some(step)) => call.created_at.saturating_add(step.after),
+        _ => call.created_at,
     }
 }
 
 fn cloud_event(event: &Event) -> Value {
     let call = &event.call;
-    let time = match (&event.kind, &call.outcome) {
-        (EventKind::Resolved, Some(outcome)) => outcome.decided_at,
-        _ => call.created_at,
-    };
+    let time = event_time(event);
     json!({
         "specversion": "1.0",
         "id": message_id(event),
@@ -81,6 +91,14 @@ fn call_data(event: &Event) -> Value {
         });
         data["batch_completed"] = json!(event.batch_completed);
     }
+    if let (Some(index), Some(step)) = (event.step, event.fired_step()) {
+        data["escalation"] = json!({
+            "step": index,
+            "kind": step.kind.as_str(),
+            "after": humantime::format_duration(step.after).to_string(),
+            "endpoints": step.endpoints.iter().map(|e| e.as_str()).collect::<Vec<_>>(),
+        });
+    }
     data
 }
 
@@ -111,6 +129,14 @@ fn slack_message(event: &Event, inbox_url: Option<&str>) -> Value {
             outcome.kind,
             escape(&outcome.decided_by.to_string())
         ),
+        (EventKind::Reminded, _) => format!(
+            "Reminder: approval still waiting{}: {what} ({who})",
+            waiting_for(event)
+        ),
+        (EventKind::Escalated, _) => format!(
+            "Escalated: approval still waiting{}: {what} ({who})",
+            waiting_for(event)
+        ),
         _ => format!("Approval requested: {what} ({who})"),
     };
     if let Some(base) = inbox_url {
@@ -120,6 +146,14 @@ fn slack_message(event: &Event, inbox_url: Option<&str>) -> Value {
         "text": text,
         "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text}}],
     })
+}
+
+/// ` for 15m`: how long a fired step's call has waited (nothing for other events).
+fn waiting_for(event: &Event) -> String {
+    event
+        .fired_step()
+        .map(|step| format!(" for {}", humantime::format_duration(step.after)))
+        .unwrap_or_default()
 }
 
 /// The inbox's page for a call: `<base>/#call/<agent>/<session>/<call>`.

@@ -4,7 +4,8 @@
 //!
 //! The policy file is JSON: `{"rules": [{"id": "...", "tool": "...", "effect": "allow" |
 //! "deny" | "ask", "priority": 0, "match": {...}, "description": "..."}]}`; only `id`, `tool`
-//! and `effect` are required (no `match` means any input). Unknown keys are refused, so a typo
+//! and `effect` are required (no `match` means any input). An ask rule may also carry an
+//! `"escalation"` ladder (see `domain::escalation`). Unknown keys are refused, so a typo
 //! never silently widens a rule.
 
 use std::collections::HashSet;
@@ -14,6 +15,7 @@ use serde_json::Value;
 
 use super::{Glob, Matcher, Subject};
 use crate::domain::Timestamp;
+use crate::domain::escalation::Ladder;
 use crate::error::{Error, Result};
 
 /// At most this many bytes in a rule id and a rule's description.
@@ -144,6 +146,9 @@ pub struct Rule {
     pub description: String,
     pub source: RuleSource,
     pub created_at: Timestamp,
+    /// Ask rules only: the escalation ladder of the calls this rule sends to a human (empty:
+    /// the default ladder, if one is set).
+    pub escalation: Ladder,
 }
 
 impl Rule {
@@ -159,6 +164,21 @@ impl Rule {
             && self.effect == other.effect
             && self.priority == other.priority
             && self.description == other.description
+            && self.escalation == other.escalation
+    }
+
+    /// Refuses a ladder on a rule that does not ask (only a call left to a human can wait).
+    pub fn check_escalation(self, field: &str) -> Result<Self> {
+        if !self.escalation.is_empty() && self.effect != RuleEffect::Ask {
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "only an ask rule may carry an escalation ladder (this one is {})",
+                    self.effect
+                ),
+            ));
+        }
+        Ok(self)
     }
 
     /// One rule of the policy file. Errors name the key at fault (`effect`, `match.fields[0]`).
@@ -166,7 +186,15 @@ impl Rule {
         let object = value
             .as_object()
             .ok_or_else(|| Error::invalid("rule", "must be a JSON object"))?;
-        const KEYS: [&str; 6] = ["id", "tool", "effect", "priority", "match", "description"];
+        const KEYS: [&str; 7] = [
+            "id",
+            "tool",
+            "effect",
+            "priority",
+            "match",
+            "description",
+            "escalation",
+        ];
         if let Some(unknown) = object.keys().find(|k| !KEYS.contains(&k.as_str())) {
             return Err(Error::invalid(
                 unknown,
@@ -190,7 +218,11 @@ impl Rule {
             None => Matcher::Any,
             Some(m) => Matcher::from_json("match", m, max_input_bytes)?,
         };
-        Ok(Rule {
+        let escalation = match object.get("escalation") {
+            None => Ladder::default(),
+            Some(steps) => Ladder::from_json("escalation", steps)?,
+        };
+        Rule {
             id: RuleId::parse("id", required("id")?)?,
             tool: Glob::parse("tool", required("tool")?)?,
             matcher,
@@ -199,7 +231,9 @@ impl Rule {
             description: description("description", string("description")?.unwrap_or(""))?,
             source: RuleSource::File,
             created_at,
-        })
+            escalation,
+        }
+        .check_escalation("escalation")
     }
 }
 
