@@ -244,7 +244,10 @@ mod tests {
         )
         .await
         .unwrap();
-        assert_eq!(report.outcome.kind, OutcomeKind::Denied);
+        assert_eq!(
+            report.call.outcome.as_ref().map(|o| o.kind),
+            Some(OutcomeKind::Denied)
+        );
         assert_eq!(escalate_due(db.writer(), at(t0, 60)).await.unwrap(), 0);
         assert_eq!(step_events(&db).await.len(), 1);
     }

@@ -233,7 +233,7 @@ async fn a_pending_call_is_reminded_then_escalated_then_expired_each_step_an_eve
 
     // The audit of the call: its ladder, both steps fired, none left.
     let audited = get_call(&app, "s", "c1").await;
-    let escalation = audited.escalation.expect("the call's escalation");
+    let escalation = audited.escalation.clone().expect("the call's escalation");
     assert_eq!(escalation.steps.len(), 2);
     assert_eq!(escalation.fired, 2);
     assert_eq!(escalation.next_step_at, None);
