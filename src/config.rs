@@ -542,7 +542,10 @@ impl Config {
                 }
             }
         }
-        tracing::info!(steps = ladder.steps().len(), "default escalation ladder loaded");
+        tracing::info!(
+            steps = ladder.steps().len(),
+            "default escalation ladder loaded"
+        );
         Ok(ladder)
     }
 

@@ -48,7 +48,10 @@ impl DeadlineSweeper {
     pub async fn escalate_due(&self) -> Result<u64> {
         let fired = self.store.escalate_due(Timestamp::now()).await?;
         if fired > 0 {
-            tracing::info!(count = fired, "escalation steps fired for calls still pending");
+            tracing::info!(
+                count = fired,
+                "escalation steps fired for calls still pending"
+            );
             self.bus.notify_committed();
         }
         Ok(fired)

@@ -44,7 +44,10 @@ impl StepKind {
             "escalation" => Ok(StepKind::Escalation),
             other => Err(Error::invalid(
                 field,
-                format!("must be `reminder` or `escalation`, got `{}`", other.escape_debug()),
+                format!(
+                    "must be `reminder` or `escalation`, got `{}`",
+                    other.escape_debug()
+                ),
             )),
         }
     }
@@ -79,7 +82,10 @@ impl Ladder {
         }
         for (i, step) in steps.iter().enumerate() {
             if step.after.is_zero() {
-                return Err(Error::invalid(format!("{field}[{i}].after"), "must be positive"));
+                return Err(Error::invalid(
+                    format!("{field}[{i}].after"),
+                    "must be positive",
+                ));
             }
             if step.after > super::MAX_DEADLINE_AHEAD {
                 return Err(Error::invalid(
@@ -326,7 +332,10 @@ mod tests {
     fn a_step_at_or_after_the_deadline_is_never_due() {
         let l = ladder(r#"[{"after": "1s"}, {"after": "2s"}]"#).unwrap();
         let t0 = Timestamp::from_micros(0);
-        assert_eq!(l.due_at(0, t0, None), Some(Timestamp::from_micros(1_000_000)));
+        assert_eq!(
+            l.due_at(0, t0, None),
+            Some(Timestamp::from_micros(1_000_000))
+        );
         let deadline = Some(Timestamp::from_micros(2_000_000));
         assert_eq!(l.due_at(1, t0, deadline), None);
         assert_eq!(l.due_at(2, t0, None), None);
@@ -337,13 +346,13 @@ mod tests {
 
     #[test]
     fn the_escalation_file_holds_one_key_steps() {
-        let l = parse_escalation_file(r#"{"steps": [{"after": "30s", "endpoints": ["a"]}]}"#)
-            .unwrap();
+        let l =
+            parse_escalation_file(r#"{"steps": [{"after": "30s", "endpoints": ["a"]}]}"#).unwrap();
         assert_eq!(l.steps().len(), 1);
         let e = parse_escalation_file(r#"{"steps": [{"after": "30s"}], "x": 1}"#).unwrap_err();
         assert!(e.to_string().contains("one key, `steps`"), "{e}");
-        let e = parse_escalation_file(r#"{"steps": [{"after": "2m"}, {"after": "1m"}]}"#)
-            .unwrap_err();
+        let e =
+            parse_escalation_file(r#"{"steps": [{"after": "2m"}, {"after": "1m"}]}"#).unwrap_err();
         assert!(e.to_string().starts_with("steps[1].after"), "{e}");
     }
 }

@@ -116,9 +116,10 @@ async fn fire_some(tx: &mut impl WriteTx, now: Timestamp, limit: i64) -> Result<
         let Some(step) = escalation.next_step() else {
             continue;
         };
-        let next_at = escalation
-            .ladder
-            .due_at(escalation.fired + 1, call.created_at, call.deadline);
+        let next_at =
+            escalation
+                .ladder
+                .due_at(escalation.fired + 1, call.created_at, call.deadline);
         let kind = EventKind::of_step(step.kind);
         if tx
             .fire_step(stored.rowid, escalation.fired, kind, next_at, now)
@@ -265,7 +266,10 @@ mod tests {
         let expired = crate::operations::expire::expire_due(db.writer(), &texts(), at(t0, 60))
             .await
             .unwrap();
-        assert_eq!(expired[0].outcome.as_ref().unwrap().kind, OutcomeKind::Expired);
+        assert_eq!(
+            expired[0].outcome.as_ref().unwrap().kind,
+            OutcomeKind::Expired
+        );
     }
 
     #[tokio::test]
@@ -291,10 +295,17 @@ mod tests {
         )
         .await;
         let mut tx = db.tx().await;
-        let ladder_of = |c: Call| c.escalation.map(|e| e.ladder.steps()[0].endpoints[0].clone());
+        let ladder_of = |c: Call| {
+            c.escalation
+                .map(|e| e.ladder.steps()[0].endpoints[0].clone())
+        };
         let by_rule = tx.find_call(&key("s", "by-rule")).await.unwrap().unwrap();
         assert_eq!(ladder_of(by_rule.call).unwrap().as_str(), "x");
-        let by_default = tx.find_call(&key("s", "by-default")).await.unwrap().unwrap();
+        let by_default = tx
+            .find_call(&key("s", "by-default"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(ladder_of(by_default.call).unwrap().as_str(), "d");
         let allowed = tx.find_call(&key("s", "allowed")).await.unwrap().unwrap();
         assert!(allowed.call.escalation.is_none());

@@ -26,8 +26,8 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 
-use crate::domain::policy::{Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId};
 use crate::domain::escalation::Escalation;
+use crate::domain::policy::{Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId};
 use crate::domain::{
     AgentId, BatchId, Call, CallKey, EventKind, NewBatch, NewCall, OnDeny, Outcome, SessionId,
     Timestamp, ToolName,

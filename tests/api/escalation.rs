@@ -225,7 +225,11 @@ async fn a_pending_call_is_reminded_then_escalated_then_expired_each_step_an_eve
     let Some(E::Resolved(outcome)) = &seen.last().unwrap().event else {
         unreachable!()
     };
-    assert_eq!(outcome.status(), pb::CallStatus::Expired, "EXPIRED, never DENIED");
+    assert_eq!(
+        outcome.status(),
+        pb::CallStatus::Expired,
+        "EXPIRED, never DENIED"
+    );
     assert_eq!(outcome.decided_by, "deadline");
     assert_eq!(seen.len(), 4, "{seen:#?}");
     // Strictly increasing sequence numbers: each step is its own event in the log.
@@ -245,9 +249,14 @@ async fn a_pending_call_is_reminded_then_escalated_then_expired_each_step_an_eve
     let resolved = "approvals.v1.call.resolved";
     let reminded = "approvals.v1.call.reminded";
     let escalated = "approvals.v1.call.escalated";
-    team.wait_for(PATIENCE, "3 events", |got| got.len() >= 3).await;
-    oncall.wait_for(PATIENCE, "3 events", |got| got.len() >= 3).await;
-    audit.wait_for(PATIENCE, "2 events", |got| got.len() >= 2).await;
+    team.wait_for(PATIENCE, "3 events", |got| got.len() >= 3)
+        .await;
+    oncall
+        .wait_for(PATIENCE, "3 events", |got| got.len() >= 3)
+        .await;
+    audit
+        .wait_for(PATIENCE, "2 events", |got| got.len() >= 2)
+        .await;
     assert_eq!(types(&team), [requested, reminded, resolved]);
     assert_eq!(types(&oncall), [requested, escalated, resolved]);
     assert_eq!(types(&audit), [reminded, escalated]);
@@ -408,7 +417,11 @@ async fn a_killed_broker_fires_a_step_that_came_due_while_it_was_down_once(datab
         !fired(events).is_empty()
     })
     .await;
-    assert_eq!(events.len(), 2, "requested, then the escalation: {events:#?}");
+    assert_eq!(
+        events.len(),
+        2,
+        "requested, then the escalation: {events:#?}"
+    );
     // Leave every chance for a second firing to show.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(
@@ -443,7 +456,8 @@ async fn a_killed_postgres_broker_fires_a_step_that_came_due_while_it_was_down_o
 async fn two_postgres_replicas_fire_each_step_once() {
     let dir = tempfile::tempdir().unwrap();
     let file = ladder_file(dir.path(), r#"[{"after": "500ms"}, {"after": "1s"}]"#);
-    let configure = |c: &mut approval_broker::config::Config| c.escalation.file = Some(file.clone());
+    let configure =
+        |c: &mut approval_broker::config::Config| c.escalation.file = Some(file.clone());
     let first = helpers::spawn_app_on(helpers::Backend::postgres(), configure).await;
     let second = first.replica(configure).await;
     for i in 0..10 {
@@ -461,9 +475,7 @@ async fn two_postgres_replicas_fire_each_step_once() {
     let mut steps = fired(&all);
     steps.sort();
     let mut expected: Vec<(String, u32, pb::EscalationStepKind)> = (0..10)
-        .flat_map(|i| {
-            [0, 1].map(|s| (format!("c{i}"), s, pb::EscalationStepKind::Reminder))
-        })
+        .flat_map(|i| [0, 1].map(|s| (format!("c{i}"), s, pb::EscalationStepKind::Reminder)))
         .collect();
     expected.sort();
     assert_eq!(steps, expected, "each step of each call exactly once");

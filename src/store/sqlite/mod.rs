@@ -190,9 +190,8 @@ impl Deadlines for SqliteStore {
     async fn escalate_due(&self, now: Timestamp) -> Result<u64> {
         // A chunk per turn of the writer, as for expiry.
         escalate::escalate_in_chunks(|| {
-            self.group.alone(move |writer| async move {
-                escalate::escalate_chunk(&writer, now).await
-            })
+            self.group
+                .alone(move |writer| async move { escalate::escalate_chunk(&writer, now).await })
         })
         .await
     }
