@@ -46,7 +46,12 @@ impl DeadlineSweeper {
 
     /// Fires every escalation step that is due now. Returns how many fired.
     pub async fn escalate_due(&self) -> Result<u64> {
-        let fired = self.store.escalate_due(Timestamp::now()).await?;
+        let now = Timestamp::now();
+        // A read first: without a step due, the writer is not asked for a transaction.
+        if self.store.next_step_due().await?.is_none_or(|at| at > now) {
+            return Ok(0);
+        }
+        let fired = self.store.escalate_due(now).await?;
         if fired > 0 {
             tracing::info!(
                 count = fired,

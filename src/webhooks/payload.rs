@@ -204,4 +204,72 @@ mod tests {
         assert_eq!(percent("a b/c|d"), "a%20b%2Fc%7Cd");
         assert_eq!(escape("<x> & y"), "&lt;x&gt; &amp; y");
     }
+
+    /// A pending call requested at 0 whose ladder is a 15-minute reminder and a 1-hour
+    /// escalation to `oncall`, as the event of its step `step` leaves it.
+    fn fired(step: u32, kind: EventKind) -> Event {
+        use crate::domain::escalation::{Escalation, Ladder};
+        use crate::domain::{AgentId, BatchId, CallId, CallKey, SessionId, ToolInput, ToolName};
+        let steps = serde_json::json!([
+            {"after": "15m"},
+            {"after": "1h", "kind": "escalation", "endpoints": ["oncall"]}
+        ]);
+        let ladder = Ladder::from_json("escalation", &steps).unwrap();
+        let call = Call {
+            key: CallKey {
+                agent: AgentId::from_stored("a".into()),
+                session: SessionId::from_stored("s".into()),
+                call_id: CallId::from_stored("c".into()),
+            },
+            batch_id: BatchId::from_stored("b".into()),
+            position: 0,
+            batch_size: 1,
+            tool: ToolName::from_stored("deploy".into()),
+            input: ToolInput::from_stored("{}".into()),
+            title: String::new(),
+            message: String::new(),
+            workspace: String::new(),
+            supersede_key: None,
+            deadline: None,
+            created_at: Timestamp::from_micros(0),
+            outcome: None,
+            escalation: Some(Escalation {
+                ladder,
+                fired: step + 1,
+                next_at: None,
+            }),
+        };
+        Event {
+            seq: 7,
+            kind,
+            call,
+            batch_completed: false,
+            step: Some(step),
+        }
+    }
+
+    #[test]
+    fn a_fired_step_is_typed_by_its_kind_timed_when_due_and_names_its_step() {
+        let event = fired(1, EventKind::Escalated);
+        let body: Value =
+            serde_json::from_slice(&body(&event, PayloadFormat::CloudEvents, None)).unwrap();
+        assert_eq!(body["type"], "approvals.v1.call.escalated");
+        assert_eq!(body["time"], "1970-01-01T01:00:00.000000Z");
+        assert_eq!(body["data"]["status"], "PENDING");
+        assert_eq!(
+            body["data"]["escalation"],
+            json!({"step": 1, "kind": "escalation", "after": "1h", "endpoints": ["oncall"]})
+        );
+        let slack: Value =
+            serde_json::from_slice(&body_of_slack(&fired(0, EventKind::Reminded))).unwrap();
+        let text = slack["text"].as_str().unwrap();
+        assert!(
+            text.starts_with("Reminder: approval still waiting for 15m: `deploy`"),
+            "{text}"
+        );
+    }
+
+    fn body_of_slack(event: &Event) -> Vec<u8> {
+        body(event, PayloadFormat::Slack, None)
+    }
 }
