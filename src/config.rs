@@ -43,6 +43,23 @@ pub struct Config {
     pub telemetry: TelemetrySettings,
     #[command(flatten)]
     pub webhooks: WebhookSettings,
+    #[command(flatten)]
+    pub escalation: EscalationSettings,
+}
+
+/// What happens to calls nobody answers (see `domain::escalation`).
+#[derive(Debug, Clone, Args)]
+pub struct EscalationSettings {
+    /// A JSON file holding the default escalation ladder, loaded at start:
+    /// `{"steps": [{"after": "15m", "kind": "reminder", "endpoints": ["team"]}, ...]}`. Every call
+    /// left to a human gets it, unless the ask rule that sent it there has a ladder of its own.
+    /// None by default.
+    #[arg(
+        id = "escalation_file",
+        long = "escalation-file",
+        env = "APPROVALS_ESCALATION_FILE"
+    )]
+    pub file: Option<PathBuf>,
 }
 
 /// Where and how gRPC is served, and how it stops.
@@ -498,6 +515,40 @@ impl Config {
 }
 
 impl Config {
+    /// The default ladder of `--escalation-file` (empty if none is set). An unreadable or
+    /// invalid file is an error naming the setting and the step at fault. Steps due at or after
+    /// `--default-deadline` are allowed (a call's own deadline may be later) but warned about:
+    /// for calls with that deadline they never fire.
+    pub fn escalation_ladder(&self) -> crate::Result<crate::domain::escalation::Ladder> {
+        let Some(path) = &self.escalation.file else {
+            return Ok(Default::default());
+        };
+        let setting = "--escalation-file / APPROVALS_ESCALATION_FILE";
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            crate::Error::invalid(setting, format!("cannot read {}: {e}", path.display()))
+        })?;
+        let ladder = crate::domain::escalation::parse_escalation_file(&text)
+            .map_err(|e| crate::Error::invalid(setting, format!("{}: {e}", path.display())))?;
+        if let Some(deadline) = self.policy.default_deadline {
+            for (i, step) in ladder.steps().iter().enumerate() {
+                if step.after >= deadline {
+                    tracing::warn!(
+                        field = %format!("steps[{i}].after"),
+                        after = %humantime::format_duration(step.after),
+                        default_deadline = %humantime::format_duration(deadline),
+                        "an escalation step is due at or after --default-deadline: calls with \
+                         that deadline expire before it fires"
+                    );
+                }
+            }
+        }
+        tracing::info!(
+            steps = ladder.steps().len(),
+            "default escalation ladder loaded"
+        );
+        Ok(ladder)
+    }
+
     /// The endpoints of `--webhooks-file`, if one is set. An unreadable or invalid file is an
     /// error naming the setting and the endpoint at fault.
     pub fn webhooks_file(&self) -> crate::Result<Option<Vec<crate::domain::webhook::Webhook>>> {

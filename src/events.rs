@@ -264,8 +264,10 @@ mod tests {
                 deadline: None,
                 created_at: Timestamp::from_micros(0),
                 outcome: None,
+                escalation: None,
             },
             batch_completed: false,
+            step: None,
         }
     }
 

@@ -22,9 +22,9 @@
 //! - `broker/`: the one facade every surface calls; it judges large inputs ahead (`prejudge`),
 //!   runs an operation through the store, then tells the event fan-out and the deadline sweeper.
 //! - `operations/`: what the broker does, one file per operation: `submit`, `decide`, `cancel`,
-//!   `expire`, `policy_admin` (grants and rules), `explain`, and `ruling` (what a rule or
-//!   grant deciding a pending call brings along); `tx` holds the transaction
-//!   primitives they are written over, and the lock order they keep.
+//!   `expire`, `escalate` (reminders and escalations), `policy_admin` (grants and rules),
+//!   `explain`, and `ruling` (what a rule or grant deciding a pending call brings along); `tx`
+//!   holds the transaction primitives they are written over, and the lock order they keep.
 //! - `domain/`: plain, validated types and rules with no I/O: ids, inputs in canonical JSON,
 //!   calls, batches, outcomes, events, policy rules and grants, and the requests and reports the
 //!   operations take and return.
@@ -33,7 +33,7 @@
 //!   both run is written once (`statements`), as is the keyset `listing`; `database` parses the
 //!   URL once; `health` watches whether writes work.
 //! - `events.rs`: the in-memory fan-out of committed events to every stream; `expiry.rs`: the
-//!   deadline sweeper.
+//!   deadline sweeper, which also fires escalation steps as they fall due.
 //! - `startup.rs` wires the parts and serves them; `config.rs` parses the settings once;
 //!   `connections/`, `auth.rs` and `stream_slots.rs` guard the door (connection caps, bearer
 //!   tokens, stream caps); `error.rs` is the one error type and its gRPC status; `telemetry.rs` and

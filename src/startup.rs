@@ -44,6 +44,7 @@ pub async fn run(
     // An invalid policy file stops the broker before anything else happens.
     let policy_rules = config.policy_rules()?;
     let file_webhooks = config.webhooks_file()?;
+    let default_escalation = config.escalation_ladder()?;
     let reply_limit = config.reply_limit()?;
     let database = config.store.database()?;
     // Held until the server stops (or its task is dropped): one broker per SQLite file.
@@ -67,8 +68,9 @@ pub async fn run(
     let bus = EventBus::new(store.clone(), config.streams.event_buffer as usize).await?;
     let dispatcher = Dispatcher::new(store.clone(), Arc::clone(&bus), config.webhook_delivery());
     let sweeper = DeadlineSweeper::new(store.clone(), Arc::clone(&bus));
-    // Calls that fell due while the broker was down expire before anything is served.
-    sweeper.expire_due().await?;
+    // Steps and calls that fell due while the broker was down fire and expire before anything
+    // is served.
+    sweeper.sweep().await?;
     let background = [
         tokio::spawn(Arc::clone(&bus).pump()),
         tokio::spawn(Arc::clone(&sweeper).run()),
@@ -80,7 +82,8 @@ pub async fn run(
     let (stop, stopping) = watch::channel(false);
     let broker = Arc::new(
         Broker::new(store, bus, sweeper, config.limits(), stopping)
-            .with_webhooks(Arc::clone(&dispatcher)),
+            .with_webhooks(Arc::clone(&dispatcher))
+            .with_default_escalation(default_escalation),
     );
 
     let tokens = config.tokens()?.map(Arc::new);

@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::domain::Call;
+use crate::domain::escalation::Ladder;
 use crate::domain::{
     CallKey, CancelReport, CancelTarget, DecideReport, Decision, NewBatch, OutcomeKind, Status,
     SubmitReport, SubmitResult, Timestamp,
@@ -67,6 +68,9 @@ pub struct Broker {
     stopping: watch::Receiver<bool>,
     /// Webhook delivery, told of endpoint changes; `None` where nothing delivers (unit tests).
     webhooks: Option<Arc<Dispatcher>>,
+    /// The escalation ladder of calls left to a human without an ask rule's own
+    /// (`--escalation-file`).
+    default_escalation: Option<Arc<Ladder>>,
 }
 
 impl Broker {
@@ -96,7 +100,14 @@ impl Broker {
             limits,
             stopping,
             webhooks: None,
+            default_escalation: None,
         }
+    }
+
+    /// The broker with a default escalation ladder (an empty one is none).
+    pub fn with_default_escalation(mut self, ladder: Ladder) -> Self {
+        self.default_escalation = (!ladder.is_empty()).then(|| Arc::new(ladder));
+        self
     }
 
     /// The broker with webhook delivery, which it tells of endpoint changes.
@@ -149,6 +160,7 @@ impl Broker {
     ))]
     pub async fn submit(&self, mut batch: NewBatch) -> Result<SubmitReport> {
         batch.pending_cap = Some(self.limits.max_pending_per_agent);
+        batch.default_escalation = self.default_escalation.clone();
         if let Some(default) = self.limits.default_deadline {
             let deadline = Timestamp::now().saturating_add(default);
             for call in &mut batch.calls {
@@ -159,6 +171,10 @@ impl Broker {
         let batch = self.prejudge(batch).await?;
         let report = self.store.submit(batch).await?;
         self.bus.notify_committed();
+        let escalating = report.items.iter().any(|item| {
+            matches!(&item.result, SubmitResult::Accepted(call)
+                if call.escalation.as_ref().is_some_and(|e| e.next_at.is_some()))
+        });
         let accepted: Vec<&Call> = report
             .items
             .iter()
@@ -175,7 +191,7 @@ impl Broker {
             .filter(|call| !matches!(call.status(), Status::Decided(OutcomeKind::Superseded)));
         meters::outcomes(decided_at_once.chain(&report.superseded));
         meters::shadow_verdicts(&report.shadow_verdicts);
-        if has_deadline {
+        if has_deadline || escalating {
             self.sweeper.deadline_added();
         }
         tracing::debug!(

@@ -55,6 +55,9 @@ pub struct NewBatch {
     /// The most pending calls the agent may have (`--max-pending-per-agent`, set by the broker;
     /// `None`: no cap). New calls beyond it are refused, each for itself.
     pub pending_cap: Option<u64>,
+    /// The escalation ladder of the calls left to a human that no ask rule gives one
+    /// (`--escalation-file`, set by the broker; `None`: no default ladder).
+    pub default_escalation: Option<std::sync::Arc<super::escalation::Ladder>>,
 }
 
 /// What a submit did, call by call.

@@ -1,5 +1,6 @@
 //! Calls: one tool call a model asked for, identified by (agent, session, call id).
 
+use super::escalation::Escalation;
 use super::policy::Prejudged;
 use super::{
     AgentId, BatchId, CallId, Outcome, OutcomeKind, SessionId, Timestamp, ToolInput, ToolName, code,
@@ -84,6 +85,7 @@ impl NewCall {
             deadline: self.deadline,
             created_at,
             outcome: None,
+            escalation: None,
         }
     }
 }
@@ -104,6 +106,8 @@ pub struct Call {
     pub deadline: Option<Timestamp>,
     pub created_at: Timestamp,
     pub outcome: Option<Outcome>,
+    /// Its escalation ladder and how far up it went, if it was left to a human with one.
+    pub escalation: Option<Escalation>,
 }
 
 impl Call {

@@ -37,6 +37,12 @@ macro_rules! code {
     (EventKind::Resolved) => {
         2
     };
+    (EventKind::Reminded) => {
+        3
+    };
+    (EventKind::Escalated) => {
+        4
+    };
     (Scope::Once) => {
         1
     };

@@ -7,6 +7,7 @@ mod batch;
 mod call;
 mod cancel;
 mod codes;
+pub mod escalation;
 mod event;
 mod ids;
 mod input;

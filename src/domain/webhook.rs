@@ -178,7 +178,14 @@ pub struct WebhookFilter {
 }
 
 impl WebhookFilter {
+    /// Whether the filter admits `event`. A fired escalation step (Reminded, Escalated) goes
+    /// only where it is sent: to the endpoints its step names (see [`Webhook::wants`]), and to
+    /// endpoints whose filter names its kind; "every kind" does not include them, so a ladder
+    /// never reaches people it does not name.
     pub fn admits(&self, event: &Event) -> bool {
+        if event.step.is_some() && !self.kinds.contains(&event.kind) {
+            return false;
+        }
         let call = &event.call;
         (self.kinds.is_empty() || self.kinds.contains(&event.kind))
             && self.tool.as_deref().is_none_or(|t| t == call.tool.as_str())
@@ -198,7 +205,7 @@ impl WebhookFilter {
     }
 
     pub fn kinds_from_code(code: i64) -> Vec<EventKind> {
-        [EventKind::Requested, EventKind::Resolved]
+        EventKind::ALL
             .into_iter()
             .filter(|k| code & (1 << k.code()) != 0)
             .collect()
@@ -263,6 +270,14 @@ pub struct Webhook {
     /// Loaded from `--webhooks-file`: a later file replaces it.
     pub from_file: bool,
     pub created_at: Timestamp,
+}
+
+impl Webhook {
+    /// Whether this endpoint receives `event`: its filter admits it, or it is a fired escalation
+    /// step that names this endpoint (whatever the filter says: the ladder sent it here).
+    pub fn wants(&self, event: &Event) -> bool {
+        self.filter.admits(event) || event.step_endpoints().contains(&self.id)
+    }
 }
 
 /// What an UpdateWebhook changes; `None` keeps the stored value.
@@ -378,10 +393,12 @@ pub fn parse_webhooks_file(text: &str) -> Result<Vec<Webhook>> {
                 kinds.push(match kind.as_str() {
                     Some("requested") => EventKind::Requested,
                     Some("resolved") => EventKind::Resolved,
+                    Some("reminded") => EventKind::Reminded,
+                    Some("escalated") => EventKind::Escalated,
                     _ => {
                         return Err(Error::invalid(
                             at("event_kinds"),
-                            "holds `requested` and `resolved` only",
+                            "holds `requested`, `resolved`, `reminded` and `escalated` only",
                         ));
                     }
                 });

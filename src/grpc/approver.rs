@@ -177,6 +177,12 @@ impl Subscriber {
                     Some(outcome) => E::Resolved(outcome),
                     None => continue,
                 },
+                EventKind::Reminded | EventKind::Escalated => {
+                    match super::escalation_messages::fired(event) {
+                        Some(fired) => E::Escalation(fired),
+                        None => continue,
+                    }
+                }
             };
             if delivery.live {
                 self.offer(event.seq, item).await?;

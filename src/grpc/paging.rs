@@ -252,6 +252,7 @@ mod tests {
             source: RuleSource::Admin,
             created_at: Timestamp::from_micros(0),
             mode: Default::default(),
+            escalation: Default::default(),
         }
     }
 

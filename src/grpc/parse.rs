@@ -90,6 +90,7 @@ pub fn batch(
             supersede_pending: spec.supersede_pending,
             calls,
             pending_cap: None,
+            default_escalation: None,
         },
         refused,
     })
@@ -422,7 +423,7 @@ pub fn rule(field: &str, rule: Option<pb::Rule>, max_input_bytes: usize) -> Resu
             ));
         }
     };
-    Ok(Rule {
+    Rule {
         id: RuleId::parse(&at("id"), &rule.id)?,
         tool: Glob::parse(&at("tool"), &rule.tool)?,
         matcher: matcher(&at("matcher"), rule.matcher, max_input_bytes, false)?
@@ -433,7 +434,9 @@ pub fn rule(field: &str, rule: Option<pb::Rule>, max_input_bytes: usize) -> Resu
         source: RuleSource::Admin,
         created_at: Timestamp::now(),
         mode: super::shadow_messages::rule_mode(&at("mode"), rule.mode)?,
-    })
+        escalation: super::escalation_messages::ladder(&at("escalation"), rule.escalation)?,
+    }
+    .check_escalation(&at("escalation"))
 }
 
 pub fn rule_id(field: &str, id: &str) -> Result<RuleId> {

@@ -48,6 +48,10 @@ pub fn call(c: &Call) -> pb::Call {
         hidden_characters: hidden_characters(c),
         // Only the audit (GetCall, Explain) reads and sets them.
         shadow_verdicts: Vec::new(),
+        escalation: c
+            .escalation
+            .as_ref()
+            .map(super::escalation_messages::escalation),
     }
 }
 
@@ -354,6 +358,7 @@ pub fn rule(r: &Rule) -> pb::Rule {
         source: r.source.as_str().to_owned(),
         created_at: Some(timestamp(r.created_at)),
         mode: super::shadow_messages::render_rule_mode(r.mode) as i32,
+        escalation: super::escalation_messages::steps(&r.escalation),
     }
 }
 

@@ -226,6 +226,7 @@ mod tests {
             deadline: None,
             created_at: Timestamp::from_micros(0),
             outcome,
+            escalation: None,
         }
     }
 

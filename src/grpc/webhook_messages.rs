@@ -102,10 +102,12 @@ fn filter(field: &str, filter: Option<pb::WebhookFilter>) -> Result<WebhookFilte
         let kind = match pb::WebhookEventKind::try_from(*kind) {
             Ok(pb::WebhookEventKind::Requested) => EventKind::Requested,
             Ok(pb::WebhookEventKind::Resolved) => EventKind::Resolved,
+            Ok(pb::WebhookEventKind::Reminded) => EventKind::Reminded,
+            Ok(pb::WebhookEventKind::Escalated) => EventKind::Escalated,
             _ => {
                 return Err(Error::invalid(
                     format!("{field}.event_kinds[{i}]"),
-                    "must be REQUESTED or RESOLVED",
+                    "must be REQUESTED, RESOLVED, REMINDED or ESCALATED",
                 ));
             }
         };
@@ -159,6 +161,8 @@ pub fn webhook(hook: &Webhook, secret: Secret) -> pb::Webhook {
                 .map(|kind| match kind {
                     EventKind::Requested => pb::WebhookEventKind::Requested as i32,
                     EventKind::Resolved => pb::WebhookEventKind::Resolved as i32,
+                    EventKind::Reminded => pb::WebhookEventKind::Reminded as i32,
+                    EventKind::Escalated => pb::WebhookEventKind::Escalated as i32,
                 })
                 .collect(),
             tool: hook.filter.tool.clone().unwrap_or_default(),

@@ -10,11 +10,13 @@
 //! - [`decide`]: an approver's verdict, first decision wins; a remembered one creates a grant.
 //! - [`cancel`]: the agent withdraws calls.
 //! - [`expire`]: deadlines passed.
+//! - [`escalate`]: escalation ladders: started at submit, a step fired when it falls due.
 //! - [`policy_admin`]: revoke grants; create, delete and load rules.
 //! - [`explain`]: what would decide a call now, read as a submit reads it.
 
 pub mod cancel;
 pub mod decide;
+pub mod escalate;
 pub mod expire;
 pub mod explain;
 pub mod policy_admin;

@@ -11,9 +11,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
+use super::escalate::start_escalations;
 use super::ruling::decide_by_ruling;
 use super::tx::{PolicyTx, Resolved, WriteTx, batches_of, complete_batches, tools_of};
-use crate::domain::policy::{Prejudged, RuleMode, ShadowVerdict, Subject, shadow_verdicts};
+use crate::domain::policy::{Prejudged, Rule, RuleMode, ShadowVerdict, Subject, shadow_verdicts};
 use crate::domain::{
     BatchId, Call, CallId, CallKey, DecidedBy, NewBatch, NewCall, OutcomeKind, SubmitItem,
     SubmitReport, SubmitResult, Timestamp, ToolName, ToolResultTexts,
@@ -167,10 +168,16 @@ pub async fn submit_in(
             accepted_calls.push((rowid, call));
         }
     }
+    let rules = if accepted_calls.is_empty() {
+        Vec::new()
+    } else {
+        tx.rules().await?
+    };
+    let policy = (tools.as_slice(), rules.as_slice());
     let decided = decide_by_policy(
         tx,
         batch,
-        &tools,
+        policy,
         &accepted_calls,
         &prejudged,
         texts,
@@ -180,6 +187,15 @@ pub async fn submit_in(
     .await?;
     resolved.extend(decided);
     complete_batches(tx, &resolved).await?;
+    let escalations =
+        start_escalations(tx, batch, &accepted_calls, &rules, &prejudged, &resolved).await?;
+    for (rowid, escalation) in escalations {
+        if let Some(&(_, item)) = accepted.iter().find(|(r, _)| *r == rowid)
+            && let SubmitResult::Accepted(call) = &mut report.items[item].result
+        {
+            call.escalation = Some(escalation);
+        }
+    }
     // A call this request carries (stored now, or resubmitted) that a later call of it
     // superseded (the same supersede key) is acknowledged with its outcome, so the reply never
     // calls it pending.
@@ -248,7 +264,7 @@ async fn refuse_past_pending_cap<'b>(
 async fn decide_by_policy(
     tx: &mut (impl WriteTx + PolicyTx),
     batch: &NewBatch,
-    tools: &[&ToolName],
+    (tools, rules): (&[&ToolName], &[Rule]),
     accepted: &[(i64, &Call)],
     prejudged: &BTreeMap<i64, &Prejudged>,
     texts: &ToolResultTexts,
@@ -259,7 +275,6 @@ async fn decide_by_policy(
     if accepted.is_empty() {
         return Ok(resolved);
     }
-    let rules = tx.rules().await?;
     let grants = tx
         .live_grants(&batch.agent, Some(&batch.session), tools, now)
         .await?;
@@ -279,7 +294,7 @@ async fn decide_by_policy(
         if let Some((own, skipped)) = decide_by_ruling(
             tx,
             (rowid, call, prejudged.get(&rowid).copied()),
-            &rules,
+            rules,
             &grants,
             texts,
             now,

@@ -40,6 +40,11 @@ impl Db {
             .expect("a write transaction")
     }
 
+    /// The store itself, for its reads (the event log).
+    pub fn store(&self) -> &SqliteStore {
+        &self.store
+    }
+
     /// The backend's writer, for operations that open their own transactions.
     pub fn writer(&self) -> &impl Transactions {
         self.store.writer()
@@ -93,6 +98,7 @@ pub fn batch(session: &str, calls: impl IntoIterator<Item = NewCall>) -> NewBatc
         supersede_pending: false,
         calls,
         pending_cap: None,
+        default_escalation: None,
     }
 }
 

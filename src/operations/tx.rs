@@ -29,9 +29,10 @@ use async_trait::async_trait;
 use crate::domain::policy::{
     Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId, RuleMode, ShadowVerdict,
 };
+use crate::domain::escalation::Escalation;
 use crate::domain::{
-    AgentId, BatchId, Call, CallKey, NewBatch, NewCall, OnDeny, Outcome, SessionId, Timestamp,
-    ToolName,
+    AgentId, BatchId, Call, CallKey, EventKind, NewBatch, NewCall, OnDeny, Outcome, SessionId,
+    Timestamp, ToolName,
 };
 use crate::error::Result;
 
@@ -108,6 +109,21 @@ pub trait WriteTx: Send {
     async fn on_deny(&mut self, batch: &BatchId) -> Result<OnDeny>;
     /// Pending calls due at `now`, at most `limit`, with their batches.
     async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(i64, String)>>;
+    /// Starts a pending call's escalation: stores its ladder and when its first step is due.
+    async fn start_escalation(&mut self, rowid: i64, escalation: &Escalation) -> Result<()>;
+    /// Pending calls with an escalation step due at `now`, at most `limit`, earliest first.
+    async fn due_steps(&mut self, now: Timestamp, limit: i64) -> Result<Vec<Stored>>;
+    /// Fires step `step` of a call's ladder if the call is still pending with that step next
+    /// (conditional, so it fires once whoever else tries): records the next step as due at
+    /// `next_at` and appends the step's event of `kind` at `now`. Whether it fired.
+    async fn fire_step(
+        &mut self,
+        rowid: i64,
+        step: u32,
+        kind: EventKind,
+        next_at: Option<Timestamp>,
+        now: Timestamp,
+    ) -> Result<bool>;
     /// Under the batch's lock: if no call of it is pending, flags `event` as completing it.
     async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()>;
     /// How many writing statements this transaction has issued so far, if the backend counts

@@ -184,6 +184,16 @@ impl Deadlines for Watched {
     async fn next_deadline(&self) -> Result<Option<Timestamp>> {
         self.read(self.inner.next_deadline().await)
     }
+
+    async fn escalate_due(&self, now: Timestamp) -> Result<u64> {
+        let result = self.inner.escalate_due(now).await;
+        self.health.observe(&result, |fired| *fired > 0);
+        result
+    }
+
+    async fn next_step_due(&self) -> Result<Option<Timestamp>> {
+        self.read(self.inner.next_step_due().await)
+    }
 }
 
 #[async_trait]

@@ -89,7 +89,7 @@ pub trait Calls: Backend {
     async fn probe(&self) -> Result<()>;
 }
 
-/// What the deadline sweeper reads and writes.
+/// What the deadline sweeper reads and writes: deadlines, and escalation steps coming due.
 #[async_trait]
 pub trait Deadlines: Backend {
     /// Expires every pending call whose deadline is at or before `now`; returns them decided.
@@ -103,6 +103,15 @@ pub trait Deadlines: Backend {
     /// The earliest deadline of a pending call, if any.
     async fn next_deadline(&self) -> Result<Option<Timestamp>> {
         self.reads().next_deadline().await
+    }
+
+    /// Fires every escalation step of a pending call due at or before `now`, each once (also
+    /// on several replicas at once), each with its event; returns how many fired.
+    async fn escalate_due(&self, now: Timestamp) -> Result<u64>;
+
+    /// When the next escalation step of a pending call falls due, if any.
+    async fn next_step_due(&self) -> Result<Option<Timestamp>> {
+        self.reads().next_step_due().await
     }
 }
 

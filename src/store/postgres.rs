@@ -42,7 +42,9 @@ use crate::domain::{
     SessionId, SubmitReport, Timestamp, ToolName, ToolResultTexts,
 };
 use crate::error::Result;
-use crate::operations::{Transactions, cancel, decide, expire, explain, policy_admin, submit};
+use crate::operations::{
+    Transactions, cancel, decide, escalate, expire, explain, policy_admin, submit,
+};
 
 /// How many events one transaction of [`Store::sequence_events`] numbers at most.
 const SEQUENCER_CHUNK: i64 = 10_000;
@@ -199,6 +201,10 @@ impl Calls for PostgresStore {
 impl Deadlines for PostgresStore {
     async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
         expire::expire_due(self, &self.texts, now).await
+    }
+
+    async fn escalate_due(&self, now: Timestamp) -> Result<u64> {
+        escalate::escalate_due(self, now).await
     }
 }
 

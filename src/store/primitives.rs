@@ -13,6 +13,7 @@ use super::statements::{self as sql, GrantsNamed};
 use crate::domain::policy::{
     Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId, RuleMode, RuleSource, ShadowVerdict,
 };
+use crate::domain::escalation::Escalation;
 use crate::domain::{
     AgentId, BatchId, Call, CallKey, EventKind, NewBatch, NewCall, OnDeny, Outcome, SessionId,
     Timestamp, ToolInput, ToolName,
@@ -335,6 +336,58 @@ impl<T: SqlTx> WriteTx for T {
         .await
     }
 
+    async fn start_escalation(&mut self, rowid: i64, escalation: &Escalation) -> Result<()> {
+        let ladder = escalation.ladder.to_stored();
+        let params = [
+            Param::Text(&ladder),
+            Param::OptInt(escalation.next_at.map(Timestamp::as_micros)),
+            Param::Int(rowid),
+        ];
+        self.execute(Run::write(sql::START_ESCALATION, &params))
+            .await?;
+        Ok(())
+    }
+
+    async fn due_steps(&mut self, now: Timestamp, limit: i64) -> Result<Vec<Stored>> {
+        // No row lock here, as for `due_calls`: the conditional update in `fire_step` leaves a
+        // step another writer fired (or a call it decided) alone.
+        let params = [Param::Int(now.as_micros()), Param::Int(limit)];
+        self.rows(Run::read(sql::DUE_STEPS, &params), |row| stored(row))
+            .await
+    }
+
+    async fn fire_step(
+        &mut self,
+        rowid: i64,
+        step: u32,
+        kind: EventKind,
+        next_at: Option<Timestamp>,
+        now: Timestamp,
+    ) -> Result<bool> {
+        let params = [
+            Param::Int(i64::from(step) + 1),
+            Param::OptInt(next_at.map(Timestamp::as_micros)),
+            Param::Int(rowid),
+            Param::Int(i64::from(step)),
+        ];
+        if self
+            .execute(Run::write(sql::ADVANCE_ESCALATION, &params))
+            .await?
+            == 0
+        {
+            return Ok(false);
+        }
+        let event = [
+            Param::Int(kind.code()),
+            Param::Int(rowid),
+            Param::Int(now.as_micros()),
+            Param::Int(i64::from(step)),
+        ];
+        self.execute(Run::write(sql::APPEND_STEP_EVENT, &event))
+            .await?;
+        Ok(true)
+    }
+
     async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()> {
         // Postgres: the batch row is locked (`lock_batches`; a batch this transaction stored is
         // its own), which orders the transactions resolving calls of this batch; this
@@ -504,6 +557,7 @@ impl<T: SqlTx> PolicyTx for T {
     async fn insert_rule(&mut self, rule: &Rule) -> Result<bool> {
         forget_rules(self);
         let matcher = rule.matcher.to_json().to_string();
+        let escalation = rule.escalation.to_stored();
         let params = [
             Param::Text(rule.id.as_str()),
             Param::Text(rule.tool.as_str()),
@@ -514,6 +568,7 @@ impl<T: SqlTx> PolicyTx for T {
             Param::Text(rule.source.as_str()),
             Param::Int(rule.created_at.as_micros()),
             Param::Int(rule.mode.code()),
+            Param::Text(&escalation),
         ];
         let inserted = self.execute(Run::write(sql::INSERT_RULE, &params)).await?;
         Ok(inserted == 1)

@@ -54,6 +54,14 @@ where
         Ok(row.opt_int("next")?.map(Timestamp::from_micros))
     }
 
+    /// See `Deadlines::next_step_due`.
+    pub async fn next_step_due(&self) -> Result<Option<Timestamp>> {
+        let row = sqlx::query(sql::NEXT_STEP_DUE)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.opt_int("next")?.map(Timestamp::from_micros))
+    }
+
     /// See `Store::calls_by_id`.
     pub async fn calls_by_id(
         &self,
@@ -168,6 +176,10 @@ impl BackendReads {
 
     pub async fn next_deadline(&self) -> Result<Option<Timestamp>> {
         on_backend!(self, next_deadline())
+    }
+
+    pub async fn next_step_due(&self) -> Result<Option<Timestamp>> {
+        on_backend!(self, next_step_due())
     }
 
     pub async fn calls_by_id(

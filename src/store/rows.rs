@@ -59,6 +59,7 @@ impl Columns for rusqlite::Row<'_> {
 }
 
 use crate::domain::Cursor;
+use crate::domain::escalation::{Escalation, Ladder};
 use crate::domain::policy::{
     Effect, Glob, Grant, GrantScope, GrantSpec, Matcher, Rule, RuleEffect, RuleId, RuleMode,
     RuleSource, RuleVerdict, Scope, ShadowVerdict,
@@ -107,7 +108,20 @@ pub fn call_from_row(row: &(impl Columns + ?Sized)) -> Result<Call> {
         deadline: row.opt_int("deadline")?.map(Timestamp::from_micros),
         created_at: Timestamp::from_micros(row.int("created_at")?),
         outcome,
+        escalation: escalation_from_row(row)?,
     })
+}
+
+/// A call's escalation, from the `statements::call_columns`; `None` for a call without a ladder.
+fn escalation_from_row(row: &(impl Columns + ?Sized)) -> Result<Option<Escalation>> {
+    let Some(text) = row.opt_text("escalation")? else {
+        return Ok(None);
+    };
+    Ok(Some(Escalation {
+        ladder: Ladder::from_stored(&text)?,
+        fired: row.int("next_step")? as u32,
+        next_at: row.opt_int("next_step_at")?.map(Timestamp::from_micros),
+    }))
 }
 
 /// One page of a keyset query that fetched `limit + 1` rows ordered by `id`: the first `limit`
@@ -141,7 +155,7 @@ pub fn stored(row: &(impl Columns + ?Sized)) -> Result<Stored> {
 pub fn event_from_row(row: &(impl Columns + ?Sized)) -> Result<Event> {
     let kind = EventKind::from_code(row.int("kind")?);
     let mut call = call_from_row(row)?;
-    if kind == EventKind::Requested {
+    if kind != EventKind::Resolved {
         // The call as the event left it: not yet decided.
         call.outcome = None;
     }
@@ -150,6 +164,7 @@ pub fn event_from_row(row: &(impl Columns + ?Sized)) -> Result<Event> {
         kind,
         call,
         batch_completed: row.flag("batch_completed")?,
+        step: row.opt_int("step")?.map(|step| step as u32),
     })
 }
 
@@ -228,6 +243,7 @@ pub fn rule_from_row(row: &(impl Columns + ?Sized)) -> Result<Rule> {
             RuleMode::from_code(code)
                 .ok_or_else(|| Error::Internal(format!("unknown stored rule mode {code}")))?
         },
+        escalation: Ladder::from_stored(&row.text("escalation")?)?,
     })
 }
 

@@ -22,7 +22,7 @@ macro_rules! call_columns {
         "c.id, c.agent, c.session_id, c.call_id, c.batch_id, c.position, b.size, c.tool, \
          c.input, c.title, c.message, c.workspace, c.supersede_key, c.deadline, c.created_at, \
          c.status, c.decided_at, c.decided_by, c.reason, c.tool_result, c.run_input, \
-         c.input_edited, r.seq AS resolved_seq"
+         c.input_edited, r.seq AS resolved_seq, c.escalation, c.next_step, c.next_step_at"
     };
 }
 
@@ -59,8 +59,8 @@ macro_rules! select_grants {
 macro_rules! select_rules {
     ($($rest:expr),*) => {
         concat!(
-            "SELECT id, tool, matcher, effect, priority, description, source, created_at, mode \
-             FROM rules ",
+            "SELECT id, tool, matcher, effect, priority, description, source, created_at, mode, \
+             escalation FROM rules ",
             $($rest),*
         )
     };
@@ -129,7 +129,7 @@ pub const LATEST_SEQ: &str = "SELECT MAX(seq) AS seq FROM events";
 
 /// Events after sequence number `$1`, with their calls, oldest first, at most `$2` of them.
 pub const EVENTS_AFTER: &str = concat!(
-    "SELECT e.seq, e.kind, e.batch_completed, ",
+    "SELECT e.seq, e.kind, e.batch_completed, e.step, ",
     call_columns!(),
     " FROM events e JOIN calls c ON c.id = e.call_rowid \
      JOIN batches b ON b.batch_id = c.batch_id \
@@ -214,6 +214,38 @@ pub const DUE_CALLS: &str = concat!(
     " AND deadline IS NOT NULL AND deadline <= $1 ORDER BY deadline LIMIT $2"
 );
 
+/// Starts a pending call's escalation: its ladder `$1` (`Ladder::to_stored`), none fired, the
+/// first step due at `$2` (NULL: none before the deadline), for call row `$3`.
+pub const START_ESCALATION: &str = concat!(
+    "UPDATE calls SET escalation = $1, next_step = 0, next_step_at = $2 WHERE id = $3 \
+     AND status = ",
+    pending!()
+);
+/// Records that step `$4` of call row `$3` fired: `$1` steps fired, the next due at `$2` (NULL:
+/// none left). Conditional on the call still pending with that step next, so of two replicas
+/// (or a sweep racing a decision) exactly one fires a step, and never for a decided call.
+pub const ADVANCE_ESCALATION: &str = concat!(
+    "UPDATE calls SET next_step = $1, next_step_at = $2 WHERE id = $3 AND next_step = $4 \
+     AND status = ",
+    pending!()
+);
+/// Pending calls with a step due at or before `$1`, earliest first, at most `$2`. Read through
+/// the partial index `calls_step_due` (migrations: sqlite 0007, postgres 0004).
+pub const DUE_STEPS: &str = select_calls!(
+    "WHERE c.status = ",
+    pending!(),
+    " AND c.next_step_at IS NOT NULL AND c.next_step_at <= $1 ORDER BY c.next_step_at LIMIT $2"
+);
+pub const NEXT_STEP_DUE: &str = concat!(
+    "SELECT MIN(next_step_at) AS next FROM calls WHERE status = ",
+    pending!(),
+    " AND next_step_at IS NOT NULL"
+);
+/// A fired step's event: kind `$1` for call row `$2` at `$3`, step index `$4`. Both backends:
+/// SQLite's `seq` is its row id, Postgres's sequencer numbers it after commit.
+pub const APPEND_STEP_EVENT: &str =
+    "INSERT INTO events (kind, call_rowid, created_at, step) VALUES ($1, $2, $3, $4)";
+
 /// The pending calls of agent `$1` for tool `$2` that a new grant's scope covers: with the scope's
 /// value as `$3` (session or workspace), or every one (`Always`).
 pub const PENDING_IN_SESSION_SCOPE: &str = select_calls!(
@@ -236,8 +268,8 @@ pub const RULES: &str = select_rules!();
 pub const FIND_RULE: &str = select_rules!("WHERE id = $1");
 /// A rule, unless one with its id exists.
 pub const INSERT_RULE: &str = "INSERT INTO rules \
-     (id, tool, matcher, effect, priority, description, source, created_at, mode) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING";
+     (id, tool, matcher, effect, priority, description, source, created_at, mode, escalation) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (id) DO NOTHING";
 /// Rule `$2`'s mode becomes `$1`.
 pub const SET_RULE_MODE: &str = "UPDATE rules SET mode = $1 WHERE id = $2";
 /// What shadow rule `$2` would have done (`$3`) with call row `$1`, recorded at its submit.
@@ -375,10 +407,15 @@ mod tests {
             (PENDING_IN_ALWAYS_SCOPE, 2),
             (RULES, 0),
             (FIND_RULE, 1),
-            (INSERT_RULE, 9),
+            (INSERT_RULE, 10),
             (SET_RULE_MODE, 2),
             (INSERT_SHADOW_VERDICT, 3),
             (SHADOW_VERDICTS_OF_CALL, 3),
+            (START_ESCALATION, 3),
+            (ADVANCE_ESCALATION, 4),
+            (DUE_STEPS, 2),
+            (NEXT_STEP_DUE, 0),
+            (APPEND_STEP_EVENT, 4),
             (DELETE_RULE, 1),
             (DELETE_RULES_FROM, 1),
             (INSERT_GRANT, 13),

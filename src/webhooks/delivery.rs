@@ -155,10 +155,8 @@ impl Delivery {
                 }
             }
             let last = events.last().map_or(0, |e| e.seq);
-            let admitted: Vec<Arc<Event>> = events
-                .into_iter()
-                .filter(|e| self.hook.filter.admits(e))
-                .collect();
+            let admitted: Vec<Arc<Event>> =
+                events.into_iter().filter(|e| self.hook.wants(e)).collect();
             if let Err(stop) = self.deliver_batch(admitted).await {
                 return stop;
             }

@@ -30,15 +30,25 @@ pub fn event_type(kind: EventKind) -> &'static str {
     match kind {
         EventKind::Requested => "approvals.v1.call.requested",
         EventKind::Resolved => "approvals.v1.call.resolved",
+        EventKind::Reminded => "approvals.v1.call.reminded",
+        EventKind::Escalated => "approvals.v1.call.escalated",
+    }
+}
+
+/// When an event happened, from the event alone (so a retry sends the same body): a decision's
+/// time, a fired step's due time, or the request's.
+fn event_time(event: &Event) -> Timestamp {
+    let call = &event.call;
+    match (&event.kind, &call.outcome, event.fired_step()) {
+        (EventKind::Resolved, Some(outcome), _) => outcome.decided_at,
+        (_, _, Some(step)) => call.created_at.saturating_add(step.after),
+        _ => call.created_at,
     }
 }
 
 fn cloud_event(event: &Event) -> Value {
     let call = &event.call;
-    let time = match (&event.kind, &call.outcome) {
-        (EventKind::Resolved, Some(outcome)) => outcome.decided_at,
-        _ => call.created_at,
-    };
+    let time = event_time(event);
     json!({
         "specversion": "1.0",
         "id": message_id(event),
@@ -81,6 +91,14 @@ fn call_data(event: &Event) -> Value {
         });
         data["batch_completed"] = json!(event.batch_completed);
     }
+    if let (Some(index), Some(step)) = (event.step, event.fired_step()) {
+        data["escalation"] = json!({
+            "step": index,
+            "kind": step.kind.as_str(),
+            "after": humantime::format_duration(step.after).to_string(),
+            "endpoints": step.endpoints.iter().map(|e| e.as_str()).collect::<Vec<_>>(),
+        });
+    }
     data
 }
 
@@ -111,6 +129,14 @@ fn slack_message(event: &Event, inbox_url: Option<&str>) -> Value {
             outcome.kind,
             escape(&outcome.decided_by.to_string())
         ),
+        (EventKind::Reminded, _) => format!(
+            "Reminder: approval still waiting{}: {what} ({who})",
+            waiting_for(event)
+        ),
+        (EventKind::Escalated, _) => format!(
+            "Escalated: approval still waiting{}: {what} ({who})",
+            waiting_for(event)
+        ),
         _ => format!("Approval requested: {what} ({who})"),
     };
     if let Some(base) = inbox_url {
@@ -120,6 +146,14 @@ fn slack_message(event: &Event, inbox_url: Option<&str>) -> Value {
         "text": text,
         "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text}}],
     })
+}
+
+/// ` for 15m`: how long a fired step's call has waited (nothing for other events).
+fn waiting_for(event: &Event) -> String {
+    event
+        .fired_step()
+        .map(|step| format!(" for {}", humantime::format_duration(step.after)))
+        .unwrap_or_default()
 }
 
 /// The inbox's page for a call: `<base>/#call/<agent>/<session>/<call>`.
@@ -169,5 +203,73 @@ mod tests {
     fn ids_are_percent_encoded_in_inbox_links() {
         assert_eq!(percent("a b/c|d"), "a%20b%2Fc%7Cd");
         assert_eq!(escape("<x> & y"), "&lt;x&gt; &amp; y");
+    }
+
+    /// A pending call requested at 0 whose ladder is a 15-minute reminder and a 1-hour
+    /// escalation to `oncall`, as the event of its step `step` leaves it.
+    fn fired(step: u32, kind: EventKind) -> Event {
+        use crate::domain::escalation::{Escalation, Ladder};
+        use crate::domain::{AgentId, BatchId, CallId, CallKey, SessionId, ToolInput, ToolName};
+        let steps = serde_json::json!([
+            {"after": "15m"},
+            {"after": "1h", "kind": "escalation", "endpoints": ["oncall"]}
+        ]);
+        let ladder = Ladder::from_json("escalation", &steps).unwrap();
+        let call = Call {
+            key: CallKey {
+                agent: AgentId::from_stored("a".into()),
+                session: SessionId::from_stored("s".into()),
+                call_id: CallId::from_stored("c".into()),
+            },
+            batch_id: BatchId::from_stored("b".into()),
+            position: 0,
+            batch_size: 1,
+            tool: ToolName::from_stored("deploy".into()),
+            input: ToolInput::from_stored("{}".into()),
+            title: String::new(),
+            message: String::new(),
+            workspace: String::new(),
+            supersede_key: None,
+            deadline: None,
+            created_at: Timestamp::from_micros(0),
+            outcome: None,
+            escalation: Some(Escalation {
+                ladder,
+                fired: step + 1,
+                next_at: None,
+            }),
+        };
+        Event {
+            seq: 7,
+            kind,
+            call,
+            batch_completed: false,
+            step: Some(step),
+        }
+    }
+
+    #[test]
+    fn a_fired_step_is_typed_by_its_kind_timed_when_due_and_names_its_step() {
+        let event = fired(1, EventKind::Escalated);
+        let body: Value =
+            serde_json::from_slice(&body(&event, PayloadFormat::CloudEvents, None)).unwrap();
+        assert_eq!(body["type"], "approvals.v1.call.escalated");
+        assert_eq!(body["time"], "1970-01-01T01:00:00.000000Z");
+        assert_eq!(body["data"]["status"], "PENDING");
+        assert_eq!(
+            body["data"]["escalation"],
+            json!({"step": 1, "kind": "escalation", "after": "1h", "endpoints": ["oncall"]})
+        );
+        let slack: Value =
+            serde_json::from_slice(&body_of_slack(&fired(0, EventKind::Reminded))).unwrap();
+        let text = slack["text"].as_str().unwrap();
+        assert!(
+            text.starts_with("Reminder: approval still waiting for 15m: `deploy`"),
+            "{text}"
+        );
+    }
+
+    fn body_of_slack(event: &Event) -> Vec<u8> {
+        body(event, PayloadFormat::Slack, None)
     }
 }

@@ -47,6 +47,11 @@ fn label(event: &pb::ApproverEvent) -> String {
         E::SnapshotComplete(_) => "snapshot_complete".into(),
         E::Requested(c) => format!("requested {}", c.call_id),
         E::Resolved(o) => format!("resolved {}", o.call_id),
+        E::Escalation(f) => format!(
+            "escalation {} step {}",
+            f.call.as_ref().map_or("", |c| c.call_id.as_str()),
+            f.step
+        ),
     }
 }
 

@@ -19,6 +19,7 @@ mod database_tls;
 mod deadlines;
 mod decisions;
 mod drain;
+mod escalation;
 mod explain;
 mod grants;
 mod group_commit;

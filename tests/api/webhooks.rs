@@ -2,7 +2,8 @@
 //! with the `hmac` crate, not the broker's signing code; `.ci/webhooks` checks them again with
 //! the `standardwebhooks` library from PyPI), as CloudEvents or Slack messages, at least once
 //! and in order per call, also when the receiver was down, when the broker was killed
-//! mid-delivery, and with two Postgres replicas (each event delivered by one of them).
+//! mid-delivery, and with two Postgres replicas (each event delivered by one of them). The
+//! receiver serves the escalation tests too.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -33,7 +34,7 @@ use crate::helpers::{
 
 /// One request the receiver got.
 #[derive(Debug, Clone)]
-struct Received {
+pub(crate) struct Received {
     id: String,
     timestamp: String,
     signature: String,
@@ -42,7 +43,7 @@ struct Received {
 }
 
 impl Received {
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body).expect("a JSON body")
     }
 }
@@ -58,7 +59,7 @@ enum Answer {
 /// A tiny HTTP/1.1 server on loopback that records every request. `stop` closes the port and
 /// every connection (the broker then gets "connection refused"); `start_again` reopens the same
 /// port.
-struct Receiver {
+pub(crate) struct Receiver {
     address: SocketAddr,
     received: Arc<Mutex<Vec<Received>>>,
     answer: Arc<Mutex<Answer>>,
@@ -71,7 +72,7 @@ struct Receiver {
 }
 
 impl Receiver {
-    async fn start() -> Receiver {
+    pub(crate) async fn start() -> Receiver {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let mut receiver = Receiver {
             address: listener.local_addr().expect("address"),
@@ -86,7 +87,7 @@ impl Receiver {
         receiver
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}/hooks/approvals?x=1", self.address)
     }
 
@@ -184,12 +185,12 @@ impl Receiver {
         *self.answer.lock().unwrap() = answer;
     }
 
-    fn received(&self) -> Vec<Received> {
+    pub(crate) fn received(&self) -> Vec<Received> {
         self.received.lock().unwrap().clone()
     }
 
     /// Waits until `done` holds for what was received; fails the test after `patience`.
-    async fn wait_for(
+    pub(crate) async fn wait_for(
         &self,
         patience: Duration,
         what: &str,

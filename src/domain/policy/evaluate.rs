@@ -228,6 +228,7 @@ mod tests {
             source: RuleSource::Admin,
             created_at: Timestamp::from_micros(0),
             mode: RuleMode::Enforce,
+            escalation: Default::default(),
         }
     }
 

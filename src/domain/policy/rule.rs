@@ -5,7 +5,8 @@
 //! The policy file is JSON: `{"rules": [{"id": "...", "tool": "...", "effect": "allow" |
 //! "deny" | "ask", "priority": 0, "match": {...}, "description": "...", "mode": "enforce" |
 //! "shadow" | "disabled"}]}`; only `id`, `tool` and `effect` are required (no `match` means any
-//! input, no `mode` means `enforce`). Unknown keys are refused, so a typo
+//! input, no `mode` means `enforce`). An ask rule may also carry an `"escalation"` ladder (see
+//! `domain::escalation`). Unknown keys are refused, so a typo
 //! never silently widens a rule.
 
 use std::collections::HashSet;
@@ -15,6 +16,7 @@ use serde_json::Value;
 
 use super::{Glob, Matcher, RuleMode, Subject};
 use crate::domain::Timestamp;
+use crate::domain::escalation::Ladder;
 use crate::error::{Error, Result};
 
 /// At most this many bytes in a rule id and a rule's description.
@@ -147,6 +149,9 @@ pub struct Rule {
     pub created_at: Timestamp,
     /// Whether it decides, is tried in shadow, or is set aside.
     pub mode: RuleMode,
+    /// Ask rules only: the escalation ladder of the calls this rule sends to a human (empty:
+    /// the default ladder, if one is set).
+    pub escalation: Ladder,
 }
 
 impl Rule {
@@ -163,6 +168,21 @@ impl Rule {
             && self.priority == other.priority
             && self.description == other.description
             && self.mode == other.mode
+            && self.escalation == other.escalation
+    }
+
+    /// Refuses a ladder on a rule that does not ask (only a call left to a human can wait).
+    pub fn check_escalation(self, field: &str) -> Result<Self> {
+        if !self.escalation.is_empty() && self.effect != RuleEffect::Ask {
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "only an ask rule may carry an escalation ladder (this one is {})",
+                    self.effect
+                ),
+            ));
+        }
+        Ok(self)
     }
 
     /// One rule of the policy file. Errors name the key at fault (`effect`, `match.fields[0]`).
@@ -178,6 +198,7 @@ impl Rule {
             "match",
             "description",
             "mode",
+            "escalation",
         ];
         if let Some(unknown) = object.keys().find(|k| !KEYS.contains(&k.as_str())) {
             return Err(Error::invalid(
@@ -202,7 +223,11 @@ impl Rule {
             None => Matcher::Any,
             Some(m) => Matcher::from_json("match", m, max_input_bytes)?,
         };
-        Ok(Rule {
+        let escalation = match object.get("escalation") {
+            None => Ladder::default(),
+            Some(steps) => Ladder::from_json("escalation", steps)?,
+        };
+        Rule {
             id: RuleId::parse("id", required("id")?)?,
             tool: Glob::parse("tool", required("tool")?)?,
             matcher,
@@ -215,7 +240,9 @@ impl Rule {
                 None => RuleMode::Enforce,
                 Some(mode) => RuleMode::parse("mode", mode)?,
             },
-        })
+            escalation,
+        }
+        .check_escalation("escalation")
     }
 }
 

@@ -31,7 +31,7 @@ use crate::domain::{
     SubmitReport, Timestamp, ToolResultTexts,
 };
 use crate::error::{Error, Result};
-use crate::operations::{Transactions, expire, explain, policy_admin};
+use crate::operations::{Transactions, escalate, expire, explain, policy_admin};
 
 /// SQLite's `synchronous` setting for the database file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -185,6 +185,15 @@ impl Deadlines for SqliteStore {
             self.group.alone(move |writer| async move {
                 expire::expire_chunk(&writer, &texts, now).await
             })
+        })
+        .await
+    }
+
+    async fn escalate_due(&self, now: Timestamp) -> Result<u64> {
+        // A chunk per turn of the writer, as for expiry.
+        escalate::escalate_in_chunks(|| {
+            self.group
+                .alone(move |writer| async move { escalate::escalate_chunk(&writer, now).await })
         })
         .await
     }
@@ -348,6 +357,7 @@ mod tests {
             on_deny: OnDeny::default(),
             supersede_pending: false,
             pending_cap: None,
+            default_escalation: None,
             calls: vec![NewCall {
                 index: 0,
                 path: "batch.calls[0]".into(),
