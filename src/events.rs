@@ -136,6 +136,17 @@ impl EventBus {
         loop {
             let events = match self.log.events_after(last, PAGE).await {
                 Ok(events) => events,
+                // Retention pruned past this replica's pump (it lagged behind for longer than
+                // --retain-decided): go on from the horizon. Each feed that was further behind
+                // sees the jump and reads the log, which refuses it precisely.
+                Err(Error::Pruned { through, .. }) => {
+                    tracing::warn!(
+                        last,
+                        through,
+                        "retention pruned events this broker had not published yet"
+                    );
+                    return through;
+                }
                 Err(err) => {
                     tracing::warn!(error = %err, "reading the event log failed; retrying");
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -197,6 +208,9 @@ impl Feed {
             }
             match self.rx.recv().await {
                 Ok(event) if event.seq <= self.last => continue,
+                // A jump (the pump went past pruned events): the log says what happened, either
+                // the events in between or the refusal of a resume point it no longer keeps.
+                Ok(event) if event.seq > self.last + 1 => self.catching_up = true,
                 Ok(event) => {
                     self.last = event.seq;
                     return Ok(Delivery { event, live: true });

@@ -30,6 +30,8 @@ const CONNECTIONS_REFUSED: &str = "approvals_connections_refused_total";
 const CONNECTIONS_CLOSED: &str = "approvals_connections_closed_total";
 const HEALTH_WATCHES: &str = "approvals_health_watches";
 const REFLECTION_STREAMS: &str = "approvals_reflection_streams";
+const PRUNED_CALLS: &str = "approvals_pruned_calls_total";
+const PRUNED_EVENTS: &str = "approvals_pruned_events_total";
 
 /// Installs the Prometheus recorder and serves its scrape endpoint (any path) on `address`.
 /// Must run inside the Tokio runtime; fails if the address cannot be bound.
@@ -102,6 +104,20 @@ fn describe() {
         "Writes (submits, decisions, cancels) sharing one committed transaction."
     );
     describe_connections();
+    describe_counter!(
+        PRUNED_CALLS,
+        "Decided calls this broker pruned past --retain-decided."
+    );
+    describe_counter!(
+        PRUNED_EVENTS,
+        "Events this broker pruned with the calls past --retain-decided."
+    );
+}
+
+/// Retention deleted `calls` decided calls and `events` events.
+pub fn pruned(calls: u64, events: u64) {
+    counter!(PRUNED_CALLS).increment(calls);
+    counter!(PRUNED_EVENTS).increment(events);
 }
 
 /// `n` new calls were stored.

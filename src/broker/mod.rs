@@ -8,7 +8,8 @@
 //! - `reads`: what the API reads (calls, batches, grants, rules, the event log's head);
 //! - `policy`: grant and rule administration, and Explain;
 //! - `prejudge`: matching large inputs off the store's writer;
-//! - `webhooks`: webhook endpoint administration.
+//! - `webhooks`: webhook endpoint administration;
+//! - `lifecycle`: the pruned horizon and backups.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,11 +29,13 @@ use crate::store::Store;
 use crate::stream_slots::{StreamSlot, StreamSlots};
 use crate::webhooks::Dispatcher;
 
+mod lifecycle;
 mod policy;
 mod prejudge;
 mod reads;
 mod webhooks;
 
+pub use lifecycle::{BackupName, BackupReport};
 pub use prejudge::PREJUDGE_FROM_BYTES;
 
 /// Limits and defaults the broker applies to what clients send.
@@ -64,6 +67,8 @@ pub struct Broker {
     stopping: watch::Receiver<bool>,
     /// Webhook delivery, told of endpoint changes; `None` where nothing delivers (unit tests).
     webhooks: Option<Arc<Dispatcher>>,
+    /// Where the Backup RPC writes; `None` where the store is not a file (Postgres).
+    backup_dir: Option<std::path::PathBuf>,
 }
 
 impl Broker {
@@ -93,6 +98,7 @@ impl Broker {
             limits,
             stopping,
             webhooks: None,
+            backup_dir: None,
         }
     }
 
