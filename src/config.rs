@@ -45,6 +45,8 @@ pub struct Config {
     pub webhooks: WebhookSettings,
     #[command(flatten)]
     pub escalation: EscalationSettings,
+    #[command(flatten)]
+    pub lifecycle: LifecycleSettings,
 }
 
 /// What happens to calls nobody answers (see `domain::escalation`).
@@ -359,6 +361,40 @@ pub struct WebhookSettings {
     pub inbox_url: Option<String>,
 }
 
+/// How long decided calls are kept, and where backups go.
+#[derive(Debug, Clone, Args)]
+pub struct LifecycleSettings {
+    /// Prune calls decided more than this long ago (e.g. `30d`), with their events; pending
+    /// calls, grants and rules are never pruned. Unset (the default): keep everything.
+    #[arg(long, env = "APPROVALS_RETAIN_DECIDED", value_parser = parse_retention)]
+    pub retain_decided: Option<Duration>,
+
+    /// How often retention runs (with --retain-decided).
+    #[arg(long, env = "APPROVALS_PRUNE_EVERY", default_value = "1m", value_parser = parse_duration)]
+    pub prune_every: Duration,
+
+    /// Decided calls retention looks at per transaction: small, so writes run between chunks.
+    #[arg(long, env = "APPROVALS_PRUNE_CHUNK", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub prune_chunk: u32,
+
+    /// SQLite: the directory the Backup RPC writes its copies to. Default: the database file's
+    /// own directory.
+    #[arg(long, env = "APPROVALS_BACKUP_DIR")]
+    pub backup_dir: Option<PathBuf>,
+}
+
+impl LifecycleSettings {
+    /// Retention's policy, if `--retain-decided` turns it on.
+    pub fn retention(&self) -> Option<crate::retention::RetentionPolicy> {
+        self.retain_decided
+            .map(|keep_decided| crate::retention::RetentionPolicy {
+                keep_decided,
+                every: self.prune_every,
+                chunk: self.prune_chunk,
+            })
+    }
+}
+
 /// Where metrics are served, if anywhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetricsListen {
@@ -394,6 +430,9 @@ pub enum Command {
     /// Stand between an MCP client and an MCP server, putting every tool call through a running
     /// broker; see `mcp-gateway --help`.
     McpGateway(crate::mcp::McpGatewayArgs),
+    /// Write the audit of a time range as JSON Lines (one object per call), read from the
+    /// database directly (`--database-url`); safe while the broker runs.
+    Export(crate::export::ExportArgs),
 }
 
 impl Config {
@@ -580,9 +619,22 @@ impl Config {
 /// would overflow). Deadlines have the same cap ([`crate::domain::MAX_DEADLINE_AHEAD`]).
 const MAX_SETTING_DURATION: Duration = crate::domain::MAX_DEADLINE_AHEAD;
 
+/// The longest retention: a century, surely beyond any audit rule.
+const MAX_RETENTION: Duration = Duration::from_secs(36_500 * 86_400);
+
+/// A retention period: a duration as [`parse_duration`] reads it, up to [`MAX_RETENTION`]
+/// (years of audit are common, so the cap of other settings does not apply).
+fn parse_retention(s: &str) -> Result<Duration, String> {
+    parse_duration_up_to(s, MAX_RETENTION)
+}
+
 /// A duration such as `500ms`, `90s`, `15m`, `1h30m` or `1d` (humantime's syntax), or a bare
 /// number of seconds. Zero, overflow and anything over [`MAX_SETTING_DURATION`] are refused.
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    parse_duration_up_to(s, MAX_SETTING_DURATION)
+}
+
+fn parse_duration_up_to(s: &str, max: Duration) -> Result<Duration, String> {
     let s = s.trim();
     let d = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
         s.parse::<u64>()
@@ -595,10 +647,10 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     if d.is_zero() {
         return Err("must be greater than zero".into());
     }
-    if d > MAX_SETTING_DURATION {
+    if d > max {
         return Err(format!(
-            "`{s}` is longer than the most a setting takes, {}",
-            humantime::format_duration(MAX_SETTING_DURATION)
+            "`{s}` is longer than the most this setting takes, {}",
+            humantime::format_duration(max)
         ));
     }
     Ok(d)
@@ -635,6 +687,22 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(err.contains("--default-deadline"), "{err}");
+    }
+
+    #[test]
+    fn retention_is_off_by_default_so_everything_is_kept_and_takes_years() {
+        let config = Config::for_tests("sqlite://a.db");
+        assert_eq!(config.lifecycle.retain_decided, None);
+        assert!(config.lifecycle.retention().is_none());
+        let config =
+            Config::try_parse_from(["approval-broker", "--retain-decided", "730d"]).unwrap();
+        let policy = config.lifecycle.retention().expect("on");
+        assert_eq!(policy.keep_decided, Duration::from_secs(730 * 86_400));
+        assert_eq!(policy.every, Duration::from_secs(60));
+        let err = Config::try_parse_from(["approval-broker", "--retain-decided", "0s"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--retain-decided"), "{err}");
     }
 
     #[test]

@@ -31,6 +31,14 @@ pub enum Error {
     /// The broker cannot take this now (shutting down); the client should retry elsewhere.
     #[error("{0}")]
     Unavailable(String),
+    /// A resume point below what retention pruned: the events after it are not all kept, so
+    /// serving from it would skip some. `through` is the highest sequence number pruned.
+    #[error(
+        "after_seq={after} is older than the event log keeps: retention (--retain-decided) \
+         pruned events up to seq {through}; resume with after_seq={through} or later, or \
+         subscribe without after_seq for a fresh snapshot"
+    )]
+    Pruned { after: u64, through: u64 },
     #[error("storage error: {0}")]
     Storage(#[from] sqlx::Error),
     /// From SQLite's writer, which runs its statements itself (see `store::sqlite::write`).
@@ -128,6 +136,7 @@ impl Error {
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::Unavailable(_) => Code::Unavailable,
+            Error::Pruned { .. } => Code::OutOfRange,
             Error::Storage(_)
             | Error::SqliteWrite(_)
             | Error::Migrate(_)

@@ -136,6 +136,18 @@ impl EventBus {
         loop {
             let events = match self.log.events_after(last, PAGE).await {
                 Ok(events) => events,
+                // Retention pruned past this replica's pump (it lagged behind for longer than
+                // --retain-decided): go on from the horizon. Each feed that was further behind
+                // sees the jump and reads the log, which refuses it precisely.
+                Err(Error::Pruned { through, .. }) => {
+                    tracing::warn!(
+                        last,
+                        through,
+                        "retention pruned events this broker had not published yet"
+                    );
+                    last = through;
+                    continue;
+                }
                 Err(err) => {
                     tracing::warn!(error = %err, "reading the event log failed; retrying");
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -197,6 +209,9 @@ impl Feed {
             }
             match self.rx.recv().await {
                 Ok(event) if event.seq <= self.last => continue,
+                // A jump (the pump went past pruned events): the log says what happened, either
+                // the events in between or the refusal of a resume point it no longer keeps.
+                Ok(event) if event.seq > self.last + 1 => self.catching_up = true,
                 Ok(event) => {
                     self.last = event.seq;
                     return Ok(Delivery { event, live: true });
@@ -230,6 +245,8 @@ mod tests {
         events: Mutex<Vec<Event>>,
         reads: AtomicUsize,
         handed: Mutex<Option<CommittedEvents>>,
+        /// The highest sequence number "retention pruned" (as the stores refuse below it).
+        pruned_through: AtomicU64,
     }
 
     impl Log {
@@ -275,6 +292,10 @@ mod tests {
     impl EventLog for Log {
         async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
             self.reads.fetch_add(1, Ordering::SeqCst);
+            let through = self.pruned_through.load(Ordering::SeqCst);
+            if after < through {
+                return Err(Error::Pruned { after, through });
+            }
             let events = self.events.lock().unwrap();
             let after = events.iter().filter(|e| e.seq > after);
             Ok(after.take(limit as usize).cloned().collect())
@@ -302,6 +323,7 @@ mod tests {
                 events,
                 missed: Arc::default(),
             })),
+            pruned_through: AtomicU64::new(0),
         });
         let bus = EventBus::new(log.clone(), 64).await.unwrap();
         let mut published = bus.tx.subscribe();
@@ -339,6 +361,52 @@ mod tests {
         assert_eq!(next().await, 6);
         assert_eq!(bus.published(), 6);
         assert_eq!(log.reads.load(Ordering::SeqCst), 1);
+        pump.abort();
+    }
+
+    /// A feed following the broadcast that sees it jump (the pump went past events retention
+    /// pruned) reads the log rather than deliver the event after the jump: a gap is never
+    /// served, and the feed gets the log's precise refusal. The pump itself goes on after the
+    /// horizon instead of retrying a read the log will always refuse.
+    #[tokio::test(start_paused = true)]
+    async fn a_jump_past_pruned_events_ends_a_feed_behind_it_with_the_refusal_not_a_gap() {
+        let log = Arc::new(Log {
+            events: Mutex::new(Vec::new()),
+            reads: AtomicUsize::new(0),
+            handed: Mutex::new(None),
+            pruned_through: AtomicU64::new(0),
+        });
+        let bus = EventBus::new(log.clone(), 64).await.unwrap();
+        let pump = tokio::spawn(Arc::clone(&bus).pump());
+        log.commit([1, 2]);
+        bus.notify_committed();
+        let mut behind = bus.feed_after(0);
+        assert_eq!(behind.next().await.unwrap().event.seq, 1);
+        assert_eq!(behind.next().await.unwrap().event.seq, 2);
+        let mut live = bus.feed_after(2);
+
+        // 3 and 4 are pruned before the pump read them; 5 is committed.
+        log.events.lock().unwrap().retain(|e| e.seq > 4);
+        log.pruned_through.store(4, Ordering::SeqCst);
+        log.commit([5]);
+        bus.notify_committed();
+
+        let refused = behind.next().await.err().expect("refused, not a gap");
+        assert!(
+            matches!(
+                refused,
+                Error::Pruned {
+                    after: 2,
+                    through: 4
+                }
+            ),
+            "{refused:?}"
+        );
+        assert!(live.next().await.is_err(), "the other feed at 2 as well");
+        // A feed from the horizon on gets 5, published by the pump past the horizon.
+        let mut fresh = bus.feed_after(4);
+        assert_eq!(fresh.next().await.unwrap().event.seq, 5);
+        assert_eq!(bus.published(), 5);
         pump.abort();
     }
 }

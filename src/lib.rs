@@ -22,9 +22,10 @@
 //! - `broker/`: the one facade every surface calls; it judges large inputs ahead (`prejudge`),
 //!   runs an operation through the store, then tells the event fan-out and the deadline sweeper.
 //! - `operations/`: what the broker does, one file per operation: `submit`, `decide`, `cancel`,
-//!   `expire`, `escalate` (reminders and escalations), `policy_admin` (grants and rules),
-//!   `explain`, and `ruling` (what a rule or grant deciding a pending call brings along); `tx`
-//!   holds the transaction primitives they are written over, and the lock order they keep.
+//!   `expire`, `escalate` (reminders and escalations), `prune` (retention), `policy_admin`
+//!   (grants and rules), `explain`, and `ruling` (what a rule or grant deciding a pending call
+//!   brings along); `tx` holds the transaction primitives they are written over, and the lock
+//!   order they keep.
 //! - `domain/`: plain, validated types and rules with no I/O: ids, inputs in canonical JSON,
 //!   calls, batches, outcomes, events, policy rules and grants, and the requests and reports the
 //!   operations take and return.
@@ -33,7 +34,9 @@
 //!   both run is written once (`statements`), as is the keyset `listing`; `database` parses the
 //!   URL once; `health` watches whether writes work.
 //! - `events.rs`: the in-memory fan-out of committed events to every stream; `expiry.rs`: the
-//!   deadline sweeper, which also fires escalation steps as they fall due.
+//!   deadline sweeper, which also fires escalation steps as they fall due; `retention.rs`:
+//!   pruning decided calls past `--retain-decided`; `export.rs`: the audit of a time range as
+//!   JSON Lines (`approval-broker export`).
 //! - `startup.rs` wires the parts and serves them; `config.rs` parses the settings once;
 //!   `connections/`, `auth.rs` and `stream_slots.rs` guard the door (connection caps, bearer
 //!   tokens, stream caps); `error.rs` is the one error type and its gRPC status; `telemetry.rs` and
@@ -47,6 +50,7 @@ pub mod domain;
 pub mod error;
 pub mod events;
 pub mod expiry;
+pub mod export;
 pub mod grpc;
 pub mod hook;
 pub mod inbox;
@@ -54,6 +58,7 @@ pub mod mcp;
 pub mod meters;
 pub mod operations;
 pub mod proto;
+pub mod retention;
 pub mod startup;
 pub mod store;
 pub mod stream_slots;

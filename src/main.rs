@@ -18,6 +18,16 @@ async fn main() -> ExitCode {
     if let Some(Command::McpGateway(gateway)) = &config.command {
         return approval_broker::mcp::run(gateway).await;
     }
+    // Likewise: the export's standard output is the audit.
+    if let Some(Command::Export(args)) = &config.command {
+        return match config.store.database() {
+            Ok(database) => approval_broker::export::run(&database, args).await,
+            Err(err) => {
+                eprintln!("{err}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     telemetry::init("info", config.telemetry.log_format == "json");
     match &config.command {
         Some(Command::Migrate) => {
@@ -30,7 +40,9 @@ async fn main() -> ExitCode {
             };
         }
         Some(Command::HashToken { token }) => return hash_token(token.clone()),
-        Some(Command::Hook(_) | Command::McpGateway(_)) => unreachable!("answered above"),
+        Some(Command::Hook(_) | Command::McpGateway(_) | Command::Export(_)) => {
+            unreachable!("answered above")
+        }
         None => {}
     }
     let listener = match TcpListener::bind(config.serve.listen).await {

@@ -32,6 +32,8 @@ const CONNECTIONS_CLOSED: &str = "approvals_connections_closed_total";
 const HEALTH_WATCHES: &str = "approvals_health_watches";
 const REFLECTION_STREAMS: &str = "approvals_reflection_streams";
 const SHADOW_VERDICTS: &str = "approvals_shadow_verdicts_total";
+const PRUNED_CALLS: &str = "approvals_pruned_calls_total";
+const PRUNED_EVENTS: &str = "approvals_pruned_events_total";
 
 /// Installs the Prometheus recorder and serves its scrape endpoint (any path) on `address`.
 /// Must run inside the Tokio runtime; fails if the address cannot be bound.
@@ -108,6 +110,20 @@ fn describe() {
         "What rules in shadow would have done with the calls submitted to this broker, by rule and verdict (approve, deny, ask)."
     );
     describe_connections();
+    describe_counter!(
+        PRUNED_CALLS,
+        "Decided calls this broker pruned past --retain-decided."
+    );
+    describe_counter!(
+        PRUNED_EVENTS,
+        "Events this broker pruned with the calls past --retain-decided."
+    );
+}
+
+/// Retention deleted `calls` decided calls and `events` events.
+pub fn pruned(calls: u64, events: u64) {
+    counter!(PRUNED_CALLS).increment(calls);
+    counter!(PRUNED_EVENTS).increment(events);
 }
 
 /// Shadow rules would have done this with calls just stored (see `policy::shadow_verdicts`).

@@ -24,6 +24,7 @@ use crate::grpc::oversize::MessageLimitStatus;
 use crate::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi, reflection};
 use crate::inbox::InboxPage;
 use crate::proto::{self, v1 as pb};
+use crate::retention::Retention;
 use crate::store;
 use crate::store::health::{self, StorageHealth, Watched};
 use crate::webhooks::Dispatcher;
@@ -71,6 +72,10 @@ pub async fn run(
     // Steps and calls that fell due while the broker was down fire and expire before anything
     // is served.
     sweeper.sweep().await?;
+    let retention = config
+        .lifecycle
+        .retention()
+        .map(|policy| tokio::spawn(Retention::new(store.clone(), policy).run()));
     let background = [
         tokio::spawn(Arc::clone(&bus).pump()),
         tokio::spawn(Arc::clone(&sweeper).run()),
@@ -80,11 +85,13 @@ pub async fn run(
     ];
 
     let (stop, stopping) = watch::channel(false);
-    let broker = Arc::new(
-        Broker::new(store, bus, sweeper, config.limits(), stopping)
-            .with_webhooks(Arc::clone(&dispatcher))
-            .with_default_escalation(default_escalation),
-    );
+    let mut broker = Broker::new(store, bus, sweeper, config.limits(), stopping)
+        .with_webhooks(Arc::clone(&dispatcher))
+        .with_default_escalation(default_escalation);
+    if let Some(dir) = backup_dir(&config, &database) {
+        broker = broker.with_backup_dir(dir);
+    }
+    let broker = Arc::new(broker);
 
     let tokens = config.tokens()?.map(Arc::new);
     match &tokens {
@@ -214,7 +221,7 @@ pub async fn run(
             Ok(())
         }
     };
-    for task in background {
+    for task in background.into_iter().chain(retention) {
         task.abort();
     }
     dispatcher.stop().await;
@@ -223,6 +230,23 @@ pub async fn run(
         tracing::info!("stopped");
     }
     served
+}
+
+/// Where the Backup RPC writes: `--backup-dir`, else the SQLite file's own directory; `None` on
+/// Postgres, which the broker does not copy.
+fn backup_dir(config: &Config, database: &store::Database) -> Option<std::path::PathBuf> {
+    let store::Database::Sqlite { path, .. } = database else {
+        return None;
+    };
+    let dir = config
+        .lifecycle
+        .backup_dir
+        .clone()
+        .unwrap_or_else(|| match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent.to_owned(),
+            _ => std::path::PathBuf::from("."),
+        });
+    Some(dir)
 }
 
 /// Keeps the pending-calls gauge current. Read from the store (an indexed count), so it is the

@@ -9,7 +9,8 @@
 //! - `policy`: grant and rule administration (rule modes too), and Explain;
 //! - `rule_replay`: ReplayRule, a candidate rule judged against decided calls (read-only);
 //! - `prejudge`: matching large inputs off the store's writer;
-//! - `webhooks`: webhook endpoint administration.
+//! - `webhooks`: webhook endpoint administration;
+//! - `lifecycle`: the pruned horizon and backups.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,12 +31,14 @@ use crate::store::Store;
 use crate::stream_slots::{StreamSlot, StreamSlots};
 use crate::webhooks::Dispatcher;
 
+mod lifecycle;
 mod policy;
 mod prejudge;
 mod reads;
 mod rule_replay;
 mod webhooks;
 
+pub use lifecycle::{BackupName, BackupReport};
 pub use prejudge::PREJUDGE_FROM_BYTES;
 pub use rule_replay::{REPLAY_PAGE_BUDGET, ReplayPage};
 
@@ -71,6 +74,8 @@ pub struct Broker {
     /// The escalation ladder of calls left to a human without an ask rule's own
     /// (`--escalation-file`).
     default_escalation: Option<Arc<Ladder>>,
+    /// Where the Backup RPC writes; `None` where the store is not a file (Postgres).
+    backup_dir: Option<std::path::PathBuf>,
 }
 
 impl Broker {
@@ -101,6 +106,7 @@ impl Broker {
             stopping,
             webhooks: None,
             default_escalation: None,
+            backup_dir: None,
         }
     }
 

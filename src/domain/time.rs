@@ -38,6 +38,13 @@ impl Timestamp {
         )
     }
 
+    pub fn saturating_sub(self, d: Duration) -> Self {
+        Self(
+            self.0
+                .saturating_sub(d.as_micros().min(i64::MAX as u128) as i64),
+        )
+    }
+
     /// How long from `self` until `later`; zero if `later` is not later.
     pub fn until(self, later: Timestamp) -> Duration {
         Duration::from_micros(later.0.saturating_sub(self.0).max(0) as u64)

@@ -9,7 +9,7 @@ use super::oversize::{self, Room};
 use super::webhook_messages::{self as hooks, Secret};
 use super::{paging, parse, render, shadow_messages};
 use crate::auth::Caller;
-use crate::broker::Broker;
+use crate::broker::{BackupName, Broker};
 use crate::domain::Timestamp;
 use crate::proto::v1 as pb;
 
@@ -236,5 +236,17 @@ impl pb::admin_service_server::AdminService for AdminApi {
             error: sent.delivered.err().unwrap_or_default(),
         };
         Ok(Response::new(reply))
+    }
+
+    async fn backup(
+        &self,
+        request: Request<pb::BackupRequest>,
+    ) -> Result<Response<pb::BackupResponse>, Status> {
+        let name = BackupName::parse("name", request.into_inner().name)?;
+        let report = self.broker.backup(&name).await?;
+        Ok(Response::new(pb::BackupResponse {
+            path: report.path.display().to_string(),
+            bytes: report.bytes,
+        }))
     }
 }

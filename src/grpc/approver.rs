@@ -61,6 +61,9 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
             )
             .into());
         }
+        if let Some(after) = req.after_seq {
+            self.broker.refuse_pruned(after).await?;
+        }
         let (out, rx) = queue::channel(self.broker.limits().subscriber_buffer, slot);
         let subscriber = Subscriber {
             broker: Arc::clone(&self.broker),

@@ -13,6 +13,7 @@
 //! - [`escalate`]: escalation ladders: started at submit, a step fired when it falls due.
 //! - [`policy_admin`]: revoke grants; create, delete and load rules.
 //! - [`explain`]: what would decide a call now, read as a submit reads it.
+//! - [`prune`]: retention deletes batches decided long ago, with their events.
 
 pub mod cancel;
 pub mod decide;
@@ -20,6 +21,7 @@ pub mod escalate;
 pub mod expire;
 pub mod explain;
 pub mod policy_admin;
+pub mod prune;
 mod ruling;
 pub mod submit;
 pub mod tx;

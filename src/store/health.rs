@@ -15,7 +15,8 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use super::{
-    Backend, BackendReads, Calls, CommittedEvents, Deadlines, EventLog, Policies, Store, Webhooks,
+    Backend, BackendReads, Calls, CommittedEvents, Deadlines, EventLog, Lifecycle, Policies, Store,
+    Webhooks,
 };
 use crate::domain::policy::{
     ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId, RuleMode, ShadowVerdict,
@@ -307,6 +308,29 @@ impl Webhooks for Watched {
 
     async fn record_failure(&self, failure: &DeliveryFailure) -> Result<Option<Webhook>> {
         self.read(self.inner.record_failure(failure).await)
+    }
+}
+
+#[async_trait]
+impl Lifecycle for Watched {
+    async fn prune_decided(
+        &self,
+        cutoff: Timestamp,
+        chunk: u32,
+    ) -> Result<crate::operations::prune::PruneReport> {
+        let result = self.inner.prune_decided(cutoff, chunk).await;
+        self.health.observe(&result, |report| report.batches > 0);
+        result
+    }
+
+    async fn pruned_through(&self) -> Result<u64> {
+        self.read(self.inner.pruned_through().await)
+    }
+
+    async fn backup(&self, to: &std::path::Path) -> Result<()> {
+        // A backup writes another file, not the database: its failure (say, that file's disk
+        // is full) says nothing about whether the database can be written.
+        self.inner.backup(to).await
     }
 }
 

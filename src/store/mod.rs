@@ -12,6 +12,7 @@ mod listing;
 mod postgres;
 mod primitives;
 mod reads;
+mod retention;
 mod rows;
 mod sqlite;
 pub mod statements;
@@ -37,9 +38,9 @@ pub use sqlite::{ProcessLock, SqliteStore, Synchronous};
 
 /// The broker's durable state: every part below, from one backend. What startup opens and the
 /// broker holds; each other part of the broker needs only the part it names.
-pub trait Store: Calls + Deadlines + EventLog + Policies + Webhooks {}
+pub trait Store: Calls + Deadlines + EventLog + Policies + Webhooks + Lifecycle {}
 
-impl<T: Calls + Deadlines + EventLog + Policies + Webhooks> Store for T {}
+impl<T: Calls + Deadlines + EventLog + Policies + Webhooks + Lifecycle> Store for T {}
 
 /// What every part of a store shares: the reads both backends answer alike, from their own
 /// pools ([`BackendReads`]). The parts' read methods default to them; a backend writes only what
@@ -238,6 +239,35 @@ pub trait Webhooks: Backend {
     async fn record_failure(&self, failure: &DeliveryFailure) -> Result<Option<Webhook>>;
 }
 
+/// Why Backup is refused on Postgres, and what to do instead.
+pub const BACKUP_ON_POSTGRES: &str = "Backup copies a SQLite database, and this broker keeps its \
+     state in Postgres: back it up with pg_dump (the broker's whole schema; see \
+     docs/data-lifecycle.md)";
+
+/// Retention and backups: what keeps the database's size, and a copy of it, in an operator's
+/// hands (`--retain-decided`, the Backup RPC).
+#[async_trait]
+pub trait Lifecycle: Backend {
+    /// Deletes the batches all of whose calls were decided before `cutoff`, with their calls and
+    /// events, `chunk` calls per transaction; keeps what a webhook endpoint has not delivered
+    /// and the log's last event. Raises the pruned horizon past what it deleted.
+    async fn prune_decided(
+        &self,
+        cutoff: Timestamp,
+        chunk: u32,
+    ) -> Result<crate::operations::prune::PruneReport>;
+
+    /// The highest sequence number retention pruned (0 when nothing was): resuming the log
+    /// below it is refused.
+    async fn pruned_through(&self) -> Result<u64> {
+        self.reads().pruned_through().await
+    }
+
+    /// Writes a consistent copy of the database, taken while writes go on, to the new file
+    /// `to`. FAILED_PRECONDITION where the database is not the broker's to copy (Postgres).
+    async fn backup(&self, to: &std::path::Path) -> Result<()>;
+}
+
 /// Committed events, handed over by the writer (see [`EventLog::take_committed_events`]). Best
 /// effort: events that could not be handed over (the queue was full, or reading them failed) are
 /// signalled on `missed`, and the pump reads them from the log.
@@ -255,6 +285,39 @@ pub fn claim(database: &Database) -> Result<Option<ProcessLock>> {
         Database::Sqlite { path, .. } => ProcessLock::claim(path).map(Some),
         Database::Postgres { .. } => Ok(None),
     }
+}
+
+/// The reads of `database` alone: no migrations, no writer, nothing written. For commands that
+/// read a database a broker may be serving at the same time (`export`): SQLite's WAL lets a
+/// reader beside the broker's writer, and Postgres any number of connections.
+pub async fn open_reads(database: &Database) -> Result<BackendReads> {
+    Ok(match database {
+        Database::Sqlite { path, .. } => {
+            if !path.exists() {
+                return Err(crate::Error::invalid(
+                    "DATABASE_URL",
+                    format!("there is no SQLite database at {}", path.display()),
+                ));
+            }
+            let options = sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(path)
+                .read_only(true)
+                .busy_timeout(std::time::Duration::from_secs(10));
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect_with(options)
+                .await?;
+            BackendReads::Sqlite(reads::Reads::new(pool))
+        }
+        Database::Postgres { url, .. } => {
+            let options: sqlx::postgres::PgConnectOptions = url.parse()?;
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect_with(options)
+                .await?;
+            BackendReads::Postgres(reads::Reads::new(pool))
+        }
+    })
 }
 
 /// Opens the store on `database` and applies its migrations.

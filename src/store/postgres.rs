@@ -17,6 +17,7 @@
 //! commit) was measured and rejected: it queues every commit of every replica behind one lock;
 //! with 8 agents it ran 378 against 454 cycles/s, and doubled submit→ack (docs/benchmarks.md).
 
+mod lifecycle;
 mod webhooks;
 
 use std::sync::Arc;

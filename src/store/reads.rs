@@ -98,13 +98,31 @@ where
         call_page(&query.build().fetch_all(&self.pool).await?, q)
     }
 
+    /// OUT_OF_RANGE when retention pruned events after `after`: the horizon is read after the
+    /// events, so a prune that committed before the read (and may have left a gap in it) is
+    /// seen, and a reader is never handed a gap.
     pub async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
         let rows = sqlx::query(sql::EVENTS_AFTER)
             .bind(after as i64)
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?;
+        let through = self.pruned_through().await?;
+        if after < through {
+            return Err(crate::Error::Pruned { after, through });
+        }
         rows.iter().map(event_from_row).collect()
+    }
+
+    /// The highest sequence number retention pruned (0 when nothing was).
+    pub async fn pruned_through(&self) -> Result<u64> {
+        let row = sqlx::query(sql::PRUNED_THROUGH)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(row) => row.int("pruned_through")? as u64,
+            None => 0,
+        })
     }
 
     /// The last sequence number in the log (0 when it is empty).
@@ -205,6 +223,10 @@ impl BackendReads {
 
     pub async fn latest_seq(&self) -> Result<u64> {
         on_backend!(self, latest_seq())
+    }
+
+    pub async fn pruned_through(&self) -> Result<u64> {
+        on_backend!(self, pruned_through())
     }
 
     pub async fn list_grants(&self, q: &GrantQuery) -> Result<GrantPage> {

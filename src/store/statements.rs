@@ -306,6 +306,34 @@ pub const ACTIVE_WORKSPACE_GRANTS: &str = select_grants!(
      ORDER BY id"
 );
 
+/// Retention: decided calls decided before `$1`, after the walk's position (`$2` decided at, `$3`
+/// row id), oldest decision first, at most `$4`; through the index `calls_decided_at`.
+pub const PRUNE_CANDIDATES: &str = concat!(
+    "SELECT id, decided_at, batch_id FROM calls WHERE status <> ",
+    pending!(),
+    " AND decided_at < $1 AND (decided_at > $2 OR (decided_at = $2 AND id > $3)) \
+     ORDER BY decided_at, id LIMIT $4"
+);
+/// How far pruning may reach into the log: the last event (kept, so numbering never restarts
+/// below it) and the lowest webhook cursor (events an endpoint has not delivered are kept).
+pub const PRUNE_BOUND: &str = "SELECT (SELECT MAX(seq) FROM events) AS latest, \
+     (SELECT MIN(cursor) FROM webhooks) AS delivered";
+/// The last sequence number of batch `$1`'s events, if the whole batch may be pruned: every
+/// call decided before `$2`, and every event numbered, at or below `$3`. No row otherwise.
+pub const PRUNABLE_BATCH: &str = concat!(
+    "SELECT MAX(e.seq) AS last_seq FROM calls c LEFT JOIN events e ON e.call_rowid = c.id \
+     WHERE c.batch_id = $1 HAVING SUM(CASE WHEN c.status = ",
+    pending!(),
+    " OR c.decided_at >= $2 OR e.seq IS NULL OR e.seq > $3 THEN 1 ELSE 0 END) = 0"
+);
+pub const PRUNE_EVENTS_OF_BATCH: &str =
+    "DELETE FROM events WHERE call_rowid IN (SELECT id FROM calls WHERE batch_id = $1)";
+pub const PRUNE_CALLS_OF_BATCH: &str = "DELETE FROM calls WHERE batch_id = $1";
+/// Raises the pruned horizon to `$1` (never lowers it).
+pub const ADVANCE_PRUNED_THROUGH: &str =
+    "UPDATE retention SET pruned_through = $1 WHERE pruned_through < $1";
+pub const PRUNED_THROUGH: &str = "SELECT pruned_through FROM retention";
+
 /// The statement reading the pending calls a new grant of `scope` covers (`$1` agent, `$2`
 /// tool), and the scope's value it takes as `$3` (none for `Always`).
 pub fn pending_in_scope(scope: &GrantScope) -> (&'static str, Option<&str>) {
@@ -423,6 +451,13 @@ mod tests {
             (GRANT_BY_ID, 1),
             (ACTIVE_SESSION_GRANTS, 3),
             (ACTIVE_WORKSPACE_GRANTS, 3),
+            (PRUNE_CANDIDATES, 4),
+            (PRUNE_BOUND, 0),
+            (PRUNABLE_BATCH, 3),
+            (PRUNE_EVENTS_OF_BATCH, 1),
+            (PRUNE_CALLS_OF_BATCH, 1),
+            (ADVANCE_PRUNED_THROUGH, 1),
+            (PRUNED_THROUGH, 0),
         ];
         let mut all: Vec<(String, usize)> =
             fixed.iter().map(|(sql, n)| (sql.to_string(), *n)).collect();

@@ -9,10 +9,11 @@
 //! power loss.
 
 mod group_commit;
+mod lifecycle;
 mod webhooks;
 mod writer;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -64,6 +65,8 @@ pub struct SqliteStore {
     writer: WriteConnection,
     reads: BackendReads,
     texts: ToolResultTexts,
+    /// The database file, for backups (a connection of their own).
+    path: PathBuf,
 }
 
 /// The reads both backends answer alike are the shared ones (see `store::Backend`).
@@ -107,6 +110,7 @@ impl SqliteStore {
             writer,
             reads: BackendReads::Sqlite(Reads::new(reader)),
             texts,
+            path: path.to_owned(),
         })
     }
 }
