@@ -30,6 +30,11 @@ const CONNECTIONS_REFUSED: &str = "approvals_connections_refused_total";
 const CONNECTIONS_CLOSED: &str = "approvals_connections_closed_total";
 const HEALTH_WATCHES: &str = "approvals_health_watches";
 const REFLECTION_STREAMS: &str = "approvals_reflection_streams";
+const RPC_REQUESTS: &str = "approvals_rpc_requests_total";
+const RPC_SECONDS: &str = "approvals_rpc_seconds";
+const BUILD_INFO: &str = "approvals_build_info";
+const STORE_POOL: &str = "approvals_store_pool_connections";
+const STORE_ERRORS: &str = "approvals_store_errors_total";
 
 /// Installs the Prometheus recorder and serves its scrape endpoint (any path) on `address`.
 /// Must run inside the Tokio runtime; fails if the address cannot be bound.
@@ -67,6 +72,8 @@ pub fn serve(address: SocketAddr) -> Result<()> {
         }
     });
     describe();
+    build_info();
+    tokio::spawn(sample_process());
     tracing::info!(%address, "serving Prometheus metrics");
     Ok(())
 }
@@ -102,6 +109,67 @@ fn describe() {
         "Writes (submits, decisions, cancels) sharing one committed transaction."
     );
     describe_connections();
+    describe_requests();
+}
+
+fn describe_requests() {
+    describe_counter!(
+        RPC_REQUESTS,
+        "RPCs finished, by method and gRPC status code (a stream counts when it ends)."
+    );
+    describe_histogram!(
+        RPC_SECONDS,
+        metrics::Unit::Seconds,
+        "RPC duration, from the request to its status (a stream's whole life), by method and code."
+    );
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; its labels name the running build (version, git commit)."
+    );
+    describe_gauge!(
+        STORE_POOL,
+        "The store's read pool (Postgres: its only pool), by state: open, idle."
+    );
+    describe_counter!(
+        STORE_ERRORS,
+        "Store operations that failed in the storage itself, by fault: full, unavailable, corrupt, other."
+    );
+}
+
+/// An RPC finished with `code` after `took` (see `grpc::observed` for when a stream finishes).
+pub fn rpc_finished(method: &'static str, code: &'static str, took: Duration) {
+    counter!(RPC_REQUESTS, "method" => method, "code" => code).increment(1);
+    histogram!(RPC_SECONDS, "method" => method, "code" => code).record(took.as_secs_f64());
+}
+
+/// The build running: its version and, when it was built from a git checkout (or
+/// `APPROVALS_GIT_COMMIT` was set at build time), its commit.
+fn build_info() {
+    let commit = option_env!("APPROVALS_GIT_COMMIT").unwrap_or("unknown");
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "git_commit" => commit).set(1.0);
+}
+
+/// Keeps the process metrics current (`process_cpu_seconds_total`, `process_resident_memory_bytes`,
+/// `process_open_fds`, `process_threads`, `process_start_time_seconds`...).
+async fn sample_process() {
+    const EVERY: Duration = Duration::from_secs(2);
+    let collector = metrics_process::Collector::default();
+    collector.describe();
+    loop {
+        collector.collect();
+        tokio::time::sleep(EVERY).await;
+    }
+}
+
+/// The store's pool has `open` connections, `idle` of them idle.
+pub fn store_pool(open: u32, idle: usize) {
+    gauge!(STORE_POOL, "state" => "open").set(f64::from(open));
+    gauge!(STORE_POOL, "state" => "idle").set(idle as f64);
+}
+
+/// A store operation failed in the storage itself.
+pub fn store_error(fault: &'static str) {
+    counter!(STORE_ERRORS, "fault" => fault).increment(1);
 }
 
 /// `n` new calls were stored.
@@ -123,7 +191,7 @@ pub fn outcomes<'a>(calls: impl IntoIterator<Item = &'a Call>) {
     }
 }
 
-fn kind_label(kind: OutcomeKind) -> &'static str {
+pub(crate) fn kind_label(kind: OutcomeKind) -> &'static str {
     match kind {
         OutcomeKind::Approved => "approved",
         OutcomeKind::Denied => "denied",

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod approver;
 pub mod codec;
 pub mod health;
+pub mod observed;
 pub mod oversize;
 mod paging;
 pub mod parse;

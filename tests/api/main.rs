@@ -36,6 +36,7 @@ mod supersede;
 mod surface;
 mod telemetry;
 mod tls;
+mod traces;
 mod undecodable;
 mod validation;
 mod webhooks;
