@@ -38,9 +38,8 @@ pub fn init_traced(default_filter: &str, json: bool, traces: Option<&SdkTracerPr
         lines.boxed()
     };
     let spans = traces.map(|provider| {
-        crate::traces::layer(provider).with_filter(
-            Targets::new().with_target(env!("CARGO_CRATE_NAME"), tracing::Level::INFO),
-        )
+        crate::traces::layer(provider)
+            .with_filter(Targets::new().with_target(env!("CARGO_CRATE_NAME"), tracing::Level::INFO))
     });
     let _ = tracing_subscriber::registry()
         .with(lines.with_filter(filter))

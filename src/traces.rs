@@ -145,7 +145,10 @@ pub fn call_accepted(call: &Call) {
         approvals.session = %call.key.session,
         approvals.agent = %call.key.agent,
     );
-    CallTraces::global().keep(call.key.clone(), span.context().span().span_context().clone());
+    CallTraces::global().keep(
+        call.key.clone(),
+        span.context().span().span_context().clone(),
+    );
 }
 
 /// Joins `span` (a decision's, not yet entered) to the trace of the call it decides, and links

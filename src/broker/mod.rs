@@ -26,8 +26,8 @@ use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
 use crate::meters::{self, StreamKind};
 use crate::store::Store;
-use crate::telemetry;
 use crate::stream_slots::{StreamSlot, StreamSlots};
+use crate::telemetry;
 use crate::traces;
 use crate::webhooks::Dispatcher;
 
@@ -233,7 +233,10 @@ impl Broker {
             }
         };
         let span = tracing::Span::current();
-        span.record("gen_ai.tool.name", tracing::field::display(&report.call.tool));
+        span.record(
+            "gen_ai.tool.name",
+            tracing::field::display(&report.call.tool),
+        );
         traces::record_outcome(&span, &report.call);
         if !report.replayed {
             self.bus.notify_committed();

@@ -382,13 +382,26 @@ async fn every_rpc_is_counted_by_method_and_code_and_each_refusal_and_outcome_is
         .expect_err("an agent may not decide");
     assert_eq!(refused.code(), tonic::Code::PermissionDenied);
     let refused = approver
-        .decide(decide_request("logged", "call-1", pb::Decision::Approve, ""))
+        .decide(decide_request(
+            "logged",
+            "call-1",
+            pb::Decision::Approve,
+            "",
+        ))
         .await
         .expect_err("no token");
     assert_eq!(refused.code(), tonic::Code::Unauthenticated);
     approver
         .decide(bearer(
-            decide_request("logged", "call-1", pb::Decision::Deny, "reason-never-logged"),
+            pb::DecideRequest {
+                agent: "build-bot".into(),
+                ..decide_request(
+                    "logged",
+                    "call-1",
+                    pb::Decision::Deny,
+                    "reason-never-logged",
+                )
+            },
             APPROVER_TOKEN,
         ))
         .await
@@ -457,12 +470,20 @@ async fn every_rpc_is_counted_by_method_and_code_and_each_refusal_and_outcome_is
         labels["git_commit"],
         option_env!("APPROVALS_GIT_COMMIT").unwrap_or("unknown")
     );
-    assert!(value(&s, "process_cpu_seconds_total", &[]).is_some(), "{s:#?}");
+    assert!(
+        value(&s, "process_cpu_seconds_total", &[]).is_some(),
+        "{s:#?}"
+    );
 
     // The log at the default level: one line per refusal and per outcome, with what happened
     // and who asked, never an input, a reason or a token.
     let log = broker.log_text();
-    for secret in ["hunter2-never-logged", "reason-never-logged", AGENT_TOKEN, APPROVER_TOKEN] {
+    for secret in [
+        "hunter2-never-logged",
+        "reason-never-logged",
+        AGENT_TOKEN,
+        APPROVER_TOKEN,
+    ] {
         assert!(!log.contains(secret), "{secret} in the log:\n{log}");
     }
     let lines: Vec<serde_json::Value> = log
@@ -482,7 +503,12 @@ async fn every_rpc_is_counted_by_method_and_code_and_each_refusal_and_outcome_is
         })
         .collect();
     let refusal = |method: &str, code: &str, caller: &str| {
-        ("INFO".to_owned(), method.to_owned(), code.to_owned(), caller.to_owned())
+        (
+            "INFO".to_owned(),
+            method.to_owned(),
+            code.to_owned(),
+            caller.to_owned(),
+        )
     };
     assert_eq!(
         refusals,
@@ -521,12 +547,19 @@ async fn storage_errors_are_counted_by_fault_and_client_mistakes_are_not() {
     .await;
     let mut approver = ApproverServiceClient::new(broker.channel());
     approver
-        .decide(decide_request("s", "no-such-call", pb::Decision::Approve, ""))
+        .decide(decide_request(
+            "s",
+            "no-such-call",
+            pb::Decision::Approve,
+            "",
+        ))
         .await
         .expect_err("no such call");
     let s = scrape(port).await;
     assert!(
-        samples_of(&s, "approvals_store_errors_total").next().is_none(),
+        samples_of(&s, "approvals_store_errors_total")
+            .next()
+            .is_none(),
         "a decision on no call is the client's mistake: {s:#?}"
     );
 
@@ -544,8 +577,12 @@ async fn storage_errors_are_counted_by_fault_and_client_mistakes_are_not() {
         .expect_err("a write into a deleted database");
     assert_eq!(refused.code(), tonic::Code::Unavailable);
     eventually(port, "the failed write counted", |s| {
-        value(s, "approvals_store_errors_total", &[("fault", "unavailable")])
-            .is_some_and(|n| n >= 1.0)
+        value(
+            s,
+            "approvals_store_errors_total",
+            &[("fault", "unavailable")],
+        )
+        .is_some_and(|n| n >= 1.0)
     })
     .await;
 }

@@ -13,8 +13,8 @@ use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::common::v1::KeyValue;
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use pb::agent_service_client::AgentServiceClient;
@@ -104,7 +104,11 @@ async fn span_named(received: &Received, name: &str) -> (String, Span) {
             0 if started.elapsed() < Duration::from_secs(30) => {
                 tokio::time::sleep(Duration::from_millis(50)).await
             }
-            _ => panic!("{} spans named {name}: {:#?}", found.len(), received.lock().unwrap()),
+            _ => panic!(
+                "{} spans named {name}: {:#?}",
+                found.len(),
+                received.lock().unwrap()
+            ),
         }
     }
 }
@@ -140,7 +144,10 @@ async fn one_trace_follows_a_call_from_the_agents_traceparent_to_its_outcome(mut
     agent
         .submit(with_traceparent(
             pb::SubmitRequest {
-                batch: Some(batch("traced", vec![call("call-1", "run_shell", secret_input)])),
+                batch: Some(batch(
+                    "traced",
+                    vec![call("call-1", "run_shell", secret_input)],
+                )),
             },
             &format!("00-{AGENT_TRACE}-{AGENT_SPAN}-01"),
         ))
@@ -154,6 +161,12 @@ async fn one_trace_follows_a_call_from_the_agents_traceparent_to_its_outcome(mut
         .await
         .expect("watch")
         .into_inner();
+    // Decided once the watch is live, so the outcome is delivered as it happens.
+    let caught_up = outcomes.message().await.expect("healthy").expect("open");
+    assert!(matches!(
+        caught_up.event,
+        Some(pb::watch_outcomes_response::Event::CaughtUp(_))
+    ));
     ApproverServiceClient::new(broker.channel())
         .decide(with_traceparent(
             decide_request("traced", "call-1", pb::Decision::Approve, ""),
@@ -162,10 +175,13 @@ async fn one_trace_follows_a_call_from_the_agents_traceparent_to_its_outcome(mut
         .await
         .expect("decide");
     let delivered = outcomes.message().await.expect("healthy").expect("open");
-    assert!(matches!(
-        delivered.event,
-        Some(pb::watch_outcomes_response::Event::Outcome(_))
-    ));
+    assert!(
+        matches!(
+            delivered.event,
+            Some(pb::watch_outcomes_response::Event::Outcome(_))
+        ),
+        "{delivered:?}"
+    );
 
     // The agent's request: a server span continuing the agent's trace, under its span.
     let (service, rpc) = span_named(&received, "/approvals.v1.AgentService/Submit").await;
@@ -180,7 +196,10 @@ async fn one_trace_follows_a_call_from_the_agents_traceparent_to_its_outcome(mut
     );
     let child_of = |span: &Span, parent: &Span| {
         assert_eq!(hex(&span.trace_id), AGENT_TRACE, "{span:#?}");
-        assert_eq!(span.parent_span_id, parent.span_id, "{span:#?} under {parent:#?}");
+        assert_eq!(
+            span.parent_span_id, parent.span_id,
+            "{span:#?} under {parent:#?}"
+        );
     };
     let (_, submit) = span_named(&received, "submit").await;
     child_of(&submit, &rpc);
