@@ -22,9 +22,43 @@ fn postgres_tests() {
     }
 }
 
+/// The commit being built, for the `approvals_build_info` metric: `APPROVALS_GIT_COMMIT` when
+/// set (a build from an archive, as in a container), else git's HEAD if this is a checkout.
+/// Rebuilds when HEAD moves, so the metric never names an older commit.
+fn git_commit() {
+    println!("cargo:rerun-if-env-changed=APPROVALS_GIT_COMMIT");
+    if std::env::var_os("APPROVALS_GIT_COMMIT").is_some() {
+        return;
+    }
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .and_then(|out| String::from_utf8(out.stdout).ok())
+            .map(|text| text.trim().to_owned())
+    };
+    let Some(commit) = git(&["rev-parse", "HEAD"]) else {
+        return;
+    };
+    for watched in ["HEAD", "packed-refs"] {
+        if let Some(path) = git(&["rev-parse", "--git-path", watched]) {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
+    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"])
+        && let Some(path) = git(&["rev-parse", "--git-path", &branch])
+    {
+        println!("cargo:rerun-if-changed={path}");
+    }
+    println!("cargo:rustc-env=APPROVALS_GIT_COMMIT={commit}");
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     postgres_tests();
+    git_commit();
     let mut compiler = protox::Compiler::new(["proto"])?;
     compiler.include_source_info(true).include_imports(true);
     compiler.open_files(PROTOS)?;

@@ -221,6 +221,25 @@ impl Caller {
     }
 }
 
+/// Where the gate writes down whom it admitted, for the RPC's log line if the RPC is refused
+/// later (`grpc::observed` puts one in each request; the log outlives the request).
+#[derive(Debug, Clone, Default)]
+pub struct CallerNote(Arc<std::sync::OnceLock<Arc<str>>>);
+
+impl CallerNote {
+    /// The caller's identity, once its token is known (`anonymous` while auth is off); `None`
+    /// if it had no valid token or no gate ran.
+    pub fn get(&self) -> Option<&str> {
+        self.0.get().map(|identity| &**identity)
+    }
+
+    fn note(request: &Request<()>, identity: Arc<str>) {
+        if let Some(note) = request.extensions().get::<CallerNote>() {
+            let _ = note.0.set(identity);
+        }
+    }
+}
+
 /// Admits the callers of one service: a valid bearer token whose role is `required` or `admin`.
 #[derive(Clone)]
 pub struct Gate {
@@ -238,6 +257,7 @@ impl Gate {
 impl Interceptor for Gate {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         let Some(tokens) = &self.tokens else {
+            CallerNote::note(&request, Arc::from("anonymous"));
             request.extensions_mut().insert(Caller::Anonymous);
             return Ok(request);
         };
@@ -257,6 +277,8 @@ impl Interceptor for Gate {
         let entry = tokens
             .authenticate(token)
             .ok_or_else(|| Status::unauthenticated("unknown token"))?;
+        let identity: Arc<str> = Arc::from(entry.identity.as_str());
+        CallerNote::note(&request, Arc::clone(&identity));
         if !entry.role.admits(self.required) {
             return Err(Status::permission_denied(format!(
                 "a token with role `{}` may not call this service (it needs `{}`)",
@@ -265,7 +287,7 @@ impl Interceptor for Gate {
         }
         request.extensions_mut().insert(Caller::Authenticated {
             role: entry.role,
-            identity: Arc::from(entry.identity.as_str()),
+            identity,
         });
         Ok(request)
     }

@@ -314,6 +314,12 @@ pub struct TelemetrySettings {
     /// by `RUST_LOG` (default `info`).
     #[arg(long, env = "APPROVALS_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"], global = true)]
     pub log_format: String,
+
+    /// Export traces over OTLP/gRPC to this collector (`http://HOST:4317`). Off when unset
+    /// (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is read too; `OTEL_SDK_DISABLED=true` turns it
+    /// off). See docs/observability.md.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Where events are pushed over HTTP, and how delivery retries, pauses and fails over.

@@ -40,6 +40,7 @@ impl DeadlineSweeper {
             tracing::info!(count = expired.len(), "expired calls past their deadline");
             self.bus.notify_committed();
             crate::meters::outcomes(&expired);
+            crate::telemetry::outcomes_written(&expired);
         }
         Ok(expired.len())
     }

@@ -39,8 +39,9 @@
 //!   JSON Lines (`approval-broker export`).
 //! - `startup.rs` wires the parts and serves them; `config.rs` parses the settings once;
 //!   `connections/`, `auth.rs` and `stream_slots.rs` guard the door (connection caps, bearer
-//!   tokens, stream caps); `error.rs` is the one error type and its gRPC status; `telemetry.rs` and
-//!   `meters.rs` are logs and metrics; `proto.rs` is generated code.
+//!   tokens, stream caps); `error.rs` is the one error type and its gRPC status; `telemetry.rs`,
+//!   `traces.rs` and `meters.rs` are logs, OTLP traces and metrics (`grpc/observed` counts and
+//!   logs every RPC); `proto.rs` is generated code.
 
 pub mod auth;
 pub mod broker;
@@ -63,6 +64,7 @@ pub mod startup;
 pub mod store;
 pub mod stream_slots;
 pub mod telemetry;
+pub mod traces;
 pub mod webhooks;
 
 pub use error::{Error, Result};

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use approval_broker::config::{Command, Config, MetricsListen};
-use approval_broker::{meters, startup, telemetry};
+use approval_broker::{meters, startup, telemetry, traces};
 use tokio::net::TcpListener;
 
 #[tokio::main]
@@ -28,7 +28,35 @@ async fn main() -> ExitCode {
             }
         };
     }
-    telemetry::init("info", config.telemetry.log_format == "json");
+    let json = config.telemetry.log_format == "json";
+    let traces = match traces::endpoint(config.telemetry.otlp_endpoint.as_deref()) {
+        None => None,
+        Some(endpoint) => match traces::exporter(&endpoint) {
+            Ok(provider) => Some((provider, endpoint)),
+            Err(err) => {
+                telemetry::init("info", json);
+                tracing::error!(error = %err, "cannot export traces (--otlp-endpoint / OTEL_EXPORTER_OTLP_ENDPOINT)");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    telemetry::init_traced("info", json, traces.as_ref().map(|(provider, _)| provider));
+    if let Some((_, endpoint)) = &traces {
+        tracing::info!(%endpoint, "exporting traces over OTLP");
+    }
+    let exit = serve(config).await;
+    if let Some((provider, _)) = traces {
+        // Sends the spans still batched; blocking, so off the runtime's workers.
+        let flushed = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+        if let Ok(Err(err)) = flushed {
+            tracing::warn!(error = %err, "traces not all exported at exit");
+        }
+    }
+    exit
+}
+
+/// Runs the subcommand, or serves until SIGINT or SIGTERM.
+async fn serve(config: Config) -> ExitCode {
     match &config.command {
         Some(Command::Migrate) => {
             return match startup::migrate(&config).await {

@@ -34,6 +34,11 @@ const REFLECTION_STREAMS: &str = "approvals_reflection_streams";
 const SHADOW_VERDICTS: &str = "approvals_shadow_verdicts_total";
 const PRUNED_CALLS: &str = "approvals_pruned_calls_total";
 const PRUNED_EVENTS: &str = "approvals_pruned_events_total";
+const RPC_REQUESTS: &str = "approvals_rpc_requests_total";
+const RPC_SECONDS: &str = "approvals_rpc_seconds";
+const BUILD_INFO: &str = "approvals_build_info";
+const STORE_POOL: &str = "approvals_store_pool_connections";
+const STORE_ERRORS: &str = "approvals_store_errors_total";
 
 /// Installs the Prometheus recorder and serves its scrape endpoint (any path) on `address`.
 /// Must run inside the Tokio runtime; fails if the address cannot be bound.
@@ -71,6 +76,8 @@ pub fn serve(address: SocketAddr) -> Result<()> {
         }
     });
     describe();
+    build_info();
+    tokio::spawn(sample_process());
     tracing::info!(%address, "serving Prometheus metrics");
     Ok(())
 }
@@ -118,6 +125,7 @@ fn describe() {
         PRUNED_EVENTS,
         "Events this broker pruned with the calls past --retain-decided."
     );
+    describe_requests();
 }
 
 /// Retention deleted `calls` decided calls and `events` events.
@@ -132,6 +140,66 @@ pub fn shadow_verdicts(verdicts: &[ShadowVerdict]) {
         counter!(SHADOW_VERDICTS, "rule" => v.rule.to_string(), "verdict" => v.verdict.to_string())
             .increment(1);
     }
+}
+
+fn describe_requests() {
+    describe_counter!(
+        RPC_REQUESTS,
+        "RPCs finished, by method and gRPC status code (a stream counts when it ends)."
+    );
+    describe_histogram!(
+        RPC_SECONDS,
+        metrics::Unit::Seconds,
+        "RPC duration, from the request to its status (a stream's whole life), by method and code."
+    );
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; its labels name the running build (version, git commit)."
+    );
+    describe_gauge!(
+        STORE_POOL,
+        "The store's read pool (Postgres: its only pool), by state: open, idle."
+    );
+    describe_counter!(
+        STORE_ERRORS,
+        "Store operations that failed in the storage itself, by fault: full, unavailable, corrupt, other."
+    );
+}
+
+/// An RPC finished with `code` after `took` (see `grpc::observed` for when a stream finishes).
+pub fn rpc_finished(method: &'static str, code: &'static str, took: Duration) {
+    counter!(RPC_REQUESTS, "method" => method, "code" => code).increment(1);
+    histogram!(RPC_SECONDS, "method" => method, "code" => code).record(took.as_secs_f64());
+}
+
+/// The build running: its version and, when it was built from a git checkout (or
+/// `APPROVALS_GIT_COMMIT` was set at build time), its commit.
+fn build_info() {
+    let commit = option_env!("APPROVALS_GIT_COMMIT").unwrap_or("unknown");
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "git_commit" => commit).set(1.0);
+}
+
+/// Keeps the process metrics current (`process_cpu_seconds_total`, `process_resident_memory_bytes`,
+/// `process_open_fds`, `process_threads`, `process_start_time_seconds`...).
+async fn sample_process() {
+    const EVERY: Duration = Duration::from_secs(2);
+    let collector = metrics_process::Collector::default();
+    collector.describe();
+    loop {
+        collector.collect();
+        tokio::time::sleep(EVERY).await;
+    }
+}
+
+/// The store's pool has `open` connections, `idle` of them idle.
+pub fn store_pool(open: u32, idle: usize) {
+    gauge!(STORE_POOL, "state" => "open").set(f64::from(open));
+    gauge!(STORE_POOL, "state" => "idle").set(idle as f64);
+}
+
+/// A store operation failed in the storage itself.
+pub fn store_error(fault: &'static str) {
+    counter!(STORE_ERRORS, "fault" => fault).increment(1);
 }
 
 /// `n` new calls were stored.
@@ -153,7 +221,7 @@ pub fn outcomes<'a>(calls: impl IntoIterator<Item = &'a Call>) {
     }
 }
 
-fn kind_label(kind: OutcomeKind) -> &'static str {
+pub(crate) fn kind_label(kind: OutcomeKind) -> &'static str {
     match kind {
         OutcomeKind::Approved => "approved",
         OutcomeKind::Denied => "denied",

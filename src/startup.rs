@@ -20,6 +20,7 @@ use crate::connections;
 use crate::error::{Error, Result, StorageFault};
 use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
+use crate::grpc::observed::Observed;
 use crate::grpc::oversize::MessageLimitStatus;
 use crate::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi, reflection};
 use crate::inbox::InboxPage;
@@ -156,14 +157,22 @@ pub async fn run(
 
     let mut server = Server::builder()
         // Every request's log lines carry its RPC; the broker's own spans add the session and
-        // call ids.
-        .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
+        // call ids. With traces on, it continues the caller's `traceparent`.
+        .trace_fn(crate::traces::rpc_span)
         // HTTP/1.1 only for browsers on `http://`: the page and gRPC-Web (see `inbox`).
         .accept_http1(config.serve.inbox)
         // Outermost first: the page's files, then gRPC-Web turned into gRPC, so the limits
         // below see every call in one form.
         .layer(InboxPage::new(config.serve.inbox, tokens.is_none()))
         .layer(GrpcWebLayer::new())
+        // Counted after gRPC-Web is turned into gRPC, and outside the limits' rewriting, so
+        // every RPC is counted once, with the status its client reads.
+        .layer(Observed::new(&[
+            proto::FILE_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+        ]))
         .layer(MessageLimitStatus)
         .max_concurrent_streams(config.connections.max_concurrent_streams)
         .http2_keepalive_interval(Some(config.connections.keepalive_interval))
@@ -250,7 +259,7 @@ fn backup_dir(config: &Config, database: &store::Database) -> Option<std::path::
 }
 
 /// Keeps the pending-calls gauge current. Read from the store (an indexed count), so it is the
-/// whole fleet's figure on every replica, whoever wrote the calls.
+/// whole fleet's figure on every replica, whoever wrote the calls. The pool gauges too.
 async fn count_pending(store: Arc<dyn store::Deadlines>) {
     const EVERY: std::time::Duration = std::time::Duration::from_secs(2);
     loop {
@@ -258,6 +267,8 @@ async fn count_pending(store: Arc<dyn store::Deadlines>) {
             Ok(n) => crate::meters::pending_calls(n),
             Err(e) => tracing::warn!(error = %e, "cannot count pending calls for the metrics"),
         }
+        let pool = store.reads().pool_stats();
+        crate::meters::store_pool(pool.open, pool.idle);
         tokio::time::sleep(EVERY).await;
     }
 }

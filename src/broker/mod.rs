@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tracing::Instrument as _;
 
 use crate::domain::Call;
 use crate::domain::escalation::Ladder;
@@ -29,6 +30,8 @@ use crate::expiry::DeadlineSweeper;
 use crate::meters::{self, StreamKind};
 use crate::store::Store;
 use crate::stream_slots::{StreamSlot, StreamSlots};
+use crate::telemetry;
+use crate::traces;
 use crate::webhooks::Dispatcher;
 
 mod lifecycle;
@@ -175,7 +178,11 @@ impl Broker {
         }
         let has_deadline = batch.calls.iter().any(|c| c.deadline.is_some());
         let batch = self.prejudge(batch).await?;
-        let report = self.store.submit(batch).await?;
+        let report = self
+            .store
+            .submit(batch)
+            .instrument(tracing::info_span!("store.submit"))
+            .await?;
         self.bus.notify_committed();
         let escalating = report.items.iter().any(|item| {
             matches!(&item.result, SubmitResult::Accepted(call)
@@ -190,12 +197,17 @@ impl Broker {
             })
             .collect();
         meters::calls_submitted(accepted.len());
+        for call in &accepted {
+            traces::call_accepted(call);
+        }
         // Calls a rule or grant decided at once, and those their denial skipped, count too; one
         // superseded by a later call of the batch counts once, among `superseded`.
         let decided_at_once = accepted
             .into_iter()
             .filter(|call| !matches!(call.status(), Status::Decided(OutcomeKind::Superseded)));
-        meters::outcomes(decided_at_once.chain(&report.superseded));
+        let decided_at_once: Vec<&Call> = decided_at_once.chain(&report.superseded).collect();
+        meters::outcomes(decided_at_once.iter().copied());
+        telemetry::outcomes_written(decided_at_once);
         meters::shadow_verdicts(&report.shadow_verdicts);
         if has_deadline || escalating {
             self.sweeper.deadline_added();
@@ -208,30 +220,59 @@ impl Broker {
         Ok(report)
     }
 
-    #[tracing::instrument(name = "decide", skip_all, fields(
-        agent = %key.agent,
-        session = %key.session,
-        call = %key.call_id,
-        approver = %decision.approver,
-    ))]
+    /// Decides a pending call. Its span joins the call's trace when traces are on (see
+    /// `traces`), and carries the GenAI and `approvals.*` attributes of what was decided.
     pub async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
+        let span = tracing::info_span!(
+            "decide",
+            agent = %key.agent,
+            session = %key.session,
+            call = %key.call_id,
+            approver = %decision.approver,
+            gen_ai.tool.call.id = %key.call_id,
+            gen_ai.tool.name = tracing::field::Empty,
+            approvals.outcome = tracing::field::Empty,
+            approvals.decided_by = tracing::field::Empty,
+        );
+        traces::join_call(&span, key);
+        self.decide_in(key, decision).instrument(span).await
+    }
+
+    async fn decide_in(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
+        let store_span = || tracing::info_span!("store.decide");
         let report = match self.prejudge_covered(key, decision).await? {
             Some(prejudged) => {
                 let decision = Decision {
                     prejudged,
                     ..decision.clone()
                 };
-                self.store.decide(key, &decision).await?
+                self.store
+                    .decide(key, &decision)
+                    .instrument(store_span())
+                    .await?
             }
-            None => self.store.decide(key, decision).await?,
+            None => {
+                self.store
+                    .decide(key, decision)
+                    .instrument(store_span())
+                    .await?
+            }
         };
+        let span = tracing::Span::current();
+        span.record(
+            "gen_ai.tool.name",
+            tracing::field::display(&report.call.tool),
+        );
+        traces::record_outcome(&span, &report.call);
         if !report.replayed {
             self.bus.notify_committed();
-            meters::outcomes(
+            let written = || {
                 std::iter::once(&report.call)
                     .chain(&report.skipped)
-                    .chain(&report.decided_by_grant),
-            );
+                    .chain(&report.decided_by_grant)
+            };
+            meters::outcomes(written());
+            telemetry::outcomes_written(written());
         }
         tracing::debug!(
             verdict = ?decision.verdict,
@@ -252,6 +293,7 @@ impl Broker {
         if !report.cancelled.is_empty() {
             self.bus.notify_committed();
             meters::outcomes(&report.cancelled);
+            telemetry::outcomes_written(&report.cancelled);
         }
         tracing::debug!(
             cancelled = report.cancelled.len(),

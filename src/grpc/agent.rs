@@ -26,6 +26,7 @@ use crate::events::Feed;
 use crate::proto::v1 as pb;
 use crate::proto::v1::agent_response::Response as Reply;
 use crate::stream_slots::StreamSlot;
+use crate::traces;
 
 /// Responses queued for one agent stream before the task waits for the client to read.
 const OUTBOUND: usize = 256;
@@ -424,7 +425,9 @@ impl AgentConnection {
             _ => return Ok(()),
         }
         if let Some(outcome) = render::outcome(&event.call) {
-            self.send("", Reply::Outcome(outcome)).await?;
+            self.send("", Reply::Outcome(outcome))
+                .instrument(traces::outcome_delivery(&event.call))
+                .await?;
         }
         if event.batch_completed {
             match self.broker.batch_calls(&event.call.batch_id).await {
@@ -536,7 +539,11 @@ impl OutcomeWatch {
                 continue;
             }
             if let Some(outcome) = render::outcome(call)
-                && self.send(E::Outcome(outcome)).await.is_err()
+                && self
+                    .send(E::Outcome(outcome))
+                    .instrument(traces::outcome_delivery(call))
+                    .await
+                    .is_err()
             {
                 return;
             }

@@ -8,6 +8,7 @@ pub mod approver;
 pub mod codec;
 mod escalation_messages;
 pub mod health;
+pub mod observed;
 pub mod oversize;
 mod paging;
 pub mod parse;

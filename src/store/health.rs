@@ -27,7 +27,7 @@ use crate::domain::{
     DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,
     Timestamp,
 };
-use crate::error::{Result, StorageFault};
+use crate::error::{Error, Result, StorageFault};
 
 /// How often [`probe_while_open`] writes.
 pub const PROBE_EVERY: Duration = Duration::from_secs(1);
@@ -54,6 +54,7 @@ impl StorageHealth {
     fn observe<T>(&self, result: &Result<T>, wrote: impl FnOnce(&T) -> bool) {
         match result {
             Err(err) => {
+                count_storage_error(err);
                 let Some(fault) = err.storage_fault() else {
                     return;
                 };
@@ -85,6 +86,24 @@ impl StorageHealth {
             Ok(_) => {}
         }
     }
+}
+
+/// Counts an error of the storage itself (not a client's mistake the store refused), by fault.
+fn count_storage_error(err: &Error) {
+    let fault = match err.storage_fault() {
+        Some(StorageFault::Full) => "full",
+        Some(StorageFault::Unavailable) => "unavailable",
+        Some(StorageFault::Corrupt) => "corrupt",
+        None if matches!(
+            err,
+            Error::Storage(_) | Error::SqliteWrite(_) | Error::Migrate(_) | Error::Internal(_)
+        ) =>
+        {
+            "other"
+        }
+        None => return,
+    };
+    crate::meters::store_error(fault);
 }
 
 /// A store whose results feed a [`StorageHealth`]. Everything else passes straight through.

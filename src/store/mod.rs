@@ -33,7 +33,7 @@ use crate::error::Result;
 
 pub use database::Database;
 pub use postgres::PostgresStore;
-pub use reads::BackendReads;
+pub use reads::{BackendReads, PoolStats};
 pub use sqlite::{ProcessLock, SqliteStore, Synchronous};
 
 /// The broker's durable state: every part below, from one backend. What startup opens and the

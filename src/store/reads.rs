@@ -40,6 +40,13 @@ where
         &self.pool
     }
 
+    pub fn pool_stats(&self) -> PoolStats {
+        PoolStats {
+            open: self.pool.size(),
+            idle: self.pool.num_idle(),
+        }
+    }
+
     pub async fn pending_count(&self) -> Result<u64> {
         let row = sqlx::query(sql::PENDING_COUNT)
             .fetch_one(&self.pool)
@@ -187,7 +194,23 @@ macro_rules! on_backend {
     };
 }
 
+/// A connection pool's connections now: open, and of those idle.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolStats {
+    pub open: u32,
+    pub idle: usize,
+}
+
 impl BackendReads {
+    /// The read pool's connections (on Postgres, the one pool for reads and writes; SQLite
+    /// writes on its own connection, outside it).
+    pub fn pool_stats(&self) -> PoolStats {
+        match self {
+            BackendReads::Sqlite(reads) => reads.pool_stats(),
+            BackendReads::Postgres(reads) => reads.pool_stats(),
+        }
+    }
+
     pub async fn pending_count(&self) -> Result<u64> {
         on_backend!(self, pending_count())
     }

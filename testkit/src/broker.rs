@@ -21,9 +21,13 @@ use tonic::transport::{Channel, Endpoint};
 pub const START_PATIENCE: Duration = Duration::from_secs(30);
 
 /// The environment variables the broker reads its settings from (besides its flags), so none of
-/// them is inherited: every `APPROVALS_*`, `DATABASE_URL`, and `RUST_LOG` (the log level).
+/// them is inherited: every `APPROVALS_*`, `DATABASE_URL`, `RUST_LOG` (the log level) and every
+/// `OTEL_*` (trace export).
 pub fn is_broker_setting(name: &str) -> bool {
-    name.starts_with("APPROVALS_") || name == "DATABASE_URL" || name == "RUST_LOG"
+    name.starts_with("APPROVALS_")
+        || name.starts_with("OTEL_")
+        || name == "DATABASE_URL"
+        || name == "RUST_LOG"
 }
 
 /// `binary` as a command whose environment holds none of the developer's broker settings (see

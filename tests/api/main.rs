@@ -41,6 +41,7 @@ mod supersede;
 mod surface;
 mod telemetry;
 mod tls;
+mod traces;
 mod undecodable;
 mod validation;
 mod webhooks;

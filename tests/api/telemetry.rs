@@ -306,7 +306,289 @@ async fn each_superseded_call_is_counted_once(mut app: TestApp) {
     );
 }
 
+/// Every sample of `name`, with its labels.
+fn samples_of<'a>(
+    samples: &'a BTreeMap<Sample, f64>,
+    name: &'a str,
+) -> impl Iterator<Item = (&'a BTreeMap<String, String>, f64)> + 'a {
+    samples
+        .iter()
+        .filter(move |((n, _), _)| n == name)
+        .map(|((_, labels), v)| (labels, *v))
+}
+
+const AGENT_TOKEN: &str = "token-of-build-bot-never-logged";
+const APPROVER_TOKEN: &str = "token-of-alice-never-logged";
+
+fn bearer<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("header"),
+    );
+    request
+}
+
+async fn every_rpc_is_counted_by_method_and_code_and_each_refusal_and_outcome_is_logged(
+    mut app: TestApp,
+) {
+    app.shut_down().await;
+    let port = free_port().expect("a free port");
+    let metrics_listen = format!("127.0.0.1:{port}");
+    let tokens = format!(
+        "agent build-bot {}\napprover alice {}",
+        approval_broker::auth::hash_token(AGENT_TOKEN),
+        approval_broker::auth::hash_token(APPROVER_TOKEN)
+    );
+    // The default level: what an operator sees without asking for more.
+    let broker = start_broker(
+        &app.database_url,
+        &["--metrics-listen", &metrics_listen, "--log-format", "json"],
+        &[("APPROVALS_TOKENS", &tokens)],
+    )
+    .await;
+    let mut agent = AgentServiceClient::new(broker.channel());
+    let mut approver = ApproverServiceClient::new(broker.channel());
+    let secret = r#"{"password":"hunter2-never-logged"}"#;
+    agent
+        .submit(bearer(
+            pb::SubmitRequest {
+                batch: Some(batch("logged", vec![call("call-1", "login", secret)])),
+            },
+            AGENT_TOKEN,
+        ))
+        .await
+        .expect("submit");
+    // Refused: a submit without a batch, a decision on no call, the wrong role, no token.
+    let refused = agent
+        .submit(bearer(pb::SubmitRequest { batch: None }, AGENT_TOKEN))
+        .await
+        .expect_err("no batch");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    let refused = approver
+        .decide(bearer(
+            decide_request("logged", "no-such-call", pb::Decision::Approve, ""),
+            APPROVER_TOKEN,
+        ))
+        .await
+        .expect_err("no such call");
+    assert_eq!(refused.code(), tonic::Code::NotFound);
+    let refused = approver
+        .decide(bearer(
+            decide_request("logged", "call-1", pb::Decision::Approve, ""),
+            AGENT_TOKEN,
+        ))
+        .await
+        .expect_err("an agent may not decide");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    let refused = approver
+        .decide(decide_request(
+            "logged",
+            "call-1",
+            pb::Decision::Approve,
+            "",
+        ))
+        .await
+        .expect_err("no token");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    approver
+        .decide(bearer(
+            pb::DecideRequest {
+                agent: "build-bot".into(),
+                ..decide_request(
+                    "logged",
+                    "call-1",
+                    pb::Decision::Deny,
+                    "reason-never-logged",
+                )
+            },
+            APPROVER_TOKEN,
+        ))
+        .await
+        .expect("deny");
+    // A stream its client abandons ends as cancelled.
+    let subscription = approver
+        .subscribe(bearer(
+            pb::SubscribeRequest {
+                filter: None,
+                after_seq: None,
+            },
+            APPROVER_TOKEN,
+        ))
+        .await
+        .expect("subscribe")
+        .into_inner();
+    drop(subscription);
+
+    const SUBMIT: &str = "/approvals.v1.AgentService/Submit";
+    const DECIDE: &str = "/approvals.v1.ApproverService/Decide";
+    const SUBSCRIBE: &str = "/approvals.v1.ApproverService/Subscribe";
+    let rpcs = |s: &BTreeMap<Sample, f64>, method: &str, code: &str| {
+        value(
+            s,
+            "approvals_rpc_requests_total",
+            &[("code", code), ("method", method)],
+        )
+    };
+    eventually(port, "the abandoned stream counted", |s| {
+        rpcs(s, SUBSCRIBE, "Canceled") == Some(1.0)
+    })
+    .await;
+    eventually(port, "process and pool metrics sampled", |s| {
+        value(s, "process_resident_memory_bytes", &[]).is_some_and(|v| v > 0.0)
+            && value(s, "process_open_fds", &[]).is_some_and(|v| v > 0.0)
+            && value(s, "approvals_store_pool_connections", &[("state", "open")])
+                .is_some_and(|v| v >= 1.0)
+    })
+    .await;
+    let s = scrape(port).await;
+    assert_eq!(rpcs(&s, SUBMIT, "OK"), Some(1.0), "{s:#?}");
+    assert_eq!(rpcs(&s, SUBMIT, "InvalidArgument"), Some(1.0), "{s:#?}");
+    assert_eq!(rpcs(&s, DECIDE, "OK"), Some(1.0), "{s:#?}");
+    assert_eq!(rpcs(&s, DECIDE, "NotFound"), Some(1.0), "{s:#?}");
+    assert_eq!(rpcs(&s, DECIDE, "PermissionDenied"), Some(1.0), "{s:#?}");
+    assert_eq!(rpcs(&s, DECIDE, "Unauthenticated"), Some(1.0), "{s:#?}");
+    assert_eq!(
+        value(
+            &s,
+            "approvals_rpc_seconds_count",
+            &[("code", "OK"), ("method", SUBMIT)]
+        ),
+        Some(1.0)
+    );
+    assert!(
+        samples_of(&s, "approvals_rpc_requests_total")
+            .all(|(labels, _)| labels["method"] != "unknown"),
+        "every RPC here is one the broker serves: {s:#?}"
+    );
+    let builds: Vec<_> = samples_of(&s, "approvals_build_info").collect();
+    assert_eq!(builds.len(), 1, "{s:#?}");
+    let (labels, one) = builds[0];
+    assert_eq!(one, 1.0);
+    assert_eq!(labels["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        labels["git_commit"],
+        option_env!("APPROVALS_GIT_COMMIT").unwrap_or("unknown")
+    );
+    assert!(
+        value(&s, "process_cpu_seconds_total", &[]).is_some(),
+        "{s:#?}"
+    );
+
+    // The log at the default level: one line per refusal and per outcome, with what happened
+    // and who asked, never an input, a reason or a token.
+    let log = broker.log_text();
+    for secret in [
+        "hunter2-never-logged",
+        "reason-never-logged",
+        AGENT_TOKEN,
+        APPROVER_TOKEN,
+    ] {
+        assert!(!log.contains(secret), "{secret} in the log:\n{log}");
+    }
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let refusals: Vec<_> = lines
+        .iter()
+        .filter(|l| l["message"] == "refused")
+        .map(|l| {
+            (
+                l["level"].as_str().unwrap_or_default().to_owned(),
+                l["method"].as_str().unwrap_or_default().to_owned(),
+                l["code"].as_str().unwrap_or_default().to_owned(),
+                l["caller"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let refusal = |method: &str, code: &str, caller: &str| {
+        (
+            "INFO".to_owned(),
+            method.to_owned(),
+            code.to_owned(),
+            caller.to_owned(),
+        )
+    };
+    assert_eq!(
+        refusals,
+        vec![
+            refusal(SUBMIT, "InvalidArgument", "build-bot"),
+            refusal(DECIDE, "NotFound", "alice"),
+            refusal(DECIDE, "PermissionDenied", "build-bot"),
+            refusal(DECIDE, "Unauthenticated", "unauthenticated"),
+        ],
+        "{log}"
+    );
+    let outcomes: Vec<_> = lines.iter().filter(|l| l["message"] == "outcome").collect();
+    assert_eq!(outcomes.len(), 1, "{log}");
+    let outcome = outcomes[0];
+    assert_eq!(outcome["level"], "INFO", "{log}");
+    assert_eq!(outcome["call"], "call-1", "{log}");
+    assert_eq!(outcome["session"], "logged", "{log}");
+    assert_eq!(outcome["agent"], "build-bot", "{log}");
+    assert_eq!(outcome["outcome"], "denied", "{log}");
+    assert_eq!(outcome["decided_by"], "approver:alice", "{log}");
+}
+
+/// A write into a deleted SQLite file fails in the storage itself: counted as `unavailable`.
+/// (SQLite only: deleting its files is how a test breaks storage at will.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_errors_are_counted_by_fault_and_client_mistakes_are_not() {
+    let mut app = spawn_app().await;
+    app.shut_down().await;
+    let port = free_port().expect("a free port");
+    let metrics_listen = format!("127.0.0.1:{port}");
+    let broker = start_broker(
+        &app.database_url,
+        &["--metrics-listen", &metrics_listen],
+        &[],
+    )
+    .await;
+    let mut approver = ApproverServiceClient::new(broker.channel());
+    approver
+        .decide(decide_request(
+            "s",
+            "no-such-call",
+            pb::Decision::Approve,
+            "",
+        ))
+        .await
+        .expect_err("no such call");
+    let s = scrape(port).await;
+    assert!(
+        samples_of(&s, "approvals_store_errors_total")
+            .next()
+            .is_none(),
+        "a decision on no call is the client's mistake: {s:#?}"
+    );
+
+    let path = app.dir.path().join("approvals.db");
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        std::fs::remove_file(&file).expect("delete");
+    }
+    let refused = AgentServiceClient::new(broker.channel())
+        .submit(pb::SubmitRequest {
+            batch: Some(batch("s", vec![call("after", "t", "{}")])),
+        })
+        .await
+        .expect_err("a write into a deleted database");
+    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    eventually(port, "the failed write counted", |s| {
+        value(
+            s,
+            "approvals_store_errors_total",
+            &[("fault", "unavailable")],
+        )
+        .is_some_and(|n| n >= 1.0)
+    })
+    .await;
+}
+
 backend_tests! {
     metrics_count_one_approval_cycle_and_logs_name_its_ids,
     each_superseded_call_is_counted_once,
+    every_rpc_is_counted_by_method_and_code_and_each_refusal_and_outcome_is_logged,
 }
