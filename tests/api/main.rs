@@ -26,6 +26,7 @@ mod idempotency;
 mod inbox;
 mod limits;
 mod lookalikes;
+mod policy_cache;
 mod recovery;
 mod replay;
 mod replicas;
