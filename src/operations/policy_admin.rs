@@ -129,7 +129,11 @@ mod tests {
             assert_eq!(ids.len(), 2, "a transaction sees its own change");
             // Dropped: rolled back.
         }
-        assert_eq!(rule_ids(&db).await, ["r"], "a rolled-back change is not kept");
+        assert_eq!(
+            rule_ids(&db).await,
+            ["r"],
+            "a rolled-back change is not kept"
+        );
         delete_rule(db.tx().await, &RuleId::from_stored("r".into()))
             .await
             .unwrap();

@@ -577,8 +577,10 @@ async fn kept_policy(tx: &mut impl SqlTx) -> Result<Option<(Arc<PolicyCache>, i6
         return Ok(Some((cache, version)));
     }
     let version = first(
-        tx.rows(Run::read(sql::POLICY_VERSION, &[]), |row| row.int("version"))
-            .await?,
+        tx.rows(Run::read(sql::POLICY_VERSION, &[]), |row| {
+            row.int("version")
+        })
+        .await?,
     )
     .ok_or_else(|| Error::Internal("the policy version row is missing".into()))?;
     if let Some(view) = tx.policy_view() {

@@ -299,8 +299,9 @@ pub fn grants_named(target: &RevokeTarget) -> GrantsNamed<'_> {
 /// grants, in its transaction (see `policy_cache`).
 pub const POLICY_VERSION: &str = "SELECT version FROM policy_version";
 /// Agent `$2`'s grants active at `$1`, for every tool: what the policy cache keeps of an agent.
-pub const AGENT_GRANTS: &str =
-    select_grants!("WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $1) AND agent = $2 ORDER BY id");
+pub const AGENT_GRANTS: &str = select_grants!(
+    "WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $1) AND agent = $2 ORDER BY id"
+);
 /// [`AGENT_GRANTS`], and of session grants only those of session `$3`.
 pub const AGENT_SESSION_GRANTS: &str = select_grants!(
     "WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $1) AND agent = $2 \

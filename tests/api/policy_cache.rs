@@ -13,7 +13,12 @@ use crate::helpers::*;
 const INPUT: &str = r#"{"command":"git status"}"#;
 
 /// Submits one call and returns its status at submit and what decided it ("" for nobody).
-async fn submitted(app: &TestApp, session: &str, call_id: &str, tool: &str) -> (CallStatus, String) {
+async fn submitted(
+    app: &TestApp,
+    session: &str,
+    call_id: &str,
+    tool: &str,
+) -> (CallStatus, String) {
     let response = submit(app, batch(session, vec![call(call_id, tool, INPUT)])).await;
     let decided_by = response
         .outcomes
@@ -118,8 +123,8 @@ async fn a_grant_read_while_live_does_not_apply_once_expired(app: TestApp) {
         (CallStatus::Approved, format!("grant:{}", grant.id))
     );
     let expires_at = grant.expires_at.expect("an expiry");
-    let expires_at = std::time::UNIX_EPOCH
-        + Duration::new(expires_at.seconds as u64, expires_at.nanos as u32);
+    let expires_at =
+        std::time::UNIX_EPOCH + Duration::new(expires_at.seconds as u64, expires_at.nanos as u32);
     if let Ok(left) = expires_at.duration_since(std::time::SystemTime::now()) {
         tokio::time::sleep(left + Duration::from_millis(50)).await;
     }
