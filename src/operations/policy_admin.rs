@@ -113,6 +113,51 @@ mod tests {
     use super::*;
     use crate::operations::testing::{Db, rule};
 
+    async fn rule_ids(db: &Db) -> Vec<String> {
+        let mut tx = db.tx().await;
+        tx.rules()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id.to_string())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn rules_kept_in_memory_follow_every_committed_change_and_no_rolled_back_one() {
+        let db = Db::new().await;
+        assert!(rule_ids(&db).await.is_empty(), "read, and kept");
+        create_rule(db.tx().await, &rule("r", "t", "allow"))
+            .await
+            .unwrap();
+        assert_eq!(rule_ids(&db).await, ["r"], "a committed change is seen");
+        {
+            let mut tx = db.tx().await;
+            assert_eq!(tx.rules().await.unwrap().len(), 1);
+            tx.insert_rule(&rule("uncommitted", "t", "deny"))
+                .await
+                .unwrap();
+            let ids: Vec<String> = tx
+                .rules()
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|r| r.id.to_string())
+                .collect();
+            assert_eq!(ids.len(), 2, "a transaction sees its own change");
+            // Dropped: rolled back.
+        }
+        assert_eq!(
+            rule_ids(&db).await,
+            ["r"],
+            "a rolled-back change is not kept"
+        );
+        delete_rule(db.tx().await, &RuleId::from_stored("r".into()))
+            .await
+            .unwrap();
+        assert!(rule_ids(&db).await.is_empty(), "a deletion is seen");
+    }
+
     #[tokio::test]
     async fn the_same_rule_again_is_answered_with_the_stored_one_another_is_refused() {
         let db = Db::new().await;

@@ -9,6 +9,7 @@
 mod database;
 pub mod health;
 mod listing;
+mod policy_cache;
 mod postgres;
 mod primitives;
 mod reads;

@@ -31,6 +31,7 @@ use sqlx::query::Query;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use super::policy_cache::{PolicyCache, PolicyView};
 use super::primitives::{Decode, Param, Resolution, Run, SqlTx};
 use super::reads::{BackendReads, Reads};
 use super::statements as sql;
@@ -62,6 +63,8 @@ pub struct PostgresStore {
     texts: ToolResultTexts,
     remote_commits: Arc<Notify>,
     listener: JoinHandle<()>,
+    /// This replica's copy of rules and grants (see `policy_cache`).
+    policy: Arc<PolicyCache>,
 }
 
 /// The reads both backends answer alike are the shared ones (see `store::Backend`).
@@ -108,6 +111,15 @@ impl PostgresStore {
             texts,
             remote_commits,
             listener,
+            policy: Arc::default(),
+        })
+    }
+
+    /// A transaction on the pool, with this replica's policy copy.
+    async fn begin(&self) -> Result<PgTx> {
+        Ok(PgTx {
+            tx: self.pool.begin().await?,
+            policy: PolicyView::new(&self.policy),
         })
     }
 
@@ -166,10 +178,10 @@ async fn listen(pool: PgPool, channel: String, replica: String, remote_commits: 
 
 #[async_trait]
 impl Transactions for PostgresStore {
-    type Tx = sqlx::Transaction<'static, Postgres>;
+    type Tx = PgTx;
 
     async fn begin_write(&self) -> Result<Self::Tx> {
-        Ok(self.pool.begin().await?)
+        self.begin().await
     }
 }
 
@@ -290,27 +302,33 @@ impl Policies for PostgresStore {
 
     async fn explain(&self, target: &ExplainTarget) -> Result<Explanation> {
         // One snapshot of the rules and grants, as a submit's statements would see them.
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .execute(&mut *tx)
+            .execute(&mut *tx.tx)
             .await?;
         explain::explain(tx, target).await
     }
 }
 
+/// Postgres's transaction (READ COMMITTED), and what it may use of the replica's policy copy.
+pub struct PgTx {
+    tx: sqlx::Transaction<'static, Postgres>,
+    policy: PolicyView,
+}
+
 /// Postgres's transaction: READ COMMITTED, with the locks the rules in `writes` need.
 #[async_trait]
-impl SqlTx for sqlx::Transaction<'static, Postgres> {
+impl SqlTx for PgTx {
     const INSERT_CALL: &'static str = sql::INSERT_CALL_AND_EVENT;
     const COMPLETE_BATCH: &'static str = sql::COMPLETE_BATCH_AT_ID;
 
     async fn rows<T: Send + 'static>(&mut self, run: Run<'_>, decode: Decode<T>) -> Result<Vec<T>> {
-        let rows = bound(run).fetch_all(&mut **self).await?;
+        let rows = bound(run).fetch_all(&mut *self.tx).await?;
         rows.iter().map(|row| decode(row)).collect()
     }
 
     async fn execute(&mut self, run: Run<'_>) -> Result<u64> {
-        Ok(bound(run).execute(&mut **self).await?.rows_affected())
+        Ok(bound(run).execute(&mut *self.tx).await?.rows_affected())
     }
 
     async fn resolve_call(&mut self, resolution: Resolution<'_>) -> Result<Option<(String, i64)>> {
@@ -329,7 +347,7 @@ impl SqlTx for sqlx::Transaction<'static, Postgres> {
         )
         .bind(agent.as_str())
         .bind(session.as_str())
-        .execute(&mut **self)
+        .execute(&mut *self.tx)
         .await?;
         Ok(())
     }
@@ -343,7 +361,7 @@ impl SqlTx for sqlx::Transaction<'static, Postgres> {
             "SELECT 1 FROM batches WHERE batch_id = ANY($1) ORDER BY batch_id FOR NO KEY UPDATE",
         )
         .bind(batches)
-        .execute(&mut **self)
+        .execute(&mut *self.tx)
         .await?;
         Ok(())
     }
@@ -372,19 +390,23 @@ impl SqlTx for sqlx::Transaction<'static, Postgres> {
                  FROM unnest($1::int4[]) AS k",
             )
         };
-        query.bind(&keys).execute(&mut **self).await?;
+        query.bind(&keys).execute(&mut *self.tx).await?;
         Ok(())
     }
 
     async fn lock_rules(&mut self) -> Result<()> {
         sqlx::query("LOCK TABLE rules IN EXCLUSIVE MODE")
-            .execute(&mut **self)
+            .execute(&mut *self.tx)
             .await?;
         Ok(())
     }
 
+    fn policy_view(&mut self) -> Option<&mut PolicyView> {
+        Some(&mut self.policy)
+    }
+
     async fn commit(self) -> Result<()> {
-        Ok(sqlx::Transaction::commit(self).await?)
+        Ok(self.tx.commit().await?)
     }
 }
 

@@ -6,8 +6,11 @@
 //! No SQL text here (it is in `statements`), and nothing a backend would do differently: a
 //! difference belongs in [`SqlTx`], where both backends show what they do.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 
+use super::policy_cache::{self, PolicyCache, PolicyView};
 use super::rows::{Columns, call_from_row, grant_from_row, rule_from_row, stored};
 use super::statements::{self as sql, GrantsNamed};
 use crate::domain::policy::{
@@ -112,10 +115,9 @@ pub trait SqlTx: Send {
         Ok(())
     }
 
-    /// The rules as this transaction read them, for a backend that keeps them: where this
-    /// transaction is the only writer, only its own rule changes (which drop the copy) make
-    /// them stale.
-    fn rules_read(&mut self) -> Option<&mut Option<Vec<Rule>>> {
+    /// The process's copy of rules and grants as this transaction may use it (see
+    /// `policy_cache`), for a backend that keeps one; `None` reads the tables every time.
+    fn policy_view(&mut self) -> Option<&mut PolicyView> {
         None
     }
 
@@ -419,14 +421,17 @@ impl<T: SqlTx> PolicyTx for T {
     }
 
     async fn rules(&mut self) -> Result<Vec<Rule>> {
-        if let Some(Some(rules)) = self.rules_read() {
-            return Ok(rules.clone());
+        let kept = kept_policy(self).await?;
+        if let Some((cache, version)) = &kept
+            && let Some(rules) = cache.rules(*version)
+        {
+            return Ok(rules);
         }
         let rules = self
             .rows(Run::read(sql::RULES, &[]), |row| rule_from_row(row))
             .await?;
-        if let Some(kept) = self.rules_read() {
-            *kept = Some(rules.clone());
+        if let Some((cache, version)) = kept {
+            cache.keep_rules(version, &rules);
         }
         Ok(rules)
     }
@@ -442,6 +447,23 @@ impl<T: SqlTx> PolicyTx for T {
             return Ok(Vec::new());
         }
         let mut params = vec![Param::Int(now.as_micros()), Param::Text(agent.as_str())];
+        if let Some((cache, version)) = kept_policy(self).await? {
+            if let Some(grants) = cache.grants(version, agent, session, tools, now) {
+                return Ok(grants);
+            }
+            // Every tool's, so the next submit of this agent and session, whatever its tools,
+            // reads none.
+            params.extend(session.map(|session| Param::Text(session.as_str())));
+            let statement = match session {
+                Some(_) => sql::AGENT_SESSION_GRANTS,
+                None => sql::AGENT_GRANTS,
+            };
+            let grants = self
+                .rows(Run::read(statement, &params), |row| grant_from_row(row))
+                .await?;
+            cache.keep_grants(version, agent, session, now, &grants);
+            return Ok(policy_cache::of_tools(&grants, tools, now));
+        }
         params.extend(tools.iter().map(|tool| Param::Text(tool.as_str())));
         params.extend(session.map(|session| Param::Text(session.as_str())));
         let statement = sql::live_grants(tools.len(), session.is_some());
@@ -450,6 +472,7 @@ impl<T: SqlTx> PolicyTx for T {
     }
 
     async fn insert_grant(&mut self, spec: &GrantSpec) -> Result<Grant> {
+        policy_changed(self);
         let (session, workspace) = match &spec.scope {
             GrantScope::Session(s) => (Some(s.as_str()), None),
             GrantScope::Workspace(w) => (None, Some(w.as_str())),
@@ -523,6 +546,7 @@ impl<T: SqlTx> PolicyTx for T {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
+        policy_changed(self);
         let mut params = vec![Param::Int(now.as_micros()), Param::Text(by)];
         params.extend(ids.iter().map(|id| Param::Int(*id)));
         let statement = sql::revoke(ids.len());
@@ -555,7 +579,7 @@ impl<T: SqlTx> PolicyTx for T {
     }
 
     async fn insert_rule(&mut self, rule: &Rule) -> Result<bool> {
-        forget_rules(self);
+        policy_changed(self);
         let matcher = rule.matcher.to_json().to_string();
         let escalation = rule.escalation.to_stored();
         let params = [
@@ -575,14 +599,14 @@ impl<T: SqlTx> PolicyTx for T {
     }
 
     async fn delete_rule(&mut self, id: &RuleId) -> Result<bool> {
-        forget_rules(self);
+        policy_changed(self);
         let params = [Param::Text(id.as_str())];
         let deleted = self.execute(Run::write(sql::DELETE_RULE, &params)).await?;
         Ok(deleted == 1)
     }
 
     async fn set_rule_mode(&mut self, id: &RuleId, mode: RuleMode) -> Result<bool> {
-        forget_rules(self);
+        policy_changed(self);
         let params = [Param::Int(mode.code()), Param::Text(id.as_str())];
         let changed = self
             .execute(Run::write(sql::SET_RULE_MODE, &params))
@@ -608,7 +632,7 @@ impl<T: SqlTx> PolicyTx for T {
     }
 
     async fn delete_file_rules(&mut self) -> Result<()> {
-        forget_rules(self);
+        policy_changed(self);
         // Replicas starting at once load their files one after the other (submits, which only
         // read rules, are not held up).
         self.lock_rules().await?;
@@ -619,9 +643,32 @@ impl<T: SqlTx> PolicyTx for T {
     }
 }
 
-/// Drops the rules a transaction kept, before it changes them.
-fn forget_rules(tx: &mut impl SqlTx) {
-    if let Some(kept) = tx.rules_read() {
-        *kept = None;
+/// Before a transaction changes rules or grants: from then on it reads the tables, which hold its
+/// own change, and keeps nothing it reads (the change might roll back).
+fn policy_changed(tx: &mut impl SqlTx) {
+    if let Some(view) = tx.policy_view() {
+        view.changed();
     }
+}
+
+/// The process's copy of rules and grants, and the policy version this transaction reads it at
+/// (read now if this is its first policy read); `None` where it reads the tables.
+async fn kept_policy(tx: &mut impl SqlTx) -> Result<Option<(Arc<PolicyCache>, i64)>> {
+    let Some((cache, seen)) = tx.policy_view().and_then(|view| view.usable()) else {
+        return Ok(None);
+    };
+    if let Some(version) = seen {
+        return Ok(Some((cache, version)));
+    }
+    let version = first(
+        tx.rows(Run::read(sql::POLICY_VERSION, &[]), |row| {
+            row.int("version")
+        })
+        .await?,
+    )
+    .ok_or_else(|| Error::Internal("the policy version row is missing".into()))?;
+    if let Some(view) = tx.policy_view() {
+        view.read(version);
+    }
+    Ok(Some((cache, version)))
 }

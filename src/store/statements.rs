@@ -364,6 +364,19 @@ pub fn grants_named(target: &RevokeTarget) -> GrantsNamed<'_> {
     }
 }
 
+/// The policy version (migrations sqlite 0013, postgres 0010): moved by every change to rules or
+/// grants, in its transaction (see `policy_cache`).
+pub const POLICY_VERSION: &str = "SELECT version FROM policy_version";
+/// Agent `$2`'s grants active at `$1`, for every tool: what the policy cache keeps of an agent.
+pub const AGENT_GRANTS: &str = select_grants!(
+    "WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $1) AND agent = $2 ORDER BY id"
+);
+/// [`AGENT_GRANTS`], and of session grants only those of session `$3`.
+pub const AGENT_SESSION_GRANTS: &str = select_grants!(
+    "WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $1) AND agent = $2 \
+     AND (session_id IS NULL OR session_id = $3) ORDER BY id"
+);
+
 /// Agent `$2`'s grants active at `$1` for any of `tools` tools (`$3`...), and, given a
 /// session, only those of that session or of no session, oldest first.
 pub fn live_grants(tools: usize, session: bool) -> String {
@@ -458,6 +471,9 @@ mod tests {
             (PRUNE_CALLS_OF_BATCH, 1),
             (ADVANCE_PRUNED_THROUGH, 1),
             (PRUNED_THROUGH, 0),
+            (POLICY_VERSION, 0),
+            (AGENT_GRANTS, 2),
+            (AGENT_SESSION_GRANTS, 3),
         ];
         let mut all: Vec<(String, usize)> =
             fixed.iter().map(|(sql, n)| (sql.to_string(), *n)).collect();

@@ -29,6 +29,7 @@ mod idempotency;
 mod inbox;
 mod limits;
 mod lookalikes;
+mod policy_cache;
 mod recovery;
 mod replay;
 mod replicas;

@@ -22,10 +22,10 @@ use tokio::sync::{Notify, mpsc};
 
 use super::Synchronous;
 use crate::domain::Event;
-use crate::domain::policy::Rule;
 use crate::error::{Error, Result, StorageFault};
 use crate::operations::Transactions;
 use crate::store::CommittedEvents;
+use crate::store::policy_cache::{PolicyCache, PolicyView};
 use crate::store::primitives::{Decode, Param, Resolution, Run, SqlTx};
 use crate::store::rows::{Columns, event_from_row};
 use crate::store::statements as sql;
@@ -50,6 +50,8 @@ pub struct WriteConnection {
     commits: Arc<AtomicU64>,
     published: Arc<Mutex<Published>>,
     files: Arc<DatabaseFiles>,
+    /// The rules and grants, kept between transactions (see `policy_cache`).
+    policy: Arc<PolicyCache>,
 }
 
 /// The database's files as this process opened them (device and inode of the database, its WAL
@@ -181,6 +183,7 @@ impl WriteConnection {
                 missed: Arc::default(),
             })),
             files: Arc::clone(&files),
+            policy: Arc::default(),
         };
         let checkpointer = connect(path, synchronous)?;
         let (home, commits) = (Arc::downgrade(&writer.home), Arc::clone(&writer.commits));
@@ -275,7 +278,7 @@ impl WriteConnection {
             commits: Arc::clone(&self.commits),
             files: Arc::clone(&self.files),
             writes: 0,
-            rules: None,
+            policy: PolicyView::new(&self.policy),
         };
         if !tx.conn().is_autocommit() {
             // The rollback that ended the last transaction failed: try again, or the BEGIN
@@ -395,10 +398,9 @@ pub struct SqliteTx {
     commits: Arc<AtomicU64>,
     files: Arc<DatabaseFiles>,
     writes: u64,
-    /// The rules as this transaction sees them, read once: a group of submits shares one read.
-    /// Only this transaction could change them before it ends (it is the only writer), and its
-    /// own rule changes drop the copy.
-    rules: Option<Vec<Rule>>,
+    /// The process's rules and grants as this transaction may use them: a group of submits
+    /// reads the policy version once.
+    policy: PolicyView,
 }
 
 impl Drop for SqliteTx {
@@ -492,8 +494,8 @@ impl SqlTx for SqliteTx {
         Ok(Some((batch_id, seq)))
     }
 
-    fn rules_read(&mut self) -> Option<&mut Option<Vec<Rule>>> {
-        Some(&mut self.rules)
+    fn policy_view(&mut self) -> Option<&mut PolicyView> {
+        Some(&mut self.policy)
     }
 
     /// `None` once SQLite rolled the transaction back by itself (after some errors: I/O, a full
