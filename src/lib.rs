@@ -32,6 +32,9 @@
 //!   backend each: `sqlite/` (its one `writer` thread and `group_commit`) and `postgres`; the SQL
 //!   both run is written once (`statements`), as is the keyset `listing`; `database` parses the
 //!   URL once; `health` watches whether writes work.
+//! - `receipts/`: signed receipts (DSSE over in-toto, Ed25519): the signing key, the offline
+//!   verifier and the `verify` command; the statement itself is `domain::receipt`, and the
+//!   store signs it in the transaction that writes the outcome (`store::primitives`).
 //! - `events.rs`: the in-memory fan-out of committed events to every stream; `expiry.rs`: the
 //!   deadline sweeper.
 //! - `startup.rs` wires the parts and serves them; `config.rs` parses the settings once;
@@ -54,6 +57,7 @@ pub mod mcp;
 pub mod meters;
 pub mod operations;
 pub mod proto;
+pub mod receipts;
 pub mod startup;
 pub mod store;
 pub mod stream_slots;

@@ -18,6 +18,9 @@ async fn main() -> ExitCode {
     if let Some(Command::McpGateway(gateway)) = &config.command {
         return approval_broker::mcp::run(gateway).await;
     }
+    if let Some(Command::Verify(args)) = &config.command {
+        return approval_broker::receipts::command::run(args);
+    }
     telemetry::init("info", config.telemetry.log_format == "json");
     match &config.command {
         Some(Command::Migrate) => {
@@ -30,7 +33,9 @@ async fn main() -> ExitCode {
             };
         }
         Some(Command::HashToken { token }) => return hash_token(token.clone()),
-        Some(Command::Hook(_) | Command::McpGateway(_)) => unreachable!("answered above"),
+        Some(Command::Hook(_) | Command::McpGateway(_) | Command::Verify(_)) => {
+            unreachable!("answered above")
+        }
         None => {}
     }
     let listener = match TcpListener::bind(config.serve.listen).await {

@@ -24,6 +24,7 @@ use crate::grpc::oversize::MessageLimitStatus;
 use crate::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi, reflection};
 use crate::inbox::InboxPage;
 use crate::proto::{self, v1 as pb};
+use crate::receipts;
 use crate::store;
 use crate::store::health::{self, StorageHealth, Watched};
 use crate::webhooks::Dispatcher;
@@ -48,9 +49,12 @@ pub async fn run(
     let database = config.store.database()?;
     // Held until the server stops (or its task is dropped): one broker per SQLite file.
     let _only_broker = store::claim(&database)?;
+    let notary = receipts::notary(config.receipts.mode, config.receipts.key.as_deref(), &database)?
+        .map(Arc::new);
+    let public_key = notary.as_ref().map(|n| *n.public_key());
     let storage = StorageHealth::new();
     let store: Arc<dyn store::Store> = Arc::new(Watched::new(
-        store::open(&database, config.texts.resolve()).await?,
+        store::open(&database, config.texts.resolve(), notary).await?,
         Arc::clone(&storage),
     ));
     if let Some(rules) = &policy_rules {
@@ -80,7 +84,8 @@ pub async fn run(
     let (stop, stopping) = watch::channel(false);
     let broker = Arc::new(
         Broker::new(store, bus, sweeper, config.limits(), stopping)
-            .with_webhooks(Arc::clone(&dispatcher)),
+            .with_webhooks(Arc::clone(&dispatcher))
+            .with_receipt_key(public_key),
     );
 
     let tokens = config.tokens()?.map(Arc::new);
@@ -304,7 +309,7 @@ fn tls_acceptor(config: &ServeSettings) -> Result<Option<TlsAcceptor>> {
 pub async fn migrate(config: &Config) -> Result<()> {
     let database = config.store.database()?;
     let _only_broker = store::claim(&database)?;
-    store::open(&database, config.texts.resolve()).await?;
+    store::open(&database, config.texts.resolve(), None).await?;
     tracing::info!(backend = database.backend(), "migrations applied");
     Ok(())
 }

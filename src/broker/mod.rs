@@ -8,7 +8,8 @@
 //! - `reads`: what the API reads (calls, batches, grants, rules, the event log's head);
 //! - `policy`: grant and rule administration, and Explain;
 //! - `prejudge`: matching large inputs off the store's writer;
-//! - `webhooks`: webhook endpoint administration.
+//! - `webhooks`: webhook endpoint administration;
+//! - `receipts`: reading signed receipts and the key they verify with.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
 use crate::meters::{self, StreamKind};
+use crate::receipts::PublicKey;
 use crate::store::Store;
 use crate::stream_slots::{StreamSlot, StreamSlots};
 use crate::webhooks::Dispatcher;
@@ -31,9 +33,11 @@ use crate::webhooks::Dispatcher;
 mod policy;
 mod prejudge;
 mod reads;
+mod receipts;
 mod webhooks;
 
 pub use prejudge::PREJUDGE_FROM_BYTES;
+pub use receipts::CheckedReceipt;
 
 /// Limits and defaults the broker applies to what clients send.
 #[derive(Debug, Clone)]
@@ -64,6 +68,8 @@ pub struct Broker {
     stopping: watch::Receiver<bool>,
     /// Webhook delivery, told of endpoint changes; `None` where nothing delivers (unit tests).
     webhooks: Option<Arc<Dispatcher>>,
+    /// The key this broker's receipts verify with; `None` when receipts are off.
+    receipt_key: Option<PublicKey>,
 }
 
 impl Broker {
@@ -93,12 +99,19 @@ impl Broker {
             limits,
             stopping,
             webhooks: None,
+            receipt_key: None,
         }
     }
 
     /// The broker with webhook delivery, which it tells of endpoint changes.
     pub fn with_webhooks(mut self, dispatcher: Arc<Dispatcher>) -> Self {
         self.webhooks = Some(dispatcher);
+        self
+    }
+
+    /// The broker whose outcomes are signed by the key `public` verifies (see `receipts`).
+    pub fn with_receipt_key(mut self, public: Option<PublicKey>) -> Self {
+        self.receipt_key = public;
         self
     }
 
@@ -266,7 +279,7 @@ mod tests {
     async fn new_streams_are_refused_while_draining() {
         let dir = tempfile::tempdir().unwrap();
         let database = Database::sqlite_file(dir.path().join("a.db"));
-        let store = crate::store::open(&database, ToolResultTexts::default())
+        let store = crate::store::open(&database, ToolResultTexts::default(), None)
             .await
             .unwrap();
         let bus = EventBus::new(store.clone(), 16).await.unwrap();

@@ -31,6 +31,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::primitives::{Decode, Param, Resolution, Run, SqlTx};
+use super::receipt_rows;
 use super::reads::{BackendReads, Reads};
 use super::statements as sql;
 use super::{Backend, Calls, Deadlines, EventLog, Policies};
@@ -41,6 +42,7 @@ use crate::domain::{
 };
 use crate::error::Result;
 use crate::operations::{Transactions, cancel, decide, expire, explain, policy_admin, submit};
+use crate::receipts::Notary;
 
 /// How many events one transaction of [`Store::sequence_events`] numbers at most.
 const SEQUENCER_CHUNK: i64 = 10_000;
@@ -57,6 +59,8 @@ pub struct PostgresStore {
     texts: ToolResultTexts,
     remote_commits: Arc<Notify>,
     listener: JoinHandle<()>,
+    /// What every outcome's receipt is signed with; `None` when receipts are off.
+    notary: Option<Arc<Notary>>,
 }
 
 /// The reads both backends answer alike are the shared ones (see `store::Backend`).
@@ -76,7 +80,13 @@ impl PostgresStore {
     /// Connects to `url` (`postgres://...`), applies the migrations under
     /// `migrations/postgres` (serialised across replicas by sqlx's migration lock), and starts
     /// listening for other replicas' commits.
-    pub async fn open(url: &str, max_connections: u32, texts: ToolResultTexts) -> Result<Self> {
+    /// Every outcome written through it is signed by `notary`, if given.
+    pub async fn open(
+        url: &str,
+        max_connections: u32,
+        texts: ToolResultTexts,
+        notary: Option<Arc<Notary>>,
+    ) -> Result<Self> {
         let replica = uuid::Uuid::new_v4().simple().to_string();
         let options: PgConnectOptions = url.parse()?;
         let pool = PgPoolOptions::new()
@@ -103,6 +113,7 @@ impl PostgresStore {
             texts,
             remote_commits,
             listener,
+            notary,
         })
     }
 
@@ -161,10 +172,13 @@ async fn listen(pool: PgPool, channel: String, replica: String, remote_commits: 
 
 #[async_trait]
 impl Transactions for PostgresStore {
-    type Tx = sqlx::Transaction<'static, Postgres>;
+    type Tx = PgTx;
 
     async fn begin_write(&self) -> Result<Self::Tx> {
-        Ok(self.pool.begin().await?)
+        Ok(PgTx {
+            tx: self.pool.begin().await?,
+            notary: self.notary.clone(),
+        })
     }
 }
 
@@ -281,23 +295,31 @@ impl Policies for PostgresStore {
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .execute(&mut *tx)
             .await?;
-        explain::explain(tx, target).await
+        explain::explain(PgTx { tx, notary: None }, target).await
     }
 }
 
-/// Postgres's transaction: READ COMMITTED, with the locks the rules in `writes` need.
+/// Postgres's transaction: READ COMMITTED, with the locks the rules in `writes` need, and the
+/// key its outcomes' receipts are signed with.
+pub struct PgTx {
+    tx: sqlx::Transaction<'static, Postgres>,
+    notary: Option<Arc<Notary>>,
+}
+
 #[async_trait]
-impl SqlTx for sqlx::Transaction<'static, Postgres> {
+impl SqlTx for PgTx {
     const INSERT_CALL: &'static str = sql::INSERT_CALL_AND_EVENT;
     const COMPLETE_BATCH: &'static str = sql::COMPLETE_BATCH_AT_ID;
+    /// Locked: the replicas append to the one chain in turn (see `receipt_rows`).
+    const CHAIN_HEAD: &'static str = receipt_rows::CHAIN_HEAD_LOCKED;
 
     async fn rows<T: Send + 'static>(&mut self, run: Run<'_>, decode: Decode<T>) -> Result<Vec<T>> {
-        let rows = bound(run).fetch_all(&mut **self).await?;
+        let rows = bound(run).fetch_all(&mut *self.tx).await?;
         rows.iter().map(|row| decode(row)).collect()
     }
 
     async fn execute(&mut self, run: Run<'_>) -> Result<u64> {
-        Ok(bound(run).execute(&mut **self).await?.rows_affected())
+        Ok(bound(run).execute(&mut *self.tx).await?.rows_affected())
     }
 
     async fn resolve_call(&mut self, resolution: Resolution<'_>) -> Result<Option<(String, i64)>> {
@@ -316,7 +338,7 @@ impl SqlTx for sqlx::Transaction<'static, Postgres> {
         )
         .bind(agent.as_str())
         .bind(session.as_str())
-        .execute(&mut **self)
+        .execute(&mut *self.tx)
         .await?;
         Ok(())
     }
@@ -330,7 +352,7 @@ impl SqlTx for sqlx::Transaction<'static, Postgres> {
             "SELECT 1 FROM batches WHERE batch_id = ANY($1) ORDER BY batch_id FOR NO KEY UPDATE",
         )
         .bind(batches)
-        .execute(&mut **self)
+        .execute(&mut *self.tx)
         .await?;
         Ok(())
     }
@@ -359,19 +381,23 @@ impl SqlTx for sqlx::Transaction<'static, Postgres> {
                  FROM unnest($1::int4[]) AS k",
             )
         };
-        query.bind(&keys).execute(&mut **self).await?;
+        query.bind(&keys).execute(&mut *self.tx).await?;
         Ok(())
     }
 
     async fn lock_rules(&mut self) -> Result<()> {
         sqlx::query("LOCK TABLE rules IN EXCLUSIVE MODE")
-            .execute(&mut **self)
+            .execute(&mut *self.tx)
             .await?;
         Ok(())
     }
 
+    fn notary(&self) -> Option<Arc<Notary>> {
+        self.notary.clone()
+    }
+
     async fn commit(self) -> Result<()> {
-        Ok(sqlx::Transaction::commit(self).await?)
+        Ok(self.tx.commit().await?)
     }
 }
 

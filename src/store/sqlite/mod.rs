@@ -13,6 +13,7 @@ mod webhooks;
 mod writer;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -30,6 +31,7 @@ use crate::domain::{
 };
 use crate::error::{Error, Result};
 use crate::operations::{Transactions, expire, explain, policy_admin};
+use crate::receipts::Notary;
 
 /// SQLite's `synchronous` setting for the database file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -78,6 +80,7 @@ impl SqliteStore {
         path: &Path,
         synchronous: Synchronous,
         texts: ToolResultTexts,
+        notary: Option<Arc<Notary>>,
     ) -> Result<Self> {
         let options = SqliteConnectOptions::new()
             .filename(path)
@@ -99,7 +102,7 @@ impl SqliteStore {
             .max_connections(4)
             .connect_with(options.read_only(true))
             .await?;
-        let writer = WriteConnection::open(path, synchronous)?;
+        let writer = WriteConnection::open(path, synchronous, notary)?;
         Ok(Self {
             group: GroupCommit::start(writer.clone(), texts.clone())?,
             writer,
@@ -274,7 +277,7 @@ mod tests {
         else {
             panic!("{url} names no SQLite file");
         };
-        SqliteStore::open(&path, synchronous, ToolResultTexts::default())
+        SqliteStore::open(&path, synchronous, ToolResultTexts::default(), None)
             .await
             .unwrap()
     }
