@@ -66,7 +66,11 @@ pub struct ReceiptsSettings {
     /// The Ed25519 key receipts are signed with: a PKCS#8 `PRIVATE KEY` PEM (as `openssl genpkey
     /// -algorithm ed25519` writes) or a file of the 32-byte seed. Default with SQLite:
     /// `<database file>.receipt-key.pem`, created (mode 0600) on first start.
-    #[arg(id = "receipt_key", long = "receipt-key", env = "APPROVALS_RECEIPT_KEY")]
+    #[arg(
+        id = "receipt_key",
+        long = "receipt-key",
+        env = "APPROVALS_RECEIPT_KEY"
+    )]
     pub key: Option<PathBuf>,
 }
 

@@ -49,8 +49,12 @@ pub async fn run(
     let database = config.store.database()?;
     // Held until the server stops (or its task is dropped): one broker per SQLite file.
     let _only_broker = store::claim(&database)?;
-    let notary = receipts::notary(config.receipts.mode, config.receipts.key.as_deref(), &database)?
-        .map(Arc::new);
+    let notary = receipts::notary(
+        config.receipts.mode,
+        config.receipts.key.as_deref(),
+        &database,
+    )?
+    .map(Arc::new);
     let public_key = notary.as_ref().map(|n| *n.public_key());
     let storage = StorageHealth::new();
     let store: Arc<dyn store::Store> = Arc::new(Watched::new(

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use ring::rand::SystemRandom;
+use ring::rand::{SecureRandom as _, SystemRandom};
 use ring::signature::Ed25519KeyPair;
 
 use super::Notary;
@@ -18,9 +18,18 @@ use crate::store::Database;
 
 const KEY_FIELD: &str = "--receipt-key";
 
+/// The DER of an Ed25519 PKCS#8 v1 private key (RFC 8410) up to its 32-byte seed.
+const PKCS8_V1_PREFIX: [u8; 16] = [
+    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
+];
+
 /// The notary receipts are signed with, as the settings and the database say: `None` when
 /// receipts are off.
-pub fn notary(mode: ReceiptsMode, key: Option<&Path>, database: &Database) -> Result<Option<Notary>> {
+pub fn notary(
+    mode: ReceiptsMode,
+    key: Option<&Path>,
+    database: &Database,
+) -> Result<Option<Notary>> {
     if mode == ReceiptsMode::Off {
         return Ok(None);
     }
@@ -60,9 +69,8 @@ pub fn beside(database: &Path) -> PathBuf {
 /// Reads a PKCS#8 `PRIVATE KEY` PEM (what `openssl genpkey -algorithm ed25519` writes, or the
 /// broker generated), or a file of exactly 32 bytes: a raw Ed25519 seed.
 pub fn load(path: &Path) -> Result<Notary> {
-    let bytes = std::fs::read(path).map_err(|e| {
-        Error::invalid(KEY_FIELD, format!("cannot read {}: {e}", path.display()))
-    })?;
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::invalid(KEY_FIELD, format!("cannot read {}: {e}", path.display())))?;
     if bytes.len() == 32 {
         let seed: [u8; 32] = bytes.try_into().expect("32 bytes");
         return Notary::from_seed(&seed);
@@ -93,19 +101,24 @@ fn load_or_create(path: &Path) -> Result<Notary> {
     if path.exists() {
         return load(path);
     }
-    let pkcs8 = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new())
+    let mut seed = [0u8; 32];
+    SystemRandom::new()
+        .fill(&mut seed)
         .map_err(|_| Error::Internal("no randomness to generate a receipt key".into()))?;
+    // PKCS#8 v1, as `openssl genpkey` writes it (OpenSSL 3.0 cannot read ring's v2), so
+    // `openssl pkey -pubout` derives the public key from the file.
+    let mut pkcs8 = PKCS8_V1_PREFIX.to_vec();
+    pkcs8.extend_from_slice(&seed);
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
     let written = options.open(path).and_then(|mut file| {
-        file.write_all(pem("PRIVATE KEY", pkcs8.as_ref()).as_bytes())?;
+        file.write_all(pem("PRIVATE KEY", &pkcs8).as_bytes())?;
         file.sync_all()
     });
-    written.map_err(|e| {
-        Error::invalid(KEY_FIELD, format!("cannot create {}: {e}", path.display()))
-    })?;
+    written
+        .map_err(|e| Error::invalid(KEY_FIELD, format!("cannot create {}: {e}", path.display())))?;
     tracing::info!(path = %path.display(), "generated the receipt signing key");
     load(path)
 }
@@ -169,7 +182,10 @@ mod tests {
         let seed: [u8; 32] = der[der.len() - 32..].try_into().unwrap();
         let seed_path = dir.path().join("key.seed");
         std::fs::write(&seed_path, seed).unwrap();
-        assert_eq!(from_pem.public_key(), load(&seed_path).unwrap().public_key());
+        assert_eq!(
+            from_pem.public_key(),
+            load(&seed_path).unwrap().public_key()
+        );
     }
 
     #[test]
@@ -186,6 +202,9 @@ mod tests {
         let notary = Notary::from_seed(&[7; 32]).unwrap();
         let key = notary.public_key();
         assert_eq!(super::super::PublicKey::parse(&key.to_pem()).unwrap(), *key);
-        assert_eq!(super::super::PublicKey::parse(&key.to_base64()).unwrap(), *key);
+        assert_eq!(
+            super::super::PublicKey::parse(&key.to_base64()).unwrap(),
+            *key
+        );
     }
 }

@@ -131,9 +131,9 @@ impl PublicKey {
                 Error::invalid("key", "is neither a PUBLIC KEY PEM nor base64 of 32 bytes")
             })?
         };
-        let raw: [u8; 32] = bytes.try_into().map_err(|_| {
-            Error::invalid("key", "an Ed25519 public key has 32 bytes")
-        })?;
+        let raw: [u8; 32] = bytes
+            .try_into()
+            .map_err(|_| Error::invalid("key", "an Ed25519 public key has 32 bytes"))?;
         Ok(Self(raw))
     }
 

@@ -47,7 +47,10 @@ pub fn receipt(envelope: &str, key: &PublicKey) -> Result<Verified, String> {
         .as_str()
         .and_then(|p| BASE64.decode(p).ok())
         .ok_or("payload is not base64")?;
-    let signatures = envelope["signatures"].as_array().cloned().unwrap_or_default();
+    let signatures = envelope["signatures"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     if signatures.is_empty() {
         return Err("the envelope has no signature".into());
     }
@@ -178,8 +181,8 @@ pub fn envelopes_in(text: &str) -> Result<Vec<String>, String> {
         if line.trim().is_empty() {
             continue;
         }
-        let document: Value = serde_json::from_str(line)
-            .map_err(|e| format!("line {} is not JSON: {e}", i + 1))?;
+        let document: Value =
+            serde_json::from_str(line).map_err(|e| format!("line {} is not JSON: {e}", i + 1))?;
         envelopes.extend(
             envelopes_of(&document)
                 .ok_or_else(|| format!("line {} is neither an envelope nor a Receipt", i + 1))?,
@@ -281,7 +284,9 @@ mod tests {
 
     fn statement_of(envelope: &str) -> Value {
         let envelope: Value = serde_json::from_str(envelope).unwrap();
-        let payload = BASE64.decode(envelope["payload"].as_str().unwrap()).unwrap();
+        let payload = BASE64
+            .decode(envelope["payload"].as_str().unwrap())
+            .unwrap();
         serde_json::from_slice(&payload).unwrap()
     }
 
@@ -321,8 +326,8 @@ mod tests {
                 Value::Bool(b) => Value::Bool(!*b),
                 _ => Value::String("x".into()),
             };
-            let err = receipt(&with_statement(sealed, &changed), notary.public_key())
-                .expect_err(&path);
+            let err =
+                receipt(&with_statement(sealed, &changed), notary.public_key()).expect_err(&path);
             assert!(err.contains("signature does not verify"), "{path}: {err}");
         }
     }

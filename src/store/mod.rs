@@ -271,8 +271,6 @@ pub async fn open(
         Database::Postgres {
             url,
             max_connections,
-        } => std::sync::Arc::new(
-            PostgresStore::open(url, *max_connections, texts, notary).await?,
-        ),
+        } => std::sync::Arc::new(PostgresStore::open(url, *max_connections, texts, notary).await?),
     })
 }

@@ -31,8 +31,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::primitives::{Decode, Param, Resolution, Run, SqlTx};
-use super::receipt_rows;
 use super::reads::{BackendReads, Reads};
+use super::receipt_rows;
 use super::statements as sql;
 use super::{Backend, Calls, Deadlines, EventLog, Policies};
 use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};

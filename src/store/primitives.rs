@@ -14,12 +14,12 @@ use super::receipt_rows;
 use super::rows::{Columns, call_from_row, grant_from_row, rule_from_row, stored};
 use super::statements::{self as sql, GrantsNamed};
 use crate::domain::policy::{Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId, RuleSource};
+use crate::domain::receipt::{self, ChainLink, sha256_hex};
 use crate::domain::{
     AgentId, BatchId, Call, CallKey, EventKind, NewBatch, NewCall, OnDeny, Outcome, SessionId,
     Timestamp, ToolInput, ToolName,
 };
 use crate::error::{Error, Result};
-use crate::domain::receipt::{self, ChainLink, sha256_hex};
 use crate::operations::{PolicyTx, Resolved, Stored, WriteTx};
 use crate::receipts::Notary;
 
@@ -584,9 +584,11 @@ async fn append_receipt<T: SqlTx>(tx: &mut T, notary: &Notary, rowid: i64) -> Re
         Param::Text(&digest),
         Param::Text(&envelope),
     ];
-    tx.execute(Run::write(receipt_rows::INSERT_RECEIPT, &params)).await?;
+    tx.execute(Run::write(receipt_rows::INSERT_RECEIPT, &params))
+        .await?;
     let params = [Param::Int(sequence), Param::Text(&digest)];
-    tx.execute(Run::write(receipt_rows::ADVANCE_CHAIN, &params)).await?;
+    tx.execute(Run::write(receipt_rows::ADVANCE_CHAIN, &params))
+        .await?;
     Ok(())
 }
 

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 
 use super::listing::{Dialect, Listing, call_page, grant_page};
-use super::rows::{Columns, call_from_row, event_from_row, rule_from_row};
 use super::receipt_rows::{self, StoredReceipt, receipt_from_row};
+use super::rows::{Columns, call_from_row, event_from_row, rule_from_row};
 use super::statements as sql;
 use super::webhook_rows::{SELECT_WEBHOOK, SELECT_WEBHOOKS, not_found, webhook_from_row};
 use crate::domain::policy::Rule;

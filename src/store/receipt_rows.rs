@@ -10,8 +10,7 @@ use crate::error::Result;
 pub const CHAIN_HEAD: &str = "SELECT seq, digest FROM receipt_chain WHERE id = 1";
 /// Postgres: [`CHAIN_HEAD`], locked until the transaction ends. Writers of every replica run
 /// concurrently there; SQLite's are serialised already.
-pub const CHAIN_HEAD_LOCKED: &str =
-    "SELECT seq, digest FROM receipt_chain WHERE id = 1 FOR UPDATE";
+pub const CHAIN_HEAD_LOCKED: &str = "SELECT seq, digest FROM receipt_chain WHERE id = 1 FOR UPDATE";
 /// A receipt: its sequence `$1`, call (`$2`, `$3`, `$4`), payload digest `$5`, envelope `$6`.
 pub const INSERT_RECEIPT: &str = "INSERT INTO receipts \
      (seq, agent, session_id, call_id, digest, envelope) VALUES ($1, $2, $3, $4, $5, $6)";

@@ -103,7 +103,9 @@ async fn wait_decided(app: &TestApp, session: &str, call_id: &str) {
 
 /// Decides calls in every way the broker can: each outcome kind, by an approver, a rule, a
 /// grant, the broker, the agent and the deadline. Returns (session, call, outcome, decided by).
-async fn decide_every_way(app: &TestApp) -> Vec<(&'static str, &'static str, &'static str, String)> {
+async fn decide_every_way(
+    app: &TestApp,
+) -> Vec<(&'static str, &'static str, &'static str, String)> {
     create_rule(app, rule("reads", "read_file", pb::Effect::Allow, 0, None)).await;
     let shown = pb::CallSpec {
         title: "Delete the build".into(),
@@ -154,7 +156,7 @@ async fn decide_every_way(app: &TestApp) -> Vec<(&'static str, &'static str, &'s
         pb::Scope::Session,
         Some(any_input()),
     )
-        .await;
+    .await;
     submit(app, batch("g", vec![call("g2", "write", r#"{"n":2}"#)])).await;
     let due = pb::CallSpec {
         deadline: Some(deadline_in(Duration::from_millis(300))),
@@ -206,11 +208,18 @@ async fn every_outcome_gets_a_signed_receipt_naming_what_was_shown_and_who_decid
     );
     let denied = statement_of(&app, "s", "c2").await;
     assert_eq!(denied["predicate"]["reason"], "no network");
-    assert!(denied["predicate"]["runs"].is_null(), "a denied call runs nothing");
+    assert!(
+        denied["predicate"]["runs"].is_null(),
+        "a denied call runs nothing"
+    );
 }
 
 async fn statement_of(app: &TestApp, session: &str, call_id: &str) -> Value {
-    let receipt = get_receipt(app, session, call_id).await.unwrap().receipt.unwrap();
+    let receipt = get_receipt(app, session, call_id)
+        .await
+        .unwrap()
+        .receipt
+        .unwrap();
     statement(&receipt.envelope)
 }
 
@@ -246,7 +255,10 @@ async fn a_chain_with_receipts_swapped_removed_or_changed_fails_verification(app
     let mut tampered = good.clone();
     tampered[1] = forged.as_str();
     let err = verify::chain(tampered, &key).unwrap_err();
-    assert!(err.contains("receipt 2: the signature does not verify"), "{err}");
+    assert!(
+        err.contains("receipt 2: the signature does not verify"),
+        "{err}"
+    );
 }
 
 async fn a_receipt_changed_in_the_database_is_served_as_not_verified(app: TestApp) {
@@ -262,16 +274,27 @@ async fn a_receipt_changed_in_the_database_is_served_as_not_verified(app: TestAp
     match &app.backend {
         Backend::Sqlite => {
             let pool = sqlx::SqlitePool::connect(&app.database_url).await.unwrap();
-            sqlx::query(update).bind(&forged).execute(&pool).await.unwrap();
+            sqlx::query(update)
+                .bind(&forged)
+                .execute(&pool)
+                .await
+                .unwrap();
         }
         Backend::Postgres(_) => {
             let pool = sqlx::PgPool::connect(&app.database_url).await.unwrap();
-            sqlx::query(update).bind(&forged).execute(&pool).await.unwrap();
+            sqlx::query(update)
+                .bind(&forged)
+                .execute(&pool)
+                .await
+                .unwrap();
         }
     }
     let served = get_receipt(&app, "s", "c1").await.unwrap().receipt.unwrap();
     assert_eq!(served.envelope, forged);
-    assert!(!served.verified, "a changed receipt must not be served as verified");
+    assert!(
+        !served.verified,
+        "a changed receipt must not be served as verified"
+    );
 }
 
 async fn a_pending_call_has_no_receipt_yet_and_an_unknown_call_is_not_found(app: TestApp) {
@@ -291,7 +314,11 @@ async fn with_receipts_off_outcomes_get_none_and_get_receipt_says_why(app: TestA
     approve(&app, "s", "c1").await;
     let err = get_receipt(&app, "s", "c1").await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
-    assert!(err.message().contains("receipts were off"), "{}", err.message());
+    assert!(
+        err.message().contains("receipts were off"),
+        "{}",
+        err.message()
+    );
     assert!(export(&app).await.is_empty());
 }
 
@@ -352,9 +379,10 @@ async fn postgres_replicas_deciding_at_once_append_to_one_unforked_chain() {
             }
         }
     };
-    let (evens, odds): (Vec<_>, Vec<_>) = ids.iter().cloned().partition(|id| {
-        id.trim_start_matches('c').parse::<u32>().unwrap() % 2 == 0
-    });
+    let (evens, odds): (Vec<_>, Vec<_>) = ids
+        .iter()
+        .cloned()
+        .partition(|id| id.trim_start_matches('c').parse::<u32>().unwrap() % 2 == 0);
     tokio::join!(decide_all(&one, evens), decide_all(&two, odds));
     let chain = export(&two).await;
     assert_eq!(chain.len(), ids.len());
@@ -409,7 +437,10 @@ async fn the_verify_command_passes_a_good_chain_and_fails_naming_what_is_wrong()
     swapped.swap(0, 1);
     let (ok, _, stderr) = run(swapped);
     assert!(!ok);
-    assert!(stderr.contains("verification FAILED: receipt 2"), "{stderr}");
+    assert!(
+        stderr.contains("verification FAILED: receipt 2"),
+        "{stderr}"
+    );
     let other = Notary::from_seed(&[6; 32]).unwrap();
     std::fs::write(&key_file, other.public_key().to_base64()).unwrap();
     let (ok, _, stderr) = run(good[..1].to_vec());

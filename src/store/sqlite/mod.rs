@@ -13,8 +13,8 @@ mod webhooks;
 mod writer;
 
 use std::path::Path;
-use std::sync::Arc;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
