@@ -168,8 +168,9 @@ pub fn chain<'a>(
     summary.ok_or_else(|| "no receipt to verify".into())
 }
 
-/// The envelopes in `text`: one JSON document or JSON Lines, each an envelope, a `Receipt` as
-/// GetReceipt returns it (its `envelope` field), or an ExportReceipts page (its `receipts`).
+/// The envelopes in `text`: one JSON document or JSON Lines, each an envelope, a `Receipt` (its
+/// `envelope` field), GetReceipt's reply (its `receipt`) or an ExportReceipts page (its
+/// `receipts`).
 pub fn envelopes_in(text: &str) -> Result<Vec<String>, String> {
     if let Ok(document) = serde_json::from_str::<Value>(text) {
         return envelopes_of(&document).ok_or_else(|| {
@@ -197,6 +198,9 @@ fn envelopes_of(document: &Value) -> Option<Vec<String>> {
     }
     if let Some(envelope) = document.get("envelope").and_then(Value::as_str) {
         return Some(vec![envelope.to_owned()]);
+    }
+    if let Some(receipt) = document.get("receipt") {
+        return envelopes_of(receipt);
     }
     let receipts = document.get("receipts")?.as_array()?;
     receipts
@@ -387,7 +391,9 @@ mod tests {
         let notary = notary();
         let r = chain_of_three(&notary);
         assert_eq!(envelopes_in(&r[0]).unwrap(), vec![r[0].clone()]);
-        let reply = serde_json::json!({"sequence": "1", "envelope": r[0]}).to_string();
+        let receipt = serde_json::json!({"sequence": "1", "envelope": r[0]});
+        assert_eq!(envelopes_in(&receipt.to_string()).unwrap(), vec![r[0].clone()]);
+        let reply = serde_json::json!({"receipt": receipt, "key": {"keyId": "x"}}).to_string();
         assert_eq!(envelopes_in(&reply).unwrap(), vec![r[0].clone()]);
         let page = serde_json::json!({"receipts": [{"envelope": r[0]}, {"envelope": r[1]}]});
         assert_eq!(envelopes_in(&page.to_string()).unwrap().len(), 2);
