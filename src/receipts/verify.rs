@@ -392,7 +392,10 @@ mod tests {
         let r = chain_of_three(&notary);
         assert_eq!(envelopes_in(&r[0]).unwrap(), vec![r[0].clone()]);
         let receipt = serde_json::json!({"sequence": "1", "envelope": r[0]});
-        assert_eq!(envelopes_in(&receipt.to_string()).unwrap(), vec![r[0].clone()]);
+        assert_eq!(
+            envelopes_in(&receipt.to_string()).unwrap(),
+            vec![r[0].clone()]
+        );
         let reply = serde_json::json!({"receipt": receipt, "key": {"keyId": "x"}}).to_string();
         assert_eq!(envelopes_in(&reply).unwrap(), vec![r[0].clone()]);
         let page = serde_json::json!({"receipts": [{"envelope": r[0]}, {"envelope": r[1]}]});
