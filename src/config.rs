@@ -1,11 +1,12 @@
 //! Configuration: every setting is a flag with an environment fallback, grouped by concern
 //! (serving, database, request limits, streams, connections, authentication, policy, outcome
-//! texts, telemetry, webhooks). Invalid settings stop the broker at start with a message naming the
+//! texts, telemetry, webhooks, receipts). Invalid settings stop the broker at start with a message naming the
 //! setting (clap does that for us). A broker embedded in tests is configured explicitly
 //! ([`Config::for_tests`]) and never reads the environment.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -47,6 +48,8 @@ pub struct Config {
     pub escalation: EscalationSettings,
     #[command(flatten)]
     pub lifecycle: LifecycleSettings,
+    #[command(flatten)]
+    pub receipts: ReceiptsSettings,
 }
 
 /// What happens to calls nobody answers (see `domain::escalation`).
@@ -62,6 +65,53 @@ pub struct EscalationSettings {
         env = "APPROVALS_ESCALATION_FILE"
     )]
     pub file: Option<PathBuf>,
+}
+
+/// Signed receipts for every outcome (docs/receipts.md).
+#[derive(Debug, Clone, Args)]
+pub struct ReceiptsSettings {
+    /// Whether every outcome gets a signed receipt: `auto` (on with SQLite, whose key is
+    /// generated beside the database on first start; on with Postgres when --receipt-key is
+    /// given, else off with a warning), `on` (refuses to start without a key on Postgres), or
+    /// `off`.
+    #[arg(
+        id = "receipts",
+        long = "receipts",
+        env = "APPROVALS_RECEIPTS",
+        default_value = "auto"
+    )]
+    pub mode: ReceiptsMode,
+
+    /// The Ed25519 key receipts are signed with: a PKCS#8 `PRIVATE KEY` PEM (as `openssl genpkey
+    /// -algorithm ed25519` writes) or a file of the 32-byte seed. Default with SQLite:
+    /// `<database file>.receipt-key.pem`, created (mode 0600) on first start.
+    #[arg(
+        id = "receipt_key",
+        long = "receipt-key",
+        env = "APPROVALS_RECEIPT_KEY"
+    )]
+    pub key: Option<PathBuf>,
+}
+
+/// See [`ReceiptsSettings::mode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReceiptsMode {
+    Auto,
+    On,
+    Off,
+}
+
+impl FromStr for ReceiptsMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(ReceiptsMode::Auto),
+            "on" => Ok(ReceiptsMode::On),
+            "off" => Ok(ReceiptsMode::Off),
+            other => Err(format!("expected `auto`, `on` or `off`, got `{other}`")),
+        }
+    }
 }
 
 /// Where and how gRPC is served, and how it stops.
@@ -439,6 +489,9 @@ pub enum Command {
     /// Write the audit of a time range as JSON Lines (one object per call), read from the
     /// database directly (`--database-url`); safe while the broker runs.
     Export(crate::export::ExportArgs),
+    /// Verify signed receipts offline against the broker's public key: one receipt, or an
+    /// exported chain (in order, none missing). Exits non-zero naming what failed.
+    Verify(crate::receipts::command::VerifyArgs),
 }
 
 impl Config {

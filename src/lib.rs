@@ -33,6 +33,9 @@
 //!   backend each: `sqlite/` (its one `writer` thread and `group_commit`) and `postgres`; the SQL
 //!   both run is written once (`statements`), as is the keyset `listing`; `database` parses the
 //!   URL once; `health` watches whether writes work.
+//! - `receipts/`: signed receipts (DSSE over in-toto, Ed25519): the signing key, the offline
+//!   verifier and the `verify` command; the statement itself is `domain::receipt`, and the
+//!   store signs it in the transaction that writes the outcome (`store::primitives`).
 //! - `events.rs`: the in-memory fan-out of committed events to every stream; `expiry.rs`: the
 //!   deadline sweeper, which also fires escalation steps as they fall due; `retention.rs`:
 //!   pruning decided calls past `--retain-decided`; `export.rs`: the audit of a time range as
@@ -60,6 +63,7 @@ pub mod meters;
 pub mod operations;
 pub mod proto;
 pub mod retention;
+pub mod receipts;
 pub mod startup;
 pub mod store;
 pub mod stream_slots;

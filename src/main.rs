@@ -18,6 +18,9 @@ async fn main() -> ExitCode {
     if let Some(Command::McpGateway(gateway)) = &config.command {
         return approval_broker::mcp::run(gateway).await;
     }
+    if let Some(Command::Verify(args)) = &config.command {
+        return approval_broker::receipts::command::run(args);
+    }
     // Likewise: the export's standard output is the audit.
     if let Some(Command::Export(args)) = &config.command {
         return match config.store.database() {
@@ -68,7 +71,7 @@ async fn serve(config: Config) -> ExitCode {
             };
         }
         Some(Command::HashToken { token }) => return hash_token(token.clone()),
-        Some(Command::Hook(_) | Command::McpGateway(_) | Command::Export(_)) => {
+        Some(Command::Hook(_) | Command::McpGateway(_) | Command::Export(_) | Command::Verify(_)) => {
             unreachable!("answered above")
         }
         None => {}

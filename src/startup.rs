@@ -26,6 +26,7 @@ use crate::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi, refle
 use crate::inbox::InboxPage;
 use crate::proto::{self, v1 as pb};
 use crate::retention::Retention;
+use crate::receipts;
 use crate::store;
 use crate::store::health::{self, StorageHealth, Watched};
 use crate::webhooks::Dispatcher;
@@ -51,9 +52,16 @@ pub async fn run(
     let database = config.store.database()?;
     // Held until the server stops (or its task is dropped): one broker per SQLite file.
     let _only_broker = store::claim(&database)?;
+    let notary = receipts::notary(
+        config.receipts.mode,
+        config.receipts.key.as_deref(),
+        &database,
+    )?
+    .map(Arc::new);
+    let public_key = notary.as_ref().map(|n| *n.public_key());
     let storage = StorageHealth::new();
     let store: Arc<dyn store::Store> = Arc::new(Watched::new(
-        store::open(&database, config.texts.resolve()).await?,
+        store::open(&database, config.texts.resolve(), notary).await?,
         Arc::clone(&storage),
     ));
     if let Some(rules) = &policy_rules {
@@ -88,7 +96,8 @@ pub async fn run(
     let (stop, stopping) = watch::channel(false);
     let mut broker = Broker::new(store, bus, sweeper, config.limits(), stopping)
         .with_webhooks(Arc::clone(&dispatcher))
-        .with_default_escalation(default_escalation);
+        .with_default_escalation(default_escalation)
+        .with_receipt_key(public_key);
     if let Some(dir) = backup_dir(&config, &database) {
         broker = broker.with_backup_dir(dir);
     }
@@ -342,7 +351,7 @@ fn tls_acceptor(config: &ServeSettings) -> Result<Option<TlsAcceptor>> {
 pub async fn migrate(config: &Config) -> Result<()> {
     let database = config.store.database()?;
     let _only_broker = store::claim(&database)?;
-    store::open(&database, config.texts.resolve()).await?;
+    store::open(&database, config.texts.resolve(), None).await?;
     tracing::info!(backend = database.backend(), "migrations applied");
     Ok(())
 }

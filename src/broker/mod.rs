@@ -10,7 +10,8 @@
 //! - `rule_replay`: ReplayRule, a candidate rule judged against decided calls (read-only);
 //! - `prejudge`: matching large inputs off the store's writer;
 //! - `webhooks`: webhook endpoint administration;
-//! - `lifecycle`: the pruned horizon and backups.
+//! - `lifecycle`: the pruned horizon and backups;
+//! - `receipts`: reading signed receipts and the key they verify with.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +29,7 @@ use crate::error::{Error, Result};
 use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
 use crate::meters::{self, StreamKind};
+use crate::receipts::PublicKey;
 use crate::store::Store;
 use crate::stream_slots::{StreamSlot, StreamSlots};
 use crate::telemetry;
@@ -39,11 +41,13 @@ mod policy;
 mod prejudge;
 mod reads;
 mod rule_replay;
+mod receipts;
 mod webhooks;
 
 pub use lifecycle::{BackupName, BackupReport};
 pub use prejudge::PREJUDGE_FROM_BYTES;
 pub use rule_replay::{REPLAY_PAGE_BUDGET, ReplayPage};
+pub use receipts::CheckedReceipt;
 
 /// Limits and defaults the broker applies to what clients send.
 #[derive(Debug, Clone)]
@@ -79,6 +83,8 @@ pub struct Broker {
     default_escalation: Option<Arc<Ladder>>,
     /// Where the Backup RPC writes; `None` where the store is not a file (Postgres).
     backup_dir: Option<std::path::PathBuf>,
+    /// The key this broker's receipts verify with; `None` when receipts are off.
+    receipt_key: Option<PublicKey>,
 }
 
 impl Broker {
@@ -110,6 +116,7 @@ impl Broker {
             webhooks: None,
             default_escalation: None,
             backup_dir: None,
+            receipt_key: None,
         }
     }
 
@@ -122,6 +129,12 @@ impl Broker {
     /// The broker with webhook delivery, which it tells of endpoint changes.
     pub fn with_webhooks(mut self, dispatcher: Arc<Dispatcher>) -> Self {
         self.webhooks = Some(dispatcher);
+        self
+    }
+
+    /// The broker whose outcomes are signed by the key `public` verifies (see `receipts`).
+    pub fn with_receipt_key(mut self, public: Option<PublicKey>) -> Self {
+        self.receipt_key = public;
         self
     }
 
@@ -334,7 +347,7 @@ mod tests {
     async fn new_streams_are_refused_while_draining() {
         let dir = tempfile::tempdir().unwrap();
         let database = Database::sqlite_file(dir.path().join("a.db"));
-        let store = crate::store::open(&database, ToolResultTexts::default())
+        let store = crate::store::open(&database, ToolResultTexts::default(), None)
             .await
             .unwrap();
         let bus = EventBus::new(store.clone(), 16).await.unwrap();

@@ -16,6 +16,7 @@ pub mod json;
 mod listing;
 mod outcome;
 pub mod policy;
+pub mod receipt;
 mod time;
 pub mod webhook;
 

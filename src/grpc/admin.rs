@@ -249,4 +249,33 @@ impl pb::admin_service_server::AdminService for AdminApi {
             bytes: report.bytes,
         }))
     }
+
+    async fn export_receipts(
+        &self,
+        request: Request<pb::ExportReceiptsRequest>,
+    ) -> Result<Response<pb::ExportReceiptsResponse>, Status> {
+        let req = request.into_inner();
+        let page_size = parse::receipts_page_size(req.page_size)?;
+        let key = self.broker.receipt_key().as_ref().map(render::receipt_key);
+        let mut room = Room::new(self.broker.limits().max_reply_bytes);
+        if let Some(key) = &key {
+            room.charge(key);
+        }
+        let receipts = self
+            .broker
+            .receipts_after(req.after_sequence, page_size)
+            .await?;
+        let (receipts, complete) = room.fill(receipts.iter().map(render::receipt));
+        if receipts.is_empty() && !complete {
+            // An empty page means the end of the chain: never send one for a receipt that does
+            // not fit.
+            return Err(crate::error::Error::ResourceExhausted(format!(
+                "the receipt after sequence {} does not fit the reply limit \
+                 (--max-reply-bytes)",
+                req.after_sequence
+            ))
+            .into());
+        }
+        Ok(Response::new(pb::ExportReceiptsResponse { receipts, key }))
+    }
 }

@@ -107,6 +107,19 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
             next_page_token: parse::page_token(page.next),
         }))
     }
+
+    async fn get_receipt(
+        &self,
+        request: Request<pb::GetReceiptRequest>,
+    ) -> Result<Response<pb::GetReceiptResponse>, Status> {
+        let req = request.into_inner();
+        let key = parse::call_key(req.agent, req.session_id, req.call_id)?;
+        let receipt = self.broker.receipt(&key).await?;
+        Ok(Response::new(pb::GetReceiptResponse {
+            receipt: Some(render::receipt(&receipt)),
+            key: self.broker.receipt_key().as_ref().map(render::receipt_key),
+        }))
+    }
 }
 
 struct Subscriber {

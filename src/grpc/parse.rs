@@ -560,6 +560,11 @@ pub fn page(query: &mut CallQuery, page_size: u32, page_token: &str) -> Result<(
     Ok(())
 }
 
+/// ExportReceipts' `page_size`: 0 is the default page.
+pub fn receipts_page_size(page_size: u32) -> Result<u32> {
+    Ok(paging(page_size, "")?.0)
+}
+
 /// A page's size and where it starts, from a request's `page_size` and `page_token`.
 fn paging(page_size: u32, page_token: &str) -> Result<(u32, Option<Cursor>)> {
     let limit = match page_size {

@@ -387,3 +387,21 @@ pub fn explanation(e: &Explanation, now: Timestamp) -> pb::ExplainResponse {
         truncated: false,
     }
 }
+
+/// A receipt as read, with whether it verified (see `broker::receipts`).
+pub fn receipt(checked: &crate::broker::CheckedReceipt) -> pb::Receipt {
+    pb::Receipt {
+        sequence: checked.stored.sequence,
+        envelope: checked.stored.envelope.clone(),
+        verified: checked.verified,
+    }
+}
+
+/// The key receipts verify with, in each form a verifier may want.
+pub fn receipt_key(key: &crate::receipts::PublicKey) -> pb::ReceiptKey {
+    pb::ReceiptKey {
+        key_id: key.key_id(),
+        public_key: key.to_base64(),
+        public_key_pem: key.to_pem(),
+    }
+}

@@ -25,7 +25,7 @@ impl Db {
     pub async fn new() -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let path = dir.path().join("ops.db");
-        let store = SqliteStore::open(&path, Synchronous::Normal, texts())
+        let store = SqliteStore::open(&path, Synchronous::Normal, texts(), Some(notary()))
             .await
             .expect("a fresh store");
         Self { _dir: dir, store }
@@ -53,6 +53,12 @@ impl Db {
 
 pub fn texts() -> ToolResultTexts {
     ToolResultTexts::default()
+}
+
+/// The key these tests' outcomes are signed with: every operation runs with receipts on, as
+/// the broker does by default.
+pub fn notary() -> std::sync::Arc<crate::receipts::Notary> {
+    std::sync::Arc::new(crate::receipts::Notary::from_seed(&[9; 32]).expect("a seed"))
 }
 
 pub fn key(session: &str, call_id: &str) -> CallKey {

@@ -14,6 +14,7 @@ mod postgres;
 mod primitives;
 mod reads;
 mod retention;
+mod receipt_rows;
 mod rows;
 mod sqlite;
 pub mod statements;
@@ -35,13 +36,14 @@ use crate::error::Result;
 pub use database::Database;
 pub use postgres::PostgresStore;
 pub use reads::{BackendReads, PoolStats};
+pub use receipt_rows::StoredReceipt;
 pub use sqlite::{ProcessLock, SqliteStore, Synchronous};
 
 /// The broker's durable state: every part below, from one backend. What startup opens and the
 /// broker holds; each other part of the broker needs only the part it names.
-pub trait Store: Calls + Deadlines + EventLog + Policies + Webhooks + Lifecycle {}
+pub trait Store: Calls + Deadlines + EventLog + Policies + Webhooks + Lifecycle + Receipts {}
 
-impl<T: Calls + Deadlines + EventLog + Policies + Webhooks + Lifecycle> Store for T {}
+impl<T: Calls + Deadlines + EventLog + Policies + Webhooks + Lifecycle + Receipts> Store for T {}
 
 /// What every part of a store shares: the reads both backends answer alike, from their own
 /// pools ([`BackendReads`]). The parts' read methods default to them; a backend writes only what
@@ -269,6 +271,24 @@ pub trait Lifecycle: Backend {
     async fn backup(&self, to: &std::path::Path) -> Result<()>;
 }
 
+/// Signed receipts, as the outcomes' transactions wrote them (see `crate::receipts`). Read only:
+/// a receipt is written by the primitive that writes its outcome, nowhere else.
+#[async_trait]
+pub trait Receipts: Backend {
+    /// The receipt of a call; `None` for a pending call (or one decided while receipts were
+    /// off).
+    async fn receipt(&self, key: &CallKey) -> Result<Option<StoredReceipt>> {
+        self.reads().receipt(key).await
+    }
+
+    /// At most `limit` receipts after sequence `after`, in chain order.
+    async fn receipts_after(&self, after: u64, limit: u32) -> Result<Vec<StoredReceipt>> {
+        self.reads().receipts_after(after, limit).await
+    }
+}
+
+impl<T: Backend> Receipts for T {}
+
 /// Committed events, handed over by the writer (see [`EventLog::take_committed_events`]). Best
 /// effort: events that could not be handed over (the queue was full, or reading them failed) are
 /// signalled on `missed`, and the pump reads them from the log.
@@ -322,17 +342,19 @@ pub async fn open_reads(database: &Database) -> Result<BackendReads> {
 }
 
 /// Opens the store on `database` and applies its migrations.
+/// Every outcome written through it is signed by `notary`, if given.
 pub async fn open(
     database: &Database,
     texts: ToolResultTexts,
+    notary: Option<std::sync::Arc<crate::receipts::Notary>>,
 ) -> Result<std::sync::Arc<dyn Store>> {
     Ok(match database {
         Database::Sqlite { path, synchronous } => {
-            std::sync::Arc::new(SqliteStore::open(path, *synchronous, texts).await?)
+            std::sync::Arc::new(SqliteStore::open(path, *synchronous, texts, notary).await?)
         }
         Database::Postgres {
             url,
             max_connections,
-        } => std::sync::Arc::new(PostgresStore::open(url, *max_connections, texts).await?),
+        } => std::sync::Arc::new(PostgresStore::open(url, *max_connections, texts, notary).await?),
     })
 }

@@ -34,6 +34,7 @@ use tokio::task::JoinHandle;
 use super::policy_cache::{PolicyCache, PolicyView};
 use super::primitives::{Decode, Param, Resolution, Run, SqlTx};
 use super::reads::{BackendReads, Reads};
+use super::receipt_rows;
 use super::statements as sql;
 use super::{Backend, Calls, Deadlines, EventLog, Policies};
 use crate::domain::policy::{
@@ -47,6 +48,7 @@ use crate::error::Result;
 use crate::operations::{
     Transactions, cancel, decide, escalate, expire, explain, policy_admin, submit,
 };
+use crate::receipts::Notary;
 
 /// How many events one transaction of [`Store::sequence_events`] numbers at most.
 const SEQUENCER_CHUNK: i64 = 10_000;
@@ -65,6 +67,8 @@ pub struct PostgresStore {
     listener: JoinHandle<()>,
     /// This replica's copy of rules and grants (see `policy_cache`).
     policy: Arc<PolicyCache>,
+    /// What every outcome's receipt is signed with; `None` when receipts are off.
+    notary: Option<Arc<Notary>>,
 }
 
 /// The reads both backends answer alike are the shared ones (see `store::Backend`).
@@ -84,7 +88,13 @@ impl PostgresStore {
     /// Connects to `url` (`postgres://...`), applies the migrations under
     /// `migrations/postgres` (serialised across replicas by sqlx's migration lock), and starts
     /// listening for other replicas' commits.
-    pub async fn open(url: &str, max_connections: u32, texts: ToolResultTexts) -> Result<Self> {
+    /// Every outcome written through it is signed by `notary`, if given.
+    pub async fn open(
+        url: &str,
+        max_connections: u32,
+        texts: ToolResultTexts,
+        notary: Option<Arc<Notary>>,
+    ) -> Result<Self> {
         let replica = uuid::Uuid::new_v4().simple().to_string();
         let options: PgConnectOptions = url.parse()?;
         let pool = PgPoolOptions::new()
@@ -112,14 +122,16 @@ impl PostgresStore {
             remote_commits,
             listener,
             policy: Arc::default(),
+            notary,
         })
     }
 
-    /// A transaction on the pool, with this replica's policy copy.
+    /// A transaction on the pool, with this replica's policy copy and receipt key.
     async fn begin(&self) -> Result<PgTx> {
         Ok(PgTx {
             tx: self.pool.begin().await?,
             policy: PolicyView::new(&self.policy),
+            notary: self.notary.clone(),
         })
     }
 
@@ -306,21 +318,24 @@ impl Policies for PostgresStore {
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .execute(&mut *tx.tx)
             .await?;
-        explain::explain(tx, target).await
+        explain::explain(PgTx { tx, notary: None }, target).await
     }
 }
 
-/// Postgres's transaction (READ COMMITTED), and what it may use of the replica's policy copy.
+/// Postgres's transaction (READ COMMITTED), with the locks the rules in `writes` need, what it
+/// may use of the replica's policy copy, and the key its outcomes' receipts are signed with.
 pub struct PgTx {
     tx: sqlx::Transaction<'static, Postgres>,
     policy: PolicyView,
+    notary: Option<Arc<Notary>>,
 }
 
-/// Postgres's transaction: READ COMMITTED, with the locks the rules in `writes` need.
 #[async_trait]
 impl SqlTx for PgTx {
     const INSERT_CALL: &'static str = sql::INSERT_CALL_AND_EVENT;
     const COMPLETE_BATCH: &'static str = sql::COMPLETE_BATCH_AT_ID;
+    /// Locked: the replicas append to the one chain in turn (see `receipt_rows`).
+    const CHAIN_HEAD: &'static str = receipt_rows::CHAIN_HEAD_LOCKED;
 
     async fn rows<T: Send + 'static>(&mut self, run: Run<'_>, decode: Decode<T>) -> Result<Vec<T>> {
         let rows = bound(run).fetch_all(&mut *self.tx).await?;
@@ -403,6 +418,10 @@ impl SqlTx for PgTx {
 
     fn policy_view(&mut self) -> Option<&mut PolicyView> {
         Some(&mut self.policy)
+    }
+
+    fn notary(&self) -> Option<Arc<Notary>> {
+        self.notary.clone()
     }
 
     async fn commit(self) -> Result<()> {

@@ -11,18 +11,21 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::policy_cache::{self, PolicyCache, PolicyView};
+use super::receipt_rows;
 use super::rows::{Columns, call_from_row, grant_from_row, rule_from_row, stored};
 use super::statements::{self as sql, GrantsNamed};
+use crate::domain::escalation::Escalation;
 use crate::domain::policy::{
     Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId, RuleMode, RuleSource, ShadowVerdict,
 };
-use crate::domain::escalation::Escalation;
+use crate::domain::receipt::{self, ChainLink, sha256_hex};
 use crate::domain::{
     AgentId, BatchId, Call, CallKey, EventKind, NewBatch, NewCall, OnDeny, Outcome, SessionId,
     Timestamp, ToolInput, ToolName,
 };
 use crate::error::{Error, Result};
 use crate::operations::{PolicyTx, Resolved, Stored, WriteTx};
+use crate::receipts::Notary;
 
 /// A parameter of a shared statement, typed as both databases need (Postgres types a NULL).
 #[derive(Debug, Clone, Copy)]
@@ -78,6 +81,9 @@ pub trait SqlTx: Send {
     /// [`sql::COMPLETE_BATCH_AT_SEQ`] or [`sql::COMPLETE_BATCH_AT_ID`]: what [`Resolved::event`]
     /// holds.
     const COMPLETE_BATCH: &'static str;
+    /// [`receipt_rows::CHAIN_HEAD`], or [`receipt_rows::CHAIN_HEAD_LOCKED`] where writers run
+    /// concurrently.
+    const CHAIN_HEAD: &'static str;
 
     /// Every row `run` returns, decoded.
     async fn rows<T: Send + 'static>(&mut self, run: Run<'_>, decode: Decode<T>) -> Result<Vec<T>>;
@@ -123,6 +129,11 @@ pub trait SqlTx: Send {
 
     /// See [`WriteTx::statements_written`].
     fn statements_written(&self) -> Option<u64> {
+        None
+    }
+
+    /// The key every outcome's receipt is signed with; `None` when receipts are off.
+    fn notary(&self) -> Option<Arc<Notary>> {
         None
     }
 
@@ -250,8 +261,14 @@ impl<T: SqlTx> WriteTx for T {
             outcome: &params,
             event,
         };
-        let resolved = self.resolve_call(resolution).await?;
-        Ok(resolved.map(|(batch_id, event)| Resolved {
+        let Some((batch_id, event)) = self.resolve_call(resolution).await? else {
+            return Ok(None);
+        };
+        // Every outcome is written here, so every outcome gets its receipt, in its transaction.
+        if let Some(notary) = self.notary() {
+            append_receipt(self, &notary, rowid).await?;
+        }
+        Ok(Some(Resolved {
             rowid,
             batch_id,
             event,
@@ -641,6 +658,44 @@ impl<T: SqlTx> PolicyTx for T {
             .await?;
         Ok(())
     }
+}
+
+/// Signs the receipt of the call at `rowid`, just resolved, and appends it to the chain: the
+/// chain's head is read (and, on Postgres, locked until commit, so concurrent transactions of
+/// every replica take turns and the chain cannot fork), the receipt links to it, and becomes it.
+/// Taken after every other lock of the transaction (see `operations::tx`), so it adds no cycle.
+async fn append_receipt<T: SqlTx>(tx: &mut T, notary: &Notary, rowid: i64) -> Result<()> {
+    let call = tx.load_call(rowid).await?;
+    let head = first(
+        tx.rows(Run::read(T::CHAIN_HEAD, &[]), |row| {
+            Ok((row.int("seq")?, row.opt_text("digest")?))
+        })
+        .await?,
+    );
+    let head = match head {
+        Some((seq, Some(digest))) if seq > 0 => Some((seq as u64, digest)),
+        _ => None,
+    };
+    let link = ChainLink::after(head);
+    let payload = receipt::payload(&call, &link)
+        .ok_or_else(|| Error::Internal(format!("call row {rowid} has no outcome to sign")))?;
+    let digest = sha256_hex(payload.as_bytes());
+    let envelope = notary.seal(&payload);
+    let sequence = link.sequence as i64;
+    let params = [
+        Param::Int(sequence),
+        Param::Text(call.key.agent.as_str()),
+        Param::Text(call.key.session.as_str()),
+        Param::Text(call.key.call_id.as_str()),
+        Param::Text(&digest),
+        Param::Text(&envelope),
+    ];
+    tx.execute(Run::write(receipt_rows::INSERT_RECEIPT, &params))
+        .await?;
+    let params = [Param::Int(sequence), Param::Text(&digest)];
+    tx.execute(Run::write(receipt_rows::ADVANCE_CHAIN, &params))
+        .await?;
+    Ok(())
 }
 
 /// Before a transaction changes rules or grants: from then on it reads the tables, which hold its

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 
 use super::listing::{Dialect, Listing, call_page, grant_page};
+use super::receipt_rows::{self, StoredReceipt, receipt_from_row};
 use super::rows::{Columns, call_from_row, event_from_row, rule_from_row, shadow_verdict_from_row};
 use super::statements as sql;
 use super::webhook_rows::{SELECT_WEBHOOK, SELECT_WEBHOOKS, not_found, webhook_from_row};
@@ -164,6 +165,25 @@ where
         rows.iter().map(webhook_from_row).collect()
     }
 
+    pub async fn receipt(&self, key: &CallKey) -> Result<Option<StoredReceipt>> {
+        let row = sqlx::query(receipt_rows::RECEIPT_OF_CALL)
+            .bind(key.agent.as_str())
+            .bind(key.session.as_str())
+            .bind(key.call_id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(receipt_from_row).transpose()
+    }
+
+    pub async fn receipts_after(&self, after: u64, limit: u32) -> Result<Vec<StoredReceipt>> {
+        let rows = sqlx::query(receipt_rows::RECEIPTS_AFTER)
+            .bind(after.min(i64::MAX as u64) as i64)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(receipt_from_row).collect()
+    }
+
     /// NOT_FOUND when there is none with that id.
     pub async fn webhook(&self, id: &WebhookId) -> Result<Webhook> {
         let row = sqlx::query(SELECT_WEBHOOK)
@@ -270,5 +290,13 @@ impl BackendReads {
 
     pub async fn webhook(&self, id: &WebhookId) -> Result<Webhook> {
         on_backend!(self, webhook(id))
+    }
+
+    pub async fn receipt(&self, key: &CallKey) -> Result<Option<StoredReceipt>> {
+        on_backend!(self, receipt(key))
+    }
+
+    pub async fn receipts_after(&self, after: u64, limit: u32) -> Result<Vec<StoredReceipt>> {
+        on_backend!(self, receipts_after(after, limit))
     }
 }

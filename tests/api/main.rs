@@ -30,6 +30,7 @@ mod inbox;
 mod limits;
 mod lookalikes;
 mod policy_cache;
+mod receipts;
 mod recovery;
 mod replay;
 mod replicas;

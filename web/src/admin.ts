@@ -6,6 +6,7 @@ import { create } from "@bufbuild/protobuf";
 import { type Api, describeError, isPermissionDenied } from "./api";
 import { effectName, grantText, matcherText, ruleText, statusName, when } from "./describe";
 import { h } from "./dom";
+import { receiptButton } from "./receipt";
 import {
   CallStatus,
   Effect,
@@ -89,6 +90,7 @@ export class HistoryView {
           c.outcome?.reason ? ` · reason: ${c.outcome.reason}` : "",
           c.outcome?.inputEdited ? " · edited" : "",
           h("span", { class: "meta" }, ` · ${when(c.outcome?.decidedAt)}`),
+          receiptButton(this.api, c.agent, c.sessionId, c.callId),
         ),
       );
       const nav = h(

@@ -170,6 +170,19 @@ describe("the approval inbox in Chromium", () => {
     await page.locator("#history li", { hasText: `${session} / h1` }).getByText("by approver:bob · reason: not today").waitFor();
   });
 
+  test("history shows a decided call's receipt, its signature verified in the browser", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-receipt");
+    await submit(session, [{ id: "r1", tool: "receipt_probe" }]);
+    await clients.approver.decide({ sessionId: session, callId: "r1", agent: "agent-a", decision: 1 });
+    await page.getByRole("tab", { name: "History" }).click();
+    await page.locator("#history").getByLabel("tool", { exact: true }).fill("receipt_probe");
+    await page.getByRole("button", { name: "Search" }).click();
+    const row = page.locator("#history li", { hasText: `${session} / r1` });
+    await row.getByRole("button", { name: "Check the receipt of r1" }).click();
+    await row.getByText(/receipt #\d+ verified in this browser \(Ed25519, key [0-9a-f]{12}/).waitFor();
+  });
+
   test("rules: create one, Explain shows it deciding, delete it", async () => {
     const page = await openInbox(TOKENS.alice);
     const id = unique("no-danger");

@@ -15,6 +15,7 @@ mod writer;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -33,6 +34,7 @@ use crate::domain::{
 };
 use crate::error::{Error, Result};
 use crate::operations::{Transactions, escalate, expire, explain, policy_admin};
+use crate::receipts::Notary;
 
 /// SQLite's `synchronous` setting for the database file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -83,6 +85,7 @@ impl SqliteStore {
         path: &Path,
         synchronous: Synchronous,
         texts: ToolResultTexts,
+        notary: Option<Arc<Notary>>,
     ) -> Result<Self> {
         let options = SqliteConnectOptions::new()
             .filename(path)
@@ -104,7 +107,7 @@ impl SqliteStore {
             .max_connections(4)
             .connect_with(options.read_only(true))
             .await?;
-        let writer = WriteConnection::open(path, synchronous)?;
+        let writer = WriteConnection::open(path, synchronous, notary)?;
         Ok(Self {
             group: GroupCommit::start(writer.clone(), texts.clone())?,
             writer,
@@ -298,7 +301,7 @@ mod tests {
         else {
             panic!("{url} names no SQLite file");
         };
-        SqliteStore::open(&path, synchronous, ToolResultTexts::default())
+        SqliteStore::open(&path, synchronous, ToolResultTexts::default(), None)
             .await
             .unwrap()
     }

@@ -24,9 +24,11 @@ use super::Synchronous;
 use crate::domain::Event;
 use crate::error::{Error, Result, StorageFault};
 use crate::operations::Transactions;
+use crate::receipts::Notary;
 use crate::store::CommittedEvents;
 use crate::store::policy_cache::{PolicyCache, PolicyView};
 use crate::store::primitives::{Decode, Param, Resolution, Run, SqlTx};
+use crate::store::receipt_rows;
 use crate::store::rows::{Columns, event_from_row};
 use crate::store::statements as sql;
 
@@ -52,6 +54,8 @@ pub struct WriteConnection {
     files: Arc<DatabaseFiles>,
     /// The rules and grants, kept between transactions (see `policy_cache`).
     policy: Arc<PolicyCache>,
+    /// What every outcome's receipt is signed with; `None` when receipts are off.
+    notary: Option<Arc<Notary>>,
 }
 
 /// The database's files as this process opened them (device and inode of the database, its WAL
@@ -154,8 +158,13 @@ pub(super) const PUBLISHED_QUEUE: usize = 256;
 
 impl WriteConnection {
     /// Opens the database file (already migrated) for writing, with the store's settings.
-    /// Also starts the checkpointer, which ends when the last clone of this is dropped.
-    pub fn open(path: &Path, synchronous: Synchronous) -> Result<Self> {
+    /// Also starts the checkpointer, which ends when the last clone of this is dropped. Every
+    /// outcome written through it is signed by `notary`, if given.
+    pub fn open(
+        path: &Path,
+        synchronous: Synchronous,
+        notary: Option<Arc<Notary>>,
+    ) -> Result<Self> {
         let conn = connect(path, synchronous)?;
         let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -184,6 +193,7 @@ impl WriteConnection {
             })),
             files: Arc::clone(&files),
             policy: Arc::default(),
+            notary,
         };
         let checkpointer = connect(path, synchronous)?;
         let (home, commits) = (Arc::downgrade(&writer.home), Arc::clone(&writer.commits));
@@ -279,6 +289,7 @@ impl WriteConnection {
             files: Arc::clone(&self.files),
             writes: 0,
             policy: PolicyView::new(&self.policy),
+            notary: self.notary.clone(),
         };
         if !tx.conn().is_autocommit() {
             // The rollback that ended the last transaction failed: try again, or the BEGIN
@@ -401,6 +412,7 @@ pub struct SqliteTx {
     /// The process's rules and grants as this transaction may use them: a group of submits
     /// reads the policy version once.
     policy: PolicyView,
+    notary: Option<Arc<Notary>>,
 }
 
 impl Drop for SqliteTx {
@@ -468,6 +480,8 @@ impl SqlTx for SqliteTx {
     /// The trigger `calls_requested_event` (migration 0004) writes the Requested event.
     const INSERT_CALL: &'static str = sql::INSERT_CALL;
     const COMPLETE_BATCH: &'static str = sql::COMPLETE_BATCH_AT_SEQ;
+    /// Unlocked: the one writer is the only one appending to the chain.
+    const CHAIN_HEAD: &'static str = receipt_rows::CHAIN_HEAD;
 
     async fn rows<T: Send + 'static>(&mut self, run: Run<'_>, decode: Decode<T>) -> Result<Vec<T>> {
         let params = params_from_iter(run.params);
@@ -496,6 +510,10 @@ impl SqlTx for SqliteTx {
 
     fn policy_view(&mut self) -> Option<&mut PolicyView> {
         Some(&mut self.policy)
+    }
+
+    fn notary(&self) -> Option<Arc<Notary>> {
+        self.notary.clone()
     }
 
     /// `None` once SQLite rolled the transaction back by itself (after some errors: I/O, a full
@@ -534,7 +552,7 @@ mod tests {
             .unwrap()
             .execute_batch("CREATE TABLE events (seq INTEGER PRIMARY KEY)")
             .unwrap();
-        let writer = WriteConnection::open(&path, Synchronous::Full).unwrap();
+        let writer = WriteConnection::open(&path, Synchronous::Full, None).unwrap();
         let mut tx = writer.begin_write().await.unwrap();
         // About 300 KiB: far below the pages after which the writer would checkpoint itself.
         tx.execute_sql("CREATE TABLE t (x BLOB)", []).unwrap();

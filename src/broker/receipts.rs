@@ -1,0 +1,56 @@
+//! Signed receipts through the facade: a call's receipt or a page of the chain, each checked
+//! against this broker's key as it is read, so a UI can show whether what it shows still
+//! verifies. Receipts are written by the store with their outcomes; nothing here writes.
+
+use crate::domain::{CallKey, Status};
+use crate::error::{Error, Result};
+use crate::receipts::{PublicKey, verify};
+use crate::store::StoredReceipt;
+
+use super::Broker;
+
+/// A stored receipt, and whether it verified with this broker's key when it was read.
+#[derive(Debug, Clone)]
+pub struct CheckedReceipt {
+    pub stored: StoredReceipt,
+    pub verified: bool,
+}
+
+impl Broker {
+    /// The key receipts verify with; `None` when this broker signs none.
+    pub fn receipt_key(&self) -> Option<PublicKey> {
+        self.receipt_key
+    }
+
+    /// The receipt of a decided call. NOT_FOUND for an unknown call; FAILED_PRECONDITION for a
+    /// pending one, or one decided while receipts were off.
+    pub async fn receipt(&self, key: &CallKey) -> Result<CheckedReceipt> {
+        if let Some(stored) = self.store.receipt(key).await? {
+            return Ok(self.checked(stored));
+        }
+        let call = self.call(key).await?;
+        Err(Error::FailedPrecondition(match call.status() {
+            Status::Pending => format!(
+                "call `{}` is pending: its receipt is written with its outcome",
+                key.call_id.as_str()
+            ),
+            Status::Decided(_) => format!(
+                "call `{}` has no receipt: it was decided while receipts were off",
+                key.call_id.as_str()
+            ),
+        }))
+    }
+
+    /// At most `limit` receipts after sequence `after`, in chain order.
+    pub async fn receipts_after(&self, after: u64, limit: u32) -> Result<Vec<CheckedReceipt>> {
+        let stored = self.store.receipts_after(after, limit).await?;
+        Ok(stored.into_iter().map(|s| self.checked(s)).collect())
+    }
+
+    fn checked(&self, stored: StoredReceipt) -> CheckedReceipt {
+        let verified = self
+            .receipt_key
+            .is_some_and(|key| verify::receipt(&stored.envelope, &key).is_ok());
+        CheckedReceipt { stored, verified }
+    }
+}

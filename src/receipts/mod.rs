@@ -1,0 +1,146 @@
+//! Signed receipts: every outcome the broker writes gets a DSSE envelope over an in-toto
+//! Statement (`domain::receipt`), signed with the operator's Ed25519 key in the outcome's own
+//! transaction and chained to the receipt before it, so a receipt exists exactly when its
+//! outcome does and history cannot be deleted or reordered unnoticed.
+//!
+//! - [`Notary`]: the signing key (loaded from `--receipt-key`, or generated next to a SQLite
+//!   database on first start) and what it signs with.
+//! - [`PublicKey`]: what a verifier needs, in the forms the broker prints and serves.
+//! - [`verify`]: the offline checks of one receipt or an exported chain
+//!   (`approval-broker verify`), shared by the broker when it reports a receipt's status.
+//!
+//! Never here: deciding anything about a call, or reading the database.
+
+pub mod command;
+mod key;
+pub mod verify;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use ring::signature::{ED25519, Ed25519KeyPair, KeyPair as _, UnparsedPublicKey};
+use serde_json::json;
+
+pub use key::notary;
+
+use crate::domain::receipt::{PAYLOAD_TYPE, sha256_hex};
+use crate::error::{Error, Result};
+
+/// The prefix of an Ed25519 SubjectPublicKeyInfo (RFC 8410): the DER of a `PUBLIC KEY` PEM is
+/// these 12 bytes followed by the 32 bytes of the key.
+const SPKI_PREFIX: [u8; 12] = [
+    0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
+];
+
+/// The DSSE pre-authentication encoding of a payload: what is actually signed, so a signature
+/// over one payload type can never be read as one over another.
+pub fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(payload_type.len() + payload.len() + 32);
+    out.extend_from_slice(b"DSSEv1 ");
+    out.extend_from_slice(payload_type.len().to_string().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(payload_type.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(payload.len().to_string().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The broker's receipt signing key.
+pub struct Notary {
+    pair: Ed25519KeyPair,
+    public: PublicKey,
+}
+
+impl std::fmt::Debug for Notary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notary")
+            .field("key_id", &self.public.key_id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Notary {
+    fn from_pair(pair: Ed25519KeyPair) -> Self {
+        let mut raw = [0u8; 32];
+        raw.copy_from_slice(pair.public_key().as_ref());
+        Self {
+            pair,
+            public: PublicKey(raw),
+        }
+    }
+
+    /// A notary over a raw 32-byte Ed25519 seed (tests and benchmarks build keys this way).
+    pub fn from_seed(seed: &[u8; 32]) -> Result<Self> {
+        let pair = Ed25519KeyPair::from_seed_unchecked(seed)
+            .map_err(|e| Error::Internal(format!("an Ed25519 seed was refused: {e}")))?;
+        Ok(Self::from_pair(pair))
+    }
+
+    pub fn public_key(&self) -> &PublicKey {
+        &self.public
+    }
+
+    /// The DSSE envelope (JSON text) signing `payload`, with this key's id.
+    pub fn seal(&self, payload: &str) -> String {
+        let signature = self.pair.sign(&pae(PAYLOAD_TYPE, payload.as_bytes()));
+        let envelope = json!({
+            "payloadType": PAYLOAD_TYPE,
+            "payload": BASE64.encode(payload.as_bytes()),
+            "signatures": [{
+                "keyid": self.public.key_id(),
+                "sig": BASE64.encode(signature.as_ref()),
+            }],
+        });
+        crate::domain::json::canonical(&envelope)
+    }
+}
+
+/// An Ed25519 public key that verifies receipts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PublicKey([u8; 32]);
+
+impl PublicKey {
+    /// The 32 raw bytes, base64: the form the broker prints at start and serves.
+    pub fn to_base64(&self) -> String {
+        BASE64.encode(self.0)
+    }
+
+    /// The key id every signature carries: the SHA-256 (hex) of the raw key.
+    pub fn key_id(&self) -> String {
+        sha256_hex(&self.0)
+    }
+
+    /// The key as a `PUBLIC KEY` PEM (SubjectPublicKeyInfo), as `openssl pkey -pubout` writes.
+    pub fn to_pem(&self) -> String {
+        let mut der = SPKI_PREFIX.to_vec();
+        der.extend_from_slice(&self.0);
+        key::pem("PUBLIC KEY", &der)
+    }
+
+    /// A key as the broker prints it (base64 of the 32 raw bytes) or as a `PUBLIC KEY` PEM.
+    pub fn parse(text: &str) -> Result<Self> {
+        let text = text.trim();
+        let bytes = if text.starts_with("-----BEGIN") {
+            let der = key::unpem("PUBLIC KEY", text)?;
+            der.strip_prefix(&SPKI_PREFIX[..])
+                .ok_or_else(|| Error::invalid("key", "is not an Ed25519 public key"))?
+                .to_vec()
+        } else {
+            BASE64.decode(text).map_err(|_| {
+                Error::invalid("key", "is neither a PUBLIC KEY PEM nor base64 of 32 bytes")
+            })?
+        };
+        let raw: [u8; 32] = bytes
+            .try_into()
+            .map_err(|_| Error::invalid("key", "an Ed25519 public key has 32 bytes"))?;
+        Ok(Self(raw))
+    }
+
+    /// Whether `signature` signs `message` with this key.
+    pub fn verifies(&self, message: &[u8], signature: &[u8]) -> bool {
+        UnparsedPublicKey::new(&ED25519, self.0)
+            .verify(message, signature)
+            .is_ok()
+    }
+}

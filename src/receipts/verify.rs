@@ -1,0 +1,406 @@
+//! Offline verification of receipts: one envelope, or a chain of them in order (an export). It
+//! needs the public key and nothing else, and says exactly what failed: the signature, the
+//! payload's form, the statement's type, the subject's digest, or the chain's order.
+//!
+//! The signature covers every byte of the payload, so a changed field fails on the signature;
+//! the other checks catch a receipt that a holder of the key signed wrongly (a subject digest
+//! that is not the input's, a run input that is not what its digest says).
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde_json::Value;
+
+use super::{PublicKey, pae};
+use crate::domain::json;
+use crate::domain::receipt::{PAYLOAD_TYPE, PREDICATE_TYPE, STATEMENT_TYPE, sha256_hex};
+
+/// What a verified receipt says about its place and its call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    pub sequence: u64,
+    pub previous: Option<String>,
+    /// The SHA-256 (hex) of the payload: what the next receipt's `previous` must be.
+    pub digest: String,
+    pub subject: String,
+    pub outcome: String,
+}
+
+/// What a verified chain covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainSummary {
+    pub receipts: usize,
+    pub first: u64,
+    pub last: u64,
+}
+
+/// Checks one DSSE envelope (JSON text) against `key`; the error says what failed.
+pub fn receipt(envelope: &str, key: &PublicKey) -> Result<Verified, String> {
+    let envelope: Value =
+        serde_json::from_str(envelope).map_err(|e| format!("the envelope is not JSON: {e}"))?;
+    let payload_type = envelope["payloadType"].as_str().unwrap_or_default();
+    if payload_type != PAYLOAD_TYPE {
+        return Err(format!(
+            "payloadType is `{payload_type}`, not `{PAYLOAD_TYPE}`"
+        ));
+    }
+    let payload = envelope["payload"]
+        .as_str()
+        .and_then(|p| BASE64.decode(p).ok())
+        .ok_or("payload is not base64")?;
+    let signatures = envelope["signatures"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if signatures.is_empty() {
+        return Err("the envelope has no signature".into());
+    }
+    let message = pae(PAYLOAD_TYPE, &payload);
+    let signed = signatures.iter().any(|s| {
+        s["sig"]
+            .as_str()
+            .and_then(|sig| BASE64.decode(sig).ok())
+            .is_some_and(|sig| key.verifies(&message, &sig))
+    });
+    if !signed {
+        return Err(format!(
+            "the signature does not verify with key {}",
+            key.key_id()
+        ));
+    }
+    let text = std::str::from_utf8(&payload).map_err(|_| "the payload is not UTF-8")?;
+    let statement = json::parse("payload", text).map_err(|e| e.to_string())?;
+    if json::canonical(&statement) != text {
+        return Err("the payload is not canonical JSON (RFC 8785)".into());
+    }
+    statement_says(&statement, &payload)
+}
+
+/// The checks of a signed statement's content.
+fn statement_says(statement: &Value, payload: &[u8]) -> Result<Verified, String> {
+    if statement["_type"] != STATEMENT_TYPE {
+        return Err(format!("_type is not `{STATEMENT_TYPE}`"));
+    }
+    if statement["predicateType"] != PREDICATE_TYPE {
+        return Err(format!("predicateType is not `{PREDICATE_TYPE}`"));
+    }
+    let predicate = &statement["predicate"];
+    let call = &predicate["call"];
+    let subject = &statement["subject"][0];
+    let name = format!(
+        "{}/{}/{}",
+        call["agent"].as_str().unwrap_or_default(),
+        call["sessionId"].as_str().unwrap_or_default(),
+        call["callId"].as_str().unwrap_or_default()
+    );
+    if subject["name"] != name.as_str() {
+        return Err(format!("subject.name is not the predicate's call `{name}`"));
+    }
+    let input_digest = sha256_hex(json::canonical(&predicate["input"]).as_bytes());
+    if subject["digest"]["sha256"] != input_digest.as_str() {
+        return Err("subject.digest.sha256 is not the SHA-256 of the canonical input".into());
+    }
+    let runs = &predicate["runs"];
+    if !runs.is_null()
+        && runs["digest"]["sha256"] != sha256_hex(json::canonical(&runs["input"]).as_bytes())
+    {
+        return Err("runs.digest.sha256 is not the SHA-256 of the input that runs".into());
+    }
+    let chain = &predicate["chain"];
+    let sequence = chain["sequence"]
+        .as_u64()
+        .filter(|s| *s >= 1)
+        .ok_or("chain.sequence is not a positive integer")?;
+    let previous = match &chain["previous"] {
+        Value::Null if sequence == 1 => None,
+        Value::String(digest) if sequence > 1 && digest.len() == 64 => Some(digest.clone()),
+        _ => {
+            return Err(format!(
+                "chain.previous must be null for the first receipt and a SHA-256 after it \
+                 (sequence {sequence})"
+            ));
+        }
+    };
+    Ok(Verified {
+        sequence,
+        previous,
+        digest: sha256_hex(payload),
+        subject: name,
+        outcome: predicate["outcome"].as_str().unwrap_or_default().to_owned(),
+    })
+}
+
+/// Checks receipts given in chain order: each one, and that each links to the one before it
+/// (its sequence the next, its `previous` that receipt's payload digest), so a receipt removed,
+/// added or moved fails. A chain starting at sequence 1 is the broker's whole history.
+pub fn chain<'a>(
+    envelopes: impl IntoIterator<Item = &'a str>,
+    key: &PublicKey,
+) -> Result<ChainSummary, String> {
+    let mut before: Option<Verified> = None;
+    let mut summary: Option<ChainSummary> = None;
+    for (i, envelope) in envelopes.into_iter().enumerate() {
+        let at = i + 1;
+        let this = receipt(envelope, key).map_err(|e| format!("receipt {at}: {e}"))?;
+        if let Some(before) = &before {
+            if this.sequence != before.sequence + 1 {
+                return Err(format!(
+                    "receipt {at}: sequence {} follows {}: a receipt is missing or out of order",
+                    this.sequence, before.sequence
+                ));
+            }
+            if this.previous.as_deref() != Some(before.digest.as_str()) {
+                return Err(format!(
+                    "receipt {at}: chain.previous is not the digest of receipt {} (sequence {})",
+                    at - 1,
+                    before.sequence
+                ));
+            }
+        }
+        let summary = summary.get_or_insert(ChainSummary {
+            receipts: 0,
+            first: this.sequence,
+            last: this.sequence,
+        });
+        summary.receipts += 1;
+        summary.last = this.sequence;
+        before = Some(this);
+    }
+    summary.ok_or_else(|| "no receipt to verify".into())
+}
+
+/// The envelopes in `text`: one JSON document or JSON Lines, each an envelope, a `Receipt` (its
+/// `envelope` field), GetReceipt's reply (its `receipt`) or an ExportReceipts page (its
+/// `receipts`).
+pub fn envelopes_in(text: &str) -> Result<Vec<String>, String> {
+    if let Ok(document) = serde_json::from_str::<Value>(text) {
+        return envelopes_of(&document).ok_or_else(|| {
+            "the document is neither an envelope, a Receipt nor an ExportReceipts page".into()
+        });
+    }
+    let mut envelopes = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let document: Value =
+            serde_json::from_str(line).map_err(|e| format!("line {} is not JSON: {e}", i + 1))?;
+        envelopes.extend(
+            envelopes_of(&document)
+                .ok_or_else(|| format!("line {} is neither an envelope nor a Receipt", i + 1))?,
+        );
+    }
+    Ok(envelopes)
+}
+
+fn envelopes_of(document: &Value) -> Option<Vec<String>> {
+    if document.get("payloadType").is_some() {
+        return Some(vec![document.to_string()]);
+    }
+    if let Some(envelope) = document.get("envelope").and_then(Value::as_str) {
+        return Some(vec![envelope.to_owned()]);
+    }
+    if let Some(receipt) = document.get("receipt") {
+        return envelopes_of(receipt);
+    }
+    let receipts = document.get("receipts")?.as_array()?;
+    receipts
+        .iter()
+        .map(|r| r.get("envelope").and_then(Value::as_str).map(str::to_owned))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::receipt::{ChainLink, payload};
+    use crate::domain::{
+        AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Outcome, OutcomeKind, SessionId,
+        Timestamp, ToolInput, ToolName,
+    };
+    use crate::receipts::Notary;
+
+    fn decided(call_id: &str, kind: OutcomeKind) -> Call {
+        let input = ToolInput::from_stored(r#"{"command":"ls -la","cwd":"/tmp"}"#.into());
+        Call {
+            key: CallKey {
+                agent: AgentId::parse("agent", "build-bot").unwrap(),
+                session: SessionId::parse("session_id", "s1").unwrap(),
+                call_id: CallId::parse("call_id", call_id).unwrap(),
+            },
+            batch_id: BatchId::parse("batch_id", "b1").unwrap(),
+            position: 0,
+            batch_size: 1,
+            tool: ToolName::parse("tool", "bash").unwrap(),
+            input: input.clone(),
+            title: "List files".into(),
+            message: "in /tmp\u{202E}".into(),
+            workspace: "repo".into(),
+            supersede_key: None,
+            deadline: Some(Timestamp::from_micros(1_700_000_100_000_000)),
+            created_at: Timestamp::from_micros(1_700_000_000_000_000),
+            outcome: Some(Outcome {
+                kind,
+                decided_at: Timestamp::from_micros(1_700_000_050_000_000),
+                decided_by: DecidedBy::Approver("ana".into()),
+                reason: "looks fine".into(),
+                tool_result: String::new(),
+                run_input: (kind == OutcomeKind::Approved).then_some(input),
+                input_edited: false,
+                seq: None,
+            }),
+        }
+    }
+
+    /// Three chained receipts, as the broker would write them.
+    fn chain_of_three(notary: &Notary) -> Vec<String> {
+        let mut head = None;
+        let mut out = Vec::new();
+        for (id, kind) in [
+            ("c1", OutcomeKind::Approved),
+            ("c2", OutcomeKind::Denied),
+            ("c3", OutcomeKind::Expired),
+        ] {
+            let link = ChainLink::after(head.take());
+            let payload = payload(&decided(id, kind), &link).unwrap();
+            head = Some((link.sequence, sha256_hex(payload.as_bytes())));
+            out.push(notary.seal(&payload));
+        }
+        out
+    }
+
+    fn notary() -> Notary {
+        Notary::from_seed(&[42; 32]).unwrap()
+    }
+
+    /// Every leaf of a JSON value, as a JSON pointer.
+    fn leaves(value: &Value, at: String, out: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => map
+                .iter()
+                .for_each(|(k, v)| leaves(v, format!("{at}/{k}"), out)),
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .for_each(|(i, v)| leaves(v, format!("{at}/{i}"), out)),
+            _ => out.push(at),
+        }
+    }
+
+    fn statement_of(envelope: &str) -> Value {
+        let envelope: Value = serde_json::from_str(envelope).unwrap();
+        let payload = BASE64
+            .decode(envelope["payload"].as_str().unwrap())
+            .unwrap();
+        serde_json::from_slice(&payload).unwrap()
+    }
+
+    fn with_statement(envelope: &str, statement: &Value) -> String {
+        let mut envelope: Value = serde_json::from_str(envelope).unwrap();
+        envelope["payload"] = BASE64.encode(json::canonical(statement)).into();
+        envelope.to_string()
+    }
+
+    #[test]
+    fn a_receipt_the_broker_sealed_verifies_with_its_public_key() {
+        let notary = notary();
+        let receipts = chain_of_three(&notary);
+        let first = receipt(&receipts[0], notary.public_key()).unwrap();
+        assert_eq!(first.sequence, 1);
+        assert_eq!(first.previous, None);
+        assert_eq!(first.subject, "build-bot/s1/c1");
+        assert_eq!(first.outcome, "APPROVED");
+        let summary = chain(receipts.iter().map(String::as_str), notary.public_key()).unwrap();
+        assert_eq!((summary.receipts, summary.first, summary.last), (3, 1, 3));
+    }
+
+    #[test]
+    fn changing_any_field_of_the_statement_fails_the_signature() {
+        let notary = notary();
+        let sealed = &chain_of_three(&notary)[1];
+        let statement = statement_of(sealed);
+        let mut paths = Vec::new();
+        leaves(&statement, String::new(), &mut paths);
+        assert!(paths.len() > 20, "{paths:?}");
+        for path in paths {
+            let mut changed = statement.clone();
+            let leaf = changed.pointer_mut(&path).unwrap();
+            *leaf = match leaf {
+                Value::String(s) => Value::String(format!("{s}x")),
+                Value::Number(n) => (n.as_f64().unwrap() + 1.0).into(),
+                Value::Bool(b) => Value::Bool(!*b),
+                _ => Value::String("x".into()),
+            };
+            let err =
+                receipt(&with_statement(sealed, &changed), notary.public_key()).expect_err(&path);
+            assert!(err.contains("signature does not verify"), "{path}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_changed_signature_another_key_or_another_payload_type_fails() {
+        let notary = notary();
+        let sealed = &chain_of_three(&notary)[0];
+        let mut envelope: Value = serde_json::from_str(sealed).unwrap();
+        let mut sig = BASE64
+            .decode(envelope["signatures"][0]["sig"].as_str().unwrap())
+            .unwrap();
+        sig[10] ^= 1;
+        envelope["signatures"][0]["sig"] = BASE64.encode(&sig).into();
+        let err = receipt(&envelope.to_string(), notary.public_key()).unwrap_err();
+        assert!(err.contains("signature does not verify"), "{err}");
+
+        let other = Notary::from_seed(&[1; 32]).unwrap();
+        let err = receipt(sealed, other.public_key()).unwrap_err();
+        assert!(err.contains("signature does not verify"), "{err}");
+
+        let mut envelope: Value = serde_json::from_str(sealed).unwrap();
+        envelope["payloadType"] = "application/json".into();
+        let err = receipt(&envelope.to_string(), notary.public_key()).unwrap_err();
+        assert!(err.contains("payloadType"), "{err}");
+    }
+
+    #[test]
+    fn a_validly_signed_receipt_whose_subject_is_not_its_input_fails() {
+        let notary = notary();
+        let mut statement = statement_of(&chain_of_three(&notary)[0]);
+        statement["predicate"]["input"]["command"] = "rm -rf /".into();
+        let resealed = notary.seal(&json::canonical(&statement));
+        let err = receipt(&resealed, notary.public_key()).unwrap_err();
+        assert!(err.contains("subject.digest"), "{err}");
+    }
+
+    #[test]
+    fn swapping_deleting_or_replacing_a_receipt_of_a_chain_fails() {
+        let notary = notary();
+        let r = chain_of_three(&notary);
+        let key = notary.public_key();
+        let swapped = chain([&r[0], &r[2], &r[1]].map(String::as_str), key).unwrap_err();
+        assert!(swapped.contains("missing or out of order"), "{swapped}");
+        let deleted = chain([&r[0], &r[2]].map(String::as_str), key).unwrap_err();
+        assert!(deleted.contains("missing or out of order"), "{deleted}");
+        // A receipt with the right sequence that is not the one the chain signed next.
+        let mut statement = statement_of(&r[1]);
+        statement["predicate"]["chain"]["previous"] = sha256_hex(b"another history").into();
+        let forged = notary.seal(&json::canonical(&statement));
+        let relinked = chain([&r[0], &forged, &r[2]].map(String::as_str), key).unwrap_err();
+        assert!(relinked.contains("receipt 2: chain.previous"), "{relinked}");
+    }
+
+    #[test]
+    fn receipts_are_read_from_an_envelope_a_receipt_reply_an_export_page_or_json_lines() {
+        let notary = notary();
+        let r = chain_of_three(&notary);
+        assert_eq!(envelopes_in(&r[0]).unwrap(), vec![r[0].clone()]);
+        let receipt = serde_json::json!({"sequence": "1", "envelope": r[0]});
+        assert_eq!(
+            envelopes_in(&receipt.to_string()).unwrap(),
+            vec![r[0].clone()]
+        );
+        let reply = serde_json::json!({"receipt": receipt, "key": {"keyId": "x"}}).to_string();
+        assert_eq!(envelopes_in(&reply).unwrap(), vec![r[0].clone()]);
+        let page = serde_json::json!({"receipts": [{"envelope": r[0]}, {"envelope": r[1]}]});
+        assert_eq!(envelopes_in(&page.to_string()).unwrap().len(), 2);
+        let lines = format!("{}\n{}\n\n{}\n", r[0], r[1], r[2]);
+        assert_eq!(envelopes_in(&lines).unwrap(), r);
+    }
+}

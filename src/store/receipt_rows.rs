@@ -1,0 +1,38 @@
+//! The receipt statements both backends run, written once, and their rows decoded. Parameters
+//! are `$1`, `$2`, ... in the order they first appear (see `statements`). The chain's head is
+//! one row (`receipt_chain`, id 1): reading it is how an outcome's transaction learns the link
+//! its receipt continues, and on Postgres locking it is how replicas take turns at the chain.
+
+use super::rows::Columns;
+use crate::error::Result;
+
+/// The chain's head: the last receipt's sequence (0 before the first) and payload digest.
+pub const CHAIN_HEAD: &str = "SELECT seq, digest FROM receipt_chain WHERE id = 1";
+/// Postgres: [`CHAIN_HEAD`], locked until the transaction ends. Writers of every replica run
+/// concurrently there; SQLite's are serialised already.
+pub const CHAIN_HEAD_LOCKED: &str = "SELECT seq, digest FROM receipt_chain WHERE id = 1 FOR UPDATE";
+/// A receipt: its sequence `$1`, call (`$2`, `$3`, `$4`), payload digest `$5`, envelope `$6`.
+pub const INSERT_RECEIPT: &str = "INSERT INTO receipts \
+     (seq, agent, session_id, call_id, digest, envelope) VALUES ($1, $2, $3, $4, $5, $6)";
+/// The chain's head moves to receipt `$1` with digest `$2`.
+pub const ADVANCE_CHAIN: &str = "UPDATE receipt_chain SET seq = $1, digest = $2 WHERE id = 1";
+/// The receipt of call (`$1`, `$2`, `$3`).
+pub const RECEIPT_OF_CALL: &str = "SELECT seq, envelope FROM receipts \
+     WHERE agent = $1 AND session_id = $2 AND call_id = $3";
+/// At most `$2` receipts after sequence `$1`, in chain order.
+pub const RECEIPTS_AFTER: &str =
+    "SELECT seq, envelope FROM receipts WHERE seq > $1 ORDER BY seq LIMIT $2";
+
+/// A stored receipt: its place in the chain and its DSSE envelope (JSON text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredReceipt {
+    pub sequence: u64,
+    pub envelope: String,
+}
+
+pub fn receipt_from_row(row: &impl Columns) -> Result<StoredReceipt> {
+    Ok(StoredReceipt {
+        sequence: row.int("seq")? as u64,
+        envelope: row.text("envelope")?,
+    })
+}

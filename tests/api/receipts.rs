@@ -1,0 +1,449 @@
+//! Signed receipts: every outcome, whoever or whatever decided it, gets a DSSE envelope signed
+//! with the broker's key in the outcome's own transaction; GetReceipt serves it with the key,
+//! ExportReceipts serves the chain in order, and the chain verifies offline (with the broker's
+//! own verifier here, and with an independent Python one in `.ci/receipts`). Changing a receipt,
+//! its order or the set of them fails verification.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use approval_broker::config::{Config, ReceiptsMode};
+use approval_broker::proto::v1 as pb;
+use approval_broker::receipts::{Notary, PublicKey, verify};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde_json::Value;
+use tonic::Code;
+
+use crate::helpers::*;
+
+/// The seed of the key the tests configure (Postgres needs one given; SQLite takes it too).
+const SEED: [u8; 32] = [5; 32];
+
+fn the_key() -> PublicKey {
+    *Notary::from_seed(&SEED).unwrap().public_key()
+}
+
+/// Signs receipts with [`SEED`], from a key file that outlives the test's broker.
+fn with_key(config: &mut Config) {
+    let path = tempfile::NamedTempFile::new()
+        .unwrap()
+        .into_temp_path()
+        .keep()
+        .unwrap();
+    std::fs::write(&path, SEED).unwrap();
+    config.receipts.key = Some(path);
+}
+
+async fn get_receipt(
+    app: &TestApp,
+    session: &str,
+    call_id: &str,
+) -> Result<pb::GetReceiptResponse, tonic::Status> {
+    app.approver()
+        .get_receipt(pb::GetReceiptRequest {
+            session_id: session.into(),
+            call_id: call_id.into(),
+            agent: String::new(),
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// The whole chain, a few receipts per page, as an operator would export it.
+async fn export(app: &TestApp) -> Vec<pb::Receipt> {
+    let mut all = Vec::new();
+    loop {
+        let page = app
+            .admin()
+            .export_receipts(pb::ExportReceiptsRequest {
+                after_sequence: all.last().map_or(0, |r: &pb::Receipt| r.sequence),
+                page_size: 3,
+            })
+            .await
+            .expect("export")
+            .into_inner();
+        if page.receipts.is_empty() {
+            return all;
+        }
+        all.extend(page.receipts);
+    }
+}
+
+fn statement(envelope: &str) -> Value {
+    let envelope: Value = serde_json::from_str(envelope).unwrap();
+    let payload = BASE64
+        .decode(envelope["payload"].as_str().unwrap())
+        .unwrap();
+    serde_json::from_slice(&payload).unwrap()
+}
+
+fn envelopes(receipts: &[pb::Receipt]) -> Vec<&str> {
+    receipts.iter().map(|r| r.envelope.as_str()).collect()
+}
+
+fn deadline_in(d: Duration) -> prost_types::Timestamp {
+    let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap() + d;
+    prost_types::Timestamp {
+        seconds: t.as_secs() as i64,
+        nanos: t.subsec_nanos() as i32,
+    }
+}
+
+/// Waits until the call has an outcome (the deadline sweeper decides on its own time).
+async fn wait_decided(app: &TestApp, session: &str, call_id: &str) {
+    for _ in 0..200 {
+        let state = states(app, session, &[call_id]).await.remove(0).state;
+        if matches!(state, Some(pb::call_state::State::Outcome(_))) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{call_id} was never decided");
+}
+
+/// Decides calls in every way the broker can: each outcome kind, by an approver, a rule, a
+/// grant, the broker, the agent and the deadline. Returns (session, call, outcome, decided by).
+async fn decide_every_way(
+    app: &TestApp,
+) -> Vec<(&'static str, &'static str, &'static str, String)> {
+    create_rule(app, rule("reads", "read_file", pb::Effect::Allow, 0, None)).await;
+    let shown = pb::CallSpec {
+        title: "Delete the build".into(),
+        message: "cleans /tmp/build\u{202E}".into(),
+        ..call("c1", "shell", r#"{"command":"rm -rf /tmp/build"}"#)
+    };
+    submit(
+        app,
+        batch(
+            "s",
+            vec![
+                shown,
+                call("c2", "shell", r#"{"command":"curl x"}"#),
+                call("c3", "shell", r#"{"command":"ls"}"#),
+            ],
+        ),
+    )
+    .await;
+    approve(app, "s", "c1").await;
+    deny(app, "s", "c2", "no network").await;
+    submit(
+        app,
+        batch("r", vec![call("r1", "read_file", r#"{"path":"a"}"#)]),
+    )
+    .await;
+    let keyed = |id: &str| pb::CallSpec {
+        supersede_key: "k".into(),
+        ..call(id, "edit", r#"{"file":"a"}"#)
+    };
+    submit(app, batch("k", vec![keyed("k1")])).await;
+    submit(app, batch("k", vec![keyed("k2")])).await;
+    app.agent()
+        .cancel(pb::CancelRequest {
+            target: Some(pb::CancelTarget {
+                session_id: "k".into(),
+                target: Some(pb::cancel_target::Target::WholeSession(true)),
+                reason: "stop".into(),
+            }),
+        })
+        .await
+        .expect("cancel");
+    submit(app, batch("g", vec![call("g1", "write", r#"{"n":1}"#)])).await;
+    let grant = grant_by_deciding(
+        app,
+        "g",
+        "g1",
+        pb::Decision::Approve,
+        pb::Scope::Session,
+        Some(any_input()),
+    )
+    .await;
+    submit(app, batch("g", vec![call("g2", "write", r#"{"n":2}"#)])).await;
+    let due = pb::CallSpec {
+        deadline: Some(deadline_in(Duration::from_millis(300))),
+        ..call("e1", "t", "{}")
+    };
+    submit(app, batch("e", vec![due])).await;
+    wait_decided(app, "e", "e1").await;
+    vec![
+        ("s", "c1", "APPROVED", "approver:alice@example.com".into()),
+        ("s", "c2", "DENIED", "approver:alice@example.com".into()),
+        ("s", "c3", "SKIPPED", "broker".into()),
+        ("r", "r1", "APPROVED", "policy:reads".into()),
+        ("k", "k1", "SUPERSEDED", "broker".into()),
+        ("k", "k2", "CANCELLED", "agent".into()),
+        ("g", "g1", "APPROVED", "approver:alice@example.com".into()),
+        ("g", "g2", "APPROVED", format!("grant:{}", grant.id)),
+        ("e", "e1", "EXPIRED", "deadline".into()),
+    ]
+}
+
+async fn every_outcome_gets_a_signed_receipt_naming_what_was_shown_and_who_decided(app: TestApp) {
+    let decided = decide_every_way(&app).await;
+    let key = the_key();
+    for (session, call_id, outcome, decided_by) in &decided {
+        let reply = get_receipt(&app, session, call_id).await.expect(call_id);
+        let served = reply.key.expect("the key");
+        assert_eq!(served.public_key, key.to_base64());
+        assert_eq!(PublicKey::parse(&served.public_key_pem).unwrap(), key);
+        let receipt = reply.receipt.expect("a receipt");
+        assert!(receipt.verified, "{call_id}: the broker's own check");
+        let verified = verify::receipt(&receipt.envelope, &key).expect(call_id);
+        assert_eq!(verified.sequence, receipt.sequence);
+        assert_eq!(verified.subject, format!("default/{session}/{call_id}"));
+        let predicate = &statement(&receipt.envelope)["predicate"];
+        assert_eq!(predicate["outcome"], *outcome, "{call_id}");
+        assert_eq!(predicate["decidedBy"], decided_by.as_str(), "{call_id}");
+    }
+    let c1 = get_receipt(&app, "s", "c1").await.unwrap().receipt.unwrap();
+    let statement = statement(&c1.envelope);
+    let predicate = &statement["predicate"];
+    assert_eq!(predicate["tool"], "shell");
+    assert_eq!(predicate["input"]["command"], "rm -rf /tmp/build");
+    assert_eq!(predicate["runs"]["input"]["command"], "rm -rf /tmp/build");
+    assert_eq!(predicate["shown"]["title"], "Delete the build");
+    assert_eq!(predicate["shown"]["message"], "cleans /tmp/build\u{202E}");
+    assert_eq!(
+        predicate["shown"]["hiddenCharacters"][0]["codePoints"][0],
+        "U+202E"
+    );
+    let denied = statement_of(&app, "s", "c2").await;
+    assert_eq!(denied["predicate"]["reason"], "no network");
+    assert!(
+        denied["predicate"]["runs"].is_null(),
+        "a denied call runs nothing"
+    );
+}
+
+async fn statement_of(app: &TestApp, session: &str, call_id: &str) -> Value {
+    let receipt = get_receipt(app, session, call_id)
+        .await
+        .unwrap()
+        .receipt
+        .unwrap();
+    statement(&receipt.envelope)
+}
+
+async fn the_exported_chain_holds_every_receipt_in_order_and_verifies(app: TestApp) {
+    let decided = decide_every_way(&app).await;
+    let chain = export(&app).await;
+    assert_eq!(chain.len(), decided.len());
+    let sequences: Vec<u64> = chain.iter().map(|r| r.sequence).collect();
+    assert_eq!(sequences, (1..=decided.len() as u64).collect::<Vec<_>>());
+    let summary = verify::chain(envelopes(&chain), &the_key()).expect("the chain verifies");
+    assert_eq!((summary.first, summary.last), (1, decided.len() as u64));
+}
+
+async fn a_chain_with_receipts_swapped_removed_or_changed_fails_verification(app: TestApp) {
+    decide_every_way(&app).await;
+    let chain = export(&app).await;
+    let key = the_key();
+    let good = envelopes(&chain);
+    let mut swapped = good.clone();
+    swapped.swap(2, 3);
+    let err = verify::chain(swapped, &key).unwrap_err();
+    assert!(err.contains("receipt 3"), "{err}");
+    let mut removed = good.clone();
+    removed.remove(4);
+    let err = verify::chain(removed, &key).unwrap_err();
+    assert!(err.contains("missing or out of order"), "{err}");
+    // A receipt of the chain with one field of its statement changed.
+    let mut envelope: Value = serde_json::from_str(good[1]).unwrap();
+    let mut changed = statement(good[1]);
+    changed["predicate"]["outcome"] = "APPROVED".into();
+    envelope["payload"] = BASE64.encode(changed.to_string()).into();
+    let forged = envelope.to_string();
+    let mut tampered = good.clone();
+    tampered[1] = forged.as_str();
+    let err = verify::chain(tampered, &key).unwrap_err();
+    assert!(
+        err.contains("receipt 2: the signature does not verify"),
+        "{err}"
+    );
+}
+
+async fn a_receipt_changed_in_the_database_is_served_as_not_verified(app: TestApp) {
+    submit(&app, batch("s", vec![call("c1", "t", "{}")])).await;
+    deny(&app, "s", "c1", "original reason").await;
+    let receipt = get_receipt(&app, "s", "c1").await.unwrap().receipt.unwrap();
+    let mut changed = statement(&receipt.envelope);
+    changed["predicate"]["outcome"] = "APPROVED".into();
+    let mut envelope: Value = serde_json::from_str(&receipt.envelope).unwrap();
+    envelope["payload"] = BASE64.encode(changed.to_string()).into();
+    let forged = envelope.to_string();
+    let update = "UPDATE receipts SET envelope = $1 WHERE call_id = 'c1'";
+    match &app.backend {
+        Backend::Sqlite => {
+            let pool = sqlx::SqlitePool::connect(&app.database_url).await.unwrap();
+            sqlx::query(update)
+                .bind(&forged)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        Backend::Postgres(_) => {
+            let pool = sqlx::PgPool::connect(&app.database_url).await.unwrap();
+            sqlx::query(update)
+                .bind(&forged)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    }
+    let served = get_receipt(&app, "s", "c1").await.unwrap().receipt.unwrap();
+    assert_eq!(served.envelope, forged);
+    assert!(
+        !served.verified,
+        "a changed receipt must not be served as verified"
+    );
+}
+
+async fn a_pending_call_has_no_receipt_yet_and_an_unknown_call_is_not_found(app: TestApp) {
+    submit(&app, batch("s", vec![call("c1", "t", "{}")])).await;
+    let err = get_receipt(&app, "s", "c1").await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.message().contains("pending"), "{}", err.message());
+    let err = get_receipt(&app, "s", "nope").await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = get_receipt(&app, "", "c1").await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("session_id"), "{}", err.message());
+}
+
+async fn with_receipts_off_outcomes_get_none_and_get_receipt_says_why(app: TestApp) {
+    submit(&app, batch("s", vec![call("c1", "t", "{}")])).await;
+    approve(&app, "s", "c1").await;
+    let err = get_receipt(&app, "s", "c1").await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(
+        err.message().contains("receipts were off"),
+        "{}",
+        err.message()
+    );
+    assert!(export(&app).await.is_empty());
+}
+
+backend_tests! {
+    every_outcome_gets_a_signed_receipt_naming_what_was_shown_and_who_decided => super::with_key,
+    the_exported_chain_holds_every_receipt_in_order_and_verifies => super::with_key,
+    a_chain_with_receipts_swapped_removed_or_changed_fails_verification => super::with_key,
+    a_receipt_changed_in_the_database_is_served_as_not_verified => super::with_key,
+    a_pending_call_has_no_receipt_yet_and_an_unknown_call_is_not_found => super::with_key,
+    with_receipts_off_outcomes_get_none_and_get_receipt_says_why
+        => |config: &mut approval_broker::config::Config| {
+            config.receipts.mode = approval_broker::config::ReceiptsMode::Off
+        },
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_sqlite_and_no_key_one_is_generated_beside_the_database_and_kept_across_restarts() {
+    let app = spawn_app().await;
+    let key_file = app.dir.path().join("approvals.db.receipt-key.pem");
+    let key_text = std::fs::read_to_string(&key_file).expect("a generated key file");
+    assert!(key_text.starts_with("-----BEGIN PRIVATE KEY-----"));
+    submit(&app, batch("s", vec![call("c1", "t", "{}")])).await;
+    approve(&app, "s", "c1").await;
+    let first = get_receipt(&app, "s", "c1").await.unwrap();
+    let app = app.restart().await;
+    assert_eq!(std::fs::read_to_string(&key_file).unwrap(), key_text);
+    submit(&app, batch("s", vec![call("c2", "t", "{}")])).await;
+    deny(&app, "s", "c2", "no").await;
+    let second = get_receipt(&app, "s", "c2").await.unwrap();
+    assert_eq!(first.key, second.key, "the same key after a restart");
+    let key = PublicKey::parse(&second.key.unwrap().public_key).unwrap();
+    let chain = export(&app).await;
+    let summary = verify::chain(envelopes(&chain), &key).expect("one chain across restarts");
+    assert_eq!(summary.receipts, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres variants"
+)]
+async fn postgres_replicas_deciding_at_once_append_to_one_unforked_chain() {
+    let one = spawn_app_on(Backend::postgres(), with_key).await;
+    let two = one.replica(with_key).await;
+    let ids: Vec<String> = (0..24).map(|i| format!("c{i}")).collect();
+    for id in &ids {
+        submit(&one, batch(id, vec![call(id, "t", "{}")])).await;
+    }
+    let decide_all = |app: &TestApp, ids: Vec<String>| {
+        let approver = app.approver();
+        async move {
+            for id in ids {
+                let mut approver = approver.clone();
+                approver
+                    .decide(decide_request(&id, &id, pb::Decision::Approve, ""))
+                    .await
+                    .expect("decide");
+            }
+        }
+    };
+    let (evens, odds): (Vec<_>, Vec<_>) = ids
+        .iter()
+        .cloned()
+        .partition(|id| id.trim_start_matches('c').parse::<u32>().unwrap() % 2 == 0);
+    tokio::join!(decide_all(&one, evens), decide_all(&two, odds));
+    let chain = export(&two).await;
+    assert_eq!(chain.len(), ids.len());
+    verify::chain(envelopes(&chain), &the_key()).expect("one chain, in order, unforked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres variants"
+)]
+async fn receipts_on_postgres_without_a_key_refuse_to_start_naming_the_setting() {
+    let schema = fresh_schema(&postgres_url()).await;
+    let mut config = Config::for_tests(schema.url());
+    config.receipts.mode = ReceiptsMode::On;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = approval_broker::startup::run(listener, config, std::future::pending())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("--receipt-key"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_verify_command_passes_a_good_chain_and_fails_naming_what_is_wrong() {
+    let app = spawn_app_on(Backend::Sqlite, with_key).await;
+    decide_every_way(&app).await;
+    let chain = export(&app).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("key.pub");
+    std::fs::write(&key_file, the_key().to_pem()).unwrap();
+    let run = |lines: Vec<&str>| {
+        let file = dir.path().join("chain.jsonl");
+        std::fs::write(&file, lines.join("\n")).unwrap();
+        let out = broker_binary()
+            .arg("verify")
+            .arg("--key")
+            .arg(&key_file)
+            .arg(&file)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let good = envelopes(&chain);
+    let (ok, stdout, stderr) = run(good.clone());
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("9 receipts, sequence 1 to 9"), "{stdout}");
+    let mut swapped = good.clone();
+    swapped.swap(0, 1);
+    let (ok, _, stderr) = run(swapped);
+    assert!(!ok);
+    assert!(
+        stderr.contains("verification FAILED: receipt 2"),
+        "{stderr}"
+    );
+    let other = Notary::from_seed(&[6; 32]).unwrap();
+    std::fs::write(&key_file, other.public_key().to_base64()).unwrap();
+    let (ok, _, stderr) = run(good[..1].to_vec());
+    assert!(!ok);
+    assert!(stderr.contains("signature does not verify"), "{stderr}");
+}
