@@ -71,7 +71,9 @@ async fn serve(config: Config) -> ExitCode {
             };
         }
         Some(Command::HashToken { token }) => return hash_token(token.clone()),
-        Some(Command::Hook(_) | Command::McpGateway(_) | Command::Export(_) | Command::Verify(_)) => {
+        Some(
+            Command::Hook(_) | Command::McpGateway(_) | Command::Export(_) | Command::Verify(_),
+        ) => {
             unreachable!("answered above")
         }
         None => {}

@@ -40,14 +40,14 @@ mod lifecycle;
 mod policy;
 mod prejudge;
 mod reads;
-mod rule_replay;
 mod receipts;
+mod rule_replay;
 mod webhooks;
 
 pub use lifecycle::{BackupName, BackupReport};
 pub use prejudge::PREJUDGE_FROM_BYTES;
-pub use rule_replay::{REPLAY_PAGE_BUDGET, ReplayPage};
 pub use receipts::CheckedReceipt;
+pub use rule_replay::{REPLAY_PAGE_BUDGET, ReplayPage};
 
 /// Limits and defaults the broker applies to what clients send.
 #[derive(Debug, Clone)]

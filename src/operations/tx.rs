@@ -26,10 +26,10 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 
+use crate::domain::escalation::Escalation;
 use crate::domain::policy::{
     Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId, RuleMode, ShadowVerdict,
 };
-use crate::domain::escalation::Escalation;
 use crate::domain::{
     AgentId, BatchId, Call, CallKey, EventKind, NewBatch, NewCall, OnDeny, Outcome, SessionId,
     Timestamp, ToolName,

@@ -318,7 +318,7 @@ impl Policies for PostgresStore {
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .execute(&mut *tx.tx)
             .await?;
-        explain::explain(PgTx { tx, notary: None }, target).await
+        explain::explain(tx, target).await
     }
 }
 

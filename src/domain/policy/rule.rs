@@ -190,7 +190,7 @@ impl Rule {
         let object = value
             .as_object()
             .ok_or_else(|| Error::invalid("rule", "must be a JSON object"))?;
-        const KEYS: [&str; 7] = [
+        const KEYS: [&str; 8] = [
             "id",
             "tool",
             "effect",

@@ -134,6 +134,7 @@ mod tests {
             source: RuleSource::Admin,
             created_at: Timestamp::from_micros(0),
             mode,
+            escalation: Default::default(),
         }
     }
 
