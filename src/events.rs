@@ -264,6 +264,8 @@ mod tests {
                 deadline: None,
                 created_at: Timestamp::from_micros(0),
                 outcome: None,
+                requested_by: String::new(),
+                approval: None,
             },
             batch_completed: false,
         }

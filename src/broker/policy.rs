@@ -3,7 +3,7 @@
 //! would read now and asks the same pure function, so it cannot drift from behaviour.
 
 use super::Broker;
-use crate::domain::policy::{ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
+use crate::domain::policy::{Approval, ExplainTarget, Requirement, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
 use crate::error::Result;
 
 impl Broker {
@@ -29,6 +29,24 @@ impl Broker {
 
     /// What would decide `target` if it were submitted now.
     pub async fn explain(&self, target: &ExplainTarget) -> Result<Explanation> {
-        self.store.explain(target).await
+        let mut explanation = self.store.explain(target).await?;
+        // The default applies to calls submitted from now on; a stored call keeps the
+        // requirement (or none) fixed on it at submit.
+        if let ExplainTarget::Inline { .. } = target
+            && explanation.effect.is_none()
+            && explanation.approval.is_none()
+            && let Some(default) = &self.limits().default_approvers
+        {
+            let requirement = Requirement::default_of(default);
+            explanation.reason.push_str(&format!(
+                "; who may decide: {default} ({})",
+                requirement.name()
+            ));
+            explanation.approval = Some(Approval {
+                requirement,
+                votes: Vec::new(),
+            });
+        }
+        Ok(explanation)
     }
 }

@@ -55,6 +55,9 @@ pub struct NewBatch {
     /// The most pending calls the agent may have (`--max-pending-per-agent`, set by the broker;
     /// `None`: no cap). New calls beyond it are refused, each for itself.
     pub pending_cap: Option<u64>,
+    /// Who may decide the calls no ask rule names approvers for (`--default-approvers`, set by
+    /// the broker; `None`: anyone, alone).
+    pub default_approvers: Option<super::policy::Approvers>,
 }
 
 /// What a submit did, call by call.

@@ -1,6 +1,6 @@
 //! Calls: one tool call a model asked for, identified by (agent, session, call id).
 
-use super::policy::Prejudged;
+use super::policy::{Approval, Prejudged};
 use super::{
     AgentId, BatchId, CallId, Outcome, OutcomeKind, SessionId, Timestamp, ToolInput, ToolName, code,
 };
@@ -40,6 +40,8 @@ pub struct NewCall {
     pub workspace: String,
     pub supersede_key: Option<String>,
     pub deadline: Option<Timestamp>,
+    /// The human the agent acts for (empty: none named); never an approver of the call.
+    pub requested_by: String,
     /// Rule and grant matchers judged against the input before the submit was queued, so the
     /// write transaction need not (see [`Prejudged`]).
     pub prejudged: Prejudged,
@@ -84,6 +86,8 @@ impl NewCall {
             deadline: self.deadline,
             created_at,
             outcome: None,
+            requested_by: self.requested_by.clone(),
+            approval: None,
         }
     }
 }
@@ -104,6 +108,11 @@ pub struct Call {
     pub deadline: Option<Timestamp>,
     pub created_at: Timestamp,
     pub outcome: Option<Outcome>,
+    /// The human the agent acts for (empty: none named).
+    pub requested_by: String,
+    /// Who may decide it and the votes so far, when a requirement was fixed on it at submit;
+    /// `None`: any approver decides, alone.
+    pub approval: Option<Approval>,
 }
 
 impl Call {

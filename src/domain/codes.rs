@@ -37,6 +37,9 @@ macro_rules! code {
     (EventKind::Resolved) => {
         2
     };
+    (EventKind::ApprovalRecorded) => {
+        3
+    };
     (Scope::Once) => {
         1
     };

@@ -8,6 +8,8 @@ pub enum EventKind {
     Requested,
     /// A call got its outcome.
     Resolved,
+    /// A vote was recorded on a call that needs more than one; the call stays pending.
+    ApprovalRecorded,
 }
 
 impl EventKind {
@@ -15,12 +17,15 @@ impl EventKind {
         match self {
             EventKind::Requested => code!(EventKind::Requested),
             EventKind::Resolved => code!(EventKind::Resolved),
+            EventKind::ApprovalRecorded => code!(EventKind::ApprovalRecorded),
         }
     }
 
     pub fn from_code(code: i64) -> Self {
         if code == code!(EventKind::Resolved) {
             EventKind::Resolved
+        } else if code == code!(EventKind::ApprovalRecorded) {
+            EventKind::ApprovalRecorded
         } else {
             EventKind::Requested
         }

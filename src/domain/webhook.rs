@@ -180,7 +180,9 @@ pub struct WebhookFilter {
 impl WebhookFilter {
     pub fn admits(&self, event: &Event) -> bool {
         let call = &event.call;
-        (self.kinds.is_empty() || self.kinds.contains(&event.kind))
+        // Votes on calls needing several approvals reach approvers' streams, not webhooks.
+        event.kind != EventKind::ApprovalRecorded
+            && (self.kinds.is_empty() || self.kinds.contains(&event.kind))
             && self.tool.as_deref().is_none_or(|t| t == call.tool.as_str())
             && self
                 .workspace

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use crate::domain::policy::{
-    Effect, Explanation, FieldTest, Grant, GrantScope, Matcher, Rule, RuleEffect, Scope,
+    Approval, Approvers, Effect, Explanation, FieldTest, Grant, GrantScope, Matcher, Rule, RuleEffect, Scope,
 };
 use crate::domain::{
     Call, CallId, CancelReport, DecideReport, Status, SubmitReport, SubmitResult, Timestamp,
@@ -46,6 +46,39 @@ pub fn call(c: &Call) -> pb::Call {
         status: status(c.status()) as i32,
         outcome: outcome(c),
         hidden_characters: hidden_characters(c),
+        approval: c.approval.as_ref().map(approval),
+        requested_by: c.requested_by.clone(),
+    }
+}
+
+pub fn approvers(a: &Approvers) -> pb::Approvers {
+    pb::Approvers {
+        groups: a.groups.clone(),
+        quorum: a.quorum,
+        distinct_groups: a.distinct_groups,
+        denials_to_deny: a.denials_to_deny,
+    }
+}
+
+/// Who may decide a call and the votes so far.
+pub fn approval(a: &Approval) -> pb::ApprovalProgress {
+    pb::ApprovalProgress {
+        rule_id: a.requirement.rule.clone().unwrap_or_default(),
+        approvers: Some(approvers(&a.requirement.approvers)),
+        approvals: a.approvals(),
+        denials: a.denials(),
+        votes: a
+            .votes
+            .iter()
+            .map(|v| pb::Vote {
+                approver: v.approver.clone(),
+                approve: v.approve,
+                reason: v.reason.clone(),
+                at: Some(timestamp(Timestamp::from_micros(v.at))),
+                groups: v.groups.clone(),
+            })
+            .collect(),
+        summary: a.progress(),
     }
 }
 
@@ -225,6 +258,8 @@ pub fn decide_response(
         skipped_count: report.skipped.len() as u64,
         decided_by_grant_count: report.decided_by_grant.len() as u64,
         truncated: !(all_skipped && all_by_grant),
+        // A vote that left the call pending: the call, with its votes so far.
+        pending: report.call.outcome.is_none().then(|| call(&report.call)),
     }
 }
 
@@ -351,6 +386,7 @@ pub fn rule(r: &Rule) -> pb::Rule {
         description: r.description.clone(),
         source: r.source.as_str().to_owned(),
         created_at: Some(timestamp(r.created_at)),
+        approvers: r.approvers.as_ref().map(approvers),
     }
 }
 
@@ -373,5 +409,6 @@ pub fn explanation(e: &Explanation, now: Timestamp) -> pb::ExplainResponse {
         call: e.call.as_ref().map(call),
         // Set where the reply is fitted to the reply limit (`oversize::fit_explanation`).
         truncated: false,
+        approval: e.approval.as_ref().map(approval),
     }
 }

@@ -226,6 +226,8 @@ mod tests {
             deadline: None,
             created_at: Timestamp::from_micros(0),
             outcome,
+            requested_by: String::new(),
+            approval: None,
         }
     }
 

@@ -159,6 +159,8 @@ pub fn webhook(hook: &Webhook, secret: Secret) -> pb::Webhook {
                 .map(|kind| match kind {
                     EventKind::Requested => pb::WebhookEventKind::Requested as i32,
                     EventKind::Resolved => pb::WebhookEventKind::Resolved as i32,
+                    // Never in a filter (votes are not delivered to webhooks).
+                    EventKind::ApprovalRecorded => pb::WebhookEventKind::Unspecified as i32,
                 })
                 .collect(),
             tool: hook.filter.tool.clone().unwrap_or_default(),

@@ -12,12 +12,15 @@
 //! - [`expire`]: deadlines passed.
 //! - [`policy_admin`]: revoke grants; create, delete and load rules.
 //! - [`explain`]: what would decide a call now, read as a submit reads it.
+//! - [`routing`]: who may decide a call (fixed at submit) and the votes of two-person rules,
+//!   which `decide` counts.
 
 pub mod cancel;
 pub mod decide;
 pub mod expire;
 pub mod explain;
 pub mod policy_admin;
+pub mod routing;
 mod ruling;
 pub mod submit;
 pub mod tx;

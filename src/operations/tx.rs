@@ -26,7 +26,9 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 
-use crate::domain::policy::{Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId};
+use crate::domain::policy::{
+    Approval, Grant, GrantScope, GrantSpec, Requirement, RevokeTarget, Rule, RuleId,
+};
 use crate::domain::{
     AgentId, BatchId, Call, CallKey, NewBatch, NewCall, OnDeny, Outcome, SessionId, Timestamp,
     ToolName,
@@ -106,6 +108,24 @@ pub trait WriteTx: Send {
     async fn on_deny(&mut self, batch: &BatchId) -> Result<OnDeny>;
     /// Pending calls due at `now`, at most `limit`, with their batches.
     async fn due_calls(&mut self, now: Timestamp, limit: i64) -> Result<Vec<(i64, String)>>;
+    /// Records who a just-inserted call acts for and the requirement fixed on it (see
+    /// `operations::routing`).
+    async fn route_call(
+        &mut self,
+        rowid: i64,
+        requested_by: &str,
+        requirement: Option<&Requirement>,
+    ) -> Result<()>;
+    /// Under the call's batch lock: stores `approval`'s votes on a pending call, with an
+    /// ApprovalRecorded event if `announce` (not for the vote that decides it: its Resolved
+    /// event says so). `false` if the call was no longer pending (nothing written).
+    async fn record_votes(
+        &mut self,
+        rowid: i64,
+        approval: &Approval,
+        now: Timestamp,
+        announce: bool,
+    ) -> Result<bool>;
     /// Under the batch's lock: if no call of it is pending, flags `event` as completing it.
     async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()>;
     /// How many writing statements this transaction has issued so far, if the backend counts

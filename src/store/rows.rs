@@ -60,7 +60,7 @@ impl Columns for rusqlite::Row<'_> {
 
 use crate::domain::Cursor;
 use crate::domain::policy::{
-    Effect, Glob, Grant, GrantScope, GrantSpec, Matcher, Rule, RuleEffect, RuleId, RuleSource,
+    Approval, Approvers, Effect, Requirement, Glob, Grant, GrantScope, GrantSpec, Matcher, Rule, RuleEffect, RuleId, RuleSource,
     Scope,
 };
 use crate::domain::{
@@ -107,6 +107,14 @@ pub fn call_from_row(row: &(impl Columns + ?Sized)) -> Result<Call> {
         deadline: row.opt_int("deadline")?.map(Timestamp::from_micros),
         created_at: Timestamp::from_micros(row.int("created_at")?),
         outcome,
+        requested_by: row.opt_text("requested_by")?.unwrap_or_default(),
+        approval: match row.opt_text("requirement")? {
+            None => None,
+            Some(requirement) => Some(Approval {
+                requirement: Requirement::from_stored(&requirement)?,
+                votes: Approval::votes_from_stored(row.opt_text("votes")?.as_deref())?,
+            }),
+        },
     })
 }
 
@@ -141,9 +149,17 @@ pub fn stored(row: &(impl Columns + ?Sized)) -> Result<Stored> {
 pub fn event_from_row(row: &(impl Columns + ?Sized)) -> Result<Event> {
     let kind = EventKind::from_code(row.int("kind")?);
     let mut call = call_from_row(row)?;
-    if kind == EventKind::Requested {
-        // The call as the event left it: not yet decided.
-        call.outcome = None;
+    match kind {
+        EventKind::Requested => {
+            // The call as the event left it: not yet decided, no votes yet.
+            call.outcome = None;
+            if let Some(approval) = &mut call.approval {
+                approval.votes.clear();
+            }
+        }
+        // Pending when the vote was recorded (its votes are those recorded so far, as read).
+        EventKind::ApprovalRecorded => call.outcome = None,
+        EventKind::Resolved => {}
     }
     Ok(Event {
         seq: row.int("seq")? as u64,
@@ -223,5 +239,17 @@ pub fn rule_from_row(row: &(impl Columns + ?Sized)) -> Result<Rule> {
         description: row.text("description")?,
         source: RuleSource::from_stored(&row.text("source")?),
         created_at: Timestamp::from_micros(row.int("created_at")?),
+        approvers: match row.opt_text("approvers")? {
+            None => None,
+            Some(text) => Some(stored_approvers(&text)?),
+        },
     })
+}
+
+/// An ask rule's stored `approvers` (the JSON the policy file spells them in).
+fn stored_approvers(text: &str) -> Result<Approvers> {
+    let value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| Error::Internal(format!("stored approvers are unreadable: {e}")))?;
+    Approvers::from_json("approvers", &value)
+        .map_err(|e| Error::Internal(format!("stored approvers are invalid: {e}")))
 }

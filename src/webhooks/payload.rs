@@ -30,6 +30,7 @@ pub fn event_type(kind: EventKind) -> &'static str {
     match kind {
         EventKind::Requested => "approvals.v1.call.requested",
         EventKind::Resolved => "approvals.v1.call.resolved",
+        EventKind::ApprovalRecorded => "approvals.v1.call.approval_recorded",
     }
 }
 

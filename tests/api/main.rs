@@ -30,6 +30,7 @@ mod recovery;
 mod replay;
 mod replicas;
 mod replies;
+mod routing;
 mod rules;
 mod storage;
 mod supersede;

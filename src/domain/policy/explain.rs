@@ -1,7 +1,7 @@
 //! Explain: what would decide a call (a rule, a grant, or a human) if it were submitted now,
 //! asked of a stored call or of one described inline.
 
-use super::{Effect, Grant, Rule};
+use super::{Approval, Effect, Grant, Rule};
 use crate::domain::{AgentId, Call, CallKey, DecidedBy, SessionId, ToolInput, ToolName};
 
 /// The call Explain is about.
@@ -31,4 +31,7 @@ pub struct Explanation {
     pub reason: String,
     /// For a stored call: the call as it stands.
     pub call: Option<Call>,
+    /// When a human decides: who may, and how many must agree (for a stored call, the
+    /// requirement fixed on it with its votes so far). `None`: any approver, alone.
+    pub approval: Option<Approval>,
 }

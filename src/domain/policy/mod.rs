@@ -7,6 +7,7 @@ mod explain;
 mod glob;
 mod grant;
 mod matcher;
+mod requirement;
 mod rule;
 
 pub use evaluate::{Decider, Ruling, evaluate, rule_precedence, sort_by_precedence};
@@ -16,7 +17,12 @@ pub use grant::{
     Effect, Grant, GrantScope, GrantSpec, Remember, RevokeReport, RevokeTarget, Scope,
 };
 pub use matcher::{FieldCondition, FieldPath, FieldTest, InputView, Matcher, Prejudged};
-pub use rule::{Rule, RuleEffect, RuleId, RuleSource, description, parse_policy_file};
+pub use requirement::{
+    Approval, Approvers, MAX_GROUPS, MAX_QUORUM, Requirement, Tally, Vote, group_name,
+};
+pub use rule::{
+    Rule, RuleEffect, RuleId, RuleSource, approvers_of, description, parse_policy_file,
+};
 
 use super::{AgentId, Call, SessionId, ToolInput, ToolName};
 

@@ -12,7 +12,7 @@ use std::fmt;
 
 use serde_json::Value;
 
-use super::{Glob, Matcher, Subject};
+use super::{Approvers, Glob, Matcher, Subject};
 use crate::domain::Timestamp;
 use crate::error::{Error, Result};
 
@@ -144,6 +144,9 @@ pub struct Rule {
     pub description: String,
     pub source: RuleSource,
     pub created_at: Timestamp,
+    /// Ask rules only: who may decide the calls it sends to people, and how many must agree.
+    /// `None`: anyone decides, alone (or the broker's default requirement).
+    pub approvers: Option<Approvers>,
 }
 
 impl Rule {
@@ -159,6 +162,7 @@ impl Rule {
             && self.effect == other.effect
             && self.priority == other.priority
             && self.description == other.description
+            && self.approvers == other.approvers
     }
 
     /// One rule of the policy file. Errors name the key at fault (`effect`, `match.fields[0]`).
@@ -166,7 +170,15 @@ impl Rule {
         let object = value
             .as_object()
             .ok_or_else(|| Error::invalid("rule", "must be a JSON object"))?;
-        const KEYS: [&str; 6] = ["id", "tool", "effect", "priority", "match", "description"];
+        const KEYS: [&str; 7] = [
+            "id",
+            "tool",
+            "effect",
+            "priority",
+            "match",
+            "description",
+            "approvers",
+        ];
         if let Some(unknown) = object.keys().find(|k| !KEYS.contains(&k.as_str())) {
             return Err(Error::invalid(
                 unknown,
@@ -190,16 +202,35 @@ impl Rule {
             None => Matcher::Any,
             Some(m) => Matcher::from_json("match", m, max_input_bytes)?,
         };
+        let effect = RuleEffect::parse("effect", required("effect")?)?;
+        let approvers = object
+            .get("approvers")
+            .map(|a| Approvers::from_json("approvers", a))
+            .transpose()?;
         Ok(Rule {
             id: RuleId::parse("id", required("id")?)?,
             tool: Glob::parse("tool", required("tool")?)?,
             matcher,
-            effect: RuleEffect::parse("effect", required("effect")?)?,
+            approvers: approvers_of(effect, approvers)?,
+            effect,
             priority,
             description: description("description", string("description")?.unwrap_or(""))?,
             source: RuleSource::File,
             created_at,
         })
+    }
+}
+
+/// A rule's `approvers`, which only an ask rule may name: an allow or deny rule decides by
+/// itself, so approvers there would be a rule that does not do what it says.
+pub fn approvers_of(effect: RuleEffect, approvers: Option<Approvers>) -> Result<Option<Approvers>> {
+    match (effect, approvers) {
+        (RuleEffect::Ask, approvers) => Ok(approvers),
+        (_, None) => Ok(None),
+        (effect, Some(_)) => Err(Error::invalid(
+            "approvers",
+            format!("only an ask rule names who may decide (this rule's effect is {effect})"),
+        )),
     }
 }
 
@@ -270,6 +301,20 @@ mod tests {
         assert_eq!(rules[1].matcher, Matcher::Any);
         assert_eq!(rules[1].priority, 0);
         assert_eq!(rules[1].source, RuleSource::File);
+        assert_eq!(rules[1].approvers, None);
+    }
+
+    #[test]
+    fn an_ask_rule_names_its_approvers() {
+        let rules = parse_policy_file(
+            r#"{"rules": [{"id": "prod", "tool": "deploy", "effect": "ask",
+                "approvers": {"groups": ["ops", "sec"], "quorum": 2, "distinct_groups": true}}]}"#,
+            4096,
+        )
+        .unwrap();
+        let approvers = rules[0].approvers.as_ref().unwrap();
+        assert_eq!(approvers.groups, ["ops", "sec"]);
+        assert_eq!((approvers.quorum, approvers.distinct_groups), (2, true));
     }
 
     #[test]
@@ -300,5 +345,11 @@ mod tests {
             err(r#"{"rules": [{"id": "has space", "tool": "b", "effect": "deny"}]}"#)
                 .contains("id: must be")
         );
+        let e = err(r#"{"rules": [{"id": "d", "tool": "b", "effect": "deny",
+                                  "approvers": {"quorum": 2}}]}"#);
+        assert!(e.contains("(id `d`): approvers: only an ask rule"), "{e}");
+        let e = err(r#"{"rules": [{"id": "q", "tool": "b", "effect": "ask",
+                                  "approvers": {"quorum": 99}}]}"#);
+        assert!(e.contains("(id `q`): approvers.quorum: must be 1 to 16"), "{e}");
     }
 }

@@ -337,6 +337,7 @@ mod tests {
             on_deny: OnDeny::default(),
             supersede_pending: false,
             pending_cap: None,
+            default_approvers: None,
             calls: vec![NewCall {
                 index: 0,
                 path: "batch.calls[0]".into(),
@@ -347,6 +348,7 @@ mod tests {
                 message: String::new(),
                 workspace: String::new(),
                 supersede_key: None,
+        requested_by: String::new(),
                 deadline: None,
                 prejudged: Default::default(),
             }],
