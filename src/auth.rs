@@ -17,8 +17,8 @@ use sha2::{Digest, Sha256};
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
-use crate::domain::{AgentId, Call};
 use crate::domain::policy::group_name;
+use crate::domain::{AgentId, Call};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +34,7 @@ impl Role {
     fn parse(s: &str) -> Option<Role> {
         match s {
             "agent" => Some(Role::Agent),
-"approver" => Some(Role::Approver),
+            "approver" => Some(Role::Approver),
             "auditor" => Some(Role::Auditor),
             "admin" => Some(Role::Admin),
             _ => None,

@@ -252,8 +252,8 @@ pub struct PolicySettings {
 }
 
 fn parse_approvers(text: &str) -> Result<crate::domain::policy::Approvers, String> {
-    let value: serde_json::Value = crate::domain::json::parse("--default-approvers", text)
-        .map_err(|e| e.to_string())?;
+    let value: serde_json::Value =
+        crate::domain::json::parse("--default-approvers", text).map_err(|e| e.to_string())?;
     crate::domain::policy::Approvers::from_json("--default-approvers", &value)
         .map_err(|e| e.to_string())
 }

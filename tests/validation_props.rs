@@ -335,6 +335,8 @@ fn call_spec() -> impl Strategy<Value = pb::CallSpec> {
         prop_oneof![4 => Just(String::new()), 3 => short_text(20), 1 => wild_text(MAX_MESSAGE)],
         optional(MAX_WORKSPACE),
         optional(MAX_SUPERSEDE_KEY),
+        // `requested_by`: a name of at most 256 bytes, as a supersede key is.
+        optional(MAX_SUPERSEDE_KEY),
         prop_oneof![
             4 => Just(None),
             2 => future_deadline().prop_map(Some),
@@ -342,8 +344,19 @@ fn call_spec() -> impl Strategy<Value = pb::CallSpec> {
         ],
     )
         .prop_map(
-            |(call_id, tool, input_json, title, message, workspace, supersede_key, deadline)| {
+            |(
+                call_id,
+                tool,
+                input_json,
+                title,
+                message,
+                workspace,
+                supersede_key,
+                requested_by,
+                deadline,
+            )| {
                 pb::CallSpec {
+                    requested_by,
                     call_id,
                     tool,
                     input_json,

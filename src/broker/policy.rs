@@ -3,7 +3,9 @@
 //! would read now and asks the same pure function, so it cannot drift from behaviour.
 
 use super::Broker;
-use crate::domain::policy::{Approval, ExplainTarget, Requirement, Explanation, RevokeReport, RevokeTarget, Rule, RuleId};
+use crate::domain::policy::{
+    Approval, ExplainTarget, Explanation, Requirement, RevokeReport, RevokeTarget, Rule, RuleId,
+};
 use crate::error::Result;
 
 impl Broker {

@@ -286,6 +286,7 @@ mod tests {
                 ..Default::default()
             }),
             truncated: false,
+            approval: None,
         };
         let cut = |limit: usize| fit_explanation(reply.clone(), limit);
         // Room for all of it: unchanged.

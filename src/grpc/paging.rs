@@ -46,7 +46,15 @@ pub async fn calls(
             })
         }
     };
-    fill(query.limit, query.after, reply_limit, read, visible, render::call).await
+    fill(
+        query.limit,
+        query.after,
+        reply_limit,
+        read,
+        visible,
+        render::call,
+    )
+    .await
 }
 
 /// A page of the grants `query` selects, judged active or not at `now`.
@@ -70,7 +78,15 @@ pub async fn grants(
         }
     };
     let render_grant = |grant: &_| render::grant(grant, now);
-    fill(query.limit, query.after, reply_limit, read, |_| true, render_grant).await
+    fill(
+        query.limit,
+        query.after,
+        reply_limit,
+        read,
+        |_| true,
+        render_grant,
+    )
+    .await
 }
 
 /// Rows of one read, each with the cursor after it.

@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 
 use crate::domain::policy::{
-    Approval, Approvers, Effect, Explanation, FieldTest, Grant, GrantScope, Matcher, Rule, RuleEffect, Scope,
+    Approval, Approvers, Effect, Explanation, FieldTest, Grant, GrantScope, Matcher, Rule,
+    RuleEffect, Scope,
 };
 use crate::domain::{
     Call, CallId, CancelReport, DecideReport, Status, SubmitReport, SubmitResult, Timestamp,

@@ -473,7 +473,10 @@ mod tests {
             .await
             .unwrap();
         assert!(first.call.outcome.is_none());
-        assert!(first.grant.is_none(), "a partial approval remembers nothing");
+        assert!(
+            first.grant.is_none(),
+            "a partial approval remembers nothing"
+        );
         let approval = first.call.approval.as_ref().unwrap();
         assert_eq!(approval.progress(), "1 of 2 approvals");
         let second = decide_in(&mut tx, &key("s", "a"), &by("bob"), &texts(), now)
@@ -502,9 +505,15 @@ mod tests {
             approver: agent,
             ..decision(Verdict::Deny, "")
         };
-        let report = decide_in(&mut tx, &key("s", "b"), &withdraw, &texts(), Timestamp::now())
-            .await
-            .unwrap();
+        let report = decide_in(
+            &mut tx,
+            &key("s", "b"),
+            &withdraw,
+            &texts(),
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
         assert_eq!(report.call.status(), Status::Decided(OutcomeKind::Denied));
     }
 

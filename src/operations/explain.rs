@@ -2,8 +2,8 @@
 //! call's agent and tool), through the same primitives, and asks the same pure function,
 //! [`evaluate`], so its answer is what a submit of the call would get now.
 
-use super::tx::{PolicyTx, WriteTx};
 use super::routing::requirement_of;
+use super::tx::{PolicyTx, WriteTx};
 use crate::domain::policy::{Approval, Decider, Ruling, Subject, evaluate};
 use crate::domain::policy::{ExplainTarget, Explanation};
 use crate::domain::{Call, Timestamp};

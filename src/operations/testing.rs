@@ -94,7 +94,7 @@ pub fn batch(session: &str, calls: impl IntoIterator<Item = NewCall>) -> NewBatc
         supersede_pending: false,
         calls,
         pending_cap: None,
-            default_approvers: None,
+        default_approvers: None,
     }
 }
 
@@ -116,7 +116,7 @@ pub fn decision(verdict: Verdict, reason: &str) -> Decision {
 pub fn rule(id: &str, tool: &str, effect: &str) -> Rule {
     let json = serde_json::json!({"id": id, "tool": tool, "effect": effect});
     Rule {
-            approvers: None,
+        approvers: None,
         source: RuleSource::Admin,
         ..Rule::from_json(&json, 1 << 20, Timestamp::now()).expect("a valid rule")
     }

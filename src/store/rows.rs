@@ -60,8 +60,8 @@ impl Columns for rusqlite::Row<'_> {
 
 use crate::domain::Cursor;
 use crate::domain::policy::{
-    Approval, Approvers, Effect, Requirement, Glob, Grant, GrantScope, GrantSpec, Matcher, Rule, RuleEffect, RuleId, RuleSource,
-    Scope,
+    Approval, Approvers, Effect, Glob, Grant, GrantScope, GrantSpec, Matcher, Requirement, Rule,
+    RuleEffect, RuleId, RuleSource, Scope,
 };
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Event, EventKind, Outcome, SessionId,

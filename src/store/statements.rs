@@ -195,7 +195,8 @@ pub const RECORD_VOTES: &str = concat!(
 );
 /// An event of kind `$1` for call row `$2` at `$3`, numbered as every event is (SQLite: its
 /// row id; Postgres: by the sequencer after commit).
-pub const RECORD_EVENT: &str = "INSERT INTO events (kind, call_rowid, created_at) VALUES ($1, $2, $3)";
+pub const RECORD_EVENT: &str =
+    "INSERT INTO events (kind, call_rowid, created_at) VALUES ($1, $2, $3)";
 
 /// How many calls of agent `$1` are pending, counting to `$2` at most.
 pub const PENDING_OF_AGENT: &str = concat!(

@@ -47,6 +47,7 @@ fn label(event: &pb::ApproverEvent) -> String {
         E::SnapshotComplete(_) => "snapshot_complete".into(),
         E::Requested(c) => format!("requested {}", c.call_id),
         E::Resolved(o) => format!("resolved {}", o.call_id),
+        E::ApprovalRecorded(c) => format!("approval_recorded {}", c.call_id),
     }
 }
 

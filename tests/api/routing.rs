@@ -70,7 +70,10 @@ fn approver_as(
     ApproverServiceClient::with_interceptor(channel.clone(), bearer(token))
 }
 
-fn admin_as(channel: &Channel, token: &str) -> AdminServiceClient<InterceptedService<Channel, Bearer>> {
+fn admin_as(
+    channel: &Channel,
+    token: &str,
+) -> AdminServiceClient<InterceptedService<Channel, Bearer>> {
     AdminServiceClient::with_interceptor(channel.clone(), bearer(token))
 }
 
@@ -158,12 +161,28 @@ async fn an_approver_outside_the_rules_groups_cannot_decide_and_is_told_which_ru
     submit_as_bot(&app, vec![call("d1", "deploy", "{}")]).await;
     for verdict in [pb::Decision::Approve, pb::Decision::Deny] {
         let refused = decide_as(&app, DAVE, "d1", verdict).await.unwrap_err();
-        assert_eq!(refused.code(), Code::PermissionDenied, "{}", refused.message());
-        assert!(refused.message().contains("rule `two-person`"), "{}", refused.message());
+        assert_eq!(
+            refused.code(),
+            Code::PermissionDenied,
+            "{}",
+            refused.message()
+        );
+        assert!(
+            refused.message().contains("rule `two-person`"),
+            "{}",
+            refused.message()
+        );
     }
     // An auditor sees it but decides nothing.
-    let refused = decide_as(&app, EVE, "d1", pb::Decision::Approve).await.unwrap_err();
-    assert_eq!(refused.code(), Code::PermissionDenied, "{}", refused.message());
+    let refused = decide_as(&app, EVE, "d1", pb::Decision::Approve)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Code::PermissionDenied,
+        "{}",
+        refused.message()
+    );
     let call = &calls_of(&app).await[0];
     assert_eq!(call.status, CallStatus::Pending as i32);
     assert_eq!(summary(call), "0 of 2 approvals");
@@ -179,20 +198,33 @@ async fn two_distinct_approvals_approve_a_two_person_call_and_the_first_is_an_ev
     let (snapshot, _) = watching.snapshot().await;
     assert_eq!(snapshot.len(), 1);
 
-    let first = decide_as(&app, ALICE, "d1", pb::Decision::Approve).await.unwrap();
-    assert!(first.outcome.is_none(), "one approval of two decides nothing");
-    assert_eq!(summary(first.pending.as_ref().expect("still pending")), "1 of 2 approvals");
+    let first = decide_as(&app, ALICE, "d1", pb::Decision::Approve)
+        .await
+        .unwrap();
+    assert!(
+        first.outcome.is_none(),
+        "one approval of two decides nothing"
+    );
+    assert_eq!(
+        summary(first.pending.as_ref().expect("still pending")),
+        "1 of 2 approvals"
+    );
     match watching.next().await.event {
         Some(pb::approver_event::Event::ApprovalRecorded(call)) => {
             assert_eq!(summary(&call), "1 of 2 approvals");
             let votes = &call.approval.as_ref().unwrap().votes;
             assert_eq!(votes.len(), 1);
-            assert_eq!((votes[0].approver.as_str(), votes[0].approve), ("alice", true));
+            assert_eq!(
+                (votes[0].approver.as_str(), votes[0].approve),
+                ("alice", true)
+            );
         }
         other => panic!("expected approval_recorded, got {other:?}"),
     }
     // The same approver again counts once.
-    let again = decide_as(&app, ALICE, "d1", pb::Decision::Approve).await.unwrap();
+    let again = decide_as(&app, ALICE, "d1", pb::Decision::Approve)
+        .await
+        .unwrap();
     assert!(again.replayed);
     assert_eq!(summary(again.pending.as_ref().unwrap()), "1 of 2 approvals");
 
@@ -201,7 +233,9 @@ async fn two_distinct_approvals_approve_a_two_person_call_and_the_first_is_an_ev
     let call = &calls_of(&app).await[0];
     assert_eq!(summary(call), "1 of 2 approvals", "votes are durable");
 
-    let second = decide_as(&app, BOB, "d1", pb::Decision::Approve).await.unwrap();
+    let second = decide_as(&app, BOB, "d1", pb::Decision::Approve)
+        .await
+        .unwrap();
     let outcome = second.outcome.expect("the second approval decides");
     assert_eq!(status_of(&outcome), CallStatus::Approved);
     assert_eq!(outcome.decided_by, "approver:alice,bob");
@@ -211,12 +245,18 @@ async fn two_distinct_approvals_approve_a_two_person_call_and_the_first_is_an_ev
 async fn any_single_denial_denies_a_call_that_needs_two_approvals(app: TestApp) {
     two_person_rule(&app).await;
     submit_as_bot(&app, vec![call("d1", "deploy", "{}")]).await;
-    decide_as(&app, ALICE, "d1", pb::Decision::Approve).await.unwrap();
-    let denied = decide_as(&app, CAROL, "d1", pb::Decision::Deny).await.unwrap();
+    decide_as(&app, ALICE, "d1", pb::Decision::Approve)
+        .await
+        .unwrap();
+    let denied = decide_as(&app, CAROL, "d1", pb::Decision::Deny)
+        .await
+        .unwrap();
     let outcome = denied.outcome.expect("denied");
     assert_eq!(status_of(&outcome), CallStatus::Denied);
     assert_eq!(outcome.decided_by, "approver:carol");
-    let late = decide_as(&app, BOB, "d1", pb::Decision::Approve).await.unwrap_err();
+    let late = decide_as(&app, BOB, "d1", pb::Decision::Approve)
+        .await
+        .unwrap_err();
     assert_eq!(late.code(), Code::FailedPrecondition, "{}", late.message());
     assert!(late.message().contains("DENIED"), "{}", late.message());
 }
@@ -229,14 +269,27 @@ async fn neither_the_agent_nor_the_human_it_acts_for_can_approve_its_call(app: T
     let ack = submit_as_bot(&app, vec![spec]).await;
     assert_eq!(ack_status(&ack, 0), CallStatus::Pending);
     for token in [CAROL, BOT_AS_APPROVER] {
-        let refused = decide_as(&app, token, "c1", pb::Decision::Approve).await.unwrap_err();
-        assert_eq!(refused.code(), Code::PermissionDenied, "{}", refused.message());
-        assert!(refused.message().contains("self-approval"), "{}", refused.message());
+        let refused = decide_as(&app, token, "c1", pb::Decision::Approve)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.code(),
+            Code::PermissionDenied,
+            "{}",
+            refused.message()
+        );
+        assert!(
+            refused.message().contains("self-approval"),
+            "{}",
+            refused.message()
+        );
     }
     let call = &calls_of(&app).await[0];
     assert_eq!(call.requested_by, "carol");
     assert_eq!(call.status, CallStatus::Pending as i32);
-    let approved = decide_as(&app, DAVE, "c1", pb::Decision::Approve).await.unwrap();
+    let approved = decide_as(&app, DAVE, "c1", pb::Decision::Approve)
+        .await
+        .unwrap();
     assert_eq!(approved.outcome.unwrap().decided_by, "approver:dave");
 }
 
@@ -255,7 +308,13 @@ async fn approvers_see_only_the_calls_they_may_decide_and_auditors_see_every_cal
     // Live events too: dave's stream shows the shell call, never the deploy call.
     let mut dave = subscribe_as(&app, DAVE).await;
     let (snapshot, _) = dave.snapshot().await;
-    assert_eq!(snapshot.iter().map(|c| c.call_id.as_str()).collect::<Vec<_>>(), ["c1"]);
+    assert_eq!(
+        snapshot
+            .iter()
+            .map(|c| c.call_id.as_str())
+            .collect::<Vec<_>>(),
+        ["c1"]
+    );
     submit_as_bot(
         &app,
         vec![call("d2", "deploy", "{}"), call("c2", "shell", "{}")],
@@ -270,7 +329,9 @@ async fn approvers_see_only_the_calls_they_may_decide_and_auditors_see_every_cal
 async fn explain_says_who_may_decide_a_call_and_the_votes_so_far(app: TestApp) {
     two_person_rule(&app).await;
     submit_as_bot(&app, vec![call("d1", "deploy", "{}")]).await;
-    decide_as(&app, BOB, "d1", pb::Decision::Approve).await.unwrap();
+    decide_as(&app, BOB, "d1", pb::Decision::Approve)
+        .await
+        .unwrap();
     let mut admin = admin_as(&app.channel, ROOT);
     let explained = admin
         .explain(pb::ExplainRequest {
@@ -286,10 +347,23 @@ async fn explain_says_who_may_decide_a_call_and_the_votes_so_far(app: TestApp) {
     let approval = explained.approval.expect("who may decide");
     assert_eq!(approval.rule_id, "two-person");
     let approvers = approval.approvers.unwrap();
-    assert_eq!((approvers.groups, approvers.quorum), (vec!["ops".to_owned(), "sec".to_owned()], 2));
+    assert_eq!(
+        (approvers.groups, approvers.quorum),
+        (vec!["ops".to_owned(), "sec".to_owned()], 2)
+    );
     assert_eq!(approval.approvals, 1);
-    assert!(explained.reason.contains("who may decide: members of ops, sec"), "{}", explained.reason);
-    assert!(explained.reason.contains("1 of 2 approvals"), "{}", explained.reason);
+    assert!(
+        explained
+            .reason
+            .contains("who may decide: members of ops, sec"),
+        "{}",
+        explained.reason
+    );
+    assert!(
+        explained.reason.contains("1 of 2 approvals"),
+        "{}",
+        explained.reason
+    );
     // Inline: what a call submitted now would need.
     let inline = admin
         .explain(pb::ExplainRequest {
@@ -304,7 +378,15 @@ async fn explain_says_who_may_decide_a_call_and_the_votes_so_far(app: TestApp) {
         .await
         .expect("explain")
         .into_inner();
-    assert_eq!(inline.approval.expect("who may decide").approvers.unwrap().quorum, 2);
+    assert_eq!(
+        inline
+            .approval
+            .expect("who may decide")
+            .approvers
+            .unwrap()
+            .quorum,
+        2
+    );
 }
 
 async fn a_pending_call_keeps_the_requirement_it_was_submitted_under(app: TestApp) {
@@ -316,35 +398,48 @@ async fn a_pending_call_keeps_the_requirement_it_was_submitted_under(app: TestAp
         })
         .await
         .expect("delete rule");
-    let first = decide_as(&app, ALICE, "d1", pb::Decision::Approve).await.unwrap();
-    assert!(first.outcome.is_none(), "still needs two: the rule was fixed on it at submit");
-    let refused = decide_as(&app, DAVE, "d1", pb::Decision::Approve).await.unwrap_err();
+    let first = decide_as(&app, ALICE, "d1", pb::Decision::Approve)
+        .await
+        .unwrap();
+    assert!(
+        first.outcome.is_none(),
+        "still needs two: the rule was fixed on it at submit"
+    );
+    let refused = decide_as(&app, DAVE, "d1", pb::Decision::Approve)
+        .await
+        .unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied);
     // A call submitted now needs nobody in particular.
     submit_as_bot(&app, vec![call("d2", "deploy", "{}")]).await;
-    let alone = decide_as(&app, DAVE, "d2", pb::Decision::Approve).await.unwrap();
+    let alone = decide_as(&app, DAVE, "d2", pb::Decision::Approve)
+        .await
+        .unwrap();
     assert_eq!(alone.outcome.unwrap().decided_by, "approver:dave");
 }
 
 async fn the_default_requirement_applies_to_calls_no_ask_rule_names_approvers_for(app: TestApp) {
     submit_as_bot(&app, vec![call("c1", "shell", "{}")]).await;
-    let first = decide_as(&app, DAVE, "c1", pb::Decision::Approve).await.unwrap();
+    let first = decide_as(&app, DAVE, "c1", pb::Decision::Approve)
+        .await
+        .unwrap();
     let pending = first.pending.expect("one of two");
     assert_eq!(pending.approval.as_ref().unwrap().rule_id, "");
     assert_eq!(summary(&pending), "1 of 2 approvals");
-    let second = decide_as(&app, CAROL, "c1", pb::Decision::Approve).await.unwrap();
+    let second = decide_as(&app, CAROL, "c1", pb::Decision::Approve)
+        .await
+        .unwrap();
     assert_eq!(second.outcome.unwrap().decided_by, "approver:dave,carol");
 }
 
 backend_tests!(
-    an_approver_outside_the_rules_groups_cannot_decide_and_is_told_which_rule => with_groups,
-    two_distinct_approvals_approve_a_two_person_call_and_the_first_is_an_event_that_survives_a_restart => with_groups,
-    any_single_denial_denies_a_call_that_needs_two_approvals => with_groups,
-    neither_the_agent_nor_the_human_it_acts_for_can_approve_its_call => with_groups,
-    approvers_see_only_the_calls_they_may_decide_and_auditors_see_every_call => with_groups,
-    explain_says_who_may_decide_a_call_and_the_votes_so_far => with_groups,
-    a_pending_call_keeps_the_requirement_it_was_submitted_under => with_groups,
-    the_default_requirement_applies_to_calls_no_ask_rule_names_approvers_for => with_a_default_of_two,
+    an_approver_outside_the_rules_groups_cannot_decide_and_is_told_which_rule => super::with_groups,
+    two_distinct_approvals_approve_a_two_person_call_and_the_first_is_an_event_that_survives_a_restart => super::with_groups,
+    any_single_denial_denies_a_call_that_needs_two_approvals => super::with_groups,
+    neither_the_agent_nor_the_human_it_acts_for_can_approve_its_call => super::with_groups,
+    approvers_see_only_the_calls_they_may_decide_and_auditors_see_every_call => super::with_groups,
+    explain_says_who_may_decide_a_call_and_the_votes_so_far => super::with_groups,
+    a_pending_call_keeps_the_requirement_it_was_submitted_under => super::with_groups,
+    the_default_requirement_applies_to_calls_no_ask_rule_names_approvers_for => super::with_a_default_of_two,
 );
 
 /// Two brokers on one Postgres database: with one approval of two recorded, the second approval
@@ -360,11 +455,15 @@ async fn the_last_approval_racing_a_denial_on_two_replicas_has_one_winner() {
     let b = a.replica(with_groups).await;
     two_person_rule(&a).await;
     const CALLS: usize = 30;
-    let calls = (0..CALLS).map(|i| call(&format!("d{i}"), "deploy", "{}")).collect();
+    let calls = (0..CALLS)
+        .map(|i| call(&format!("d{i}"), "deploy", "{}"))
+        .collect();
     submit_as_bot(&a, calls).await;
     for i in 0..CALLS {
         let id = format!("d{i}");
-        decide_as(&a, ALICE, &id, pb::Decision::Approve).await.unwrap();
+        decide_as(&a, ALICE, &id, pb::Decision::Approve)
+            .await
+            .unwrap();
         let (approve, deny) = tokio::join!(
             decide_as(&a, BOB, &id, pb::Decision::Approve),
             decide_as(&b, CAROL, &id, pb::Decision::Deny)
@@ -374,7 +473,12 @@ async fn the_last_approval_racing_a_denial_on_two_replicas_has_one_winner() {
             other => panic!("{id}: exactly one must win, got {other:?}"),
         };
         let standing = winner.outcome.expect("the winner decided");
-        assert_eq!(loser.code(), Code::FailedPrecondition, "{}", loser.message());
+        assert_eq!(
+            loser.code(),
+            Code::FailedPrecondition,
+            "{}",
+            loser.message()
+        );
         let name = match status_of(&standing) {
             CallStatus::Approved => {
                 assert_eq!(standing.decided_by, "approver:alice,bob");

@@ -329,7 +329,10 @@ impl Approval {
                         .iter()
                         .filter_map(|g| g.as_str().map(str::to_owned))
                         .collect(),
-                    approve: v.get("approve").and_then(Value::as_bool).ok_or_else(unreadable)?,
+                    approve: v
+                        .get("approve")
+                        .and_then(Value::as_bool)
+                        .ok_or_else(unreadable)?,
                     reason: text("reason").unwrap_or_default(),
                     at: v.get("at").and_then(Value::as_i64).unwrap_or(0),
                 })

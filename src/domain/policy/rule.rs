@@ -350,6 +350,9 @@ mod tests {
         assert!(e.contains("(id `d`): approvers: only an ask rule"), "{e}");
         let e = err(r#"{"rules": [{"id": "q", "tool": "b", "effect": "ask",
                                   "approvers": {"quorum": 99}}]}"#);
-        assert!(e.contains("(id `q`): approvers.quorum: must be 1 to 16"), "{e}");
+        assert!(
+            e.contains("(id `q`): approvers.quorum: must be 1 to 16"),
+            "{e}"
+        );
     }
 }

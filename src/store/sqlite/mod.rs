@@ -348,7 +348,7 @@ mod tests {
                 message: String::new(),
                 workspace: String::new(),
                 supersede_key: None,
-        requested_by: String::new(),
+                requested_by: String::new(),
                 deadline: None,
                 prejudged: Default::default(),
             }],
