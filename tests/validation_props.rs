@@ -479,6 +479,11 @@ fn call_fault(call: &pb::CallSpec, max_input: usize) -> Option<&'static str> {
             "supersede_key",
             is_name(&call.supersede_key, MAX_SUPERSEDE_KEY),
         ),
+        // At most 256 bytes, as a supersede key.
+        (
+            "requested_by",
+            is_name(&call.requested_by, MAX_SUPERSEDE_KEY),
+        ),
     ]
     .into_iter()
     .find(|(_, ok)| !ok)
@@ -598,6 +603,7 @@ proptest! {
                     prop_assert_eq!(&call.title, &sent.title);
                     prop_assert_eq!(&call.message, &sent.message);
                     prop_assert_eq!(&call.workspace, &sent.workspace);
+                    prop_assert_eq!(&call.requested_by, &sent.requested_by);
                     prop_assert_eq!(call.supersede_key.as_deref().unwrap_or(""), sent.supersede_key.as_str());
                     prop_assert_eq!(call.deadline.map(Timestamp::as_micros), sent.deadline.as_ref().and_then(micros));
                 }
