@@ -1,10 +1,13 @@
-//! Who may call what: bearer tokens with a role (`agent`, `approver`, `admin`) and an identity.
+//! Who may call what: bearer tokens with a role (`agent`, `approver`, `auditor`, `admin`), an
+//! identity and, for approvers, the groups they belong to (which calls they may decide, see
+//! `domain::policy::Approvers`).
 //!
 //! Tokens are configured as SHA-256 hashes, never in clear, and a presented token is compared
 //! against every configured hash in constant time. Each service is wrapped in a [`Gate`] that
 //! admits its role (and `admin`, which may call everything) and hands the handler a [`Caller`].
 //! With auth on, an agent's identity owns its sessions (calls are keyed by it), and the approver
-//! recorded in an outcome is the token's identity, never a field of the request. With no tokens
+//! recorded in an outcome is the token's identity, never a field of the request. An auditor is
+//! admitted where an approver is and sees every call, but may not decide. With no tokens
 //! configured, auth is off: every caller is [`Caller::Anonymous`] (the laptop default).
 
 use std::fmt;
@@ -14,13 +17,16 @@ use sha2::{Digest, Sha256};
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
-use crate::domain::AgentId;
+use crate::domain::policy::group_name;
+use crate::domain::{AgentId, Call};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     Agent,
     Approver,
+    /// Sees every call an approver service shows, whatever its groups; decides none.
+    Auditor,
     Admin,
 }
 
@@ -29,6 +35,7 @@ impl Role {
         match s {
             "agent" => Some(Role::Agent),
             "approver" => Some(Role::Approver),
+            "auditor" => Some(Role::Auditor),
             "admin" => Some(Role::Admin),
             _ => None,
         }
@@ -36,7 +43,9 @@ impl Role {
 
     /// Whether a caller with this role may call a service that requires `required`.
     fn admits(self, required: Role) -> bool {
-        self == required || self == Role::Admin
+        self == required
+            || self == Role::Admin
+            || (self == Role::Auditor && required == Role::Approver)
     }
 }
 
@@ -45,6 +54,7 @@ impl fmt::Display for Role {
         f.write_str(match self {
             Role::Agent => "agent",
             Role::Approver => "approver",
+            Role::Auditor => "auditor",
             Role::Admin => "admin",
         })
     }
@@ -56,6 +66,8 @@ struct Entry {
     hash: [u8; 32],
     role: Role,
     identity: String,
+    /// The approver groups it belongs to (`groups=a,b`), sorted.
+    groups: Arc<[String]>,
 }
 
 /// The configured tokens.
@@ -74,7 +86,7 @@ pub fn hash_token(token: &str) -> String {
 }
 
 impl Tokens {
-    /// Parses token lines `ROLE IDENTITY sha256:HEX` (blank lines and `#` comment lines
+    /// Parses token lines `ROLE IDENTITY sha256:HEX [groups=A,B]` (blank lines and `#` comment lines
     /// ignored, whatever they hold; `;` also separates entries, for environment variables).
     /// `source` names where they came from in errors.
     pub fn parse(text: &str, source: &str) -> Result<Tokens> {
@@ -92,17 +104,23 @@ impl Tokens {
                 Error::invalid(
                     source,
                     format!(
-                        "entry {}: {why} (expected `ROLE IDENTITY sha256:HEX`)",
+                        "entry {}: {why} (expected `ROLE IDENTITY sha256:HEX [groups=A,B]`)",
                         n + 1
                     ),
                 )
             };
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let [role, identity, hash] = fields[..] else {
-                return Err(bad("wrong number of fields"));
+            let (role, identity, hash, groups) = match fields[..] {
+                [role, identity, hash] => (role, identity, hash, None),
+                [role, identity, hash, groups] => (role, identity, hash, Some(groups)),
+                _ => return Err(bad("wrong number of fields")),
             };
-            let role =
-                Role::parse(role).ok_or_else(|| bad("role must be agent, approver or admin"))?;
+            let role = Role::parse(role)
+                .ok_or_else(|| bad("role must be agent, approver, auditor or admin"))?;
+            let groups = match groups {
+                None => Vec::new(),
+                Some(text) => parse_groups(text).map_err(|why| bad(&why))?,
+            };
             let hash = hash
                 .strip_prefix("sha256:")
                 .and_then(decode_hex)
@@ -126,6 +144,7 @@ impl Tokens {
                 hash,
                 role,
                 identity: identity.to_owned(),
+                groups: groups.into(),
             });
             tokens.lines.push(n + 1);
         }
@@ -158,6 +177,22 @@ impl Tokens {
     }
 }
 
+/// `groups=a,b`: distinct group names, sorted.
+fn parse_groups(text: &str) -> std::result::Result<Vec<String>, String> {
+    let list = text
+        .strip_prefix("groups=")
+        .ok_or("the fourth field must be `groups=A,B`")?;
+    let mut groups = Vec::new();
+    for name in list.split(',') {
+        let name = group_name("groups", name).map_err(|e| e.to_string())?;
+        if !groups.contains(&name) {
+            groups.push(name);
+        }
+    }
+    groups.sort();
+    Ok(groups)
+}
+
 fn decode_hex(hex: &str) -> Option<[u8; 32]> {
     if hex.len() != 64 {
         return None;
@@ -177,6 +212,8 @@ pub enum Caller {
     Authenticated {
         role: Role,
         identity: Arc<str>,
+        /// Its approver groups (empty for most tokens).
+        groups: Arc<[String]>,
     },
 }
 
@@ -209,9 +246,15 @@ impl Caller {
     }
 
     /// Who decides: the token's identity; while auth is off, the request's `approver` field,
-    /// which is then required.
+    /// which is then required. An auditor decides nothing: PERMISSION_DENIED.
     pub fn approver(&self, from_request: String) -> Result<String> {
         match self {
+            Caller::Authenticated {
+                role: Role::Auditor,
+                ..
+            } => Err(Error::PermissionDenied(
+                "a token with role `auditor` sees every call but may not decide".into(),
+            )),
             Caller::Authenticated { identity, .. } => Ok(identity.to_string()),
             Caller::Anonymous if from_request.is_empty() => {
                 Err(Error::invalid("approver", "must name who decides"))
@@ -236,6 +279,38 @@ impl CallerNote {
     fn note(request: &Request<()>, identity: Arc<str>) {
         if let Some(note) = request.extensions().get::<CallerNote>() {
             let _ = note.0.set(identity);
+        }
+    }
+}
+
+impl Caller {
+    /// The approver groups this caller belongs to; `None` while auth is off, when nobody's
+    /// groups are known and calls are not routed by group (see docs/approver-routing.md).
+    pub fn groups(&self) -> Option<Vec<String>> {
+        match self {
+            Caller::Anonymous => None,
+            Caller::Authenticated { groups, .. } => Some(groups.to_vec()),
+        }
+    }
+
+    /// Whether this caller sees every call, whichever groups may decide it: an auditor or an
+    /// admin, or anyone while auth is off.
+    pub fn sees_every_call(&self) -> bool {
+        match self {
+            Caller::Anonymous => true,
+            Caller::Authenticated { role, .. } => matches!(role, Role::Auditor | Role::Admin),
+        }
+    }
+
+    /// Whether `call` is shown to this caller (`ListPending`, `Subscribe`): a call whose
+    /// requirement names groups only to their members, unless the caller sees every call.
+    pub fn may_see(&self, call: &Call) -> bool {
+        match (self, &call.approval) {
+            (_, None) => true,
+            (Caller::Authenticated { groups, .. }, Some(approval)) if !self.sees_every_call() => {
+                approval.requirement.approvers.admits(groups)
+            }
+            _ => true,
         }
     }
 }
@@ -288,6 +363,7 @@ impl Interceptor for Gate {
         request.extensions_mut().insert(Caller::Authenticated {
             role: entry.role,
             identity,
+            groups: Arc::clone(&entry.groups),
         });
         Ok(request)
     }
@@ -340,6 +416,38 @@ mod tests {
                 .to_string();
             assert!(err.starts_with("APPROVALS_TOKENS: entry 1"), "{err}");
         }
+    }
+
+    #[test]
+    fn an_optional_fourth_field_names_the_groups_and_old_lines_stay_valid() {
+        let text = format!(
+            "approver alice {} groups=sec,ops,ops\napprover bob {}",
+            hash_token("a"),
+            hash_token("b")
+        );
+        let tokens = Tokens::parse(&text, "tokens").unwrap();
+        assert_eq!(&*tokens.authenticate("a").unwrap().groups, ["ops", "sec"]);
+        assert!(tokens.authenticate("b").unwrap().groups.is_empty());
+        for bad in ["groups=", "groups=a b", "teams=a", "groups=a,,b"] {
+            let line = format!("approver alice {} {bad}", hash_token("a"));
+            let err = Tokens::parse(&line, "tokens").unwrap_err().to_string();
+            assert!(err.starts_with("tokens: entry 1"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_auditor_is_admitted_as_an_approver_but_may_not_decide() {
+        assert!(Role::Auditor.admits(Role::Approver));
+        assert!(!Role::Auditor.admits(Role::Admin));
+        assert!(!Role::Auditor.admits(Role::Agent));
+        let auditor = Caller::Authenticated {
+            role: Role::Auditor,
+            identity: Arc::from("eve"),
+            groups: Arc::from(Vec::new()),
+        };
+        assert!(auditor.sees_every_call());
+        let err = auditor.approver(String::new()).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
     }
 
     #[test]

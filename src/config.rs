@@ -311,6 +311,20 @@ pub struct PolicySettings {
     /// 366d). None by default.
     #[arg(long, env = "APPROVALS_DEFAULT_DEADLINE", value_parser = parse_duration)]
     pub default_deadline: Option<Duration>,
+
+    /// Who may decide the calls that no ask rule names approvers for, and how many must agree,
+    /// as JSON: `{"groups": ["ops"], "quorum": 2, "distinct_groups": false, "denials_to_deny":
+    /// 1}` (every key optional). None by default: any approver decides, alone. Fixed on each
+    /// call at submit (docs/approver-routing.md).
+    #[arg(long, env = "APPROVALS_DEFAULT_APPROVERS", value_parser = parse_approvers)]
+    pub default_approvers: Option<crate::domain::policy::Approvers>,
+}
+
+fn parse_approvers(text: &str) -> Result<crate::domain::policy::Approvers, String> {
+    let value: serde_json::Value =
+        crate::domain::json::parse("--default-approvers", text).map_err(|e| e.to_string())?;
+    crate::domain::policy::Approvers::from_json("--default-approvers", &value)
+        .map_err(|e| e.to_string())
 }
 
 /// The tool-result texts handed to the model with each outcome but APPROVED.
@@ -534,6 +548,7 @@ impl Config {
                 .max_reply_bytes
                 .min(self.requests.max_message_bytes),
             max_pending_per_agent: self.requests.max_pending_per_agent,
+            default_approvers: self.policy.default_approvers.clone(),
         }
     }
 

@@ -26,6 +26,10 @@ pub enum Error {
     /// The request conflicts with state that stands (e.g. a call decided otherwise).
     #[error("{0}")]
     FailedPrecondition(String),
+    /// The caller may not do this to this thing (an approver outside a call's groups, an
+    /// approver approving their own call); the message names the requirement or rule.
+    #[error("{0}")]
+    PermissionDenied(String),
     #[error("{0}")]
     ResourceExhausted(String),
     /// The broker cannot take this now (shutting down); the client should retry elsewhere.
@@ -135,6 +139,7 @@ impl Error {
             Error::AlreadyExists(_) => Code::AlreadyExists,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
+            Error::PermissionDenied(_) => Code::PermissionDenied,
             Error::Unavailable(_) => Code::Unavailable,
             Error::Pruned { .. } => Code::OutOfRange,
             Error::Storage(_)

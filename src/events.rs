@@ -282,6 +282,8 @@ mod tests {
                 created_at: Timestamp::from_micros(0),
                 outcome: None,
                 escalation: None,
+                requested_by: String::new(),
+                approval: None,
             },
             batch_completed: false,
             step: None,

@@ -23,9 +23,9 @@
 //!   runs an operation through the store, then tells the event fan-out and the deadline sweeper.
 //! - `operations/`: what the broker does, one file per operation: `submit`, `decide`, `cancel`,
 //!   `expire`, `escalate` (reminders and escalations), `prune` (retention), `policy_admin`
-//!   (grants and rules), `explain`, and `ruling` (what a rule or grant deciding a pending call
-//!   brings along); `tx` holds the transaction primitives they are written over, and the lock
-//!   order they keep.
+//!   (grants and rules), `explain`, `ruling` (what a rule or grant deciding a pending call
+//!   brings along), and `routing` (who may decide a call, and the votes of two-person rules);
+//!   `tx` holds the transaction primitives they are written over, and the lock order they keep.
 //! - `domain/`: plain, validated types and rules with no I/O: ids, inputs in canonical JSON,
 //!   calls, batches, outcomes, events, policy rules and grants, and the requests and reports the
 //!   operations take and return.

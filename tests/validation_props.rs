@@ -335,6 +335,8 @@ fn call_spec() -> impl Strategy<Value = pb::CallSpec> {
         prop_oneof![4 => Just(String::new()), 3 => short_text(20), 1 => wild_text(MAX_MESSAGE)],
         optional(MAX_WORKSPACE),
         optional(MAX_SUPERSEDE_KEY),
+        // `requested_by`: a name of at most 256 bytes, as a supersede key is.
+        optional(MAX_SUPERSEDE_KEY),
         prop_oneof![
             4 => Just(None),
             2 => future_deadline().prop_map(Some),
@@ -342,8 +344,19 @@ fn call_spec() -> impl Strategy<Value = pb::CallSpec> {
         ],
     )
         .prop_map(
-            |(call_id, tool, input_json, title, message, workspace, supersede_key, deadline)| {
+            |(
+                call_id,
+                tool,
+                input_json,
+                title,
+                message,
+                workspace,
+                supersede_key,
+                requested_by,
+                deadline,
+            )| {
                 pb::CallSpec {
+                    requested_by,
                     call_id,
                     tool,
                     input_json,
@@ -466,6 +479,11 @@ fn call_fault(call: &pb::CallSpec, max_input: usize) -> Option<&'static str> {
             "supersede_key",
             is_name(&call.supersede_key, MAX_SUPERSEDE_KEY),
         ),
+        // At most 256 bytes, as a supersede key.
+        (
+            "requested_by",
+            is_name(&call.requested_by, MAX_SUPERSEDE_KEY),
+        ),
     ]
     .into_iter()
     .find(|(_, ok)| !ok)
@@ -585,6 +603,7 @@ proptest! {
                     prop_assert_eq!(&call.title, &sent.title);
                     prop_assert_eq!(&call.message, &sent.message);
                     prop_assert_eq!(&call.workspace, &sent.workspace);
+                    prop_assert_eq!(&call.requested_by, &sent.requested_by);
                     prop_assert_eq!(call.supersede_key.as_deref().unwrap_or(""), sent.supersede_key.as_str());
                     prop_assert_eq!(call.deadline.map(Timestamp::as_micros), sent.deadline.as_ref().and_then(micros));
                 }

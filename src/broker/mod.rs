@@ -66,6 +66,8 @@ pub struct Limits {
     pub max_reply_bytes: usize,
     /// The most pending calls one agent may have; new calls beyond it are refused.
     pub max_pending_per_agent: u64,
+    /// Who may decide calls no ask rule names approvers for (`--default-approvers`).
+    pub default_approvers: Option<crate::domain::policy::Approvers>,
 }
 
 pub struct Broker {
@@ -183,6 +185,7 @@ impl Broker {
     pub async fn submit(&self, mut batch: NewBatch) -> Result<SubmitReport> {
         batch.pending_cap = Some(self.limits.max_pending_per_agent);
         batch.default_escalation = self.default_escalation.clone();
+        batch.default_approvers = self.limits.default_approvers.clone();
         if let Some(default) = self.limits.default_deadline {
             let deadline = Timestamp::now().saturating_add(default);
             for call in &mut batch.calls {
@@ -360,6 +363,7 @@ mod tests {
             max_subscribers: 4,
             max_reply_bytes: 64 * 1024,
             max_pending_per_agent: 4,
+            default_approvers: None,
         };
         let (stop, stopping) = watch::channel(false);
         let broker = Broker::new(store, bus, sweeper, limits, stopping);

@@ -4,7 +4,8 @@
 
 use super::Broker;
 use crate::domain::policy::{
-    ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId, RuleMode,
+    Approval, ExplainTarget, Explanation, Requirement, RevokeReport, RevokeTarget, Rule, RuleId,
+    RuleMode,
 };
 use crate::error::Result;
 
@@ -41,6 +42,23 @@ impl Broker {
         let mut explanation = self.store.explain(target).await?;
         if let ExplainTarget::Stored(key) = target {
             explanation.recorded_shadow = self.store.shadow_verdicts(key).await?;
+        }
+        // The default applies to calls submitted from now on; a stored call keeps the
+        // requirement (or none) fixed on it at submit.
+        if let ExplainTarget::Inline { .. } = target
+            && explanation.effect.is_none()
+            && explanation.approval.is_none()
+            && let Some(default) = &self.limits().default_approvers
+        {
+            let requirement = Requirement::default_of(default);
+            explanation.reason.push_str(&format!(
+                "; who may decide: {default} ({})",
+                requirement.name()
+            ));
+            explanation.approval = Some(Approval {
+                requirement,
+                votes: Vec::new(),
+            });
         }
         Ok(explanation)
     }

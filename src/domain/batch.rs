@@ -58,6 +58,9 @@ pub struct NewBatch {
     /// The escalation ladder of the calls left to a human that no ask rule gives one
     /// (`--escalation-file`, set by the broker; `None`: no default ladder).
     pub default_escalation: Option<std::sync::Arc<super::escalation::Ladder>>,
+    /// Who may decide the calls no ask rule names approvers for (`--default-approvers`, set by
+    /// the broker; `None`: anyone, alone).
+    pub default_approvers: Option<super::policy::Approvers>,
 }
 
 /// What a submit did, call by call.

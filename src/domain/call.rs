@@ -1,7 +1,7 @@
 //! Calls: one tool call a model asked for, identified by (agent, session, call id).
 
 use super::escalation::Escalation;
-use super::policy::Prejudged;
+use super::policy::{Approval, Prejudged};
 use super::{
     AgentId, BatchId, CallId, Outcome, OutcomeKind, SessionId, Timestamp, ToolInput, ToolName, code,
 };
@@ -41,6 +41,8 @@ pub struct NewCall {
     pub workspace: String,
     pub supersede_key: Option<String>,
     pub deadline: Option<Timestamp>,
+    /// The human the agent acts for (empty: none named); never an approver of the call.
+    pub requested_by: String,
     /// Rule and grant matchers judged against the input before the submit was queued, so the
     /// write transaction need not (see [`Prejudged`]).
     pub prejudged: Prejudged,
@@ -86,6 +88,8 @@ impl NewCall {
             created_at,
             outcome: None,
             escalation: None,
+            requested_by: self.requested_by.clone(),
+            approval: None,
         }
     }
 }
@@ -108,6 +112,11 @@ pub struct Call {
     pub outcome: Option<Outcome>,
     /// Its escalation ladder and how far up it went, if it was left to a human with one.
     pub escalation: Option<Escalation>,
+    /// The human the agent acts for (empty: none named).
+    pub requested_by: String,
+    /// Who may decide it and the votes so far, when a requirement was fixed on it at submit;
+    /// `None`: any approver decides, alone.
+    pub approval: Option<Approval>,
 }
 
 impl Call {

@@ -43,6 +43,9 @@ macro_rules! code {
     (EventKind::Escalated) => {
         4
     };
+    (EventKind::ApprovalRecorded) => {
+        5
+    };
     (Scope::Once) => {
         1
     };

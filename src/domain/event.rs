@@ -14,6 +14,8 @@ pub enum EventKind {
     Reminded,
     /// An escalation step of the call's ladder fired: it still waits, others are asked.
     Escalated,
+    /// A vote was recorded on a call that needs more than one; the call stays pending.
+    ApprovalRecorded,
 }
 
 impl EventKind {
@@ -31,6 +33,7 @@ impl EventKind {
             EventKind::Resolved => code!(EventKind::Resolved),
             EventKind::Reminded => code!(EventKind::Reminded),
             EventKind::Escalated => code!(EventKind::Escalated),
+            EventKind::ApprovalRecorded => code!(EventKind::ApprovalRecorded),
         }
     }
 
@@ -39,6 +42,7 @@ impl EventKind {
             code!(EventKind::Resolved) => EventKind::Resolved,
             code!(EventKind::Reminded) => EventKind::Reminded,
             code!(EventKind::Escalated) => EventKind::Escalated,
+            code!(EventKind::ApprovalRecorded) => EventKind::ApprovalRecorded,
             _ => EventKind::Requested,
         }
     }

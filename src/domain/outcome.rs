@@ -157,6 +157,9 @@ pub struct Decision {
     /// APPROVE only: the input to run instead of the submitted one.
     pub edited_input: Option<ToolInput>,
     pub approver: String,
+    /// The approver groups of the approver's token; `None` while auth is off (groups are then
+    /// not checked).
+    pub approver_groups: Option<Vec<String>>,
     /// Remember this decision as a grant (a scope other than ONCE).
     pub remember: Option<super::policy::Remember>,
     /// For a remembered decision: the matchers that may decide the pending calls its grant

@@ -187,7 +187,9 @@ impl WebhookFilter {
             return false;
         }
         let call = &event.call;
-        (self.kinds.is_empty() || self.kinds.contains(&event.kind))
+        // Votes on calls needing several approvals reach approvers' streams, not webhooks.
+        event.kind != EventKind::ApprovalRecorded
+            && (self.kinds.is_empty() || self.kinds.contains(&event.kind))
             && self.tool.as_deref().is_none_or(|t| t == call.tool.as_str())
             && self
                 .workspace

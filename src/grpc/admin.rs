@@ -44,8 +44,13 @@ impl pb::admin_service_server::AdminService for AdminApi {
         query.created_before = parse::time_bound("created_before", req.created_before)?;
         query.decided_by = parse::decided_by("decided_by", req.decided_by)?;
         parse::page(&mut query, req.page_size, &req.page_token)?;
-        let page =
-            paging::calls(&self.broker, &query, self.broker.limits().max_reply_bytes).await?;
+        let page = paging::calls(
+            &self.broker,
+            &query,
+            self.broker.limits().max_reply_bytes,
+            |_| true,
+        )
+        .await?;
         Ok(Response::new(pb::ListCallsResponse {
             calls: page.items,
             next_page_token: parse::page_token(page.next),

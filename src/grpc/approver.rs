@@ -49,6 +49,7 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         request: Request<pb::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let slot = self.broker.open_subscriber()?;
+        let caller = Caller::of(&request);
         let req = request.into_inner();
         let filter = parse::filter("filter.", req.filter)?;
         let latest = self.broker.latest_seq().await?;
@@ -67,6 +68,7 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         let (out, rx) = queue::channel(self.broker.limits().subscriber_buffer, slot);
         let subscriber = Subscriber {
             broker: Arc::clone(&self.broker),
+            viewer: caller,
             filter,
             out,
             last_queued: req.after_seq.unwrap_or(latest),
@@ -84,6 +86,7 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
             parse::decide(request.into_inner(), self.broker.limits().max_input_bytes)?;
         // With auth on, the token says who decides; the request cannot.
         decision.approver = caller.approver(decision.approver)?;
+        decision.approver_groups = caller.groups();
         let report = self.broker.decide(&key, &decision).await?;
         Ok(Response::new(render::decide_response(
             &report,
@@ -96,12 +99,13 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         &self,
         request: Request<pb::ListPendingRequest>,
     ) -> Result<Response<pb::ListPendingResponse>, Status> {
+        let caller = Caller::of(&request);
         let req = request.into_inner();
         let mut query = parse::filter("filter.", req.filter)?;
         parse::page(&mut query, req.page_size, &req.page_token)?;
         query.statuses = vec![CallStatus::Pending];
-        let page =
-            paging::calls(&self.broker, &query, self.broker.limits().max_reply_bytes).await?;
+        let limit = self.broker.limits().max_reply_bytes;
+        let page = paging::calls(&self.broker, &query, limit, |c| caller.may_see(c)).await?;
         Ok(Response::new(pb::ListPendingResponse {
             calls: page.items,
             next_page_token: parse::page_token(page.next),
@@ -124,6 +128,8 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
 
 struct Subscriber {
     broker: Arc<Broker>,
+    /// Who subscribed: calls they may not see (their groups may not decide them) are left out.
+    viewer: Caller,
     filter: CallQuery,
     out: queue::Sender<pb::ApproverEvent>,
     /// The sequence number of the last event queued for the client.
@@ -152,7 +158,8 @@ impl Subscriber {
                 Ok(page) => page,
                 Err(err) => return self.fail(err.into()),
             };
-            for call in &page.calls {
+            let viewer = self.viewer.clone();
+            for call in page.calls.iter().filter(|c| viewer.may_see(c)) {
                 pending += 1;
                 self.queue(seq, E::Snapshot(render::call(call))).await?;
             }
@@ -184,7 +191,7 @@ impl Subscriber {
                 Err(err) => return self.fail(err.into()),
             };
             let event = &delivery.event;
-            if !self.filter.matches(&event.call) {
+            if !self.filter.matches(&event.call) || !self.viewer.may_see(&event.call) {
                 continue;
             }
             let item = match event.kind {
@@ -199,6 +206,7 @@ impl Subscriber {
                         None => continue,
                     }
                 }
+                EventKind::ApprovalRecorded => E::ApprovalRecorded(render::call(&event.call)),
             };
             if delivery.live {
                 self.offer(event.seq, item).await?;

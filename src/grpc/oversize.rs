@@ -287,6 +287,7 @@ mod tests {
             }),
             truncated: false,
             shadow_verdicts: Vec::new(),
+            approval: None,
         };
         let cut = |limit: usize| fit_explanation(reply.clone(), limit);
         // Room for all of it: unchanged.

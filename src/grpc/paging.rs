@@ -12,7 +12,7 @@ use super::render;
 use crate::broker::Broker;
 use crate::domain::Timestamp;
 use crate::domain::policy::{Rule, rule_precedence, sort_by_precedence};
-use crate::domain::{CallQuery, Cursor, GrantQuery};
+use crate::domain::{Call, CallQuery, Cursor, GrantQuery};
 use crate::error::{Error, Result};
 use crate::proto::v1 as pb;
 
@@ -25,11 +25,13 @@ pub struct Page<M> {
     pub next: Option<Cursor>,
 }
 
-/// A page of the calls `query` selects, of at most `query.limit` calls and `reply_limit` bytes.
+/// A page of the calls `query` selects that `visible` admits (the others are passed over, and
+/// the page may then hold fewer), of at most `query.limit` calls and `reply_limit` bytes.
 pub async fn calls(
     broker: &Broker,
     query: &CallQuery,
     reply_limit: usize,
+    visible: impl Fn(&Call) -> bool,
 ) -> Result<Page<pb::Call>> {
     let read = |after, limit| {
         let mut query = query.clone();
@@ -44,7 +46,15 @@ pub async fn calls(
             })
         }
     };
-    fill(query.limit, query.after, reply_limit, read, render::call).await
+    fill(
+        query.limit,
+        query.after,
+        reply_limit,
+        read,
+        visible,
+        render::call,
+    )
+    .await
 }
 
 /// A page of the grants `query` selects, judged active or not at `now`.
@@ -68,7 +78,15 @@ pub async fn grants(
         }
     };
     let render_grant = |grant: &_| render::grant(grant, now);
-    fill(query.limit, query.after, reply_limit, read, render_grant).await
+    fill(
+        query.limit,
+        query.after,
+        reply_limit,
+        read,
+        |_| true,
+        render_grant,
+    )
+    .await
 }
 
 /// Rows of one read, each with the cursor after it.
@@ -86,6 +104,7 @@ async fn fill<T, M, Read, Fut>(
     start: Option<Cursor>,
     reply_limit: usize,
     mut read: Read,
+    keep: impl Fn(&T) -> bool,
     render: impl Fn(&T) -> M,
 ) -> Result<Page<M>>
 where
@@ -100,6 +119,11 @@ where
     loop {
         let chunk = read(after, (wanted - items.len()).min(CHUNK as usize) as u32).await?;
         for (item, cursor) in chunk.items.iter().zip(chunk.cursors) {
+            if !keep(item) {
+                // Passed over, but passed: the next read starts after it.
+                after = Some(cursor);
+                continue;
+            }
             let rendered = render(item);
             if !room.take(&rendered) {
                 if items.is_empty() {
@@ -243,6 +267,7 @@ mod tests {
 
     fn rule(id: &str, effect: RuleEffect, priority: i32) -> Rule {
         Rule {
+            approvers: None,
             id: RuleId::parse("id", id).unwrap(),
             tool: Glob::parse("tool", "*").unwrap(),
             matcher: Matcher::Any,

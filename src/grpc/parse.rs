@@ -91,6 +91,7 @@ pub fn batch(
             calls,
             pending_cap: None,
             default_escalation: None,
+            default_approvers: None,
         },
         refused,
     })
@@ -129,6 +130,7 @@ fn new_call(
         workspace: name(&field("workspace"), spec.workspace, MAX_WORKSPACE_BYTES)?,
         supersede_key: optional_name(&field("supersede_key"), spec.supersede_key, 256)?,
         deadline,
+        requested_by: name(&field("requested_by"), spec.requested_by, 256)?,
         prejudged: Default::default(),
     })
 }
@@ -318,6 +320,8 @@ pub fn decide(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey
             reason,
             edited_input,
             approver,
+            // The token's, set by the service (see `auth::Caller::groups`).
+            approver_groups: None,
             remember,
             prejudged: Default::default(),
         },
@@ -423,7 +427,14 @@ pub fn rule(field: &str, rule: Option<pb::Rule>, max_input_bytes: usize) -> Resu
             ));
         }
     };
+    let approvers = rule
+        .approvers
+        .map(|a| approvers(&at("approvers"), a))
+        .transpose()?;
+    let approvers = crate::domain::policy::approvers_of(effect, approvers)
+        .map_err(|e| Error::invalid(at("approvers"), e.to_string()))?;
     Rule {
+        approvers,
         id: RuleId::parse(&at("id"), &rule.id)?,
         tool: Glob::parse(&at("tool"), &rule.tool)?,
         matcher: matcher(&at("matcher"), rule.matcher, max_input_bytes, false)?
@@ -437,6 +448,17 @@ pub fn rule(field: &str, rule: Option<pb::Rule>, max_input_bytes: usize) -> Resu
         escalation: super::escalation_messages::ladder(&at("escalation"), rule.escalation)?,
     }
     .check_escalation(&at("escalation"))
+}
+
+/// A rule's `approvers` (0 counts mean 1).
+fn approvers(field: &str, a: pb::Approvers) -> Result<crate::domain::policy::Approvers> {
+    crate::domain::policy::Approvers {
+        groups: a.groups,
+        quorum: a.quorum.max(1),
+        distinct_groups: a.distinct_groups,
+        denials_to_deny: a.denials_to_deny.max(1),
+    }
+    .validated(field)
 }
 
 pub fn rule_id(field: &str, id: &str) -> Result<RuleId> {

@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 
 use crate::domain::policy::{
-    Effect, Explanation, FieldTest, Grant, GrantScope, Matcher, Rule, RuleEffect, Scope,
+    Approval, Approvers, Effect, Explanation, FieldTest, Grant, GrantScope, Matcher, Rule,
+    RuleEffect, Scope,
 };
 use crate::domain::{
     Call, CallId, CancelReport, DecideReport, Status, SubmitReport, SubmitResult, Timestamp,
@@ -52,6 +53,39 @@ pub fn call(c: &Call) -> pb::Call {
             .escalation
             .as_ref()
             .map(super::escalation_messages::escalation),
+        approval: c.approval.as_ref().map(approval),
+        requested_by: c.requested_by.clone(),
+    }
+}
+
+pub fn approvers(a: &Approvers) -> pb::Approvers {
+    pb::Approvers {
+        groups: a.groups.clone(),
+        quorum: a.quorum,
+        distinct_groups: a.distinct_groups,
+        denials_to_deny: a.denials_to_deny,
+    }
+}
+
+/// Who may decide a call and the votes so far.
+pub fn approval(a: &Approval) -> pb::ApprovalProgress {
+    pb::ApprovalProgress {
+        rule_id: a.requirement.rule.clone().unwrap_or_default(),
+        approvers: Some(approvers(&a.requirement.approvers)),
+        approvals: a.approvals(),
+        denials: a.denials(),
+        votes: a
+            .votes
+            .iter()
+            .map(|v| pb::Vote {
+                approver: v.approver.clone(),
+                approve: v.approve,
+                reason: v.reason.clone(),
+                at: Some(timestamp(Timestamp::from_micros(v.at))),
+                groups: v.groups.clone(),
+            })
+            .collect(),
+        summary: a.progress(),
     }
 }
 
@@ -231,6 +265,8 @@ pub fn decide_response(
         skipped_count: report.skipped.len() as u64,
         decided_by_grant_count: report.decided_by_grant.len() as u64,
         truncated: !(all_skipped && all_by_grant),
+        // A vote that left the call pending: the call, with its votes so far.
+        pending: report.call.outcome.is_none().then(|| call(&report.call)),
     }
 }
 
@@ -359,6 +395,7 @@ pub fn rule(r: &Rule) -> pb::Rule {
         created_at: Some(timestamp(r.created_at)),
         mode: super::shadow_messages::render_rule_mode(r.mode) as i32,
         escalation: super::escalation_messages::steps(&r.escalation),
+        approvers: r.approvers.as_ref().map(approvers),
     }
 }
 
@@ -385,6 +422,7 @@ pub fn explanation(e: &Explanation, now: Timestamp) -> pb::ExplainResponse {
         shadow_verdicts: super::shadow_messages::shadow_verdicts(&e.shadow),
         // Set where the reply is fitted to the reply limit (`oversize::fit_explanation`).
         truncated: false,
+        approval: e.approval.as_ref().map(approval),
     }
 }
 

@@ -227,6 +227,8 @@ mod tests {
             created_at: Timestamp::from_micros(0),
             outcome,
             escalation: None,
+            requested_by: String::new(),
+            approval: None,
         }
     }
 

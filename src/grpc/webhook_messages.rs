@@ -163,6 +163,8 @@ pub fn webhook(hook: &Webhook, secret: Secret) -> pb::Webhook {
                     EventKind::Resolved => pb::WebhookEventKind::Resolved as i32,
                     EventKind::Reminded => pb::WebhookEventKind::Reminded as i32,
                     EventKind::Escalated => pb::WebhookEventKind::Escalated as i32,
+                    // Never in a filter (votes are not delivered to webhooks).
+                    EventKind::ApprovalRecorded => pb::WebhookEventKind::Unspecified as i32,
                 })
                 .collect(),
             tool: hook.filter.tool.clone().unwrap_or_default(),

@@ -2,10 +2,16 @@
 //! returns the outcome that stands, contradicting it is refused naming that outcome. A denial
 //! skips the rest of a SKIP_REST batch; a decision remembered with a scope creates a grant and
 //! decides, in the same transaction, the pending calls that grant covers.
+//!
+//! A call with a requirement (see [`routing`](super::routing)) is decided only by approvers it
+//! admits, never approved by who submitted it, and counts votes: a vote that does not complete
+//! it is recorded and leaves it pending (no grant, nothing skipped); the vote that completes it
+//! decides it as above, naming every approver who agreed.
 
 use std::collections::HashMap;
 use std::time::Instant;
 
+use super::routing::{self, Voted};
 use super::ruling::{decide_by_ruling, skip_rest_of_batch};
 use super::tx::{PolicyTx, Resolved, Stored, WriteTx, batches_of, complete_batches};
 use crate::domain::policy::{
@@ -42,6 +48,7 @@ pub async fn decide_in(
     let Some(Stored { rowid, call }) = tx.find_call(key).await? else {
         return Err(key.not_found());
     };
+    routing::check_approver(&call, decision)?;
     let grant = decision
         .remember
         .as_ref()
@@ -50,7 +57,7 @@ pub async fn decide_in(
     if grant.is_some() {
         tx.lock_policy(&call.key.agent, &[&call.tool], true).await?;
     }
-    let outcome = approver_outcome(&call, decision, texts, now);
+    let mut outcome = approver_outcome(&call, decision, texts, now);
     if call.outcome.is_none()
         && let Some(deadline) = call.deadline
         && deadline <= now
@@ -74,6 +81,21 @@ pub async fn decide_in(
                 std::iter::once(&call).chain(covered.iter().map(|c| &c.call)),
             ))
             .await?;
+            if call.approval.is_some() {
+                match routing::vote(tx, rowid, decision, now).await? {
+                    Voted::Resolve(by) => outcome.decided_by = by,
+                    Voted::Pending { call, repeated } => {
+                        // Not complete: nothing is decided, skipped or remembered yet.
+                        return Ok(DecideReport {
+                            call: *call,
+                            replayed: repeated,
+                            skipped: Vec::new(),
+                            grant: None,
+                            decided_by_grant: Vec::new(),
+                        });
+                    }
+                }
+            }
             tx.resolve(rowid, &outcome).await?.map(|won| (won, covered))
         }
     };
@@ -219,6 +241,8 @@ async fn pending_covered_by(
     Ok(pending
         .into_iter()
         .filter(|p| p.rowid != except)
+        // A call with a requirement waits for the approvers it names, whatever a grant says.
+        .filter(|p| p.call.approval.is_none())
         .filter(|p| p.call.deadline.is_none_or(|d| d > now))
         .filter(|p| {
             spec.covers(&Subject::of_call(&p.call).with_prejudged(prejudged.get(&p.call.key)))
@@ -269,6 +293,7 @@ async fn decide_covered(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::policy::Approvers;
     use crate::domain::{Status, ToolInput};
     use crate::operations::submit::submit_in;
     use crate::operations::testing::{Db, batch, call, decision, key, texts};
@@ -422,6 +447,74 @@ mod tests {
             })
             .collect();
         assert_eq!(by_grant, [("b".to_owned(), DecidedBy::Grant(grant.id))]);
+    }
+
+    #[tokio::test]
+    async fn a_call_needing_two_approvals_waits_for_the_second_which_alone_remembers() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        let mut two = batch("s", [call("a", "t", "{}")]);
+        two.default_approvers = Some(Approvers {
+            quorum: 2,
+            ..Approvers::default()
+        });
+        let now = Timestamp::now();
+        submit_in(&mut tx, &two, &texts(), now).await.unwrap();
+        let by = |approver: &str| Decision {
+            approver: approver.into(),
+            remember: Some(Remember {
+                scope: Scope::Session,
+                matcher: None,
+                expires_in: None,
+            }),
+            ..decision(Verdict::Approve, "")
+        };
+        let first = decide_in(&mut tx, &key("s", "a"), &by("alice"), &texts(), now)
+            .await
+            .unwrap();
+        assert!(first.call.outcome.is_none());
+        assert!(
+            first.grant.is_none(),
+            "a partial approval remembers nothing"
+        );
+        let approval = first.call.approval.as_ref().unwrap();
+        assert_eq!(approval.progress(), "1 of 2 approvals");
+        let second = decide_in(&mut tx, &key("s", "a"), &by("bob"), &texts(), now)
+            .await
+            .unwrap();
+        let outcome = second.call.outcome.unwrap();
+        assert_eq!(outcome.kind, OutcomeKind::Approved);
+        assert_eq!(outcome.decided_by.to_string(), "approver:alice,bob");
+        assert!(second.grant.is_some(), "the completing approval remembers");
+    }
+
+    #[tokio::test]
+    async fn the_agent_that_submitted_a_call_cannot_approve_it_but_may_deny_it() {
+        let db = Db::new().await;
+        let mut tx = pending(&db, &["a", "b"]).await;
+        let agent = key("s", "a").agent.to_string();
+        let own = Decision {
+            approver: agent.clone(),
+            ..decision(Verdict::Approve, "")
+        };
+        let err = decide_in(&mut tx, &key("s", "a"), &own, &texts(), Timestamp::now())
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
+        let withdraw = Decision {
+            approver: agent,
+            ..decision(Verdict::Deny, "")
+        };
+        let report = decide_in(
+            &mut tx,
+            &key("s", "b"),
+            &withdraw,
+            &texts(),
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(report.call.status(), Status::Decided(OutcomeKind::Denied));
     }
 
     #[tokio::test]

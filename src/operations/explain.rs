@@ -3,8 +3,9 @@
 //! [`evaluate`], so its answer is what a submit of the call would get now; and what the shadow
 //! rules would do, by [`shadow_verdicts`], as a submit records it.
 
+use super::routing::requirement_of;
 use super::tx::{PolicyTx, WriteTx};
-use crate::domain::policy::{Decider, Ruling, Subject, evaluate, shadow_verdicts};
+use crate::domain::policy::{Approval, Decider, Ruling, Subject, evaluate, shadow_verdicts};
 use crate::domain::policy::{ExplainTarget, Explanation};
 use crate::domain::{Call, Timestamp};
 use crate::error::Result;
@@ -51,8 +52,28 @@ pub async fn explain(
         }
         Ruling::AskHuman { rule } => (None, None, rule.cloned(), None),
     };
-    let reason = ruling.explain();
+    // Who may decide: a stored call's requirement as fixed at submit (with its votes), or what
+    // the ask rule would fix on a call submitted now.
+    let approval = match &stored {
+        Some(call) => call.approval.clone(),
+        None => requirement_of(&ruling, None).map(|requirement| Approval {
+            requirement,
+            votes: Vec::new(),
+        }),
+    };
+    let mut reason = ruling.explain();
+    if effect.is_none()
+        && let Some(approval) = &approval
+    {
+        reason.push_str(&format!(
+            "; who may decide: {} ({}, {} so far)",
+            approval.requirement.approvers,
+            approval.requirement.name(),
+            approval.progress()
+        ));
+    }
     Ok(Explanation {
+        approval,
         effect,
         decided_by,
         rule,

@@ -14,6 +14,8 @@
 //! - [`policy_admin`]: revoke grants; create, delete and load rules.
 //! - [`explain`]: what would decide a call now, read as a submit reads it.
 //! - [`prune`]: retention deletes batches decided long ago, with their events.
+//! - [`routing`]: who may decide a call (fixed at submit) and the votes of two-person rules,
+//!   which `decide` counts.
 
 pub mod cancel;
 pub mod decide;
@@ -22,6 +24,7 @@ pub mod expire;
 pub mod explain;
 pub mod policy_admin;
 pub mod prune;
+pub mod routing;
 mod ruling;
 pub mod submit;
 pub mod tx;

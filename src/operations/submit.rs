@@ -8,10 +8,11 @@
 //! [`Prejudged`]): the transaction looks the results up, so it does not hold the writer while
 //! globs run.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
 use super::escalate::start_escalations;
+use super::routing::route_new_calls;
 use super::ruling::decide_by_ruling;
 use super::tx::{PolicyTx, Resolved, WriteTx, batches_of, complete_batches, tools_of};
 use crate::domain::policy::{Prejudged, Rule, RuleMode, ShadowVerdict, Subject, shadow_verdicts};
@@ -194,6 +195,22 @@ pub async fn submit_in(
             && let SubmitResult::Accepted(call) = &mut report.items[item].result
         {
             call.escalation = Some(escalation);
+        }
+    }
+    let routed = {
+        let decided: HashSet<i64> = resolved.iter().map(|r| r.rowid).collect();
+        let calls: Vec<_> = accepted_calls
+            .iter()
+            .map(|&(rowid, call)| (rowid, call, prejudged.get(&rowid).copied()))
+            .collect();
+        route_new_calls(tx, &calls, &decided, batch.default_approvers.as_ref()).await?
+    };
+    // The reply shows who may decide the calls that wait for people.
+    for (rowid, approval) in routed {
+        if let Some(&(_, item)) = accepted.iter().find(|(r, _)| *r == rowid)
+            && let SubmitResult::Accepted(call) = &mut report.items[item].result
+        {
+            call.approval = Some(approval);
         }
     }
     // A call this request carries (stored now, or resubmitted) that a later call of it

@@ -81,6 +81,7 @@ pub fn call(call_id: &str, tool: &str, input: &str) -> NewCall {
         message: String::new(),
         workspace: String::new(),
         supersede_key: None,
+        requested_by: String::new(),
         deadline: None,
         prejudged: Default::default(),
     }
@@ -105,6 +106,7 @@ pub fn batch(session: &str, calls: impl IntoIterator<Item = NewCall>) -> NewBatc
         calls,
         pending_cap: None,
         default_escalation: None,
+        default_approvers: None,
     }
 }
 
@@ -115,6 +117,7 @@ pub fn decision(verdict: Verdict, reason: &str) -> Decision {
         reason: reason.into(),
         edited_input: None,
         approver: "approver".into(),
+        approver_groups: None,
         remember: None,
         prejudged: Default::default(),
     }
@@ -125,6 +128,7 @@ pub fn decision(verdict: Verdict, reason: &str) -> Decision {
 pub fn rule(id: &str, tool: &str, effect: &str) -> Rule {
     let json = serde_json::json!({"id": id, "tool": tool, "effect": effect});
     Rule {
+        approvers: None,
         source: RuleSource::Admin,
         ..Rule::from_json(&json, 1 << 20, Timestamp::now()).expect("a valid rule")
     }

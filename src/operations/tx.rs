@@ -28,7 +28,8 @@ use async_trait::async_trait;
 
 use crate::domain::escalation::Escalation;
 use crate::domain::policy::{
-    Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId, RuleMode, ShadowVerdict,
+    Approval, Grant, GrantScope, GrantSpec, Requirement, RevokeTarget, Rule, RuleId, RuleMode,
+    ShadowVerdict,
 };
 use crate::domain::{
     AgentId, BatchId, Call, CallKey, EventKind, NewBatch, NewCall, OnDeny, Outcome, SessionId,
@@ -123,6 +124,24 @@ pub trait WriteTx: Send {
         kind: EventKind,
         next_at: Option<Timestamp>,
         now: Timestamp,
+    ) -> Result<bool>;
+    /// Records who a just-inserted call acts for and the requirement fixed on it (see
+    /// `operations::routing`).
+    async fn route_call(
+        &mut self,
+        rowid: i64,
+        requested_by: &str,
+        requirement: Option<&Requirement>,
+    ) -> Result<()>;
+    /// Under the call's batch lock: stores `approval`'s votes on a pending call, with an
+    /// ApprovalRecorded event if `announce` (not for the vote that decides it: its Resolved
+    /// event says so). `false` if the call was no longer pending (nothing written).
+    async fn record_votes(
+        &mut self,
+        rowid: i64,
+        approval: &Approval,
+        now: Timestamp,
+        announce: bool,
     ) -> Result<bool>;
     /// Under the batch's lock: if no call of it is pending, flags `event` as completing it.
     async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()>;

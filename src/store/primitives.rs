@@ -16,7 +16,8 @@ use super::rows::{Columns, call_from_row, grant_from_row, rule_from_row, stored}
 use super::statements::{self as sql, GrantsNamed};
 use crate::domain::escalation::Escalation;
 use crate::domain::policy::{
-    Grant, GrantScope, GrantSpec, RevokeTarget, Rule, RuleId, RuleMode, RuleSource, ShadowVerdict,
+    Approval, Grant, GrantScope, GrantSpec, Requirement, RevokeTarget, Rule, RuleId, RuleMode,
+    RuleSource, ShadowVerdict,
 };
 use crate::domain::receipt::{self, ChainLink, sha256_hex};
 use crate::domain::{
@@ -407,6 +408,46 @@ impl<T: SqlTx> WriteTx for T {
         Ok(true)
     }
 
+    async fn route_call(
+        &mut self,
+        rowid: i64,
+        requested_by: &str,
+        requirement: Option<&Requirement>,
+    ) -> Result<()> {
+        let requirement = requirement.map(Requirement::to_stored);
+        let params = [
+            Param::OptText((!requested_by.is_empty()).then_some(requested_by)),
+            Param::OptText(requirement.as_deref()),
+            Param::Int(rowid),
+        ];
+        self.execute(Run::write(sql::ROUTE_CALL, &params)).await?;
+        Ok(())
+    }
+
+    async fn record_votes(
+        &mut self,
+        rowid: i64,
+        approval: &Approval,
+        now: Timestamp,
+        announce: bool,
+    ) -> Result<bool> {
+        let votes = approval.votes_to_stored();
+        let params = [Param::Text(&votes), Param::Int(rowid)];
+        if self.execute(Run::write(sql::RECORD_VOTES, &params)).await? == 0 {
+            return Ok(false);
+        }
+        if !announce {
+            return Ok(true);
+        }
+        let event = [
+            Param::Int(EventKind::ApprovalRecorded.code()),
+            Param::Int(rowid),
+            Param::Int(now.as_micros()),
+        ];
+        self.execute(Run::write(sql::RECORD_EVENT, &event)).await?;
+        Ok(true)
+    }
+
     async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()> {
         // Postgres: the batch row is locked (`lock_batches`; a batch this transaction stored is
         // its own), which orders the transactions resolving calls of this batch; this
@@ -611,8 +652,14 @@ impl<T: SqlTx> PolicyTx for T {
             Param::Int(rule.mode.code()),
             Param::Text(&escalation),
         ];
-        let inserted = self.execute(Run::write(sql::INSERT_RULE, &params)).await?;
-        Ok(inserted == 1)
+        let inserted = self.execute(Run::write(sql::INSERT_RULE, &params)).await? == 1;
+        if inserted && let Some(approvers) = &rule.approvers {
+            let stored = approvers.to_json().to_string();
+            let params = [Param::Text(&stored), Param::Text(rule.id.as_str())];
+            self.execute(Run::write(sql::SET_RULE_APPROVERS, &params))
+                .await?;
+        }
+        Ok(inserted)
     }
 
     async fn delete_rule(&mut self, id: &RuleId) -> Result<bool> {

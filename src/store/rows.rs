@@ -61,8 +61,8 @@ impl Columns for rusqlite::Row<'_> {
 use crate::domain::Cursor;
 use crate::domain::escalation::{Escalation, Ladder};
 use crate::domain::policy::{
-    Effect, Glob, Grant, GrantScope, GrantSpec, Matcher, Rule, RuleEffect, RuleId, RuleMode,
-    RuleSource, RuleVerdict, Scope, ShadowVerdict,
+    Approval, Approvers, Effect, Glob, Grant, GrantScope, GrantSpec, Matcher, Requirement, Rule,
+    RuleEffect, RuleId, RuleMode, RuleSource, RuleVerdict, Scope, ShadowVerdict,
 };
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Event, EventKind, Outcome, SessionId,
@@ -109,6 +109,14 @@ pub fn call_from_row(row: &(impl Columns + ?Sized)) -> Result<Call> {
         created_at: Timestamp::from_micros(row.int("created_at")?),
         outcome,
         escalation: escalation_from_row(row)?,
+        requested_by: row.opt_text("requested_by")?.unwrap_or_default(),
+        approval: match row.opt_text("requirement")? {
+            None => None,
+            Some(requirement) => Some(Approval {
+                requirement: Requirement::from_stored(&requirement)?,
+                votes: Approval::votes_from_stored(row.opt_text("votes")?.as_deref())?,
+            }),
+        },
     })
 }
 
@@ -155,9 +163,20 @@ pub fn stored(row: &(impl Columns + ?Sized)) -> Result<Stored> {
 pub fn event_from_row(row: &(impl Columns + ?Sized)) -> Result<Event> {
     let kind = EventKind::from_code(row.int("kind")?);
     let mut call = call_from_row(row)?;
-    if kind != EventKind::Resolved {
-        // The call as the event left it: not yet decided.
-        call.outcome = None;
+    match kind {
+        EventKind::Requested => {
+            // The call as the event left it: not yet decided, no votes yet.
+            call.outcome = None;
+            if let Some(approval) = &mut call.approval {
+                approval.votes.clear();
+            }
+        }
+        // Pending when the vote was recorded (its votes are those recorded so far, as read), or
+        // when a step of its ladder fired.
+        EventKind::ApprovalRecorded | EventKind::Reminded | EventKind::Escalated => {
+            call.outcome = None
+        }
+        EventKind::Resolved => {}
     }
     Ok(Event {
         seq: row.int("seq")? as u64,
@@ -244,6 +263,10 @@ pub fn rule_from_row(row: &(impl Columns + ?Sized)) -> Result<Rule> {
                 .ok_or_else(|| Error::Internal(format!("unknown stored rule mode {code}")))?
         },
         escalation: Ladder::from_stored(&row.text("escalation")?)?,
+        approvers: match row.opt_text("approvers")? {
+            None => None,
+            Some(text) => Some(stored_approvers(&text)?),
+        },
     })
 }
 
@@ -256,4 +279,12 @@ pub fn shadow_verdict_from_row(row: &(impl Columns + ?Sized)) -> Result<ShadowVe
             .ok_or_else(|| Error::Internal(format!("unknown stored shadow verdict {code}")))?,
         reason: String::new(),
     })
+}
+
+/// An ask rule's stored `approvers` (the JSON the policy file spells them in).
+fn stored_approvers(text: &str) -> Result<Approvers> {
+    let value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| Error::Internal(format!("stored approvers are unreadable: {e}")))?;
+    Approvers::from_json("approvers", &value)
+        .map_err(|e| Error::Internal(format!("stored approvers are invalid: {e}")))
 }

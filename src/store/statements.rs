@@ -22,7 +22,8 @@ macro_rules! call_columns {
         "c.id, c.agent, c.session_id, c.call_id, c.batch_id, c.position, b.size, c.tool, \
          c.input, c.title, c.message, c.workspace, c.supersede_key, c.deadline, c.created_at, \
          c.status, c.decided_at, c.decided_by, c.reason, c.tool_result, c.run_input, \
-         c.input_edited, r.seq AS resolved_seq, c.escalation, c.next_step, c.next_step_at"
+         c.input_edited, r.seq AS resolved_seq, c.escalation, c.next_step, c.next_step_at, \
+         c.requested_by, c.requirement, c.votes"
     };
 }
 
@@ -60,7 +61,7 @@ macro_rules! select_rules {
     ($($rest:expr),*) => {
         concat!(
             "SELECT id, tool, matcher, effect, priority, description, source, created_at, mode, \
-             escalation FROM rules ",
+             escalation, approvers FROM rules ",
             $($rest),*
         )
     };
@@ -186,6 +187,18 @@ pub const COMPLETE_BATCH_AT_SEQ: &str = complete_batch_if_done!("seq");
 /// Postgres's [`complete_batch_if_done`]: `$1` is the Resolved event's `id`.
 pub const COMPLETE_BATCH_AT_ID: &str = complete_batch_if_done!("id");
 
+/// Who the agent acts for (`$1`) and the requirement (`$2`) fixed on call row `$3` at submit.
+pub const ROUTE_CALL: &str = "UPDATE calls SET requested_by = $1, requirement = $2 WHERE id = $3";
+/// The votes (`$1`, JSON) recorded on pending call row `$2`; nothing if it was decided.
+pub const RECORD_VOTES: &str = concat!(
+    "UPDATE calls SET votes = $1 WHERE id = $2 AND status = ",
+    pending!()
+);
+/// An event of kind `$1` for call row `$2` at `$3`, numbered as every event is (SQLite: its
+/// row id; Postgres: by the sequencer after commit).
+pub const RECORD_EVENT: &str =
+    "INSERT INTO events (kind, call_rowid, created_at) VALUES ($1, $2, $3)";
+
 /// How many calls of agent `$1` are pending, counting to `$2` at most.
 pub const PENDING_OF_AGENT: &str = concat!(
     "SELECT COUNT(*) AS n FROM (SELECT 1 FROM calls WHERE agent = $1 AND status = ",
@@ -279,6 +292,8 @@ pub const INSERT_SHADOW_VERDICT: &str = "INSERT INTO shadow_verdicts (call_rowid
 pub const SHADOW_VERDICTS_OF_CALL: &str = "SELECT v.rule_id, v.verdict FROM shadow_verdicts v \
      JOIN calls c ON c.id = v.call_rowid \
      WHERE c.agent = $1 AND c.session_id = $2 AND c.call_id = $3 ORDER BY v.rule_id";
+/// An ask rule's `approvers` (`$1`, JSON), written after [`INSERT_RULE`] stored rule `$2`.
+pub const SET_RULE_APPROVERS: &str = "UPDATE rules SET approvers = $1 WHERE id = $2";
 pub const DELETE_RULE: &str = "DELETE FROM rules WHERE id = $1";
 /// Every rule loaded from source `$1` (a policy file).
 pub const DELETE_RULES_FROM: &str = "DELETE FROM rules WHERE source = $1";
@@ -457,6 +472,10 @@ mod tests {
             (DUE_STEPS, 2),
             (NEXT_STEP_DUE, 0),
             (APPEND_STEP_EVENT, 4),
+            (SET_RULE_APPROVERS, 2),
+            (ROUTE_CALL, 3),
+            (RECORD_VOTES, 2),
+            (RECORD_EVENT, 3),
             (DELETE_RULE, 1),
             (DELETE_RULES_FROM, 1),
             (INSERT_GRANT, 13),

@@ -32,6 +32,7 @@ pub fn event_type(kind: EventKind) -> &'static str {
         EventKind::Resolved => "approvals.v1.call.resolved",
         EventKind::Reminded => "approvals.v1.call.reminded",
         EventKind::Escalated => "approvals.v1.call.escalated",
+        EventKind::ApprovalRecorded => "approvals.v1.call.approval_recorded",
     }
 }
 

@@ -52,6 +52,7 @@ fn label(event: &pb::ApproverEvent) -> String {
             f.call.as_ref().map_or("", |c| c.call_id.as_str()),
             f.step
         ),
+        E::ApprovalRecorded(c) => format!("approval_recorded {}", c.call_id),
     }
 }
 

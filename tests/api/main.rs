@@ -36,6 +36,7 @@ mod replay;
 mod replicas;
 mod replies;
 mod retention;
+mod routing;
 mod rules;
 mod shadow;
 mod storage;

@@ -57,6 +57,22 @@ function scopeWhere(scope: Scope, session: string, workspace: string): string {
 }
 
 /** What a decision with `scope` will remember, said before it is made. */
+/**
+ * Who may decide a call and how far its votes have come ("1 of 2 approvals (alice) · who may
+ * decide: ops, sec"); empty when any approver decides alone.
+ */
+export function approvalText(call: Call): string {
+  const a = call.approval;
+  if (!a) return "";
+  const who = a.approvers && a.approvers.groups.length > 0 ? a.approvers.groups.join(", ") : "any approver";
+  const approvers = a.votes.filter((v) => v.approve).map((v) => v.approver);
+  const parts = [`${a.summary}${approvers.length > 0 ? ` (${approvers.join(", ")})` : ""}`];
+  if (a.approvers?.distinctGroups) parts.push("each from a different group");
+  if (a.denials > 0) parts.push(`${a.denials} of ${a.approvers?.denialsToDeny ?? 1} denials`);
+  parts.push(`who may decide: ${who}`);
+  return parts.join(" · ");
+}
+
 export function grantPreview(call: Call, scope: Scope, anyInput: boolean): string {
   if (scope === Scope.ONCE || scope === Scope.UNSPECIFIED) return "Decides this call only; remembers nothing.";
   if (scope === Scope.WORKSPACE && call.workspace === "") return "This call has no workspace: choose another scope.";

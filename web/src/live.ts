@@ -112,6 +112,12 @@ export class Live {
         if (!this.pending.has(callKey(e.value))) this.on.requested(e.value);
         this.pending.set(callKey(e.value), e.value);
         break;
+      case "approvalRecorded":
+        // A vote on a call that needs more: the call, still pending, with its votes so far.
+        if (this.lastSeq !== undefined && event.seq <= this.lastSeq) return;
+        this.lastSeq = event.seq;
+        if (this.pending.has(callKey(e.value))) this.pending.set(callKey(e.value), e.value);
+        break;
       case "resolved": {
         if (this.lastSeq !== undefined && event.seq <= this.lastSeq) return;
         this.lastSeq = event.seq;

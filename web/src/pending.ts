@@ -5,7 +5,7 @@
 import { create } from "@bufbuild/protobuf";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import { type Api, ConnectError, Code, describeError, isPermissionDenied } from "./api";
-import { grantPreview, span, statusName } from "./describe";
+import { approvalText, grantPreview, span, statusName } from "./describe";
 import { h } from "./dom";
 import { Decision, type DecideResponse } from "./gen/approvals/v1/approver_pb";
 import { type Call, InputMatcherSchema, type Outcome, Scope } from "./gen/approvals/v1/types_pb";
@@ -174,6 +174,7 @@ export class PendingView {
     const age = h("span", { class: "age" });
     const deadline = h("span", { class: "deadline" });
     const outcome = h("p", { class: "outcome", role: "status" });
+    const approvals = h("p", { class: "approvals" });
 
     const scope = h(
       "select",
@@ -270,6 +271,7 @@ export class PendingView {
       ),
       call.message ? h("p", { class: "message" }, shown("message", call.message)) : null,
       hiddenIn.length > 0 ? h("p", { class: "warn", role: "note" }, "Hidden characters: ", hiddenIn.join("; ")) : null,
+      approvals,
       actions,
       denyForm,
       editForm,
@@ -283,6 +285,9 @@ export class PendingView {
       decided: false,
       approve: () => void this.decide(card, { decision: Decision.APPROVE, ...remembered() }),
       refresh: () => {
+        // Votes arrive as approvalRecorded events, which replace the pending call.
+        approvals.textContent = approvalText(this.live.pending.get(key) ?? call);
+        approvals.hidden = approvals.textContent === "";
         const created = call.createdAt ? timestampDate(call.createdAt).getTime() : Date.now();
         age.textContent = `${span((Date.now() - created) / 1000)} ago`;
         if (call.deadline && !card.decided) {
@@ -332,6 +337,11 @@ export class PendingView {
         matcher: d.matcher,
       });
       if (reply.outcome) this.live.resolve(reply.outcome);
+      if (reply.pending) {
+        // A vote that leaves the call waiting for more approvers.
+        this.live.pending.set(callKey(reply.pending), reply.pending);
+        card.outcome.textContent = `Vote recorded: ${reply.pending.approval?.summary ?? ""}`;
+      }
       for (const o of [...reply.skipped, ...reply.decidedByGrant]) this.live.resolve(o);
       this.render();
     } catch (error) {

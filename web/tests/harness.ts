@@ -107,6 +107,8 @@ export function grpcClients(broker: Broker) {
     agent: createClient(AgentService, transport(TOKENS.agent)),
     admin: createClient(AdminService, transport(TOKENS.alice)),
     approver: createClient(ApproverService, transport(TOKENS.bob)),
+    /** Alice (an admin) deciding, as a second approver. */
+    adminApprover: createClient(ApproverService, transport(TOKENS.alice)),
   };
 }
 

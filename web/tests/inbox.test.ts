@@ -4,7 +4,8 @@
 import assert from "node:assert/strict";
 import { after, afterEach, before, describe, test } from "node:test";
 import type { Browser, BrowserContext, Page } from "playwright-core";
-import { CallStatus, type Outcome } from "../src/gen/approvals/v1/types_pb";
+import { Decision } from "../src/gen/approvals/v1/approver_pb";
+import { CallStatus, Effect, type Outcome } from "../src/gen/approvals/v1/types_pb";
 import { Broker, grpcClients, launchChromium, TOKENS } from "./harness";
 
 let broker: Broker;
@@ -237,6 +238,25 @@ describe("the approval inbox in Chromium", () => {
     await page.waitForFunction(() => (window as unknown as { shown: string[] }).shown.length > 0);
     const shown = await page.evaluate(() => (window as unknown as { shown: string[] }).shown);
     assert.deepEqual(shown, ["Approve deploy? | Deploy to production"]);
+  });
+
+  test("a call needing two approvals shows who may decide and 1 of 2 approvals after the first", async () => {
+    const id = unique("two-person");
+    const tool = `deploy_${id.replace(/-/g, "_")}`;
+    await clients.admin.createRule({ rule: { id, tool, effect: Effect.ASK, approvers: { quorum: 2 } } });
+    const page = await openInbox(TOKENS.bob);
+    const session = unique("s-two");
+    await submit(session, [{ id: "c1", tool }]);
+    const c1 = card(page, session, "c1");
+    await c1.getByText("0 of 2 approvals · who may decide: any approver").waitFor();
+    await page.getByRole("button", { name: `Approve ${tool} call c1` }).first().click();
+    await c1.getByText("1 of 2 approvals (bob) · who may decide: any approver").waitFor();
+    assert.equal(await isPending(session, "c1"), true);
+    // The second approver (alice, through gRPC) completes it; the page shows both.
+    await clients.adminApprover.decide({ sessionId: session, callId: "c1", agent: "agent-a", decision: Decision.APPROVE });
+    const outcome = await outcomeOf(session, "c1");
+    assert.equal(outcome.decidedBy, "approver:bob,alice");
+    await c1.getByText("APPROVED by approver:bob,alice").waitFor();
   });
 
   test("a second browser sees the first one's decision, with who decided", async () => {

@@ -219,6 +219,7 @@ mod tests {
 
     fn rule(id: &str, tool: &str, effect: RuleEffect, priority: i32) -> Rule {
         Rule {
+            approvers: None,
             id: RuleId::parse("id", id).unwrap(),
             tool: Glob::parse("tool", tool).unwrap(),
             matcher: Matcher::Any,

@@ -1,7 +1,7 @@
 //! Explain: what would decide a call (a rule, a grant, or a human) if it were submitted now,
 //! asked of a stored call or of one described inline; and what the rules in shadow would do.
 
-use super::{Effect, Grant, Rule, ShadowVerdict};
+use super::{Approval, Effect, Grant, Rule, ShadowVerdict};
 use crate::domain::{AgentId, Call, CallKey, DecidedBy, SessionId, ToolInput, ToolName};
 
 /// The call Explain is about.
@@ -36,4 +36,7 @@ pub struct Explanation {
     pub shadow: Vec<ShadowVerdict>,
     /// For a stored call: what the shadow rules would have done with it at its submit.
     pub recorded_shadow: Vec<ShadowVerdict>,
+    /// When a human decides: who may, and how many must agree (for a stored call, the
+    /// requirement fixed on it with its votes so far). `None`: any approver, alone.
+    pub approval: Option<Approval>,
 }

@@ -9,6 +9,7 @@ mod glob;
 mod grant;
 mod matcher;
 mod mode;
+mod requirement;
 mod rule;
 mod rule_replay;
 mod shadow;
@@ -21,7 +22,12 @@ pub use grant::{
 };
 pub use matcher::{FieldCondition, FieldPath, FieldTest, InputView, Matcher, Prejudged};
 pub use mode::RuleMode;
-pub use rule::{Rule, RuleEffect, RuleId, RuleSource, description, parse_policy_file};
+pub use requirement::{
+    Approval, Approvers, MAX_GROUPS, MAX_QUORUM, Requirement, Tally, Vote, group_name,
+};
+pub use rule::{
+    Rule, RuleEffect, RuleId, RuleSource, approvers_of, description, parse_policy_file,
+};
 pub use rule_replay::{Disagreement, MAX_REPLAY_SAMPLES, ReplayRange, ReplayTally};
 pub use shadow::{RuleVerdict, ShadowVerdict, candidate_verdict, shadow_verdicts};
 

@@ -14,7 +14,7 @@ use std::fmt;
 
 use serde_json::Value;
 
-use super::{Glob, Matcher, RuleMode, Subject};
+use super::{Approvers, Glob, Matcher, RuleMode, Subject};
 use crate::domain::Timestamp;
 use crate::domain::escalation::Ladder;
 use crate::error::{Error, Result};
@@ -152,6 +152,9 @@ pub struct Rule {
     /// Ask rules only: the escalation ladder of the calls this rule sends to a human (empty:
     /// the default ladder, if one is set).
     pub escalation: Ladder,
+    /// Ask rules only: who may decide the calls it sends to people, and how many must agree.
+    /// `None`: anyone decides, alone (or the broker's default requirement).
+    pub approvers: Option<Approvers>,
 }
 
 impl Rule {
@@ -169,6 +172,7 @@ impl Rule {
             && self.description == other.description
             && self.mode == other.mode
             && self.escalation == other.escalation
+            && self.approvers == other.approvers
     }
 
     /// Refuses a ladder on a rule that does not ask (only a call left to a human can wait).
@@ -190,7 +194,7 @@ impl Rule {
         let object = value
             .as_object()
             .ok_or_else(|| Error::invalid("rule", "must be a JSON object"))?;
-        const KEYS: [&str; 8] = [
+        const KEYS: [&str; 9] = [
             "id",
             "tool",
             "effect",
@@ -199,6 +203,7 @@ impl Rule {
             "description",
             "mode",
             "escalation",
+            "approvers",
         ];
         if let Some(unknown) = object.keys().find(|k| !KEYS.contains(&k.as_str())) {
             return Err(Error::invalid(
@@ -227,11 +232,17 @@ impl Rule {
             None => Ladder::default(),
             Some(steps) => Ladder::from_json("escalation", steps)?,
         };
+        let effect = RuleEffect::parse("effect", required("effect")?)?;
+        let approvers = object
+            .get("approvers")
+            .map(|a| Approvers::from_json("approvers", a))
+            .transpose()?;
         Rule {
             id: RuleId::parse("id", required("id")?)?,
             tool: Glob::parse("tool", required("tool")?)?,
             matcher,
-            effect: RuleEffect::parse("effect", required("effect")?)?,
+            approvers: approvers_of(effect, approvers)?,
+            effect,
             priority,
             description: description("description", string("description")?.unwrap_or(""))?,
             source: RuleSource::File,
@@ -243,6 +254,19 @@ impl Rule {
             escalation,
         }
         .check_escalation("escalation")
+    }
+}
+
+/// A rule's `approvers`, which only an ask rule may name: an allow or deny rule decides by
+/// itself, so approvers there would be a rule that does not do what it says.
+pub fn approvers_of(effect: RuleEffect, approvers: Option<Approvers>) -> Result<Option<Approvers>> {
+    match (effect, approvers) {
+        (RuleEffect::Ask, approvers) => Ok(approvers),
+        (_, None) => Ok(None),
+        (effect, Some(_)) => Err(Error::invalid(
+            "approvers",
+            format!("only an ask rule names who may decide (this rule's effect is {effect})"),
+        )),
     }
 }
 
@@ -313,6 +337,20 @@ mod tests {
         assert_eq!(rules[1].matcher, Matcher::Any);
         assert_eq!(rules[1].priority, 0);
         assert_eq!(rules[1].source, RuleSource::File);
+        assert_eq!(rules[1].approvers, None);
+    }
+
+    #[test]
+    fn an_ask_rule_names_its_approvers() {
+        let rules = parse_policy_file(
+            r#"{"rules": [{"id": "prod", "tool": "deploy", "effect": "ask",
+                "approvers": {"groups": ["ops", "sec"], "quorum": 2, "distinct_groups": true}}]}"#,
+            4096,
+        )
+        .unwrap();
+        let approvers = rules[0].approvers.as_ref().unwrap();
+        assert_eq!(approvers.groups, ["ops", "sec"]);
+        assert_eq!((approvers.quorum, approvers.distinct_groups), (2, true));
     }
 
     #[test]
@@ -370,6 +408,15 @@ mod tests {
         assert!(
             err(r#"{"rules": [{"id": "has space", "tool": "b", "effect": "deny"}]}"#)
                 .contains("id: must be")
+        );
+        let e = err(r#"{"rules": [{"id": "d", "tool": "b", "effect": "deny",
+                                  "approvers": {"quorum": 2}}]}"#);
+        assert!(e.contains("(id `d`): approvers: only an ask rule"), "{e}");
+        let e = err(r#"{"rules": [{"id": "q", "tool": "b", "effect": "ask",
+                                  "approvers": {"quorum": 99}}]}"#);
+        assert!(
+            e.contains("(id `q`): approvers.quorum: must be 1 to 16"),
+            "{e}"
         );
     }
 }

@@ -365,6 +365,7 @@ mod tests {
             supersede_pending: false,
             pending_cap: None,
             default_escalation: None,
+            default_approvers: None,
             calls: vec![NewCall {
                 index: 0,
                 path: "batch.calls[0]".into(),
@@ -375,6 +376,7 @@ mod tests {
                 message: String::new(),
                 workspace: String::new(),
                 supersede_key: None,
+                requested_by: String::new(),
                 deadline: None,
                 prejudged: Default::default(),
             }],

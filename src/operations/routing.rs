@@ -1,0 +1,187 @@
+//! Routing: who may decide a call, and how many must agree (see
+//! [`Approvers`](crate::domain::policy::Approvers)).
+//!
+//! The requirement is fixed when a call is submitted, from the ask rule that sends it to people
+//! (or the broker's default), and stored with the call: editing or deleting the rule later
+//! never changes what a pending call needs. Decide asks [`check_approver`] before anything else,
+//! then counts the vote with [`vote`] under the call's batch lock, so two transactions (or
+//! replicas) racing the last approval against a denial have one winner: whichever takes the
+//! lock second reads the first one's vote or outcome.
+
+use std::collections::HashSet;
+
+use super::tx::{PolicyTx, WriteTx};
+use crate::domain::policy::{Approval, Approvers, Requirement, Rule, Ruling, Tally, Vote};
+use crate::domain::policy::{Prejudged, Subject, evaluate};
+use crate::domain::{Call, DecidedBy, Decision, Timestamp, Verdict};
+use crate::error::{Error, Result};
+
+/// The requirement a call that `ruling` sends to people gets: its ask rule's approvers, else
+/// the default. `None` when the ruling decides the call, or nothing asks for one.
+pub fn requirement_of(ruling: &Ruling<'_>, default: Option<&Approvers>) -> Option<Requirement> {
+    match ruling {
+        Ruling::Decided { .. } => None,
+        Ruling::AskHuman {
+            rule:
+                Some(Rule {
+                    id,
+                    approvers: Some(approvers),
+                    ..
+                }),
+        } => Some(Requirement::of_rule(id, approvers)),
+        Ruling::AskHuman { .. } => default.map(Requirement::default_of),
+    }
+}
+
+/// Fixes on each call just stored, and still pending, who it acts for and the requirement that
+/// applies to it now. `decided`: the row ids this submit resolved. Returns the approvals fixed,
+/// by row id, so the reply shows them.
+pub(super) async fn route_new_calls(
+    tx: &mut (impl WriteTx + PolicyTx),
+    accepted: &[(i64, &Call, Option<&Prejudged>)],
+    decided: &HashSet<i64>,
+    default: Option<&Approvers>,
+) -> Result<Vec<(i64, Approval)>> {
+    let mut routed = Vec::new();
+    let pending: Vec<_> = accepted
+        .iter()
+        .filter(|(rowid, ..)| !decided.contains(rowid))
+        .collect();
+    if pending.is_empty() {
+        return Ok(routed);
+    }
+    let rules = tx.rules().await?;
+    let asks_for_approvers = default.is_some() || rules.iter().any(|r| r.approvers.is_some());
+    for &&(rowid, call, prejudged) in &pending {
+        // A call still pending was decided by no rule and no grant, so the rules alone name
+        // the ask rule (if any) that sent it here: grants are tried only when no rule matches.
+        let requirement = if asks_for_approvers {
+            let subject = Subject::of_call(call).with_prejudged(prejudged);
+            requirement_of(&evaluate(&subject, &rules, &[], Timestamp::now()), default)
+        } else {
+            None
+        };
+        if requirement.is_none() && call.requested_by.is_empty() {
+            continue;
+        }
+        tx.route_call(rowid, &call.requested_by, requirement.as_ref())
+            .await?;
+        if let Some(requirement) = requirement {
+            routed.push((
+                rowid,
+                Approval {
+                    requirement,
+                    votes: Vec::new(),
+                },
+            ));
+        }
+    }
+    Ok(routed)
+}
+
+/// Refuses a decision its approver may not make, before anything is read or written: approving
+/// a call they submitted (as its agent, or as the human it was `requested_by`), deciding a call
+/// whose requirement names groups they are not in, or editing the input of a call more than one
+/// approver must approve.
+pub fn check_approver(call: &Call, decision: &Decision) -> Result<()> {
+    let approver = decision.approver.as_str();
+    if decision.verdict == Verdict::Approve {
+        let submitted_as = if approver == call.key.agent.as_str() {
+            Some("its agent")
+        } else if !call.requested_by.is_empty() && approver == call.requested_by {
+            Some("the human it was requested by")
+        } else {
+            None
+        };
+        if let Some(role) = submitted_as {
+            return Err(Error::PermissionDenied(format!(
+                "`{approver}` submitted call `{}` ({role}) and may not approve it: no \
+                 self-approval; another approver must decide it",
+                call.key.call_id
+            )));
+        }
+    }
+    let Some(approval) = &call.approval else {
+        return Ok(());
+    };
+    let approvers = &approval.requirement.approvers;
+    if let Some(groups) = &decision.approver_groups
+        && !approvers.admits(groups)
+    {
+        let theirs = if groups.is_empty() {
+            "none".to_owned()
+        } else {
+            groups.join(", ")
+        };
+        return Err(Error::PermissionDenied(format!(
+            "`{approver}` may not decide call `{}`: {} lets only members of {} decide it \
+             (`{approver}`'s groups: {theirs})",
+            call.key.call_id,
+            approval.requirement.name(),
+            approvers.groups.join(", "),
+        )));
+    }
+    if decision.edited_input.is_some() && approvers.quorum > 1 {
+        return Err(Error::invalid(
+            "edited_input_json",
+            format!(
+                "call `{}` needs {} approvals ({}); each approves the input as submitted, so \
+                 none may edit it",
+                call.key.call_id,
+                approvers.quorum,
+                approval.requirement.name()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// What a vote did.
+pub(super) enum Voted {
+    /// The call is to be resolved (the vote completes it, or needs no count), naming these
+    /// deciders; or it was decided meanwhile, which resolving finds out.
+    Resolve(DecidedBy),
+    /// The call stays pending, with the votes so far; `repeated`: this vote was recorded before.
+    Pending { call: Box<Call>, repeated: bool },
+}
+
+/// Counts `decision` as a vote on call `rowid`. Runs under the call's batch lock: the call is
+/// read again here, so the votes counted are every vote committed before.
+pub(super) async fn vote(
+    tx: &mut impl WriteTx,
+    rowid: i64,
+    decision: &Decision,
+    now: Timestamp,
+) -> Result<Voted> {
+    let mut call = tx.load_call(rowid).await?;
+    let alone = || Voted::Resolve(DecidedBy::Approver(decision.approver.clone()));
+    let (Some(approval), None) = (&mut call.approval, &call.outcome) else {
+        return Ok(alone());
+    };
+    let groups = decision.approver_groups.clone().unwrap_or_default();
+    let vote = Vote::new(
+        &decision.approver,
+        &groups,
+        decision.verdict,
+        &decision.reason,
+        now,
+    );
+    match approval.tally(vote)? {
+        Tally::Repeated => Ok(Voted::Pending {
+            call: Box::new(call),
+            repeated: true,
+        }),
+        Tally::Recorded => {
+            tx.record_votes(rowid, approval, now, true).await?;
+            Ok(Voted::Pending {
+                call: Box::new(call),
+                repeated: false,
+            })
+        }
+        Tally::Decides(_, approvers) => {
+            // Kept for the audit; the Resolved event announces it.
+            tx.record_votes(rowid, approval, now, false).await?;
+            Ok(Voted::Resolve(DecidedBy::Approver(approvers.join(","))))
+        }
+    }
+}
