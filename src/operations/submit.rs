@@ -190,13 +190,6 @@ pub async fn submit_in(
     complete_batches(tx, &resolved).await?;
     let escalations =
         start_escalations(tx, batch, &accepted_calls, &rules, &prejudged, &resolved).await?;
-    for (rowid, escalation) in escalations {
-        if let Some(&(_, item)) = accepted.iter().find(|(r, _)| *r == rowid)
-            && let SubmitResult::Accepted(call) = &mut report.items[item].result
-        {
-            call.escalation = Some(escalation);
-        }
-    }
     let routed = {
         let decided: HashSet<i64> = resolved.iter().map(|r| r.rowid).collect();
         let calls: Vec<_> = accepted_calls
@@ -205,9 +198,17 @@ pub async fn submit_in(
             .collect();
         route_new_calls(tx, &calls, &decided, batch.default_approvers.as_ref()).await?
     };
-    // The reply shows who may decide the calls that wait for people.
+    // The reply shows the ladder of the calls that wait for people, and who may decide them.
+    let item_of = |rowid: i64| accepted.iter().find(|(r, _)| *r == rowid).map(|&(_, i)| i);
+    for (rowid, escalation) in escalations {
+        if let Some(item) = item_of(rowid)
+            && let SubmitResult::Accepted(call) = &mut report.items[item].result
+        {
+            call.escalation = Some(escalation);
+        }
+    }
     for (rowid, approval) in routed {
-        if let Some(&(_, item)) = accepted.iter().find(|(r, _)| *r == rowid)
+        if let Some(item) = item_of(rowid)
             && let SubmitResult::Accepted(call) = &mut report.items[item].result
         {
             call.approval = Some(approval);

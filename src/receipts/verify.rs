@@ -239,6 +239,8 @@ mod tests {
             deadline: Some(Timestamp::from_micros(1_700_000_100_000_000)),
             created_at: Timestamp::from_micros(1_700_000_000_000_000),
             escalation: None,
+            requested_by: String::new(),
+            approval: None,
             outcome: Some(Outcome {
                 kind,
                 decided_at: Timestamp::from_micros(1_700_000_050_000_000),

@@ -239,6 +239,8 @@ mod tests {
                 fired: step + 1,
                 next_at: None,
             }),
+            requested_by: String::new(),
+            approval: None,
         };
         Event {
             seq: 7,

@@ -135,6 +135,7 @@ mod tests {
             created_at: Timestamp::from_micros(0),
             mode,
             escalation: Default::default(),
+            approvers: None,
         }
     }
 
