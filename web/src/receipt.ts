@@ -10,7 +10,7 @@ import { h } from "./dom";
 
 const PAYLOAD_TYPE = "application/vnd.in-toto+json";
 
-function fromBase64(text: string): Uint8Array {
+function fromBase64(text: string): Uint8Array<ArrayBuffer> {
   const raw = atob(text);
   const out = new Uint8Array(raw.length);
   for (let i = 0; i < raw.length; i++) out[i] = raw.charCodeAt(i);
@@ -18,7 +18,7 @@ function fromBase64(text: string): Uint8Array {
 }
 
 /** DSSE v1 pre-authentication encoding of `payload`: what the signature covers. */
-export function pae(payloadType: string, payload: Uint8Array): Uint8Array {
+export function pae(payloadType: string, payload: Uint8Array): Uint8Array<ArrayBuffer> {
   const type = new TextEncoder().encode(payloadType);
   const head = new TextEncoder().encode(`DSSEv1 ${type.length} ${payloadType} ${payload.length} `);
   const out = new Uint8Array(head.length + payload.length);
