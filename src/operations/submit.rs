@@ -305,7 +305,7 @@ async fn decide_by_policy(
             // Judged as the call arrived, before this pass decides it or a sibling's denial
             // skips it: what the shadow rules would have done in the enforced rules' place.
             let subject = Subject::of_call(call).with_prejudged(prejudged.get(&rowid).copied());
-            let verdicts = shadow_verdicts(&subject, &rules, &grants, now);
+            let verdicts = shadow_verdicts(&subject, rules, &grants, now);
             tx.record_shadow_verdicts(rowid, &verdicts).await?;
             shadow.extend(verdicts);
         }

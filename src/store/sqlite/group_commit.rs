@@ -61,8 +61,9 @@ type Work<W> = Box<dyn FnOnce(W) -> Pin<Box<dyn Future<Output = ()>>> + Send>;
 /// One queued write: its request, its result once it ran, and where to send that result once
 /// the group committed.
 enum Job {
-    Submit(Slot<NewBatch, SubmitReport>),
-    /// Boxed: a decision and its report are several times larger than the other writes.
+    /// Boxed, as a decision: a batch and a decision (with their reports) are several times
+    /// larger than a cancel, and a queued write should not cost the largest one's size.
+    Submit(Box<Slot<NewBatch, SubmitReport>>),
     Decide(Box<Slot<(CallKey, Decision), DecideReport>>),
     Cancel(Slot<CancelTarget, CancelReport>),
 }
@@ -139,7 +140,7 @@ where
 
     pub async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
         let (slot, answer) = Slot::new(batch);
-        self.enqueue(Job::Submit(slot)).await?;
+        self.enqueue(Job::Submit(Box::new(slot))).await?;
         answer.await.map_err(writer_gone)?
     }
 
@@ -297,7 +298,7 @@ impl Job {
 
     fn answer(self, committed: std::result::Result<(), &Error>) {
         match self {
-            Job::Submit(slot) => slot.answer(committed),
+            Job::Submit(slot) => (*slot).answer(committed),
             Job::Decide(slot) => (*slot).answer(committed),
             Job::Cancel(slot) => slot.answer(committed),
         }
