@@ -10,7 +10,7 @@
 
 use std::collections::HashSet;
 
-use super::tx::{PolicyTx, WriteTx};
+use super::tx::WriteTx;
 use crate::domain::policy::{Approval, Approvers, Requirement, Rule, Ruling, Tally, Vote};
 use crate::domain::policy::{Prejudged, Subject, evaluate};
 use crate::domain::{Call, DecidedBy, Decision, Timestamp, Verdict};
@@ -37,10 +37,11 @@ pub fn requirement_of(ruling: &Ruling<'_>, default: Option<&Approvers>) -> Optio
 /// applies to it now. `decided`: the row ids this submit resolved. Returns the approvals fixed,
 /// by row id, so the reply shows them.
 pub(super) async fn route_new_calls(
-    tx: &mut (impl WriteTx + PolicyTx),
+    tx: &mut impl WriteTx,
     accepted: &[(i64, &Call, Option<&Prejudged>)],
     decided: &HashSet<i64>,
-    default: Option<&Approvers>,
+    (rules, default): (&[Rule], Option<&Approvers>),
+    now: Timestamp,
 ) -> Result<Vec<(i64, Approval)>> {
     let mut routed = Vec::new();
     let pending: Vec<_> = accepted
@@ -50,14 +51,13 @@ pub(super) async fn route_new_calls(
     if pending.is_empty() {
         return Ok(routed);
     }
-    let rules = tx.rules().await?;
     let asks_for_approvers = default.is_some() || rules.iter().any(|r| r.approvers.is_some());
     for &&(rowid, call, prejudged) in &pending {
         // A call still pending was decided by no rule and no grant, so the rules alone name
         // the ask rule (if any) that sent it here: grants are tried only when no rule matches.
         let requirement = if asks_for_approvers {
             let subject = Subject::of_call(call).with_prejudged(prejudged);
-            requirement_of(&evaluate(&subject, &rules, &[], Timestamp::now()), default)
+            requirement_of(&evaluate(&subject, rules, &[], now), default)
         } else {
             None
         };

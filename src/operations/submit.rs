@@ -196,7 +196,9 @@ pub async fn submit_in(
             .iter()
             .map(|&(rowid, call)| (rowid, call, prejudged.get(&rowid).copied()))
             .collect();
-        route_new_calls(tx, &calls, &decided, batch.default_approvers.as_ref()).await?
+        // The rules this submit already read (kept or not, they are the transaction's view).
+        let policy = (rules.as_slice(), batch.default_approvers.as_ref());
+        route_new_calls(tx, &calls, &decided, policy, now).await?
     };
     // The reply shows the ladder of the calls that wait for people, and who may decide them.
     let item_of = |rowid: i64| accepted.iter().find(|(r, _)| *r == rowid).map(|&(_, i)| i);
