@@ -48,10 +48,12 @@ impl ChainLink {
 
 /// Lower-case hex SHA-256 of `bytes`: the digest form receipts use everywhere.
 pub fn sha256_hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(bytes);
     let mut out = String::with_capacity(64);
     for byte in digest {
-        out.push_str(&format!("{byte:02x}"));
+        out.push(HEX[usize::from(byte >> 4)] as char);
+        out.push(HEX[usize::from(byte & 0xf)] as char);
     }
     out
 }
@@ -70,13 +72,19 @@ pub fn subject_name(call: &Call) -> String {
 pub fn statement(call: &Call, link: &ChainLink) -> Option<Value> {
     let outcome = call.outcome.as_ref()?;
     let input = parse_stored(call.input.as_str());
-    // What runs: only an approved call runs, with the approver's edit if there was one.
+    // What runs: only an approved call runs, with the approver's edit if there was one. The
+    // input is written out again only when it was edited; otherwise it is `input` above, and
+    // the digest says so (the same digest as the subject's). Writing it twice made every
+    // approved call's receipt nearly twice the size to hash, sign and store.
     let runs = outcome.run_input.as_ref().map(|run| {
-        json!({
-            "input": parse_stored(run.as_str()),
+        let mut runs = json!({
             "digest": {"sha256": sha256_hex(run.as_str().as_bytes())},
             "edited": outcome.input_edited,
-        })
+        });
+        if outcome.input_edited || run.as_str() != call.input.as_str() {
+            runs["input"] = parse_stored(run.as_str());
+        }
+        runs
     });
     Some(json!({
         "_type": STATEMENT_TYPE,
@@ -155,4 +163,21 @@ fn rfc3339(at: Timestamp) -> String {
     let micros = at.as_micros().max(0) as u64;
     let time = std::time::UNIX_EPOCH + std::time::Duration::from_micros(micros);
     humantime::format_rfc3339_micros(time).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digests_are_lower_case_hex_sha256() {
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(
+            sha256_hex(b""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
 }

@@ -50,12 +50,14 @@ pub fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
 pub struct Notary {
     pair: Ed25519KeyPair,
     public: PublicKey,
+    /// [`PublicKey::key_id`], which every envelope carries: hashed once, not per receipt.
+    key_id: String,
 }
 
 impl std::fmt::Debug for Notary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Notary")
-            .field("key_id", &self.public.key_id())
+            .field("key_id", &self.key_id)
             .finish_non_exhaustive()
     }
 }
@@ -64,9 +66,11 @@ impl Notary {
     fn from_pair(pair: Ed25519KeyPair) -> Self {
         let mut raw = [0u8; 32];
         raw.copy_from_slice(pair.public_key().as_ref());
+        let public = PublicKey(raw);
         Self {
             pair,
-            public: PublicKey(raw),
+            key_id: public.key_id(),
+            public,
         }
     }
 
@@ -88,7 +92,7 @@ impl Notary {
             "payloadType": PAYLOAD_TYPE,
             "payload": BASE64.encode(payload.as_bytes()),
             "signatures": [{
-                "keyid": self.public.key_id(),
+                "keyid": self.key_id,
                 "sig": BASE64.encode(signature.as_ref()),
             }],
         });

@@ -100,10 +100,15 @@ fn statement_says(statement: &Value, payload: &[u8]) -> Result<Verified, String>
         return Err("subject.digest.sha256 is not the SHA-256 of the canonical input".into());
     }
     let runs = &predicate["runs"];
-    if !runs.is_null()
-        && runs["digest"]["sha256"] != sha256_hex(json::canonical(&runs["input"]).as_bytes())
-    {
-        return Err("runs.digest.sha256 is not the SHA-256 of the input that runs".into());
+    if !runs.is_null() {
+        // The input that runs is written out only when it differs from `input`.
+        let runs_digest = match runs.get("input") {
+            Some(edited) => sha256_hex(json::canonical(edited).as_bytes()),
+            None => input_digest.clone(),
+        };
+        if runs["digest"]["sha256"] != runs_digest.as_str() {
+            return Err("runs.digest.sha256 is not the SHA-256 of the input that runs".into());
+        }
     }
     let chain = &predicate["chain"];
     let sequence = chain["sequence"]
@@ -370,6 +375,34 @@ mod tests {
         let resealed = notary.seal(&json::canonical(&statement));
         let err = receipt(&resealed, notary.public_key()).unwrap_err();
         assert!(err.contains("subject.digest"), "{err}");
+    }
+
+    #[test]
+    fn the_input_that_runs_is_written_out_only_when_the_approver_edited_it() {
+        let notary = notary();
+        let as_asked = statement_of(&chain_of_three(&notary)[0]);
+        let runs = &as_asked["predicate"]["runs"];
+        assert!(runs.get("input").is_none(), "{runs}");
+        assert_eq!(runs["digest"], as_asked["subject"][0]["digest"]);
+        assert_eq!(runs["edited"], false);
+
+        let mut call = decided("c9", OutcomeKind::Approved);
+        let edited = ToolInput::from_stored(r#"{"command":"ls"}"#.into());
+        let outcome = call.outcome.as_mut().unwrap();
+        (outcome.run_input, outcome.input_edited) = (Some(edited), true);
+        let sealed = notary.seal(&payload(&call, &ChainLink::after(None)).unwrap());
+        assert!(receipt(&sealed, notary.public_key()).is_ok());
+        let runs = statement_of(&sealed)["predicate"]["runs"].clone();
+        assert_eq!(runs["input"]["command"], "ls");
+        assert_eq!(runs["edited"], true);
+
+        // Validly signed, but what it says runs is not what its digest names.
+        for mut statement in [as_asked, statement_of(&sealed)] {
+            statement["predicate"]["runs"]["digest"]["sha256"] = sha256_hex(b"{}").into();
+            let resealed = notary.seal(&json::canonical(&statement));
+            let err = receipt(&resealed, notary.public_key()).unwrap_err();
+            assert!(err.contains("runs.digest"), "{err}");
+        }
     }
 
     #[test]

@@ -199,7 +199,13 @@ async fn every_outcome_gets_a_signed_receipt_naming_what_was_shown_and_who_decid
     let predicate = &statement["predicate"];
     assert_eq!(predicate["tool"], "shell");
     assert_eq!(predicate["input"]["command"], "rm -rf /tmp/build");
-    assert_eq!(predicate["runs"]["input"]["command"], "rm -rf /tmp/build");
+    // Approved as asked: what runs is the input above, named by its digest, not written twice.
+    assert!(predicate["runs"].get("input").is_none(), "{predicate}");
+    assert_eq!(
+        predicate["runs"]["digest"],
+        statement["subject"][0]["digest"]
+    );
+    assert_eq!(predicate["runs"]["edited"], false);
     assert_eq!(predicate["shown"]["title"], "Delete the build");
     assert_eq!(predicate["shown"]["message"], "cleans /tmp/build\u{202E}");
     assert_eq!(

@@ -55,6 +55,14 @@ def check_envelope(envelope: dict, key: Ed25519PublicKey) -> tuple[dict, str]:
     digest = hashlib.sha256(rfc8785.dumps(predicate["input"])).hexdigest()
     if statement["subject"][0]["digest"]["sha256"] != digest:
         raise Failed("the subject digest is not the SHA-256 of the canonical input")
+    runs = predicate["runs"]
+    if runs is not None:
+        # The input that runs is written out only when the approver edited it.
+        runs_digest = (
+            hashlib.sha256(rfc8785.dumps(runs["input"])).hexdigest() if "input" in runs else digest
+        )
+        if runs["digest"]["sha256"] != runs_digest:
+            raise Failed("runs.digest is not the SHA-256 of the input that runs")
     return statement, hashlib.sha256(payload).hexdigest()
 
 
