@@ -10,20 +10,99 @@
 //! and then follows the broadcast, skipping what it already delivered. Because the store is the
 //! source and the broadcast only a cache of its tail, a consumer that lags behind the broadcast
 //! catches up from the store again: events are delayed, never lost, and memory stays bounded.
+//!
+//! An agent's stream wants only the events of the sessions it follows, a small share of them
+//! at 64 agents. A broadcast wakes every consumer for every event, so its feed is routed instead
+//! ([`EventBus::routed_feed`], [`Feed::follow`]): the pump hands each event to the queues of the
+//! feeds that follow its session alone, waking one task where the broadcast woke one per agent
+//! stream. A routed queue that is full is dropped by the pump, and its feed, seeing it closed,
+//! takes a new one and catches up from the store exactly as a lagging broadcast consumer does.
 
-use std::collections::VecDeque;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{Notify, broadcast, mpsc};
 
-use crate::domain::Event;
+use crate::domain::{AgentId, Event, SessionId};
 use crate::error::{Error, Result};
 use crate::store::EventLog;
 
 /// How many events one store read returns.
 const PAGE: u32 = 256;
+
+/// How many events a routed feed's queue holds before the pump drops it (and the feed catches
+/// up from the store).
+const ROUTED: usize = 256;
+
+/// The routed feeds: each one's queue, and the sessions each follows.
+#[derive(Default)]
+struct Routes {
+    next_id: u64,
+    /// Each routed feed's queue, by the feed's id; none while the feed has to take a new one.
+    queues: HashMap<u64, mpsc::Sender<Arc<Event>>>,
+    /// The ids of the feeds following each session.
+    followers: HashMap<AgentId, HashMap<SessionId, Vec<u64>>>,
+}
+
+impl Routes {
+    /// Queues `event` for the feeds following its session. A queue that is full (its feed fell
+    /// behind) or closed (its feed is gone) is dropped: a feed whose queue is dropped catches
+    /// up from the store.
+    fn route(&mut self, event: &Arc<Event>) {
+        let key = &event.call.key;
+        let Some(sessions) = self.followers.get_mut(&key.agent) else {
+            return;
+        };
+        let Some(ids) = sessions.get_mut(&key.session) else {
+            return;
+        };
+        let queues = &mut self.queues;
+        ids.retain(|id| {
+            let queued = queues
+                .get(id)
+                .is_some_and(|queue| queue.try_send(Arc::clone(event)).is_ok());
+            if !queued {
+                queues.remove(id);
+            }
+            queued
+        });
+        if ids.is_empty() {
+            sessions.remove(&key.session);
+            if sessions.is_empty() {
+                self.followers.remove(&key.agent);
+            }
+        }
+    }
+
+    fn follow(&mut self, id: u64, agent: &AgentId, session: &SessionId) {
+        let ids = self
+            .followers
+            .entry(agent.clone())
+            .or_default()
+            .entry(session.clone())
+            .or_default();
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+
+    fn unfollow(&mut self, id: u64, agent: &AgentId, session: &SessionId) {
+        let Some(sessions) = self.followers.get_mut(agent) else {
+            return;
+        };
+        if let Some(ids) = sessions.get_mut(session) {
+            ids.retain(|i| *i != id);
+            if ids.is_empty() {
+                sessions.remove(session);
+            }
+        }
+        if sessions.is_empty() {
+            self.followers.remove(agent);
+        }
+    }
+}
 
 pub struct EventBus {
     log: Arc<dyn EventLog>,
@@ -32,6 +111,9 @@ pub struct EventBus {
     /// and then reads it cannot miss the event being sent.
     published: AtomicU64,
     committed: Notify,
+    /// Routed feeds' queues. Locked while an event is published (and `published` updated), so
+    /// a feed that takes a queue and then reads `published` cannot miss the event being sent.
+    routes: Mutex<Routes>,
 }
 
 impl EventBus {
@@ -44,6 +126,7 @@ impl EventBus {
             log,
             tx,
             committed: Notify::new(),
+            routes: Mutex::default(),
         }))
     }
 
@@ -61,10 +144,11 @@ impl EventBus {
     pub fn feed_after(self: &Arc<Self>, after: u64) -> Feed {
         Feed {
             log: Arc::clone(&self.log),
-            rx: self.tx.subscribe(),
+            source: Source::Broadcast(self.tx.subscribe()),
             last: after,
             backlog: VecDeque::new(),
             catching_up: true,
+            read_to: 0,
         }
     }
 
@@ -74,11 +158,53 @@ impl EventBus {
         let last = self.published.load(Ordering::SeqCst);
         Feed {
             log: Arc::clone(&self.log),
-            rx,
+            source: Source::Broadcast(rx),
             last,
             backlog: VecDeque::new(),
             catching_up: false,
+            read_to: 0,
         }
+    }
+
+    /// A routed feed (see the module's doc) of the events published from now on of `agent`'s
+    /// sessions that it follows ([`Feed::follow`]): none yet. Only their events wake it.
+    pub fn routed_feed(self: &Arc<Self>, agent: &AgentId) -> Feed {
+        let id = {
+            let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+            routes.next_id += 1;
+            routes.next_id
+        };
+        let mut route = Route {
+            bus: Arc::clone(self),
+            id,
+            agent: agent.clone(),
+            sessions: HashSet::new(),
+            rx: None,
+        };
+        let last = route.open();
+        Feed {
+            log: Arc::clone(&self.log),
+            source: Source::Routed(route),
+            last,
+            backlog: VecDeque::new(),
+            catching_up: false,
+            read_to: 0,
+        }
+    }
+
+    /// A routed feed of `session`'s events after sequence number `after`: it reads the store
+    /// up to the present, then follows its queue.
+    pub fn session_feed_after(
+        self: &Arc<Self>,
+        agent: &AgentId,
+        session: &SessionId,
+        after: u64,
+    ) -> Feed {
+        let mut feed = self.routed_feed(agent);
+        feed.follow(session);
+        feed.last = after;
+        feed.catching_up = true;
+        feed
     }
 
     /// Publishes committed events until the task is dropped.
@@ -122,9 +248,14 @@ impl EventBus {
     /// Publishes one event; returns its sequence number.
     fn publish(&self, event: Event) -> u64 {
         let seq = event.seq;
-        self.published.store(seq, Ordering::SeqCst);
+        let event = Arc::new(event);
+        {
+            let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+            self.published.store(seq, Ordering::SeqCst);
+            routes.route(&event);
+        }
         // No receiver is not an error: nobody is listening right now.
-        let _ = self.tx.send(Arc::new(event));
+        let _ = self.tx.send(event);
         seq
     }
 
@@ -146,6 +277,11 @@ impl EventBus {
                         "retention pruned events this broker had not published yet"
                     );
                     last = through;
+                    // A routed feed sees only its agent's events, so it cannot see the jump:
+                    // dropping every queue makes each feed read the store, as a feed that
+                    // sees the jump does.
+                    let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+                    routes.queues.clear();
                     continue;
                 }
                 Err(err) => {
@@ -173,13 +309,75 @@ async fn next_handed(handed: &mut Option<mpsc::Receiver<Vec<Event>>>) -> Option<
     }
 }
 
-/// One consumer's ordered view of the event log, without gaps or repeats.
+/// One consumer's ordered view of the event log, without gaps or repeats (a routed feed's: of
+/// the events of the sessions it follows).
 pub struct Feed {
     log: Arc<dyn EventLog>,
-    rx: broadcast::Receiver<Arc<Event>>,
+    source: Source,
     last: u64,
     backlog: VecDeque<Arc<Event>>,
     catching_up: bool,
+    /// How far the store has been read while catching up: a routed feed leaves other sessions'
+    /// events out of its backlog, so its last event may be well before that.
+    read_to: u64,
+}
+
+/// Where a feed's live events come from.
+enum Source {
+    /// Every event, from the broadcast.
+    Broadcast(broadcast::Receiver<Arc<Event>>),
+    /// The events of the sessions followed, from the feed's own queue.
+    Routed(Route),
+}
+
+/// A routed feed's queue in the bus, and the sessions it follows.
+struct Route {
+    bus: Arc<EventBus>,
+    id: u64,
+    agent: AgentId,
+    sessions: HashSet<SessionId>,
+    /// `None` after the pump dropped the queue, until the feed takes a new one.
+    rx: Option<mpsc::Receiver<Arc<Event>>>,
+}
+
+impl Route {
+    /// Takes a new queue for the sessions followed; returns the last sequence number published
+    /// before it: the queue holds every later event of those sessions.
+    fn open(&mut self) -> u64 {
+        let (tx, rx) = mpsc::channel(ROUTED);
+        let mut routes = self.bus.routes.lock().unwrap_or_else(|e| e.into_inner());
+        routes.queues.insert(self.id, tx);
+        for session in &self.sessions {
+            routes.follow(self.id, &self.agent, session);
+        }
+        self.rx = Some(rx);
+        self.bus.published.load(Ordering::SeqCst)
+    }
+
+    /// Whether the feed wants `event` (reading the store, which holds every event).
+    fn wants(&self, event: &Event) -> bool {
+        event.call.key.agent == self.agent && self.sessions.contains(&event.call.key.session)
+    }
+
+    /// The next routed event; `None` when the pump dropped the queue (it was full).
+    async fn next(&mut self) -> Option<Arc<Event>> {
+        match self.rx.as_mut() {
+            Some(rx) => rx.recv().await,
+            None => None,
+        }
+    }
+}
+
+impl Drop for Route {
+    /// Removes the feed from the bus now, rather than when its sessions' next events find its
+    /// queue closed: a session that never comes back leaves nothing behind.
+    fn drop(&mut self) {
+        let mut routes = self.bus.routes.lock().unwrap_or_else(|e| e.into_inner());
+        routes.queues.remove(&self.id);
+        for session in &self.sessions {
+            routes.unfollow(self.id, &self.agent, session);
+        }
+    }
 }
 
 /// An event, and whether it came live from the broadcast (as opposed to a catch-up read).
@@ -194,6 +392,22 @@ impl Feed {
         self.last
     }
 
+    /// Follows `session` too (a routed feed; a broadcast feed has every event already): its
+    /// events published from now on are delivered, and those the store holds when the feed
+    /// catches up.
+    pub fn follow(&mut self, session: &SessionId) {
+        let Source::Routed(route) = &mut self.source else {
+            return;
+        };
+        if !route.sessions.insert(session.clone()) || route.rx.is_none() {
+            // Followed already, or the queue is taken again (for every session) before the
+            // next read.
+            return;
+        }
+        let mut routes = route.bus.routes.lock().unwrap_or_else(|e| e.into_inner());
+        routes.follow(route.id, &route.agent, session);
+    }
+
     /// The next event after the last one returned.
     pub async fn next(&mut self) -> Result<Delivery> {
         loop {
@@ -202,12 +416,43 @@ impl Feed {
                 return Ok(Delivery { event, live: false });
             }
             if self.catching_up {
-                let page = self.log.events_after(self.last, PAGE).await?;
+                // A routed feed takes its new queue before reading: what is published from
+                // then on is queued, what was published before is in the store.
+                if let Source::Routed(route) = &mut self.source
+                    && route.rx.is_none()
+                {
+                    route.open();
+                }
+                let from = self.last.max(self.read_to);
+                let page = self.log.events_after(from, PAGE).await?;
                 self.catching_up = page.len() == PAGE as usize;
-                self.backlog.extend(page.into_iter().map(Arc::new));
+                self.read_to = page.last().map_or(from, |e| e.seq);
+                let wanted = page.into_iter().filter(|e| match &self.source {
+                    Source::Broadcast(_) => true,
+                    Source::Routed(route) => route.wants(e),
+                });
+                self.backlog.extend(wanted.map(Arc::new));
                 continue;
             }
-            match self.rx.recv().await {
+            let rx = match &mut self.source {
+                Source::Broadcast(rx) => rx,
+                Source::Routed(route) => {
+                    match route.next().await {
+                        Some(event) if event.seq <= self.last.max(self.read_to) => {}
+                        Some(event) => {
+                            self.last = event.seq;
+                            return Ok(Delivery { event, live: true });
+                        }
+                        // The pump dropped the queue: it was full.
+                        None => {
+                            route.rx = None;
+                            self.catching_up = true;
+                        }
+                    }
+                    continue;
+                }
+            };
+            match rx.recv().await {
                 Ok(event) if event.seq <= self.last => continue,
                 // A jump (the pump went past pruned events): the log says what happened, either
                 // the events in between or the refusal of a resume point it no longer keeps.
@@ -234,8 +479,7 @@ mod tests {
 
     use super::*;
     use crate::domain::{
-        AgentId, BatchId, Call, CallId, CallKey, EventKind, SessionId, Timestamp, ToolInput,
-        ToolName,
+        BatchId, Call, CallId, CallKey, EventKind, SessionId, Timestamp, ToolInput, ToolName,
     };
     use crate::store::CommittedEvents;
 
@@ -258,15 +502,41 @@ mod tests {
         }
     }
 
+    impl Log {
+        /// Commits an event of each `agent/session`, numbered on from the last committed.
+        fn commit_of<'a>(&self, sessions: impl IntoIterator<Item = &'a str>) {
+            let mut events = self.events.lock().unwrap();
+            for session in sessions {
+                let seq = events.last().map_or(0, |e| e.seq) + 1;
+                events.push(event_of(seq, session));
+            }
+        }
+
+        fn empty() -> Arc<Log> {
+            Arc::new(Log {
+                events: Mutex::new(Vec::new()),
+                reads: AtomicUsize::new(0),
+                handed: Mutex::new(None),
+                pruned_through: AtomicU64::new(0),
+            })
+        }
+    }
+
     fn event(seq: u64) -> Event {
+        event_of(seq, "agent/session")
+    }
+
+    /// An event of the call `call-{seq}` in `agent/session`.
+    fn event_of(seq: u64, agent_session: &str) -> Event {
         let id = |s: &str| s.to_owned();
+        let (agent, session) = agent_session.split_once('/').unwrap();
         Event {
             seq,
             kind: EventKind::Requested,
             call: Call {
                 key: CallKey {
-                    agent: AgentId::from_stored(id("agent")),
-                    session: SessionId::from_stored(id("session")),
+                    agent: AgentId::from_stored(id(agent)),
+                    session: SessionId::from_stored(id(session)),
                     call_id: CallId::from_stored(format!("call-{seq}")),
                 },
                 batch_id: BatchId::from_stored(format!("batch-{seq}")),
@@ -409,6 +679,177 @@ mod tests {
         let mut fresh = bus.feed_after(4);
         assert_eq!(fresh.next().await.unwrap().event.seq, 5);
         assert_eq!(bus.published(), 5);
+        pump.abort();
+    }
+    fn agent(name: &str) -> AgentId {
+        AgentId::from_stored(name.to_owned())
+    }
+
+    fn session(name: &str) -> SessionId {
+        SessionId::from_stored(name.to_owned())
+    }
+
+    /// A routed feed of agent `a` following the given sessions, from now on.
+    fn following(bus: &Arc<EventBus>, sessions: &[&str]) -> Feed {
+        let mut feed = bus.routed_feed(&agent("a"));
+        for s in sessions {
+            feed.follow(&session(s));
+        }
+        feed
+    }
+
+    /// The sequence numbers and `agent/session` of the next `n` events of `feed`.
+    async fn next_of(feed: &mut Feed, n: usize) -> Vec<(u64, String)> {
+        let mut got = Vec::new();
+        for _ in 0..n {
+            let delivery = feed.next().await.unwrap();
+            let key = &delivery.event.call.key;
+            got.push((delivery.event.seq, format!("{}/{}", key.agent, key.session)));
+        }
+        got
+    }
+
+    fn at(items: &[(u64, &str)]) -> Vec<(u64, String)> {
+        items.iter().map(|(s, k)| (*s, (*k).to_owned())).collect()
+    }
+
+    /// A routed feed gets exactly the events of the sessions it follows, in order: live as
+    /// they are published, from the store when it starts behind, and a session's from the
+    /// moment it follows it. The broadcast still gets every event.
+    #[tokio::test(start_paused = true)]
+    async fn a_routed_feed_gets_exactly_the_events_of_the_sessions_it_follows() {
+        let log = Log::empty();
+        let bus = EventBus::new(log.clone(), 64).await.unwrap();
+        let pump = tokio::spawn(Arc::clone(&bus).pump());
+        let mut published = bus.feed_live();
+        log.commit_of(["a/1", "b/1", "a/1"]);
+        bus.notify_committed();
+        assert_eq!(next_of(&mut published, 3).await.len(), 3, "published");
+        let mut a1 = following(&bus, &["1"]);
+        let mut a12 = following(&bus, &["1", "2"]);
+        let mut b1 = bus.routed_feed(&agent("b"));
+        b1.follow(&session("1"));
+        let mut a1_from_start = bus.session_feed_after(&agent("a"), &session("1"), 0);
+        let mut later = following(&bus, &[]);
+        let mut every = bus.feed_live();
+
+        log.commit_of(["b/1", "a/1", "a/2", "c/1", "b/1", "a/1"]);
+        bus.notify_committed();
+        assert_eq!(next_of(&mut a1, 2).await, at(&[(5, "a/1"), (9, "a/1")]));
+        let a12_got = next_of(&mut a12, 3).await;
+        assert_eq!(a12_got, at(&[(5, "a/1"), (6, "a/2"), (9, "a/1")]));
+        assert_eq!(next_of(&mut b1, 2).await, at(&[(4, "b/1"), (8, "b/1")]));
+        let from_start = next_of(&mut a1_from_start, 4).await;
+        assert_eq!(
+            from_start,
+            at(&[(1, "a/1"), (3, "a/1"), (5, "a/1"), (9, "a/1")])
+        );
+        let seqs: Vec<u64> = next_of(&mut every, 6).await.iter().map(|e| e.0).collect();
+        assert_eq!(seqs, [4, 5, 6, 7, 8, 9]);
+
+        // Nothing else is waiting for them: the next event of each is the next of its
+        // sessions. `later` follows session 2 only now: what came before is not its.
+        later.follow(&session("2"));
+        log.commit_of(["c/1", "b/1", "a/2", "a/1"]);
+        bus.notify_committed();
+        assert_eq!(next_of(&mut a1, 1).await, at(&[(13, "a/1")]));
+        assert_eq!(next_of(&mut a12, 2).await, at(&[(12, "a/2"), (13, "a/1")]));
+        assert_eq!(next_of(&mut b1, 1).await, at(&[(11, "b/1")]));
+        assert_eq!(next_of(&mut later, 1).await, at(&[(12, "a/2")]));
+        pump.abort();
+    }
+
+    /// A routed feed whose queue overflows (its reader is slower than its sessions' events)
+    /// is dropped by the pump; the feed reads the store and goes on: every event of its
+    /// sessions once, in order, nothing lost and nothing repeated.
+    #[tokio::test(start_paused = true)]
+    async fn a_routed_feed_that_falls_behind_catches_up_from_the_store_without_loss() {
+        let log = Log::empty();
+        let bus = EventBus::new(log.clone(), 16).await.unwrap();
+        let pump = tokio::spawn(Arc::clone(&bus).pump());
+        let mut a = following(&bus, &["1", "2"]);
+        let rounds = ROUTED + 10;
+        for _ in 0..rounds {
+            log.commit_of(["a/1", "b/1", "a/2", "a/3"]);
+            bus.notify_committed();
+            tokio::task::yield_now().await;
+        }
+        let last = 4 * rounds as u64;
+        let mut every = bus.feed_live();
+        log.commit_of(["a/1"]);
+        bus.notify_committed();
+        assert_eq!(every.next().await.unwrap().event.seq, last + 1);
+        let reads_before = log.reads.load(Ordering::SeqCst);
+        let got = next_of(&mut a, 2 * rounds + 1).await;
+        let mut expected = Vec::new();
+        for i in 0..rounds as u64 {
+            expected.push((4 * i + 1, "a/1"));
+            expected.push((4 * i + 3, "a/2"));
+        }
+        expected.push((last + 1, "a/1"));
+        assert_eq!(got, at(&expected));
+        assert!(
+            log.reads.load(Ordering::SeqCst) > reads_before,
+            "the feed read the store: its queue had overflowed"
+        );
+        // Live again after catching up, for both sessions.
+        log.commit_of(["b/1", "a/2", "a/3", "a/1"]);
+        bus.notify_committed();
+        let live = next_of(&mut a, 2).await;
+        assert_eq!(live, at(&[(last + 3, "a/2"), (last + 5, "a/1")]));
+        pump.abort();
+    }
+
+    /// A dropped routed feed leaves nothing behind in the bus, whatever it followed.
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_routed_feed_leaves_nothing_behind() {
+        let log = Log::empty();
+        let bus = EventBus::new(log.clone(), 16).await.unwrap();
+        let a = following(&bus, &["1", "2"]);
+        let a2 = bus.session_feed_after(&agent("a"), &session("1"), 0);
+        let mut b = bus.routed_feed(&agent("b"));
+        b.follow(&session("1"));
+        let followers = |agent_name: &str, session_name: &str| {
+            let routes = bus.routes.lock().unwrap();
+            routes
+                .followers
+                .get(&agent(agent_name))
+                .and_then(|s| s.get(&session(session_name)))
+                .map_or(0, Vec::len)
+        };
+        assert_eq!((followers("a", "1"), followers("a", "2")), (2, 1));
+        drop(a);
+        assert_eq!((followers("a", "1"), followers("a", "2")), (1, 0));
+        drop((a2, b));
+        let routes = bus.routes.lock().unwrap();
+        assert!(routes.followers.is_empty() && routes.queues.is_empty());
+    }
+
+    /// A routed feed cannot see the pump jump past pruned events among its sessions' events;
+    /// it gets the store's refusal all the same, as a broadcast feed does, rather than a gap.
+    #[tokio::test(start_paused = true)]
+    async fn a_routed_feed_gets_the_refusal_when_the_pump_jumps_past_pruned_events() {
+        let log = Log::empty();
+        let bus = EventBus::new(log.clone(), 64).await.unwrap();
+        let pump = tokio::spawn(Arc::clone(&bus).pump());
+        log.commit_of(["a/1", "b/1"]);
+        bus.notify_committed();
+        let mut a = bus.session_feed_after(&agent("a"), &session("1"), 0);
+        assert_eq!(next_of(&mut a, 1).await, at(&[(1, "a/1")]));
+        let mut every = bus.feed_after(0);
+        assert_eq!(next_of(&mut every, 2).await.len(), 2);
+
+        // 3 (a/1's) and 4 are pruned before the pump read them; 5 (a/1's) is committed.
+        log.commit_of(["a/1", "b/1"]);
+        log.events.lock().unwrap().clear();
+        log.pruned_through.store(4, Ordering::SeqCst);
+        log.events.lock().unwrap().push(event_of(5, "a/1"));
+        bus.notify_committed();
+        let refused = a.next().await.err().expect("refused, not a gap");
+        assert!(
+            matches!(refused, Error::Pruned { through: 4, .. }),
+            "{refused:?}"
+        );
         pump.abort();
     }
 }

@@ -14,6 +14,15 @@ use std::fmt::Write;
 
 /// Whether `c` changes how text looks without showing itself.
 pub fn is_invisible(c: char) -> bool {
+    // Below the first of them (all of ASCII, most Latin text): one comparison, not the list.
+    c >= FIRST && listed(c)
+}
+
+/// The first character [`listed`]: nothing below it is, which the fast paths here rely on.
+const FIRST: char = '\u{00AD}';
+
+/// The list itself.
+fn listed(c: char) -> bool {
     matches!(
         c,
         '\u{00AD}'                      // soft hyphen
@@ -46,6 +55,9 @@ pub fn is_invisible(c: char) -> bool {
 
 /// The first invisible character of `text`, if any.
 pub fn first_invisible(text: &str) -> Option<char> {
+    if text.is_ascii() {
+        return None;
+    }
     text.chars().find(|c| is_invisible(*c))
 }
 
@@ -56,6 +68,11 @@ pub fn code_point(c: char) -> String {
 
 /// What `text` holds of them: each distinct one in the order first found, and how many in all.
 pub fn found_in(text: &str) -> (Vec<char>, usize) {
+    // None of them is ASCII, and ASCII text (most inputs) is checked a word at a time: every
+    // approver stream and every receipt looks at each call's whole input.
+    if text.is_ascii() {
+        return (Vec::new(), 0);
+    }
     let mut distinct = Vec::new();
     let mut count = 0;
     for c in text.chars().filter(|c| is_invisible(*c)) {
@@ -114,6 +131,27 @@ mod tests {
         for c in ['a', 'é', 'ש', 'ع', '中', ' ', '😀', '-', '_'] {
             assert!(!is_invisible(c), "{}", code_point(c));
         }
+    }
+
+    /// The fast paths (a character below the first listed, text that is all ASCII) answer as
+    /// the list does, for every character there is.
+    #[test]
+    fn the_fast_paths_agree_with_the_list_for_every_character() {
+        let mut listed_chars = Vec::new();
+        for c in (0..=0x10FFFF).filter_map(char::from_u32) {
+            assert_eq!(is_invisible(c), listed(c), "{}", code_point(c));
+            if listed(c) {
+                listed_chars.push(c);
+            }
+        }
+        assert!(listed_chars.iter().all(|c| !c.is_ascii() && *c >= FIRST));
+        assert_eq!(listed_chars.first(), Some(&FIRST));
+        let ascii: String = (0..128u8).map(char::from).collect();
+        assert_eq!(found_in(&ascii), (Vec::new(), 0));
+        assert_eq!(first_invisible(&ascii), None);
+        let mixed = format!("{ascii}\u{00AD}é{ascii}\u{E0041}\u{00AD}");
+        assert_eq!(found_in(&mixed), (vec!['\u{00AD}', '\u{E0041}'], 3));
+        assert_eq!(first_invisible(&mixed), Some('\u{00AD}'));
     }
 
     #[test]

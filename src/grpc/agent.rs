@@ -5,6 +5,7 @@
 //! of those sessions once, with a batch-complete message when a batch's last call is decided.
 //! A bad request gets an error response for that request alone; the stream goes on.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -63,6 +64,8 @@ impl pb::agent_service_server::AgentService for AgentApi {
         let agent = Caller::of(&request).agent()?;
         let slot = self.broker.open_agent_stream()?;
         let (out, rx) = mpsc::channel(OUTBOUND);
+        // Routed: only the events of the sessions it follows wake the stream's task.
+        let feed = self.broker.bus().routed_feed(&agent);
         let connection = AgentConnection {
             broker: Arc::clone(&self.broker),
             agent,
@@ -70,7 +73,6 @@ impl pb::agent_service_server::AgentService for AgentApi {
             watched: HashMap::new(),
             _slot: slot,
         };
-        let feed = self.broker.bus().feed_live();
         tokio::spawn(connection.run(request.into_inner(), feed).in_current_span());
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -182,7 +184,7 @@ impl AgentConnection {
         loop {
             let step = tokio::select! {
                 message = inbound.message(), if reading => match message {
-                    Ok(Some(request)) => self.handle(request).await,
+                    Ok(Some(request)) => self.handle(request, &mut feed).await,
                     Ok(None) => {
                         // Half-closed: no more requests, but outcomes still flow.
                         reading = false;
@@ -236,7 +238,11 @@ impl AgentConnection {
         self.out.send(Ok(response)).await.map_err(|_| StreamOver)
     }
 
-    async fn handle(&mut self, request: pb::AgentRequest) -> Result<(), StreamOver> {
+    async fn handle(
+        &mut self,
+        request: pb::AgentRequest,
+        feed: &mut Feed,
+    ) -> Result<(), StreamOver> {
         let id = request.request_id;
         // Every answer echoes the id: a huge one would make the answer outgrow the reply limit.
         if id.len() > MAX_REQUEST_ID_BYTES {
@@ -253,9 +259,13 @@ impl AgentConnection {
                 .await;
         }
         let result = match request.request {
-            Some(pb::agent_request::Request::Submit(spec)) => self.submit(&id, spec).await,
-            Some(pb::agent_request::Request::Cancel(target)) => self.cancel(&id, target).await,
-            Some(pb::agent_request::Request::Resume(resume)) => self.resume(&id, resume).await,
+            Some(pb::agent_request::Request::Submit(spec)) => self.submit(&id, spec, feed).await,
+            Some(pb::agent_request::Request::Cancel(target)) => {
+                self.cancel(&id, target, feed).await
+            }
+            Some(pb::agent_request::Request::Resume(resume)) => {
+                self.resume(&id, resume, feed).await
+            }
             None => Err(crate::Error::invalid(
                 "request",
                 "one of submit, cancel or resume is required",
@@ -268,11 +278,16 @@ impl AgentConnection {
     }
 
     /// `Err` refuses the request as a whole; `Ok(Err(StreamOver))` means the client went away.
-    async fn submit(&mut self, id: &str, spec: pb::BatchSpec) -> Result<Result<(), StreamOver>> {
+    async fn submit(
+        &mut self,
+        id: &str,
+        spec: pb::BatchSpec,
+        feed: &mut Feed,
+    ) -> Result<Result<(), StreamOver>> {
         let mut parsed = parse::batch("submit", Some(spec), self.broker.limits().max_input_bytes)?;
         parsed.batch.agent = self.agent.clone();
         let session = parsed.batch.session.clone();
-        self.follow(&session).await?;
+        self.follow(&session, feed).await?;
         let report = self.broker.submit(parsed.batch).await?;
         let response = render::submit_response(
             &report,
@@ -290,9 +305,12 @@ impl AgentConnection {
 
     /// Starts following `session` if the stream does not yet. Its outcomes committed so far are
     /// not pushed (a resume or a resubmit sends them explicitly); everything after is.
-    async fn follow(&mut self, session: &SessionId) -> Result<()> {
+    async fn follow(&mut self, session: &SessionId, feed: &mut Feed) -> Result<()> {
         if !self.watched.contains_key(session) {
             self.check_room_to_follow()?;
+            // The feed follows it before the watermark is read, so every event after the
+            // watermark reaches the stream.
+            feed.follow(session);
             let committed = self.broker.latest_seq().await?;
             self.watched.insert(session.clone(), committed);
         }
@@ -354,10 +372,11 @@ impl AgentConnection {
         &mut self,
         id: &str,
         target: pb::CancelTarget,
+        feed: &mut Feed,
     ) -> Result<Result<(), StreamOver>> {
         let mut target = parse::cancel(Some(target), "cancel")?;
         target.agent = self.agent.clone();
-        self.follow(&target.session).await?;
+        self.follow(&target.session, feed).await?;
         let report = self.broker.cancel(&target).await?;
         Ok(self
             .send(
@@ -374,22 +393,25 @@ impl AgentConnection {
         &mut self,
         id: &str,
         resume: pb::ResumeRequest,
+        feed: &mut Feed,
     ) -> Result<Result<(), StreamOver>> {
         let session = parse::session("resume.session_id", resume.session_id)?;
         let named = parse::call_ids("resume.call_ids", resume.call_ids, true)?;
         let wanted = (!named.is_empty()).then(|| named.into_iter().collect::<HashSet<_>>());
+        let followed = self.watched.get(&session).copied();
+        if followed.is_none() {
+            self.check_room_to_follow()?;
+        }
+        // Followed by the feed before `seq` is read: every event after `seq` reaches it.
+        feed.follow(&session);
         let seq = self.broker.latest_seq().await?;
         // A whole-session resume sends every outcome up to `seq`, so the feed takes over after
         // it. A resume of named calls sends only those: a session the stream already follows
         // keeps its watermark, so the feed still pushes the other calls' outcomes.
-        let followed = self.watched.get(&session).copied();
         let from = match (&wanted, followed) {
             (None, Some(old)) => old.max(seq),
             (Some(_), Some(old)) => old,
-            (_, None) => {
-                self.check_room_to_follow()?;
-                seq
-            }
+            (_, None) => seq,
         };
         self.watched.insert(session.clone(), from);
         let mut replay = Replay::new(wanted.as_ref(), seq, true);
@@ -430,7 +452,7 @@ impl AgentConnection {
                 .await?;
         }
         if event.batch_completed {
-            match self.broker.batch_calls(&event.call.batch_id).await {
+            match completed_batch(&self.broker, event).await {
                 Ok(calls) => {
                     if let Some(complete) = render::batch_complete(&calls) {
                         self.send("", Reply::BatchComplete(complete)).await?;
@@ -444,6 +466,16 @@ impl AgentConnection {
         }
         Ok(())
     }
+}
+
+/// The calls of the batch whose last outcome `event` is: the event's own call when the batch
+/// has no other (most batches: one per tool call), without reading the store; else the
+/// batch as the store holds it.
+async fn completed_batch<'a>(broker: &Broker, event: &'a Event) -> Result<Cow<'a, [Call]>> {
+    if event.call.batch_size == 1 {
+        return Ok(Cow::Borrowed(std::slice::from_ref(&event.call)));
+    }
+    Ok(Cow::Owned(broker.batch_calls(&event.call.batch_id).await?))
 }
 
 /// One `WatchOutcomes` stream.
@@ -508,7 +540,10 @@ impl OutcomeWatch {
         if named && waiting_for.is_empty() {
             return;
         }
-        let mut feed = self.broker.bus().feed_after(seq);
+        let mut feed = self
+            .broker
+            .bus()
+            .session_feed_after(&self.agent, &self.session, seq);
         loop {
             let delivery = tokio::select! {
                 delivery = feed.next() => delivery,
@@ -548,7 +583,7 @@ impl OutcomeWatch {
                 return;
             }
             if event.batch_completed {
-                match self.broker.batch_calls(&call.batch_id).await {
+                match completed_batch(&self.broker, &event).await {
                     Ok(calls) => {
                         if let Some(complete) = render::batch_complete(&calls)
                             && self.send(E::BatchComplete(complete)).await.is_err()

@@ -694,6 +694,62 @@ async fn outcomes_of_a_session_the_stream_does_not_follow_are_not_delivered_to_i
     assert_eq!(complete.session_id, "session-a");
 }
 
+/// Streams of one agent (with auth off every client is the same agent) each get the outcomes
+/// of the sessions they follow, and only those: a stream following two sessions gets both, in
+/// the order they were decided; one session's stream gets nothing of the other's. A one-call
+/// batch completes with exactly the outcome pushed before it, on `Connect` and `WatchOutcomes`.
+async fn streams_of_one_agent_each_get_the_outcomes_of_their_own_sessions_only(app: TestApp) {
+    let mut both = AgentStream::open(&app).await;
+    let mut other = AgentStream::open(&app).await;
+    for session in ["s1", "s2"] {
+        let call_id = format!("{session}-c");
+        both.submit(session, batch(session, vec![call(&call_id, "read", "{}")]))
+            .await;
+        both.next_submitted().await;
+    }
+    other
+        .submit("s3", batch("s3", vec![call("s3-c", "read", "{}")]))
+        .await;
+    other.next_submitted().await;
+    let mut watch_s1 = watch(&app, "s1", &[]).await;
+    assert!(matches!(
+        next_watched(&mut watch_s1).await,
+        Some(Watched::CaughtUp(_))
+    ));
+
+    for (session, call_id) in [("s3", "s3-c"), ("s2", "s2-c"), ("s1", "s1-c")] {
+        approve(&app, session, call_id).await;
+    }
+    for expected in ["s2-c", "s1-c"] {
+        let outcome = next_pushed_outcome(&mut both).await;
+        assert_eq!(
+            outcome.call_id, expected,
+            "s3's outcome never reaches this stream"
+        );
+        let complete = both.next_batch_complete().await;
+        assert_eq!(complete.outcomes, vec![outcome]);
+    }
+    let outcome = next_pushed_outcome(&mut other).await;
+    assert_eq!(outcome.call_id, "s3-c");
+    assert_eq!(other.next_batch_complete().await.outcomes, vec![outcome]);
+
+    let watched = next_watched_outcome(&mut watch_s1).await;
+    assert_eq!(
+        watched.call_id, "s1-c",
+        "the watch of s1 gets s1's outcome only"
+    );
+    let complete = next_watched_batch_complete(&mut watch_s1).await;
+    assert_eq!(complete.outcomes, vec![watched]);
+
+    // Nothing else was queued for either stream: the next messages are these new outcomes.
+    submit(&app, batch("s1", vec![call("s1-d", "read", "{}")])).await;
+    submit(&app, batch("s3", vec![call("s3-d", "read", "{}")])).await;
+    approve(&app, "s1", "s1-d").await;
+    approve(&app, "s3", "s3-d").await;
+    assert_eq!(next_pushed_outcome(&mut both).await.call_id, "s1-d");
+    assert_eq!(next_pushed_outcome(&mut other).await.call_id, "s3-d");
+}
+
 /// Every answer echoes the request id, so a huge one could make the answer outgrow the reply
 /// limit: it is refused, naming the field, and the stream goes on.
 async fn a_request_id_too_long_to_echo_is_refused_and_the_stream_goes_on(app: TestApp) {
@@ -738,4 +794,5 @@ backend_tests! {
     watch_outcomes_with_named_call_ids_ends_once_every_named_call_is_decided,
     watch_outcomes_with_named_calls_all_decided_ends_after_caught_up,
     outcomes_of_a_session_the_stream_does_not_follow_are_not_delivered_to_it,
+    streams_of_one_agent_each_get_the_outcomes_of_their_own_sessions_only,
 }
