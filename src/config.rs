@@ -163,6 +163,14 @@ pub struct StoreSettings {
     #[arg(long, env = "APPROVALS_DATABASE_MAX_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..), global = true)]
     pub database_max_connections: u32,
 
+    /// Postgres only: each replica runs the submits, decisions and cancels queued meanwhile in
+    /// one transaction that numbers its own events. Off by default: on a machine whose Postgres
+    /// shares the broker's cores it measured slower than a transaction per write (one group at a
+    /// time per replica queues every write's round trips behind one connection;
+    /// docs/benchmarks.md).
+    #[arg(long, env = "APPROVALS_POSTGRES_GROUP_COMMIT", global = true)]
+    pub postgres_group_commit: bool,
+
     /// SQLite's `synchronous` setting: `full` (power-safe, the default) or `normal` (faster;
     /// survives a broker crash but NOT a power loss or OS crash).
     #[arg(
@@ -178,11 +186,15 @@ impl StoreSettings {
     /// The database `--database-url` names, with the options of its backend; an error naming
     /// `DATABASE_URL` when it names none the broker can keep state in.
     pub fn database(&self) -> crate::Result<Database> {
-        Database::parse(
+        let mut database = Database::parse(
             &self.database_url,
             self.sqlite_synchronous,
             self.database_max_connections,
-        )
+        )?;
+        if let Database::Postgres { group_commit, .. } = &mut database {
+            *group_commit = self.postgres_group_commit;
+        }
+        Ok(database)
     }
 }
 

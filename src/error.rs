@@ -102,6 +102,10 @@ impl Error {
     /// internal.
     pub fn not_committed(cause: &Error) -> Self {
         let cause_text = format!("the write was not committed: {cause}");
+        // Concurrent writes kept aborting it: nothing is wrong, the client should retry.
+        if matches!(cause, Error::Unavailable(_)) || cause.is_transaction_conflict() {
+            return Error::Unavailable(cause_text);
+        }
         match cause.storage_fault() {
             Some(fault) => Error::StorageFault {
                 fault,
@@ -122,6 +126,18 @@ impl Error {
             }
             Error::Storage(err) => sqlx_fault(err),
             _ => None,
+        }
+    }
+
+    /// Whether the database aborted the transaction to break a deadlock or a serialization
+    /// conflict (Postgres's SQLSTATE 40P01 or 40001): the transaction did nothing wrong, and the
+    /// same work run again in a new one may well succeed.
+    pub fn is_transaction_conflict(&self) -> bool {
+        match self {
+            Error::Storage(sqlx::Error::Database(db)) => db
+                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some_and(|pg| matches!(pg.code(), "40P01" | "40001")),
+            _ => false,
         }
     }
 

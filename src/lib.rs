@@ -30,7 +30,8 @@
 //!   calls, batches, outcomes, events, policy rules and grants, and the requests and reports the
 //!   operations take and return.
 //! - `store/`: storage behind small traits (`Calls`, `Deadlines`, `EventLog`, `Policies`), one
-//!   backend each: `sqlite/` (its one `writer` thread and `group_commit`) and `postgres`; the SQL
+//!   backend each: `sqlite/` (its one `writer` thread) and `postgres`, both group-committing
+//!   submits, decisions and cancels (`group_commit`); the SQL
 //!   both run is written once (`statements`), as is the keyset `listing`; `database` parses the
 //!   URL once; `health` watches whether writes work.
 //! - `receipts/`: signed receipts (DSSE over in-toto, Ed25519): the signing key, the offline

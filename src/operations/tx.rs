@@ -150,6 +150,10 @@ pub trait WriteTx: Send {
     fn statements_written(&self) -> Option<u64> {
         None
     }
+    /// Called before each write of a group that shares this transaction: what the transaction
+    /// remembers for one write only (the policy version it read) is forgotten. Nothing by
+    /// default.
+    fn next_write(&mut self) {}
     /// Commits the transaction: only then may its changes be acknowledged.
     async fn commit(self) -> Result<()>;
 }

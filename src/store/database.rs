@@ -22,6 +22,9 @@ pub enum Database {
         url: String,
         /// The size of this replica's connection pool.
         max_connections: u32,
+        /// Whether submits, decisions and cancels share group transactions
+        /// (`--postgres-group-commit`; off unless asked for, see docs/benchmarks.md).
+        group_commit: bool,
     },
 }
 
@@ -35,6 +38,7 @@ impl Database {
             return Ok(Database::Postgres {
                 url: url.to_owned(),
                 max_connections,
+                group_commit: false,
             });
         }
         let path = url
@@ -89,7 +93,8 @@ mod tests {
                 parse(url).unwrap(),
                 Database::Postgres {
                     url: url.into(),
-                    max_connections: 7
+                    max_connections: 7,
+                    group_commit: false,
                 }
             );
         }

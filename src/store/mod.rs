@@ -7,13 +7,14 @@
 //! and adds only what it does differently.
 
 mod database;
+mod group_commit;
 pub mod health;
 mod listing;
 mod policy_cache;
 mod postgres;
 mod primitives;
 mod reads;
-mod receipt_rows;
+pub mod receipt_rows;
 mod retention;
 mod rows;
 mod sqlite;
@@ -355,6 +356,9 @@ pub async fn open(
         Database::Postgres {
             url,
             max_connections,
-        } => std::sync::Arc::new(PostgresStore::open(url, *max_connections, texts, notary).await?),
+            group_commit,
+        } => std::sync::Arc::new(
+            PostgresStore::open(url, *max_connections, *group_commit, texts, notary).await?,
+        ),
     })
 }

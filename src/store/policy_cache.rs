@@ -3,10 +3,10 @@
 //!
 //! What keeps the copy honest is the policy version: a counter in the database (`policy_version`,
 //! migrations sqlite 0013 and postgres 0010) that triggers move in every transaction that changes
-//! rules or grants, whoever makes it, on any replica. A transaction reads the version once, at its
-//! first policy read (every operation reads policy after taking its policy locks), and uses a copy
-//! only if it was read at that same version; otherwise it reads the tables and keeps what it read
-//! under the version. So a change committed anywhere applies to the next submit everywhere, at
+//! rules or grants, whoever makes it, on any replica. A transaction (each write of a group that
+//! shares one) reads the version once, at its first policy read (every operation reads policy
+//! after taking its policy locks), and uses a copy only if it was read at that same version;
+//! otherwise it reads the tables and keeps what it read under the version. So a change committed anywhere applies to the next submit everywhere, at
 //! the price of one one-row read per transaction (SQLite: in process, on the writer's connection).
 //!
 //! Two things the version cannot say are handled here: a transaction that changes rules or grants
@@ -184,6 +184,15 @@ impl PolicyView {
         }
     }
 
+    /// Starts the next write of a group sharing this transaction: it reads the version again
+    /// (a version it read for an earlier write may be old by now), unless the transaction
+    /// changed rules or grants itself, which it still must not take from the copy.
+    pub fn next_write(&mut self) {
+        if let Seen::Version(_) = self.seen {
+            self.seen = Seen::Unread;
+        }
+    }
+
     /// Records that this transaction is changing rules or grants.
     pub fn changed(&mut self) {
         self.seen = Seen::Changed;
@@ -217,5 +226,29 @@ mod tests {
             "an older read does not replace a newer version"
         );
         assert!(cache.rules(2).is_none(), "nor is an older version served");
+    }
+
+    /// A group's later write reads the version again (another replica may have changed policy
+    /// since the group's first write read it), but a transaction that changed policy itself
+    /// never goes back to the copy.
+    #[test]
+    fn each_write_of_a_group_reads_the_version_again_unless_the_group_changed_policy() {
+        let cache = Arc::new(PolicyCache::default());
+        let mut view = PolicyView::new(&cache);
+        view.read(4);
+        assert!(matches!(view.usable(), Some((_, Some(4)))));
+        view.next_write();
+        assert!(
+            matches!(view.usable(), Some((_, None))),
+            "the next write reads the version again"
+        );
+        view.read(5);
+        assert!(matches!(view.usable(), Some((_, Some(5)))));
+        view.changed();
+        view.next_write();
+        assert!(
+            view.usable().is_none(),
+            "a changed transaction keeps off the copy"
+        );
     }
 }

@@ -13,9 +13,15 @@
 //! other replicas treat as a hint to read (a lost notification only delays an event: each replica
 //! also polls).
 //!
-//! Numbering inside each write transaction instead (under the same lock, held through the
-//! commit) was measured and rejected: it queues every commit of every replica behind one lock;
-//! with 8 agents it ran 378 against 454 cycles/s, and doubled submit→ack (docs/benchmarks.md).
+//! Submits, decisions and cancels are group-committed (`group_commit`, as on SQLite): one task per
+//! replica runs the writes queued meanwhile in one transaction, and that transaction numbers
+//! its events itself, last, under the sequencer's lock held through its commit, so it needs no
+//! sequencing transaction after it. Numbers are still taken in commit order: the lock is held
+//! until the numbers are visible, and the next holder numbers after them. Numbering inside every
+//! write's own transaction was measured and rejected (every commit of every replica queued
+//! behind one lock: 378 against 454 cycles/s at 8 agents, docs/benchmarks.md); once per group
+//! the lock is taken once for many writes. The other writes (expiry, escalation, policy
+//! changes) keep their own transactions and the sequencer after them.
 
 mod lifecycle;
 mod webhooks;
@@ -31,6 +37,7 @@ use sqlx::query::Query;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use super::group_commit::{GroupCommit, Job};
 use super::policy_cache::{PolicyCache, PolicyView};
 use super::primitives::{Decode, Param, Resolution, Run, SqlTx};
 use super::reads::{BackendReads, Reads};
@@ -69,6 +76,49 @@ pub struct PostgresStore {
     policy: Arc<PolicyCache>,
     /// What every outcome's receipt is signed with; `None` when receipts are off.
     notary: Option<Arc<Notary>>,
+    /// Submits, decisions and cancels, group-committed by this replica's writer task, under
+    /// `--postgres-group-commit`; `None`: each in a transaction of its own.
+    group: Option<GroupCommit<Job>>,
+}
+
+/// Where a group's transactions come from: the pool, with the replica's policy copy and receipt
+/// key, each transaction numbering its own events before it commits.
+struct GroupWriter {
+    pool: PgPool,
+    policy: Arc<PolicyCache>,
+    notary: Option<Arc<Notary>>,
+    numbering: Arc<str>,
+}
+
+#[async_trait]
+impl Transactions for GroupWriter {
+    type Tx = PgTx;
+
+    async fn begin_write(&self) -> Result<PgTx> {
+        let mut tx = PgTx::new(self.pool.begin().await?, &self.policy, self.notary.clone());
+        tx.numbering = Some(Arc::clone(&self.numbering));
+        Ok(tx)
+    }
+}
+
+/// The statements a group's transaction runs last, before its commit: take the sequencer's lock
+/// (held through the commit), then, in a statement of its own so its snapshot sees the previous
+/// holder's commit, number every event without a number (the group's own, and any committed
+/// without one, which committed before this group will) after the last number, and notify the
+/// other replicas at commit. Sent as one simple query: one round trip.
+fn numbering_statements(channel: &str, replica: &str) -> String {
+    let quote = |text: &str| format!("'{}'", text.replace('\'', "''"));
+    format!(
+        "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':sequencer')); \
+         WITH base AS (SELECT COALESCE(MAX(seq), 0) AS last FROM events), \
+         next AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM events \
+                  WHERE seq IS NULL), \
+         numbered AS (UPDATE events e SET seq = base.last + next.n FROM base, next \
+                      WHERE e.id = next.id RETURNING 1) \
+         SELECT pg_notify({}, {}) WHERE EXISTS (SELECT 1 FROM numbered)",
+        quote(channel),
+        quote(replica),
+    )
 }
 
 /// The reads both backends answer alike are the shared ones (see `store::Backend`).
@@ -92,6 +142,7 @@ impl PostgresStore {
     pub async fn open(
         url: &str,
         max_connections: u32,
+        group_commit: bool,
         texts: ToolResultTexts,
         notary: Option<Arc<Notary>>,
     ) -> Result<Self> {
@@ -113,6 +164,18 @@ impl PostgresStore {
             replica.clone(),
             Arc::clone(&remote_commits),
         ));
+        let policy: Arc<PolicyCache> = Arc::default();
+        let group = group_commit.then(|| {
+            GroupCommit::spawn(
+                GroupWriter {
+                    pool: pool.clone(),
+                    policy: Arc::clone(&policy),
+                    notary: notary.clone(),
+                    numbering: numbering_statements(&channel, &replica).into(),
+                },
+                texts.clone(),
+            )
+        });
         Ok(Self {
             reads: BackendReads::Postgres(Reads::new(pool.clone())),
             pool,
@@ -121,18 +184,19 @@ impl PostgresStore {
             texts,
             remote_commits,
             listener,
-            policy: Arc::default(),
+            policy,
             notary,
+            group,
         })
     }
 
     /// A transaction on the pool, with this replica's policy copy and receipt key.
     async fn begin(&self) -> Result<PgTx> {
-        Ok(PgTx {
-            tx: self.pool.begin().await?,
-            policy: PolicyView::new(&self.policy),
-            notary: self.notary.clone(),
-        })
+        Ok(PgTx::new(
+            self.pool.begin().await?,
+            &self.policy,
+            self.notary.clone(),
+        ))
     }
 
     /// Runs the sequencer for a reader other than the event pump, and wakes the pump if it
@@ -200,15 +264,24 @@ impl Transactions for PostgresStore {
 #[async_trait]
 impl Calls for PostgresStore {
     async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
-        submit::submit(self.begin_write().await?, &batch, &self.texts).await
+        match &self.group {
+            Some(group) => group.submit(batch).await,
+            None => submit::submit(self.begin_write().await?, &batch, &self.texts).await,
+        }
     }
 
     async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
-        decide::decide(self.begin_write().await?, key, decision, &self.texts).await
+        match &self.group {
+            Some(group) => group.decide(key, decision).await,
+            None => decide::decide(self.begin_write().await?, key, decision, &self.texts).await,
+        }
     }
 
     async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
-        cancel::cancel(self.begin_write().await?, target, &self.texts).await
+        match &self.group {
+            Some(group) => group.cancel(target).await,
+            None => cancel::cancel(self.begin_write().await?, target, &self.texts).await,
+        }
     }
 
     async fn probe(&self) -> Result<()> {
@@ -246,6 +319,19 @@ impl EventLog for PostgresStore {
     }
 
     async fn sequence_events(&self) -> Result<u64> {
+        // Groups number their own events: most often nothing is left to number, which one read
+        // (of a partial index) tells without a transaction or the lock. Its snapshot is taken
+        // now, so an event committed before this call and still unnumbered is seen. Without
+        // groups every write leaves events to number, and the read would only add a round trip.
+        if self.group.is_some() {
+            let unnumbered: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM events WHERE seq IS NULL)")
+                    .fetch_one(&self.pool)
+                    .await?;
+            if !unnumbered {
+                return Ok(0);
+            }
+        }
         let mut total = 0;
         // A chunk per transaction, until a chunk is not full: every event committed before
         // this call is numbered when it returns (this replica ignores its own notification,
@@ -328,6 +414,47 @@ pub struct PgTx {
     tx: sqlx::Transaction<'static, Postgres>,
     policy: PolicyView,
     notary: Option<Arc<Notary>>,
+    /// How many writing statements ran; `None` once any statement failed, after which Postgres
+    /// refuses every further statement of the transaction (so a group must start over).
+    written: Option<u64>,
+    /// A group's transaction: what it runs to number its events before it commits.
+    numbering: Option<Arc<str>>,
+}
+
+impl PgTx {
+    fn new(
+        tx: sqlx::Transaction<'static, Postgres>,
+        policy: &Arc<PolicyCache>,
+        notary: Option<Arc<Notary>>,
+    ) -> Self {
+        Self {
+            tx,
+            policy: PolicyView::new(policy),
+            notary,
+            written: Some(0),
+            numbering: None,
+        }
+    }
+
+    /// `result` of a statement, counted: a write, or a failure (the transaction is aborted).
+    fn counted<T>(
+        &mut self,
+        writes: bool,
+        result: std::result::Result<T, sqlx::Error>,
+    ) -> Result<T> {
+        match result {
+            Ok(value) => {
+                if writes && let Some(written) = &mut self.written {
+                    *written += 1;
+                }
+                Ok(value)
+            }
+            Err(err) => {
+                self.written = None;
+                Err(err.into())
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -338,12 +465,14 @@ impl SqlTx for PgTx {
     const CHAIN_HEAD: &'static str = receipt_rows::CHAIN_HEAD_LOCKED;
 
     async fn rows<T: Send + 'static>(&mut self, run: Run<'_>, decode: Decode<T>) -> Result<Vec<T>> {
-        let rows = bound(run).fetch_all(&mut *self.tx).await?;
+        let rows = bound(run).fetch_all(&mut *self.tx).await;
+        let rows = self.counted(run.writes, rows)?;
         rows.iter().map(|row| decode(row)).collect()
     }
 
     async fn execute(&mut self, run: Run<'_>) -> Result<u64> {
-        Ok(bound(run).execute(&mut *self.tx).await?.rows_affected())
+        let done = bound(run).execute(&mut *self.tx).await;
+        Ok(self.counted(run.writes, done)?.rows_affected())
     }
 
     async fn resolve_call(&mut self, resolution: Resolution<'_>) -> Result<Option<(String, i64)>> {
@@ -356,14 +485,15 @@ impl SqlTx for PgTx {
     }
 
     async fn lock_session(&mut self, agent: &AgentId, session: &SessionId) -> Result<()> {
-        sqlx::query(
+        let locked = sqlx::query(
             "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':session'), \
              hashtext($1 || chr(31) || $2))",
         )
         .bind(agent.as_str())
         .bind(session.as_str())
         .execute(&mut *self.tx)
-        .await?;
+        .await;
+        self.counted(false, locked)?;
         Ok(())
     }
 
@@ -372,12 +502,13 @@ impl SqlTx for PgTx {
             return Ok(());
         }
         // The sort below the lock makes rows lock in batch id order.
-        sqlx::query(
+        let locked = sqlx::query(
             "SELECT 1 FROM batches WHERE batch_id = ANY($1) ORDER BY batch_id FOR NO KEY UPDATE",
         )
         .bind(batches)
         .execute(&mut *self.tx)
-        .await?;
+        .await;
+        self.counted(false, locked)?;
         Ok(())
     }
 
@@ -405,14 +536,16 @@ impl SqlTx for PgTx {
                  FROM unnest($1::int4[]) AS k",
             )
         };
-        query.bind(&keys).execute(&mut *self.tx).await?;
+        let locked = query.bind(&keys).execute(&mut *self.tx).await;
+        self.counted(false, locked)?;
         Ok(())
     }
 
     async fn lock_rules(&mut self) -> Result<()> {
-        sqlx::query("LOCK TABLE rules IN EXCLUSIVE MODE")
+        let locked = sqlx::query("LOCK TABLE rules IN EXCLUSIVE MODE")
             .execute(&mut *self.tx)
-            .await?;
+            .await;
+        self.counted(false, locked)?;
         Ok(())
     }
 
@@ -424,7 +557,19 @@ impl SqlTx for PgTx {
         self.notary.clone()
     }
 
-    async fn commit(self) -> Result<()> {
+    fn statements_written(&self) -> Option<u64> {
+        self.written
+    }
+
+    /// A group's transaction numbers its events first, if it wrote any (see
+    /// [`numbering_statements`]); the lock it takes for that is released by the commit.
+    async fn commit(mut self) -> Result<()> {
+        if let Some(numbering) = &self.numbering
+            && self.written.is_some_and(|written| written > 0)
+        {
+            let numbering = sqlx::AssertSqlSafe(numbering.to_string());
+            sqlx::raw_sql(numbering).execute(&mut *self.tx).await?;
+        }
         Ok(self.tx.commit().await?)
     }
 }

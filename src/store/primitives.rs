@@ -462,6 +462,14 @@ impl<T: SqlTx> WriteTx for T {
         SqlTx::statements_written(self)
     }
 
+    /// A later write of a group reads the policy version again: on Postgres another replica may
+    /// have changed rules or grants since the group's first write read it.
+    fn next_write(&mut self) {
+        if let Some(view) = self.policy_view() {
+            view.next_write();
+        }
+    }
+
     async fn commit(self) -> Result<()> {
         SqlTx::commit(self).await
     }

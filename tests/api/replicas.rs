@@ -1010,7 +1010,7 @@ async fn numbering_wakes_the_other_replicas_but_not_its_own() {
     // Two stores and no broker: nothing else numbers events on this schema.
     let schema = fresh_schema(&url).await;
     let url = schema.url();
-    let open = || PostgresStore::open(&url, 2, ToolResultTexts::default(), None);
+    let open = || PostgresStore::open(&url, 2, false, ToolResultTexts::default(), None);
     let (one, two) = (
         open().await.expect("store one"),
         open().await.expect("store two"),

@@ -8,7 +8,6 @@
 //! `synchronous=FULL` by default: a commit is on disk before it is acknowledged, even across
 //! power loss.
 
-mod group_commit;
 mod lifecycle;
 mod webhooks;
 mod writer;
@@ -21,8 +20,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use self::group_commit::GroupCommit;
 use self::writer::WriteConnection;
+use super::group_commit::{GroupCommit, Queued};
 use super::reads::{BackendReads, Reads};
 use super::{Backend, Calls, CommittedEvents, Deadlines, EventLog, Policies};
 use crate::domain::policy::{
@@ -62,7 +61,7 @@ impl FromStr for Synchronous {
 pub struct SqliteStore {
     /// Every write: submits, decisions and cancels group-committed, the rest alone, all on the
     /// one writer thread.
-    group: GroupCommit<WriteConnection>,
+    group: GroupCommit<Queued<WriteConnection>>,
     /// Only to hand committed events over (every write goes through `group`).
     writer: WriteConnection,
     reads: BackendReads,

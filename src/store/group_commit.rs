@@ -1,22 +1,30 @@
-//! Group commit: the writes queued while a commit is on its way to disk share the next
-//! transaction, and so one fsync.
+//! Group commit, for both backends: the writes queued while a commit is on its way to disk share
+//! the next transaction, and so one commit.
 //!
-//! One thread owns the write path. It takes every write waiting in its queue (up to
+//! One writer owns the write path: SQLite's writer thread ([`GroupCommit::start`]), or one task
+//! per Postgres replica ([`GroupCommit::spawn`]). It takes every write waiting in its queue (up to
 //! [`MAX_GROUP`]), runs them in one transaction, commits, and only then answers each caller. A
-//! write that fails fails alone, and none of its changes are kept (see [`write_group`]); a commit
-//! that fails fails every write of the group, and none of them was acknowledged. Writes run in queue order, one after the other, exactly as if each
-//! had its own transaction: a later write of the group sees the earlier ones.
+//! write that fails fails alone, and none of its changes are kept (see [`write_group`]); a
+//! commit that fails fails every write of the group, and none of them was acknowledged. Writes
+//! run in queue order, one after the other, exactly as if each had its own transaction: a later
+//! write of the group sees the earlier ones.
 //!
 //! No write waits for company: the first write of an idle broker is committed at once, and a
 //! group forms only from the writes that arrived while the previous commit was in flight. Under
-//! load that turns one fsync per write into one per group, which is what lets a single SQLite
-//! file serve many agents.
+//! load that turns one commit per write into one per group, which is what lets a single SQLite
+//! file serve many agents, and what saves Postgres a transaction per write.
 //!
-//! The writer is a thread of its own, not a task: its backend runs statements synchronously
+//! SQLite's writer is a thread of its own, not a task: its backend runs statements synchronously
 //! (SQLite in-process), so a group runs start to commit without yielding, and the runtime's
 //! workers never wait on a disk. Work that needs a transaction of its own (expiry, rule and grant
 //! changes, Explain) is queued to the same thread with [`GroupCommit::alone`], so there is one
-//! write connection and writes never contend for SQLite's lock.
+//! write connection and writes never contend for SQLite's lock. Postgres's writer is a task (its
+//! statements are network round trips), and the rest of its writes keep their own transactions.
+//!
+//! Where writers run concurrently (Postgres replicas), a group takes the locks of its writes in
+//! queue order, not in the one order of `operations::tx`, so two groups can deadlock; the
+//! database aborts one, and that group is run again, whole, up to [`CONFLICT_ATTEMPTS`] times
+//! (see [`Error::is_transaction_conflict`]). Nothing of an attempt that rolled back is answered.
 
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -38,21 +46,32 @@ use crate::operations::{PolicyTx, Transactions, WriteTx, cancel, decide, submit}
 /// The most writes one transaction takes. Bounds how long the first of them waits for the last.
 pub const MAX_GROUP: usize = 256;
 
+/// How many times a group is run when the database keeps aborting it for a deadlock or a
+/// serialization failure; after that its writes fail (none was acknowledged).
+pub const CONFLICT_ATTEMPTS: usize = 5;
+
 /// How many writes may wait for the writer before callers wait to enqueue (backpressure).
 const QUEUE: usize = 4 * MAX_GROUP;
 
-/// The handle callers write through. Cheap to share; the writer thread ends when the last
-/// handle is dropped, after finishing what was queued.
-pub struct GroupCommit<W> {
-    queue: mpsc::Sender<Queued<W>>,
+/// The handle callers write through: `M` is what the writer takes from its queue ([`Queued`] on
+/// SQLite's thread, a bare [`Job`] on Postgres's task). Cheap to share; the writer ends when the
+/// last handle is dropped, after finishing what was queued.
+pub struct GroupCommit<M> {
+    queue: mpsc::Sender<M>,
 }
 
-/// What the writer thread takes from its queue.
-enum Queued<W> {
+/// What SQLite's writer thread takes from its queue.
+pub enum Queued<W> {
     /// A write that joins the current group.
     Write(Job),
     /// Work that runs its own transactions (given the writer), between groups.
     Alone(Work<W>),
+}
+
+impl<W> From<Job> for Queued<W> {
+    fn from(job: Job) -> Self {
+        Queued::Write(job)
+    }
 }
 
 /// Work given the writer; it answers its caller itself.
@@ -60,7 +79,7 @@ type Work<W> = Box<dyn FnOnce(W) -> Pin<Box<dyn Future<Output = ()>>> + Send>;
 
 /// One queued write: its request, its result once it ran, and where to send that result once
 /// the group committed.
-enum Job {
+pub enum Job {
     /// Boxed, as a decision: a batch and a decision (with their reports) are several times
     /// larger than a cancel, and a queued write should not cost the largest one's size.
     Submit(Box<Slot<NewBatch, SubmitReport>>),
@@ -68,7 +87,7 @@ enum Job {
     Cancel(Slot<CancelTarget, CancelReport>),
 }
 
-struct Slot<Q, A> {
+pub struct Slot<Q, A> {
     request: Q,
     result: Option<Result<A>>,
     reply: oneshot::Sender<Result<A>>,
@@ -102,7 +121,7 @@ impl<Q, A> Slot<Q, A> {
     }
 }
 
-impl<W> GroupCommit<W>
+impl<W> GroupCommit<Queued<W>>
 where
     W: Transactions + Clone + Send + 'static,
 {
@@ -137,7 +156,28 @@ where
             .map_err(writer_gone)?;
         answer.await.map_err(writer_gone)?
     }
+}
 
+impl GroupCommit<Job> {
+    /// Starts the writer as a task on the current runtime, over `writer`.
+    pub fn spawn<W>(writer: W, texts: ToolResultTexts) -> Self
+    where
+        W: Transactions + Send + 'static,
+        W::Tx: 'static,
+    {
+        let (queue, mut jobs) = mpsc::channel::<Job>(QUEUE);
+        tokio::spawn(async move {
+            let mut group = Vec::with_capacity(MAX_GROUP);
+            while jobs.recv_many(&mut group, MAX_GROUP).await > 0 {
+                write_group(&writer, &texts, group.drain(..)).await;
+                writer.after_commit();
+            }
+        });
+        Self { queue }
+    }
+}
+
+impl<M: From<Job> + Send> GroupCommit<M> {
     pub async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
         let (slot, answer) = Slot::new(batch);
         self.enqueue(Job::Submit(Box::new(slot))).await?;
@@ -157,15 +197,12 @@ where
     }
 
     async fn enqueue(&self, job: Job) -> Result<()> {
-        self.queue
-            .send(Queued::Write(job))
-            .await
-            .map_err(writer_gone)
+        self.queue.send(job.into()).await.map_err(writer_gone)
     }
 }
 
 fn writer_gone<E>(_: E) -> Error {
-    Error::Internal("the store's writer thread has stopped".into())
+    Error::Internal("the store's writer has stopped".into())
 }
 
 /// Polls `future` to completion on this thread, parking it while the future waits (here: for
@@ -220,10 +257,14 @@ async fn write_groups<W: Transactions + Clone>(
 /// Runs `group` in one transaction and answers every caller. Returns whether it committed.
 ///
 /// A write that fails before it changed anything (the usual client mistake: an unknown call)
-/// simply fails. One that fails after changing something (a storage error half-way) leaves its
-/// changes in the transaction, so the transaction is dropped (rolled back) and the group starts
-/// over without it. No savepoints: they would cost two statements on every write to save work
-/// only on a path that almost never runs.
+/// simply fails. One that fails after changing something (a storage error half-way), or whose
+/// statement failed (which aborts a Postgres transaction), leaves the transaction unusable, so it
+/// is dropped (rolled back) and the group starts over without that write. No savepoints: they
+/// would cost two statements on every write to save work only on a path that almost never runs.
+///
+/// A deadlock or serialization failure (the database aborted the transaction to break a cycle
+/// of waits) is no write's fault: the whole group runs again, at most [`CONFLICT_ATTEMPTS`]
+/// times, each write from scratch.
 async fn write_group<W: Transactions>(
     writer: &W,
     texts: &ToolResultTexts,
@@ -231,30 +272,51 @@ async fn write_group<W: Transactions>(
 ) -> bool {
     let mut jobs: Vec<Job> = group.collect();
     let mut failed: Vec<Job> = Vec::new();
+    let mut conflicts = 0;
     let started = Instant::now();
     let committed = loop {
         let attempt = async {
             let mut tx = writer.begin_write().await?;
             for (i, job) in jobs.iter_mut().enumerate() {
                 let before = tx.statements_written();
+                tx.next_write();
                 if !job.run(&mut tx, texts).await {
+                    if job.conflicted() {
+                        return Ok(Attempt::Conflict);
+                    }
                     let wrote = match (before, tx.statements_written()) {
                         (Some(before), Some(after)) => after > before,
                         _ => true,
                     };
                     if wrote {
-                        return Ok(Some(i));
+                        return Ok(Attempt::Without(i));
                     }
                 }
             }
-            tx.commit().await.map(|()| None)
+            tx.commit().await.map(|()| Attempt::Committed)
         }
         .await;
         match attempt {
-            Ok(None) => break Ok(()),
-            Ok(Some(i)) => {
+            Ok(Attempt::Committed) => break Ok(()),
+            Ok(Attempt::Without(i)) => {
                 tracing::warn!("a write failed half-way; its group starts over without it");
                 failed.push(jobs.remove(i));
+            }
+            Ok(Attempt::Conflict) if conflicts + 1 < CONFLICT_ATTEMPTS => {
+                conflicts += 1;
+                tracing::info!(
+                    conflicts,
+                    "a group was aborted by a deadlock or conflict; retrying it"
+                );
+            }
+            Ok(Attempt::Conflict) => {
+                break Err(Error::Unavailable(
+                    "the write kept conflicting with concurrent writes; retry".into(),
+                ));
+            }
+            Err(e) if e.is_transaction_conflict() && conflicts + 1 < CONFLICT_ATTEMPTS => {
+                conflicts += 1;
+                tracing::info!(conflicts, error = %e, "a group's commit conflicted; retrying it");
             }
             Err(e) => break Err(e),
         }
@@ -273,6 +335,15 @@ async fn write_group<W: Transactions>(
         job.answer(Ok(()));
     }
     committed.is_ok()
+}
+
+/// How one run of a group ended.
+enum Attempt {
+    Committed,
+    /// The write at this index failed and left the transaction unusable.
+    Without(usize),
+    /// The database aborted the transaction to break a deadlock (or a serialization conflict).
+    Conflict,
 }
 
 impl Job {
@@ -294,6 +365,17 @@ impl Job {
                 slot.succeeded()
             }
         }
+    }
+
+    /// Whether the write failed because the database aborted its transaction for a deadlock or
+    /// a serialization conflict.
+    fn conflicted(&self) -> bool {
+        let result = match self {
+            Job::Submit(slot) => slot.result.as_ref().map(|r| r.as_ref().err()),
+            Job::Decide(slot) => slot.result.as_ref().map(|r| r.as_ref().err()),
+            Job::Cancel(slot) => slot.result.as_ref().map(|r| r.as_ref().err()),
+        };
+        result.flatten().is_some_and(Error::is_transaction_conflict)
     }
 
     fn answer(self, committed: std::result::Result<(), &Error>) {
