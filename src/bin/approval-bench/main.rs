@@ -484,11 +484,19 @@ async fn measure(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let concurrency = args.agents;
+    // The raw loop writes receipts exactly when the broker does (on by default).
+    let receipt = if receipts_off(&args.broker_arg) {
+        None
+    } else {
+        Some(storage::RawReceipt::like_the_brokers(&input)?)
+    };
     let raw = if storage_duration.is_zero() {
         None
     } else {
         match (setup.backend, &args.database_url) {
-            ("sqlite", _) => Some(storage::sqlite(&setup.dir.0, storage_duration, &input).await?),
+            ("sqlite", _) => {
+                Some(storage::sqlite(&setup.dir.0, storage_duration, &input, receipt).await?)
+            }
             (_, Some(base)) if base.starts_with("postgres") => {
                 let schema = Schema::create(base, "bench_raw").await?;
                 let connections = concurrency.min(32);
@@ -498,6 +506,7 @@ async fn measure(
                     connections,
                     storage_duration,
                     &input,
+                    receipt,
                 )
                 .await;
                 schema.drop_now().await;
@@ -925,4 +934,14 @@ async fn allow_the_bench_tool(channel: tonic::transport::Channel) -> Result<(), 
             _ => Err(format!("CreateRule: {status}")),
         })?;
     Ok(())
+}
+
+/// Whether the broker was told not to sign receipts (`--broker-arg=--receipts=off`).
+fn receipts_off(broker_args: &[String]) -> bool {
+    broker_args
+        .iter()
+        .zip(broker_args.iter().skip(1).map(Some).chain([None]))
+        .any(|(arg, next)| {
+            arg == "--receipts=off" || (arg == "--receipts" && next.is_some_and(|n| n == "off"))
+        })
 }

@@ -6,6 +6,12 @@
 //! outcome, its Resolved event, the batch marked complete). The reads the broker does inside
 //! those transactions (finding the call first, the policy) are not made: this is the write floor.
 //!
+//! With receipts on (the broker's default), the decide transaction also appends each outcome's
+//! receipt as the broker does: the chain's head read (on Postgres, locked), the receipt row with
+//! an envelope of the size the broker writes for the same call, and the head moved. Signing is
+//! CPU the broker spends, not storage, so the envelope here is sealed once and written for every
+//! call.
+//!
 //! Two figures each: one transaction per write (a submit, then its decide), and the same rows
 //! `GROUP` cycles to a transaction (the submits of `GROUP` calls, then their decides), the limit
 //! a broker that groups commits approaches.
@@ -19,7 +25,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use approval_broker::domain::{EventKind, OnDeny, OutcomeKind};
+use approval_broker::domain::receipt::{ChainLink, payload, sha256_hex};
+use approval_broker::domain::{
+    AgentId, BatchId, Call, CallId, CallKey, DecidedBy, EventKind, OnDeny, Outcome, OutcomeKind,
+    SessionId, Timestamp, ToolInput, ToolName,
+};
+use approval_broker::receipts::Notary;
+use approval_broker::store::receipt_rows;
 use approval_broker::store::statements as sql;
 use rusqlite::{Connection, params};
 use sqlx::postgres::{PgPool, PgPoolOptions};
@@ -27,6 +39,62 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 
 /// Cycles per transaction in the batched figure.
 const GROUP: u32 = 100;
+
+/// What the raw loop writes for each outcome's receipt, when the broker signs receipts: a DSSE
+/// envelope the size of the broker's for the bench's call (sealed once, with a throwaway key),
+/// and its payload's digest.
+#[derive(Debug, Clone)]
+pub struct RawReceipt {
+    envelope: String,
+    digest: String,
+}
+
+impl RawReceipt {
+    /// The receipt the broker would sign for the bench's call with `input`, approved as asked.
+    pub fn like_the_brokers(input: &str) -> Result<Self, String> {
+        let id = |e: approval_broker::Error| e.to_string();
+        let input = ToolInput::from_stored(input.to_owned());
+        let now = Timestamp::from_micros(now_micros());
+        let call = Call {
+            key: CallKey {
+                agent: AgentId::parse("agent", "default").map_err(id)?,
+                session: SessionId::parse("session_id", "g1-t0-0").map_err(id)?,
+                call_id: CallId::parse("call_id", "g1-t0-0-0").map_err(id)?,
+            },
+            batch_id: BatchId::parse("batch_id", "g1-t0-0-0").map_err(id)?,
+            position: 0,
+            batch_size: 1,
+            tool: ToolName::parse("tool", "edit_file").map_err(id)?,
+            input: input.clone(),
+            title: "Edit a file".into(),
+            message: String::new(),
+            workspace: "bench".into(),
+            supersede_key: None,
+            deadline: None,
+            created_at: now,
+            escalation: None,
+            requested_by: String::new(),
+            approval: None,
+            outcome: Some(Outcome {
+                kind: OutcomeKind::Approved,
+                decided_at: now,
+                decided_by: DecidedBy::Approver("bench".into()),
+                reason: String::new(),
+                tool_result: String::new(),
+                run_input: Some(input),
+                input_edited: false,
+                seq: None,
+            }),
+        };
+        let link = ChainLink::after(Some((1, sha256_hex(b"the previous receipt"))));
+        let payload = payload(&call, &link).ok_or("the bench's call has no outcome")?;
+        let notary = Notary::from_seed(&[7; 32]).map_err(id)?;
+        Ok(Self {
+            envelope: notary.seal(&payload),
+            digest: sha256_hex(payload.as_bytes()),
+        })
+    }
+}
 
 /// Cycles per second, one transaction per write and `group` cycles per transaction.
 #[derive(Debug, Clone, Copy)]
@@ -45,7 +113,12 @@ pub struct StorageRates {
 /// broker writer's settings (WAL, `synchronous=FULL`, foreign keys on, statement journals in
 /// memory, the writer checkpointing only past 4,096 pages while a thread of its own copies
 /// pages every 100 ms), so the raw loop pays for nothing the broker's writer does not.
-pub async fn sqlite(dir: &Path, run_for: Duration, input: &str) -> Result<StorageRates, String> {
+pub async fn sqlite(
+    dir: &Path,
+    run_for: Duration,
+    input: &str,
+    receipt: Option<RawReceipt>,
+) -> Result<StorageRates, String> {
     let path = dir.join("raw.db");
     let migrator = SqlitePoolOptions::new()
         .max_connections(1)
@@ -68,7 +141,7 @@ pub async fn sqlite(dir: &Path, run_for: Duration, input: &str) -> Result<Storag
     std::thread::Builder::new()
         .name("raw-sqlite-writer".into())
         .spawn(move || {
-            let _ = done.send(sqlite_rates(path, run_for, &input));
+            let _ = done.send(sqlite_rates(path, run_for, &input, receipt.as_ref()));
         })
         .map_err(|e| format!("raw SQLite thread: {e}"))?;
     rates
@@ -78,7 +151,12 @@ pub async fn sqlite(dir: &Path, run_for: Duration, input: &str) -> Result<Storag
 }
 
 /// Both SQLite figures, on the calling thread.
-fn sqlite_rates(path: PathBuf, run_for: Duration, input: &str) -> rusqlite::Result<StorageRates> {
+fn sqlite_rates(
+    path: PathBuf,
+    run_for: Duration,
+    input: &str,
+    receipt: Option<&RawReceipt>,
+) -> rusqlite::Result<StorageRates> {
     let mut conn = Connection::open(&path)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
@@ -102,7 +180,8 @@ fn sqlite_rates(path: PathBuf, run_for: Duration, input: &str) -> rusqlite::Resu
         let started = Instant::now();
         let mut cycles = 0u64;
         while started.elapsed() < run_for {
-            sqlite_cycles(&mut conn, &format!("g{group}-{cycles}"), group, input)?;
+            let prefix = format!("g{group}-{cycles}");
+            sqlite_cycles(&mut conn, &prefix, group, input, receipt)?;
             cycles += u64::from(group);
         }
         Ok(cycles as f64 / started.elapsed().as_secs_f64())
@@ -131,6 +210,7 @@ fn sqlite_cycles(
     prefix: &str,
     group: u32,
     input: &str,
+    receipt: Option<&RawReceipt>,
 ) -> rusqlite::Result<()> {
     let now = now_micros();
     let mut stored = Vec::with_capacity(group as usize);
@@ -190,6 +270,22 @@ fn sqlite_cycles(
             })?;
         tx.prepare_cached(sql::COMPLETE_BATCH_AT_SEQ)?
             .execute(params![seq, batch_id])?;
+        if let Some(receipt) = receipt {
+            let head: i64 = tx
+                .prepare_cached(receipt_rows::CHAIN_HEAD)?
+                .query_row([], |row| row.get(0))?;
+            tx.prepare_cached(receipt_rows::INSERT_RECEIPT)?
+                .execute(params![
+                    head + 1,
+                    "default",
+                    prefix,
+                    batch_id,
+                    receipt.digest,
+                    receipt.envelope
+                ])?;
+            tx.prepare_cached(receipt_rows::ADVANCE_CHAIN)?
+                .execute(params![head + 1, receipt.digest])?;
+        }
     }
     tx.commit()
 }
@@ -202,6 +298,7 @@ pub async fn postgres(
     connections: u32,
     run_for: Duration,
     input: &str,
+    receipt: Option<RawReceipt>,
 ) -> Result<StorageRates, String> {
     let pool = PgPoolOptions::new()
         .max_connections(connections)
@@ -212,8 +309,9 @@ pub async fn postgres(
         .run(&pool)
         .await
         .map_err(|e| format!("raw Postgres migrations: {e}"))?;
-    let per_write = postgres_rate(&pool, concurrency, 1, run_for, input).await?;
-    let batched = postgres_rate(&pool, connections, GROUP, run_for, input).await?;
+    let receipt = receipt.as_ref();
+    let per_write = postgres_rate(&pool, concurrency, 1, run_for, input, receipt).await?;
+    let batched = postgres_rate(&pool, connections, GROUP, run_for, input, receipt).await?;
     pool.close().await;
     Ok(StorageRates {
         per_write,
@@ -233,6 +331,7 @@ async fn postgres_rate(
     group: u32,
     run_for: Duration,
     input: &str,
+    receipt: Option<&RawReceipt>,
 ) -> Result<f64, String> {
     // Committed writes (a submit or a decide: half a cycle each), counted at each commit so a
     // short window with many tasks queued on few connections does not undercount.
@@ -241,14 +340,19 @@ async fn postgres_rate(
     let started = Instant::now();
     let mut running = Vec::new();
     for task in 0..tasks {
-        let (pool, writes, stop, input) =
-            (pool.clone(), writes.clone(), stop.clone(), input.to_owned());
+        let (pool, writes, stop, input, receipt) = (
+            pool.clone(),
+            writes.clone(),
+            stop.clone(),
+            input.to_owned(),
+            receipt.cloned(),
+        );
         running.push(tokio::spawn(async move {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let prefix = format!("g{group}-t{task}-{n}");
                 n += 1;
-                postgres_cycles(&pool, &prefix, group, &input, &writes).await?;
+                postgres_cycles(&pool, &prefix, group, &input, receipt.as_ref(), &writes).await?;
             }
             Ok::<(), sqlx::Error>(())
         }));
@@ -272,6 +376,7 @@ async fn postgres_cycles(
     prefix: &str,
     group: u32,
     input: &str,
+    receipt: Option<&RawReceipt>,
     writes: &AtomicU64,
 ) -> Result<(), sqlx::Error> {
     let now = now_micros();
@@ -327,6 +432,26 @@ async fn postgres_cycles(
             .bind(&batch_id)
             .execute(&mut *tx)
             .await?;
+        if let Some(receipt) = receipt {
+            // Locked, as the broker's replicas take turns at the chain.
+            let head: i64 = sqlx::query_scalar(receipt_rows::CHAIN_HEAD_LOCKED)
+                .fetch_one(&mut *tx)
+                .await?;
+            sqlx::query(receipt_rows::INSERT_RECEIPT)
+                .bind(head + 1)
+                .bind("default")
+                .bind(prefix)
+                .bind(&batch_id)
+                .bind(&receipt.digest)
+                .bind(&receipt.envelope)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(receipt_rows::ADVANCE_CHAIN)
+                .bind(head + 1)
+                .bind(&receipt.digest)
+                .execute(&mut *tx)
+                .await?;
+        }
     }
     tx.commit().await?;
     writes.fetch_add(u64::from(group), Ordering::Relaxed);
@@ -346,18 +471,19 @@ mod tests {
 
     /// The raw loop writes what the broker writes for an approved call, no more and no less:
     /// per call one batch, one Requested event (the call's `requested_seq`) and one Resolved
-    /// event marking the batch complete, and the call approved. Every cycle it began it
+    /// event marking the batch complete, the call approved, and its receipt on the chain. Every cycle it began it
     /// finished, in both figures.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_raw_sqlite_loop_makes_exactly_the_brokers_writes_per_cycle() {
         let dir = tempfile::tempdir().expect("dir");
-        let rates = sqlite(dir.path(), Duration::from_millis(300), "{}")
+        let receipt = RawReceipt::like_the_brokers("{}").expect("a receipt");
+        let rates = sqlite(dir.path(), Duration::from_millis(300), "{}", Some(receipt))
             .await
             .expect("a raw run");
         assert!(rates.per_write > 0.0 && rates.batched > 0.0, "{rates:?}");
         let url = format!("sqlite://{}", dir.path().join("raw.db").display());
         let mut conn = sqlx::SqliteConnection::connect(&url).await.expect("open");
-        let counts: (i64, i64, i64, i64, i64, i64, i64) =
+        let counts: (i64, i64, i64, i64, i64, i64, i64, i64, i64) =
             sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "SELECT (SELECT count(*) FROM calls), \
                     (SELECT count(*) FROM batches), \
@@ -368,7 +494,10 @@ mod tests {
                        AND e.call_rowid = c.id), \
                     (SELECT count(*) FROM events WHERE kind = {resolved}), \
                     (SELECT count(*) FROM events e JOIN calls c ON c.id = e.call_rowid \
-                       WHERE e.kind = {resolved} AND e.batch_completed)",
+                       WHERE e.kind = {resolved} AND e.batch_completed), \
+                    (SELECT count(*) FROM receipts r JOIN calls c ON c.session_id = r.session_id \
+                       AND c.call_id = r.call_id), \
+                    (SELECT seq FROM receipt_chain)",
                 approved = OutcomeKind::Approved.code(),
                 requested = EventKind::Requested.code(),
                 resolved = EventKind::Resolved.code(),
@@ -380,9 +509,11 @@ mod tests {
         assert!(calls > i64::from(GROUP), "both figures ran: {counts:?}");
         assert_eq!(
             counts,
-            (calls, calls, calls, calls, calls, calls, calls),
+            (
+                calls, calls, calls, calls, calls, calls, calls, calls, calls
+            ),
             "(calls, batches, approved, Requested events, linked to their call, \
-             Resolved events, completing their batch)"
+             Resolved events, completing their batch, a receipt each, the chain's length)"
         );
     }
 }
