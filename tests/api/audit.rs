@@ -32,7 +32,7 @@ async fn decided_by(app: &TestApp, filter: &str) -> Vec<String> {
 async fn every_outcome_records_who_decided_it_and_list_calls_filters_by_it(app: TestApp) {
     // deadline: a call that expires.
     let soon =
-        SystemTime::now().duration_since(UNIX_EPOCH).expect("clock") + Duration::from_millis(700);
+        SystemTime::now().duration_since(UNIX_EPOCH).expect("clock") + Duration::from_millis(1500);
     let expiring = pb::CallSpec {
         deadline: Some(prost_types::Timestamp {
             seconds: soon.as_secs() as i64,

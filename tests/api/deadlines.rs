@@ -85,11 +85,11 @@ async fn a_call_expires_within_a_second_of_its_deadline(app: TestApp) {
 async fn a_decision_before_the_deadline_stands_and_the_call_never_expires(app: TestApp) {
     submit(
         &app,
-        batch("s", vec![with_deadline("c1", Duration::from_millis(500))]),
+        batch("s", vec![with_deadline("c1", Duration::from_secs(2))]),
     )
     .await;
     approve(&app, "s", "c1").await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    tokio::time::sleep(Duration::from_millis(3200)).await;
     assert_eq!(
         status_of(&outcome_of(&app, "s", "c1").await),
         CallStatus::Approved
@@ -154,10 +154,10 @@ async fn calls_that_fell_due_while_the_broker_was_down_expire_at_start(mut app: 
 async fn a_decision_after_the_deadline_loses_to_it(app: TestApp) {
     submit(
         &app,
-        batch("s", vec![with_deadline("c1", Duration::from_millis(300))]),
+        batch("s", vec![with_deadline("c1", Duration::from_secs(1))]),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     // Whether or not the sweeper got there first, the deadline wins.
     let late = app
         .approver()
@@ -185,14 +185,15 @@ async fn retrying_a_submit_after_its_deadline_returns_the_stored_calls_and_their
         ..batch(
             "s",
             vec![
-                with_deadline("c1", Duration::from_millis(300)),
-                with_deadline("c2", Duration::from_millis(300)),
+                with_deadline("c1", Duration::from_secs(1)),
+                with_deadline("c2", Duration::from_secs(1)),
             ],
         )
     };
+    // A second is room for the submit and the approval on a loaded machine.
     submit(&app, spec.clone()).await;
     approve(&app, "s", "c2").await;
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    tokio::time::sleep(Duration::from_millis(1050)).await;
     // Past the deadline, whether or not the sweeper has expired `c1` yet: the stored calls.
     let early = submit(&app, spec.clone()).await;
     for ack in &early.acks {

@@ -100,6 +100,7 @@ async fn log_until(
 }
 
 /// The whole log as it stands: every event from the start, read until none comes for a while.
+/// The first may take a store read (seconds on a loaded machine); then half a second of quiet.
 async fn whole_log(channel: tonic::transport::Channel) -> Vec<pb::ApproverEvent> {
     let mut stream = pb::approver_service_client::ApproverServiceClient::new(channel)
         .subscribe(pb::SubscribeRequest {
@@ -110,9 +111,10 @@ async fn whole_log(channel: tonic::transport::Channel) -> Vec<pb::ApproverEvent>
         .expect("subscribe")
         .into_inner();
     let mut events = Vec::new();
-    while let Ok(message) = tokio::time::timeout(Duration::from_millis(500), stream.message()).await
-    {
+    let mut patience = Duration::from_secs(5);
+    while let Ok(message) = tokio::time::timeout(patience, stream.message()).await {
         events.push(message.expect("stream healthy").expect("stream open"));
+        patience = Duration::from_millis(500);
     }
     events
 }
@@ -197,7 +199,7 @@ async fn a_pending_call_is_reminded_then_escalated_then_expired_each_step_an_eve
         batch(
             "s",
             vec![pb::CallSpec {
-                deadline: Some(in_future(Duration::from_millis(2500))),
+                deadline: Some(in_future(Duration::from_secs(4))),
                 ..call("c1", "shell", r#"{"command":"make deploy"}"#)
             }],
         ),
@@ -271,7 +273,7 @@ async fn a_decided_call_fires_no_more_steps(app: TestApp) {
     use pb::EscalationStepKind as S;
     let ladder = vec![
         step(Duration::from_millis(300), S::Reminder, &[]),
-        step(Duration::from_millis(1500), S::Escalation, &[]),
+        step(Duration::from_secs(3), S::Escalation, &[]),
     ];
     create_rule(&app, ask_with("ask-edit", "edit", ladder)).await;
     submit(&app, batch("s", vec![call("c1", "edit", "{}")])).await;
@@ -281,7 +283,7 @@ async fn a_decided_call_fires_no_more_steps(app: TestApp) {
     .await;
     deny(&app, "s", "c1", "not now").await;
     // Past the escalation's due time: nothing more fires for the decided call.
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     let events = whole_log(app.channel.clone()).await;
     assert_eq!(fired(&events), vec![("c1".to_owned(), 0, S::Reminder)]);
     assert!(matches!(events.last().unwrap().event, Some(E::Resolved(_))));

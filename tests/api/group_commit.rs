@@ -137,7 +137,7 @@ async fn a_write_that_fails_mid_a_postgres_group_undoes_only_itself() {
 // run in the next group, in the order they were sent.
 
 /// How long between two writes sent to a held writer, so they queue in the order sent.
-const QUEUEING: Duration = Duration::from_millis(300);
+const QUEUEING: Duration = Duration::from_millis(800);
 
 /// A connection holding session `session`'s submit lock (agent `default`) until released.
 struct Held {

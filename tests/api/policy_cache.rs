@@ -105,8 +105,9 @@ async fn a_grant_read_while_live_does_not_apply_once_expired(app: TestApp) {
     assert_eq!(submitted(&app, "s", "seed", "shell").await, pending());
     let mut request = decide_request("s", "seed", pb::Decision::Approve, "");
     request.scope = pb::Scope::Session as i32;
+    // Long enough that the decide and the "live" submit land before it, on a loaded machine.
     request.grant_expires_in = Some(prost_types::Duration {
-        seconds: 1,
+        seconds: 3,
         nanos: 0,
     });
     let grant = app

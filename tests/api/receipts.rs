@@ -159,7 +159,7 @@ async fn decide_every_way(
     .await;
     submit(app, batch("g", vec![call("g2", "write", r#"{"n":2}"#)])).await;
     let due = pb::CallSpec {
-        deadline: Some(deadline_in(Duration::from_millis(300))),
+        deadline: Some(deadline_in(Duration::from_secs(1))),
         ..call("e1", "t", "{}")
     };
     submit(app, batch("e", vec![due])).await;

@@ -172,6 +172,18 @@ async fn metrics_count_one_approval_cycle_and_logs_name_its_ids(mut app: TestApp
             outcomes += 1;
         }
     }
+    // And the subscriber was sent the three outcomes (its lag is metered as they are sent).
+    let mut resolved = 0;
+    while resolved < 3 {
+        let event = subscription
+            .message()
+            .await
+            .expect("healthy")
+            .expect("open");
+        if matches!(event.event, Some(pb::approver_event::Event::Resolved(_))) {
+            resolved += 1;
+        }
+    }
 
     eventually(port, "nothing pending", |s| {
         value(s, "approvals_pending_calls", &[]) == Some(0.0)

@@ -23,8 +23,9 @@ pub fn assert_status(result: Result<impl std::fmt::Debug, tonic::Status>, code: 
 }
 
 /// Times a one-call submit of an unrelated session sent while `behind` is being judged, and
-/// asserts it was answered (pending) within a second: "not stalled", as opposed to the seconds
-/// a quadratic matcher on the writer took.
+/// asserts it was answered (pending) within three seconds: "not stalled", as opposed to the many
+/// seconds a quadratic matcher on the writer took (about 8 s for these inputs in release, more in
+/// debug). A second was too close to a loaded debug build's commit of the batch before it.
 pub async fn assert_an_unrelated_submit_is_not_stalled(app: &TestApp, behind: &str) {
     let started = std::time::Instant::now();
     let unrelated = submit(
@@ -35,7 +36,7 @@ pub async fn assert_an_unrelated_submit_is_not_stalled(app: &TestApp, behind: &s
     let waited = started.elapsed();
     assert_eq!(ack_status(&unrelated, 0), CallStatus::Pending);
     assert!(
-        waited < std::time::Duration::from_secs(1),
+        waited < std::time::Duration::from_secs(3),
         "an unrelated submit waited {waited:?} behind the adversarial {behind}"
     );
 }
