@@ -12,6 +12,7 @@ use crate::domain::Timestamp;
 use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookChange, WebhookId};
 use crate::error::Result;
 use crate::store::Webhooks;
+use crate::store::rows::NamedRow;
 use crate::store::webhook_rows::{
     DELETE_WEBHOOK, INSERT_WEBHOOK, RECORD_DELIVERED, RECORD_FAILURE, RELEASE_WEBHOOK,
     SELECT_FILE_WEBHOOK_IDS, SELECT_WEBHOOK, TAKE_WEBHOOK_LEASE, UPDATE_WEBHOOK,
@@ -43,7 +44,7 @@ fn insert(conn: &Connection, sql: &str, hook: &Webhook) -> Result<usize> {
 fn stored(conn: &Connection, id: &WebhookId) -> Result<Option<Webhook>> {
     conn.prepare_cached(SELECT_WEBHOOK)?
         .query_row(params![id.as_str()], |row| {
-            Ok(webhook_from_row(row).map_err(|e| e.to_string()))
+            Ok(webhook_from_row(&NamedRow::new(row)).map_err(|e| e.to_string()))
         })
         .optional()?
         .map(|decoded| decoded.map_err(crate::Error::Internal))

@@ -30,7 +30,7 @@ use crate::store::CommittedEvents;
 use crate::store::policy_cache::{PolicyCache, PolicyView};
 use crate::store::primitives::{Decode, Param, Resolution, Run, SqlTx};
 use crate::store::receipt_rows;
-use crate::store::rows::{Columns, event_from_row};
+use crate::store::rows::{Columns, NamedRow, event_from_row};
 use crate::store::statements as sql;
 
 /// Enough for every statement of the write path (about 30) and a few shapes of `IN` lists.
@@ -454,7 +454,7 @@ impl SqliteTx {
         writes: bool,
         sql: &str,
         params: impl Params,
-        mut decode: impl FnMut(&rusqlite::Row<'_>) -> Result<T>,
+        mut decode: impl FnMut(&NamedRow<'_, '_>) -> Result<T>,
     ) -> Result<Vec<T>> {
         if writes {
             self.writes += 1;
@@ -463,7 +463,7 @@ impl SqliteTx {
         let mut rows = statement.query(params)?;
         let mut decoded = Vec::new();
         while let Some(row) = rows.next()? {
-            decoded.push(decode(row)?);
+            decoded.push(decode(&NamedRow::new(row))?);
         }
         Ok(decoded)
     }
@@ -595,10 +595,8 @@ mod tests {
         let mut tx = writer.begin_write().await.unwrap();
         const PAGE: &str = "SELECT seq FROM events WHERE seq > $1 ORDER BY seq LIMIT $2";
         for limit in 1..=20_i64 {
-            tx.query_rows(false, PAGE, params![limit, limit], |row| {
-                Ok(row.get::<_, i64>(0)?)
-            })
-            .unwrap();
+            tx.query_rows(false, PAGE, params![limit, limit], |row| row.int("seq"))
+                .unwrap();
         }
         let replanned = tx
             .conn()
