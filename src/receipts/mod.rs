@@ -6,6 +6,7 @@
 //! - [`Notary`]: the signing key (loaded from `--receipt-key`, or generated next to a SQLite
 //!   database on first start) and what it signs with.
 //! - [`PublicKey`]: what a verifier needs, in the forms the broker prints and serves.
+//! - [`signer`]: a thread that signs beside SQLite's writer, so the writer only builds payloads.
 //! - [`verify`]: the offline checks of one receipt or an exported chain
 //!   (`approval-broker verify`), shared by the broker when it reports a receipt's status.
 //!
@@ -13,6 +14,7 @@
 
 pub mod command;
 mod key;
+pub mod signer;
 pub mod verify;
 
 use base64::Engine as _;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::policy_cache::{self, PolicyCache, PolicyView};
-use super::receipt_rows;
+use super::receipt_rows::{self, NewReceipt};
 use super::rows::{Columns, call_from_row, grant_from_row, rule_from_row, stored};
 use super::statements::{self as sql, GrantsNamed};
 use crate::domain::escalation::Escalation;
@@ -136,6 +136,17 @@ pub trait SqlTx: Send {
     /// The key every outcome's receipt is signed with; `None` when receipts are off.
     fn notary(&self) -> Option<Arc<Notary>> {
         None
+    }
+
+    /// Appends `receipt` to the receipts, its envelope sealed by `notary`, in this transaction.
+    /// SQLite's writer has it sealed on another thread and inserts it just before it commits
+    /// (see `receipts::signer`).
+    async fn insert_receipt(&mut self, notary: &Notary, receipt: NewReceipt) -> Result<()> {
+        let envelope = notary.seal(&receipt.payload);
+        let params = receipt.params(&envelope);
+        self.execute(Run::write(receipt_rows::INSERT_RECEIPT, &params))
+            .await?;
+        Ok(())
     }
 
     /// See [`WriteTx::commit`].
@@ -734,23 +745,19 @@ async fn append_receipt<T: SqlTx>(tx: &mut T, notary: &Notary, rowid: i64) -> Re
     let link = ChainLink::after(head);
     let payload = receipt::payload(&call, &link)
         .ok_or_else(|| Error::Internal(format!("call row {rowid} has no outcome to sign")))?;
-    let digest = sha256_hex(payload.as_bytes());
-    let envelope = notary.seal(&payload);
     let sequence = link.sequence as i64;
-    let params = [
-        Param::Int(sequence),
-        Param::Text(call.key.agent.as_str()),
-        Param::Text(call.key.session.as_str()),
-        Param::Text(call.key.call_id.as_str()),
-        Param::Text(&digest),
-        Param::Text(&envelope),
-    ];
-    tx.execute(Run::write(receipt_rows::INSERT_RECEIPT, &params))
-        .await?;
-    let params = [Param::Int(sequence), Param::Text(&digest)];
+    let receipt = NewReceipt {
+        sequence,
+        agent: call.key.agent.as_str().to_owned(),
+        session: call.key.session.as_str().to_owned(),
+        call_id: call.key.call_id.as_str().to_owned(),
+        digest: sha256_hex(payload.as_bytes()),
+        payload,
+    };
+    let params = [Param::Int(sequence), Param::Text(&receipt.digest)];
     tx.execute(Run::write(receipt_rows::ADVANCE_CHAIN, &params))
         .await?;
-    Ok(())
+    tx.insert_receipt(notary, receipt).await
 }
 
 /// Before a transaction changes rules or grants: from then on it reads the tables, which hold its

@@ -3,6 +3,7 @@
 //! one row (`receipt_chain`, id 1): reading it is how an outcome's transaction learns the link
 //! its receipt continues, and on Postgres locking it is how replicas take turns at the chain.
 
+use super::primitives::Param;
 use super::rows::Columns;
 use crate::error::Result;
 
@@ -22,6 +23,32 @@ pub const RECEIPT_OF_CALL: &str = "SELECT seq, envelope FROM receipts \
 /// At most `$2` receipts after sequence `$1`, in chain order.
 pub const RECEIPTS_AFTER: &str =
     "SELECT seq, envelope FROM receipts WHERE seq > $1 ORDER BY seq LIMIT $2";
+
+/// A receipt to append: its row but the envelope, and the payload the envelope signs.
+#[derive(Debug)]
+pub struct NewReceipt {
+    pub sequence: i64,
+    pub agent: String,
+    pub session: String,
+    pub call_id: String,
+    /// The payload's SHA-256 (hex), the link the next receipt names.
+    pub digest: String,
+    pub payload: String,
+}
+
+impl NewReceipt {
+    /// [`INSERT_RECEIPT`]'s parameters, with the envelope that seals the payload.
+    pub fn params<'a>(&'a self, envelope: &'a str) -> [Param<'a>; 6] {
+        [
+            Param::Int(self.sequence),
+            Param::Text(&self.agent),
+            Param::Text(&self.session),
+            Param::Text(&self.call_id),
+            Param::Text(&self.digest),
+            Param::Text(envelope),
+        ]
+    }
+}
 
 /// A stored receipt: its place in the chain and its DSSE envelope (JSON text).
 #[derive(Debug, Clone, PartialEq, Eq)]

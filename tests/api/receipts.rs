@@ -328,7 +328,50 @@ async fn with_receipts_off_outcomes_get_none_and_get_receipt_says_why(app: TestA
     assert!(export(&app).await.is_empty());
 }
 
+/// Decisions sent all at once commit in groups (SQLite's writer seals their receipts on another
+/// thread while the group runs, and inserts them just before it commits): every outcome still
+/// has its own receipt, verified, in one gapless chain.
+async fn outcomes_decided_all_at_once_each_get_a_receipt_in_one_chain(app: TestApp) {
+    let ids: Vec<String> = (0..64).map(|i| format!("c{i}")).collect();
+    for id in &ids {
+        submit(
+            &app,
+            batch(id, vec![call(id, "t", &format!(r#"{{"n":{}}}"#, id.len()))]),
+        )
+        .await;
+    }
+    let decisions: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let mut approver = app.approver();
+            let request = decide_request(id, id, pb::Decision::Approve, "");
+            tokio::spawn(async move { approver.decide(request).await })
+        })
+        .collect();
+    for decision in decisions {
+        decision.await.unwrap().expect("decide");
+    }
+    let chain = export(&app).await;
+    assert_eq!(chain.len(), ids.len());
+    verify::chain(envelopes(&chain), &the_key()).expect("one chain, in order");
+    for id in &ids {
+        let receipt = get_receipt(&app, id, id)
+            .await
+            .expect(id)
+            .receipt
+            .expect(id);
+        assert!(receipt.verified, "{id}");
+        assert_eq!(
+            verify::receipt(&receipt.envelope, &the_key())
+                .expect(id)
+                .subject,
+            format!("default/{id}/{id}")
+        );
+    }
+}
+
 backend_tests! {
+    outcomes_decided_all_at_once_each_get_a_receipt_in_one_chain => super::with_key,
     every_outcome_gets_a_signed_receipt_naming_what_was_shown_and_who_decided => super::with_key,
     the_exported_chain_holds_every_receipt_in_order_and_verifies => super::with_key,
     a_chain_with_receipts_swapped_removed_or_changed_fails_verification => super::with_key,

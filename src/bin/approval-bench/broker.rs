@@ -47,8 +47,8 @@ pub fn cpu_seconds(pid: &str) -> Option<f64> {
 
 /// User plus system CPU seconds of each live thread of a process, added up by what the thread
 /// does (its name, from `/proc/<pid>/task/*/stat`): `runtime` (tokio's workers), `writer` (the
-/// SQLite store's one writer), `readers` (sqlx's SQLite reader workers), `checkpoint`, `main`
-/// and `other`. Threads that already exited are in no kind: the process total minus these sums
+/// SQLite store's one writer), `signer` (its receipt signer), `readers` (sqlx's SQLite reader
+/// workers), `checkpoint`, `main` and `other`. Threads that already exited are in no kind: the process total minus these sums
 /// is what they used.
 pub fn cpu_by_thread(pid: &str) -> Option<BTreeMap<&'static str, f64>> {
     let mut kinds = BTreeMap::new();
@@ -83,6 +83,8 @@ fn thread_kind(name: &str) -> &'static str {
         "runtime"
     } else if name.starts_with("store-writer") {
         "writer"
+    } else if name.starts_with("receipt-signer") {
+        "signer"
     } else if name.starts_with("sqlx-sqlite") {
         "readers"
     } else if name.starts_with("sqlite-checkpoi") {
@@ -123,6 +125,7 @@ mod tests {
         assert_eq!(thread_kind("tokio-runtime-w"), "runtime");
         assert_eq!(thread_kind("tokio-rt-worker"), "runtime");
         assert_eq!(thread_kind("store-writer"), "writer");
+        assert_eq!(thread_kind("receipt-signer"), "signer");
         assert_eq!(thread_kind("sqlx-sqlite-wor"), "readers");
     }
 

@@ -26,10 +26,11 @@ use crate::domain::Event;
 use crate::error::{Error, Result, StorageFault};
 use crate::operations::Transactions;
 use crate::receipts::Notary;
+use crate::receipts::signer::{Sealing, Signer};
 use crate::store::CommittedEvents;
 use crate::store::policy_cache::{PolicyCache, PolicyView};
 use crate::store::primitives::{Decode, Param, Resolution, Run, SqlTx};
-use crate::store::receipt_rows;
+use crate::store::receipt_rows::{self, NewReceipt};
 use crate::store::rows::{Columns, NamedRow, event_from_row};
 use crate::store::statements as sql;
 
@@ -55,8 +56,9 @@ pub struct WriteConnection {
     files: Arc<DatabaseFiles>,
     /// The rules and grants, kept between transactions (see `policy_cache`).
     policy: Arc<PolicyCache>,
-    /// What every outcome's receipt is signed with; `None` when receipts are off.
-    notary: Option<Arc<Notary>>,
+    /// What every outcome's receipt is signed by (beside the writer); `None` when receipts are
+    /// off.
+    signer: Option<Arc<Signer>>,
 }
 
 /// The database's files as this process opened them (device and inode of the database, its WAL
@@ -189,6 +191,7 @@ impl WriteConnection {
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         let last: Option<i64> = conn.query_row(sql::LATEST_SEQ, [], |row| row.get(0))?;
         let files = Arc::new(DatabaseFiles::of(path)?);
+        let signer = notary.map(Signer::start).transpose()?.map(Arc::new);
         let writer = Self {
             home: Arc::new(Mutex::new(Some(conn))),
             commits: Arc::new(AtomicU64::new(0)),
@@ -200,7 +203,7 @@ impl WriteConnection {
             })),
             files: Arc::clone(&files),
             policy: Arc::default(),
-            notary,
+            signer,
         };
         let checkpointer = connect(path, synchronous)?;
         let (home, commits) = (Arc::downgrade(&writer.home), Arc::clone(&writer.commits));
@@ -296,7 +299,8 @@ impl WriteConnection {
             files: Arc::clone(&self.files),
             writes: 0,
             policy: PolicyView::new(&self.policy),
-            notary: self.notary.clone(),
+            signer: self.signer.clone(),
+            sealing: Vec::new(),
         };
         if !tx.conn().is_autocommit() {
             // The rollback that ended the last transaction failed: try again, or the BEGIN
@@ -419,7 +423,10 @@ pub struct SqliteTx {
     /// The process's rules and grants as this transaction may use them: a group of submits
     /// reads the policy version once.
     policy: PolicyView,
-    notary: Option<Arc<Notary>>,
+    signer: Option<Arc<Signer>>,
+    /// The receipts of this transaction, being sealed beside the writer: inserted just before
+    /// it commits.
+    sealing: Vec<(NewReceipt, Sealing)>,
 }
 
 impl Drop for SqliteTx {
@@ -471,8 +478,14 @@ impl SqliteTx {
     /// Commits, then checks that the commit went to the database's own files before anyone is
     /// told (a `stat` of each, next to the commit's fsync): a commit into a deleted file is
     /// lost, so it must not be acknowledged, nor its events published.
-    fn commit_now(self) -> Result<()> {
+    fn commit_now(mut self) -> Result<()> {
         // On failure the drop rolls back what is left of the transaction.
+        for (receipt, sealing) in std::mem::take(&mut self.sealing) {
+            let envelope = sealing.envelope();
+            self.conn()
+                .prepare_cached(receipt_rows::INSERT_RECEIPT)?
+                .execute(params_from_iter(receipt.params(&envelope)))?;
+        }
         self.conn().execute_batch("COMMIT")?;
         self.files.check()?;
         self.commits.fetch_add(1, Ordering::Relaxed);
@@ -520,7 +533,22 @@ impl SqlTx for SqliteTx {
     }
 
     fn notary(&self) -> Option<Arc<Notary>> {
-        self.notary.clone()
+        self.signer
+            .as_ref()
+            .map(|signer| Arc::clone(signer.notary()))
+    }
+
+    /// Sealed on the signer's thread while the group goes on; inserted by the commit.
+    async fn insert_receipt(&mut self, _: &Notary, mut receipt: NewReceipt) -> Result<()> {
+        let Some(signer) = &self.signer else {
+            return Err(Error::Internal(
+                "a receipt to sign with receipts off".into(),
+            ));
+        };
+        let sealing = signer.sign(std::mem::take(&mut receipt.payload));
+        self.writes += 1;
+        self.sealing.push((receipt, sealing));
+        Ok(())
     }
 
     /// `None` once SQLite rolled the transaction back by itself (after some errors: I/O, a full
