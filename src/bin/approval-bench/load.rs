@@ -424,6 +424,15 @@ pub async fn watcher(
 }
 
 /// Connects `count` channels to `address`, one connection each.
+/// `count` channels over `addresses` in turn (the first to the first replica, and so on).
+pub async fn channels_across(addresses: &[String], count: u32) -> Result<Vec<Channel>, String> {
+    let mut out = Vec::with_capacity(count as usize);
+    for address in addresses.iter().cycle().take(count as usize) {
+        out.push(connect(address).await?);
+    }
+    Ok(out)
+}
+
 pub async fn channels(address: &str, count: u32) -> Result<Vec<Channel>, String> {
     let mut out = Vec::with_capacity(count as usize);
     for _ in 0..count {

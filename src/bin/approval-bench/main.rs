@@ -110,6 +110,10 @@ struct Args {
     /// figures are then auto-approved calls/s and submit→outcome at the agent.
     #[arg(long, value_enum)]
     auto_approve: Option<load::AutoApprove>,
+    /// Postgres: run this many broker replicas on the one database, agents and watchers spread
+    /// over them in turn (replica-wide CPU figures are then not reported).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8), requires = "database_url", conflicts_with_all = ["scale", "webhooks"])]
+    replicas: u32,
     /// Measure with no webhook endpoint, then with this many (receivers inside the bench, every
     /// event to each, the last in Slack format), on the same broker, and print both rates.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=64), conflicts_with_all = ["scale", "target"])]
@@ -156,6 +160,8 @@ struct Setup {
     address: String,
     backend: &'static str,
     broker: Option<BrokerProcess>,
+    /// The other replicas (`--replicas`), on the same database.
+    replicas: Vec<BrokerProcess>,
     schema: Option<Schema>,
     dir: TempDir,
 }
@@ -192,11 +198,13 @@ async fn run(mut args: Args) -> Result<bool, String> {
     };
     let Setup {
         broker,
+        replicas,
         schema,
         dir,
         ..
     } = setup;
     drop(broker);
+    drop(replicas);
     if let Some(schema) = schema {
         schema.drop_now().await;
     }
@@ -236,6 +244,7 @@ async fn setup(args: &Args) -> Result<Setup, String> {
             address: target.clone(),
             backend: "target",
             broker: None,
+            replicas: Vec::new(),
             schema: None,
             dir,
         });
@@ -271,10 +280,21 @@ async fn setup(args: &Args) -> Result<Setup, String> {
         .args(&broker_args)
         .start()
         .await?;
+    let mut replicas = Vec::new();
+    for i in 1..args.replicas {
+        replicas.push(
+            Launch::new(broker::binary()?, &url)
+                .log(dir.0.join(format!("broker-{i}.log")))
+                .args(&broker_args)
+                .start()
+                .await?,
+        );
+    }
     Ok(Setup {
         address: broker.address(),
         backend,
         broker: Some(broker),
+        replicas,
         schema,
         dir,
     })
@@ -364,9 +384,11 @@ async fn measure(
     storage_duration: Duration,
     drain: Duration,
 ) -> Result<Measured, String> {
+    // One replica's CPU is not the broker's: with several, none is reported.
     let pid = setup
         .broker
         .as_ref()
+        .filter(|_| setup.replicas.is_empty())
         .and_then(|b| b.pid())
         .map(|pid| pid.to_string());
     // Calls approved at submit need no approver.
@@ -375,8 +397,11 @@ async fn measure(
     } else {
         args.approvers
     };
-    let agent_channels = load::channels(&setup.address, args.agents).await?;
-    let watcher_channels = load::channels(&setup.address, args.subscribers + approvers).await?;
+    let addresses: Vec<String> = std::iter::once(setup.address.clone())
+        .chain(setup.replicas.iter().map(BrokerProcess::address))
+        .collect();
+    let agent_channels = load::channels_across(&addresses, args.agents).await?;
+    let watcher_channels = load::channels_across(&addresses, args.subscribers + approvers).await?;
     if args.auto_approve == Some(AutoApprove::Rule) {
         allow_the_bench_tool(agent_channels[0].clone()).await?;
     }
@@ -591,6 +616,7 @@ struct Report {
     peak_rss_kib: Option<u64>,
     drained_after: Duration,
     auto: Option<AutoApprove>,
+    replicas: u32,
 }
 
 impl Report {
@@ -679,6 +705,7 @@ impl Report {
             peak_rss_kib,
             drained_after,
             auto: args.auto_approve,
+            replicas: args.replicas,
         }
     }
 
@@ -721,9 +748,17 @@ impl Report {
 
     fn print(&self, raw: Option<&storage::StorageRates>) {
         println!(
-            "approval-bench: {} broker, {} agents x batches of {}, {} subscriber(s), {} approver(s), \
+            "approval-bench: {} broker{}, {} agents x batches of {}, {} subscriber(s), {} approver(s), \
              {} B inputs, {:.1} s measured{}",
             self.backend,
+            if self.replicas > 1 {
+                format!(
+                    " x {} replicas (agents and watchers spread over them)",
+                    self.replicas
+                )
+            } else {
+                String::new()
+            },
             self.agents,
             self.batch_size,
             self.subscribers,
@@ -868,6 +903,7 @@ impl Report {
                 "full_cycle": self.full_cycle.json(),
             },
             "auto_approve": self.auto.map(AutoApprove::name),
+            "replicas": self.replicas,
             "broker_cpu_s": self.broker_cpu,
             "broker_cpu_by_thread_s": self.broker_cpu_by_thread,
             "broker_cpu_per_cycle_by_thread_us": self.broker_cpu_by_thread.as_ref().map(|threads| {
