@@ -139,8 +139,8 @@ pub trait SqlTx: Send {
     }
 
     /// Appends `receipt` to the receipts, its envelope sealed by `notary`, in this transaction.
-    /// SQLite's writer has it sealed on another thread and inserts it just before it commits
-    /// (see `receipts::signer`).
+    /// SQLite's writer inserts it unsealed and has it sealed on another thread, the envelope
+    /// written just before the commit (see `receipts::signer`).
     async fn insert_receipt(&mut self, notary: &Notary, receipt: NewReceipt) -> Result<()> {
         let envelope = notary.seal(&receipt.payload);
         let params = receipt.params(&envelope);
@@ -748,9 +748,7 @@ async fn append_receipt<T: SqlTx>(tx: &mut T, notary: &Notary, rowid: i64) -> Re
     let sequence = link.sequence as i64;
     let receipt = NewReceipt {
         sequence,
-        agent: call.key.agent.as_str().to_owned(),
-        session: call.key.session.as_str().to_owned(),
-        call_id: call.key.call_id.as_str().to_owned(),
+        key: call.key,
         digest: sha256_hex(payload.as_bytes()),
         payload,
     };

@@ -5,6 +5,7 @@
 
 use super::primitives::Param;
 use super::rows::Columns;
+use crate::domain::CallKey;
 use crate::error::Result;
 
 /// The chain's head: the last receipt's sequence (0 before the first) and payload digest.
@@ -15,6 +16,9 @@ pub const CHAIN_HEAD_LOCKED: &str = "SELECT seq, digest FROM receipt_chain WHERE
 /// A receipt: its sequence `$1`, call (`$2`, `$3`, `$4`), payload digest `$5`, envelope `$6`.
 pub const INSERT_RECEIPT: &str = "INSERT INTO receipts \
      (seq, agent, session_id, call_id, digest, envelope) VALUES ($1, $2, $3, $4, $5, $6)";
+/// Receipt `$2`'s envelope becomes `$1`: SQLite's writer inserts a receipt as its write runs
+/// (so a row that cannot be stored fails that write alone) and seals it just before the commit.
+pub const SEAL_RECEIPT: &str = "UPDATE receipts SET envelope = $1 WHERE seq = $2";
 /// The chain's head moves to receipt `$1` with digest `$2`.
 pub const ADVANCE_CHAIN: &str = "UPDATE receipt_chain SET seq = $1, digest = $2 WHERE id = 1";
 /// The receipt of call (`$1`, `$2`, `$3`).
@@ -28,9 +32,7 @@ pub const RECEIPTS_AFTER: &str =
 #[derive(Debug)]
 pub struct NewReceipt {
     pub sequence: i64,
-    pub agent: String,
-    pub session: String,
-    pub call_id: String,
+    pub key: CallKey,
     /// The payload's SHA-256 (hex), the link the next receipt names.
     pub digest: String,
     pub payload: String,
@@ -41,9 +43,9 @@ impl NewReceipt {
     pub fn params<'a>(&'a self, envelope: &'a str) -> [Param<'a>; 6] {
         [
             Param::Int(self.sequence),
-            Param::Text(&self.agent),
-            Param::Text(&self.session),
-            Param::Text(&self.call_id),
+            Param::Text(self.key.agent.as_str()),
+            Param::Text(self.key.session.as_str()),
+            Param::Text(self.key.call_id.as_str()),
             Param::Text(&self.digest),
             Param::Text(envelope),
         ]

@@ -496,3 +496,56 @@ async fn the_verify_command_passes_a_good_chain_and_fails_naming_what_is_wrong()
     assert!(!ok);
     assert!(stderr.contains("signature does not verify"), "{stderr}");
 }
+
+/// A receipt row that cannot be stored (its call's key already has one, planted here by hand)
+/// fails that outcome's write alone, as any write of a group fails alone: SQLite's writer
+/// inserts each receipt as its write runs, not with the group's commit, so the decisions sent
+/// with it all stand, each with its verified receipt, and the failed call stays pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_that_cannot_be_stored_fails_its_own_decision_alone() {
+    use sqlx::Connection as _;
+    let app = spawn_app_on(Backend::Sqlite, with_key).await;
+    let ids: Vec<String> = (0..32).map(|i| format!("c{i}")).collect();
+    for id in &ids {
+        submit(&app, batch(id, vec![call(id, "t", "{}")])).await;
+    }
+    let mut conn = sqlx::SqliteConnection::connect(&app.database_url)
+        .await
+        .expect("open");
+    sqlx::query(
+        "INSERT INTO receipts (seq, agent, session_id, call_id, digest, envelope) \
+         VALUES (1000000, 'default', 'c7', 'c7', 'planted', 'planted')",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("plant a receipt");
+    let decisions: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let mut approver = app.approver();
+            let request = decide_request(id, id, pb::Decision::Approve, "");
+            tokio::spawn(async move { approver.decide(request).await })
+        })
+        .collect();
+    for (id, decision) in ids.iter().zip(decisions) {
+        let answer = decision.await.unwrap();
+        if id == "c7" {
+            assert!(
+                answer.is_err(),
+                "the planted key's decision cannot be stored"
+            );
+            continue;
+        }
+        answer.unwrap_or_else(|status| panic!("{id} failed with c7: {status}"));
+        let receipt = get_receipt(&app, id, id)
+            .await
+            .expect(id)
+            .receipt
+            .expect(id);
+        assert!(receipt.verified, "{id}");
+    }
+    assert!(matches!(
+        states(&app, "c7", &["c7"]).await[0].state,
+        Some(pb::call_state::State::Pending(_))
+    ));
+}

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use approval_broker::proto::v1 as pb;
 use pb::agent_service_client::AgentServiceClient;
+use pb::approver_event::Event as E;
 use pb::approver_service_client::ApproverServiceClient;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::wrappers::ReceiverStream;
@@ -78,6 +79,25 @@ async fn eventually(port: u16, what: &str, check: impl Fn(&BTreeMap<Sample, f64>
     }
 }
 
+/// Reads `subscription` until `n` of its events were `wanted`.
+async fn read_until(
+    subscription: &mut tonic::Streaming<pb::ApproverEvent>,
+    n: usize,
+    wanted: fn(&E) -> bool,
+) {
+    let mut seen = 0;
+    while seen < n {
+        let event = subscription
+            .message()
+            .await
+            .expect("healthy")
+            .expect("open");
+        if event.event.as_ref().is_some_and(wanted) {
+            seen += 1;
+        }
+    }
+}
+
 async fn metrics_count_one_approval_cycle_and_logs_name_its_ids(mut app: TestApp) {
     app.shut_down().await;
     let port = free_port().expect("a free port");
@@ -126,17 +146,7 @@ async fn metrics_count_one_approval_cycle_and_logs_name_its_ids(mut app: TestApp
         Some(pb::agent_response::Response::Submitted(_))
     ));
     // The subscriber sees the three calls (so it has been sent events).
-    let mut seen = 0;
-    while seen < 3 {
-        let event = subscription
-            .message()
-            .await
-            .expect("healthy")
-            .expect("open");
-        if matches!(event.event, Some(pb::approver_event::Event::Requested(_))) {
-            seen += 1;
-        }
-    }
+    read_until(&mut subscription, 3, |e| matches!(e, E::Requested(_))).await;
     eventually(port, "three calls pending", |s| {
         value(s, "approvals_pending_calls", &[]) == Some(3.0)
     })
@@ -173,17 +183,7 @@ async fn metrics_count_one_approval_cycle_and_logs_name_its_ids(mut app: TestApp
         }
     }
     // And the subscriber was sent the three outcomes (its lag is metered as they are sent).
-    let mut resolved = 0;
-    while resolved < 3 {
-        let event = subscription
-            .message()
-            .await
-            .expect("healthy")
-            .expect("open");
-        if matches!(event.event, Some(pb::approver_event::Event::Resolved(_))) {
-            resolved += 1;
-        }
-    }
+    read_until(&mut subscription, 3, |e| matches!(e, E::Resolved(_))).await;
 
     eventually(port, "nothing pending", |s| {
         value(s, "approvals_pending_calls", &[]) == Some(0.0)

@@ -424,9 +424,9 @@ pub struct SqliteTx {
     /// reads the policy version once.
     policy: PolicyView,
     signer: Option<Arc<Signer>>,
-    /// The receipts of this transaction, being sealed beside the writer: inserted just before
-    /// it commits.
-    sealing: Vec<(NewReceipt, Sealing)>,
+    /// The receipts of this transaction (by sequence), inserted unsealed and being sealed
+    /// beside the writer: their envelopes are written just before it commits.
+    sealing: Vec<(i64, Sealing)>,
 }
 
 impl Drop for SqliteTx {
@@ -480,11 +480,17 @@ impl SqliteTx {
     /// lost, so it must not be acknowledged, nor its events published.
     fn commit_now(mut self) -> Result<()> {
         // On failure the drop rolls back what is left of the transaction.
-        for (receipt, sealing) in std::mem::take(&mut self.sealing) {
+        for (sequence, sealing) in std::mem::take(&mut self.sealing) {
             let envelope = sealing.envelope();
-            self.conn()
-                .prepare_cached(receipt_rows::INSERT_RECEIPT)?
-                .execute(params_from_iter(receipt.params(&envelope)))?;
+            let sealed = self
+                .conn()
+                .prepare_cached(receipt_rows::SEAL_RECEIPT)?
+                .execute(params![envelope, sequence])?;
+            if sealed != 1 {
+                return Err(Error::Internal(format!(
+                    "receipt {sequence} was not there to seal"
+                )));
+            }
         }
         self.conn().execute_batch("COMMIT")?;
         self.files.check()?;
@@ -538,16 +544,21 @@ impl SqlTx for SqliteTx {
             .map(|signer| Arc::clone(signer.notary()))
     }
 
-    /// Sealed on the signer's thread while the group goes on; inserted by the commit.
+    /// Inserted now, unsealed, so a row that cannot be stored fails this write alone, not the
+    /// group's commit; sealed on the signer's thread while the group goes on, and the envelope
+    /// written by the commit.
     async fn insert_receipt(&mut self, _: &Notary, mut receipt: NewReceipt) -> Result<()> {
-        let Some(signer) = &self.signer else {
+        let Some(signer) = self.signer.clone() else {
             return Err(Error::Internal(
                 "a receipt to sign with receipts off".into(),
             ));
         };
-        let sealing = signer.sign(std::mem::take(&mut receipt.payload));
-        self.writes += 1;
-        self.sealing.push((receipt, sealing));
+        let payload = std::mem::take(&mut receipt.payload);
+        self.execute_sql(
+            receipt_rows::INSERT_RECEIPT,
+            params_from_iter(receipt.params("")),
+        )?;
+        self.sealing.push((receipt.sequence, signer.sign(payload)));
         Ok(())
     }
 
