@@ -2,8 +2,11 @@
 //! (for that call alone), supersede what the batch supersedes, and let rules and grants decide
 //! what they decide, all in one transaction.
 //!
-//! Rules and grants are read inside the transaction and judged by the one pure function,
-//! [`evaluate`](crate::domain::policy::evaluate), that Explain calls too. The costly part,
+//! Rules and grants are read inside the transaction, before any call is stored, and judged by the
+//! one pure function, [`evaluate`](crate::domain::policy::evaluate), that Explain calls too. A
+//! call they decide is stored decided: it never enters the pending calls' indexes only to leave
+//! them in the same transaction (about a fifth of the pages an auto-approved call's commit
+//! writes). The costly part,
 //! matching their conditions against large inputs, was done before the submit was queued (see
 //! [`Prejudged`]): the transaction looks the results up, so it does not hold the writer while
 //! globs run.
@@ -13,12 +16,14 @@ use std::time::Instant;
 
 use super::escalate::start_escalations;
 use super::routing::route_new_calls;
-use super::ruling::decide_by_ruling;
+use super::ruling::{brought_along, decide_by_ruling, ruled_outcome};
 use super::tx::{PolicyTx, Resolved, WriteTx, batches_of, complete_batches, tools_of};
-use crate::domain::policy::{Prejudged, Rule, RuleMode, ShadowVerdict, Subject, shadow_verdicts};
+use crate::domain::policy::{
+    Grant, Prejudged, Rule, RuleMode, ShadowVerdict, Subject, shadow_verdicts,
+};
 use crate::domain::{
-    BatchId, Call, CallId, CallKey, DecidedBy, NewBatch, NewCall, OutcomeKind, SubmitItem,
-    SubmitReport, SubmitResult, Timestamp, ToolName, ToolResultTexts,
+    BatchId, Call, CallId, CallKey, DecidedBy, NewBatch, NewCall, OnDeny, Outcome, OutcomeKind,
+    SubmitItem, SubmitReport, SubmitResult, Timestamp, ToolResultTexts,
 };
 use crate::error::{Error, Result};
 use crate::meters;
@@ -100,17 +105,35 @@ pub async fn submit_in(
 
     let fresh = refuse_past_pending_cap(tx, batch, fresh, &mut report).await?;
 
+    // The rules and grants, read before any call is stored, so a call they decide as it arrives
+    // is stored decided.
+    let (rules, grants) = if fresh.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        let rules = tx.rules().await?;
+        let grants = tx
+            .live_grants(&batch.agent, Some(&batch.session), &tools, now)
+            .await?;
+        (rules, grants)
+    };
+
     // Calls stored now, in position order: their row ids, and where their items are in the
     // report (which holds the calls themselves).
     let mut accepted: Vec<(i64, usize)> = Vec::new();
     // What was judged of each accepted call's input before the submit was queued, by row id.
     let mut prejudged: BTreeMap<i64, &Prejudged> = BTreeMap::new();
+    // The accepted calls the rules and grants were asked about as they were stored, by row id,
+    // with the outcome they were stored with (`None`: stored pending, nothing decides them).
+    let mut ruled: HashMap<i64, Option<Outcome>> = HashMap::new();
     if !fresh.is_empty() {
         let batch_id = BatchId::generate();
         let planned = fresh.len();
         tx.insert_batch(&batch_id, batch, planned, now).await?;
         let mut position = 0;
-        for call in fresh {
+        // Calls are ruled on as they are stored up to a denial that skips the rest of the
+        // batch; those after it are stored pending and skipped with the rest.
+        let mut ruling = true;
+        for (i, call) in fresh.iter().copied().enumerate() {
             if let Some(key) = &call.supersede_key {
                 let superseded = texts.outcome(OutcomeKind::Superseded, DecidedBy::Broker, "", now);
                 for rowid in tx
@@ -120,16 +143,35 @@ pub async fn submit_in(
                     resolved.extend(tx.resolve(rowid, &superseded).await?);
                 }
             }
+            // What is about to be stored, without reading it back.
+            let key = key_of(batch, &call.call_id);
+            let stored = call.pending(key, &batch_id, position as u32, planned as u32, now);
+            // A call a later one of this batch supersedes by key is stored pending, so that one
+            // finds it.
+            let superseded_later = call.supersede_key.is_some()
+                && fresh[i + 1..]
+                    .iter()
+                    .any(|later| later.supersede_key == call.supersede_key);
+            let judged = (ruling && !superseded_later).then(|| {
+                let policy = (rules.as_slice(), grants.as_slice());
+                ruled_outcome(&stored, Some(&call.prejudged), policy, texts, now)
+            });
+            let decided = judged.as_ref().and_then(Option::as_ref);
             let result = match tx
-                .insert_call(batch, &batch_id, position, call, now)
+                .insert_call(batch, &batch_id, position, call, now, decided)
                 .await?
             {
                 Some(rowid) => {
                     accepted.push((rowid, report.items.len()));
                     prejudged.insert(rowid, &call.prejudged);
-                    // What was just stored, without reading it back.
-                    let key = key_of(batch, &call.call_id);
-                    let stored = call.pending(key, &batch_id, position as u32, planned as u32, now);
+                    if decided.is_some_and(|outcome| outcome.kind == OutcomeKind::Denied)
+                        && batch.on_deny == OnDeny::SkipRest
+                    {
+                        ruling = false;
+                    }
+                    if let Some(judged) = judged {
+                        ruled.insert(rowid, judged);
+                    }
                     position += 1;
                     SubmitResult::Accepted(stored)
                 }
@@ -169,18 +211,14 @@ pub async fn submit_in(
             accepted_calls.push((rowid, call));
         }
     }
-    let rules = if accepted_calls.is_empty() {
-        Vec::new()
-    } else {
-        tx.rules().await?
-    };
-    let policy = (tools.as_slice(), rules.as_slice());
     let decided = decide_by_policy(
         tx,
-        batch,
-        policy,
-        &accepted_calls,
-        &prejudged,
+        (&rules, &grants),
+        Arrived {
+            accepted: &accepted_calls,
+            prejudged: &prejudged,
+            ruled: &ruled,
+        },
         texts,
         now,
         &mut report.shadow_verdicts,
@@ -277,28 +315,36 @@ async fn refuse_past_pending_cap<'b>(
     Ok(fresh)
 }
 
+/// The calls a submit just stored, as [`decide_by_policy`] takes them.
+struct Arrived<'a> {
+    /// Their row ids and the calls, in position order.
+    accepted: &'a [(i64, &'a Call)],
+    /// What was judged of each one's input before the submit was queued, by row id.
+    prejudged: &'a BTreeMap<i64, &'a Prejudged>,
+    /// Those the rules and grants were asked about as they were stored, with the outcome they
+    /// were stored with (`None`: stored pending, nothing decides them).
+    ruled: &'a HashMap<i64, Option<Outcome>>,
+}
+
 /// Decides the calls just stored that a rule or a grant decides, in position order, with what a
-/// human decision would bring along (a denial skips the rest of a SKIP_REST batch). Records with
-/// each call what the shadow rules would have done with it, and adds those verdicts to `shadow`.
-#[allow(clippy::too_many_arguments)]
+/// human decision would bring along (a denial skips the rest of a SKIP_REST batch): writes what
+/// follows from the outcome of those `ruled` stored decided, and rules on those not ruled on
+/// yet. Records with each call what the shadow rules would have done with it, and adds those
+/// verdicts to `shadow`.
 async fn decide_by_policy(
     tx: &mut (impl WriteTx + PolicyTx),
-    batch: &NewBatch,
-    (tools, rules): (&[&ToolName], &[Rule]),
-    accepted: &[(i64, &Call)],
-    prejudged: &BTreeMap<i64, &Prejudged>,
+    (rules, grants): (&[Rule], &[Grant]),
+    Arrived {
+        accepted,
+        prejudged,
+        ruled,
+    }: Arrived<'_>,
     texts: &ToolResultTexts,
     now: Timestamp,
     shadow: &mut Vec<ShadowVerdict>,
 ) -> Result<Vec<Resolved>> {
     let mut resolved = Vec::new();
-    if accepted.is_empty() {
-        return Ok(resolved);
-    }
-    let grants = tx
-        .live_grants(&batch.agent, Some(&batch.session), tools, now)
-        .await?;
-    if rules.is_empty() && grants.is_empty() {
+    if accepted.is_empty() || (rules.is_empty() && grants.is_empty()) {
         return Ok(resolved);
     }
     let any_shadow = rules.iter().any(|rule| rule.mode == RuleMode::Shadow);
@@ -307,20 +353,23 @@ async fn decide_by_policy(
             // Judged as the call arrived, before this pass decides it or a sibling's denial
             // skips it: what the shadow rules would have done in the enforced rules' place.
             let subject = Subject::of_call(call).with_prejudged(prejudged.get(&rowid).copied());
-            let verdicts = shadow_verdicts(&subject, rules, &grants, now);
+            let verdicts = shadow_verdicts(&subject, rules, grants, now);
             tx.record_shadow_verdicts(rowid, &verdicts).await?;
             shadow.extend(verdicts);
         }
-        if let Some((own, skipped)) = decide_by_ruling(
-            tx,
-            (rowid, call, prejudged.get(&rowid).copied()),
-            rules,
-            &grants,
-            texts,
-            now,
-        )
-        .await?
-        {
+        let decided = match ruled.get(&rowid) {
+            Some(Some(outcome)) => {
+                let own = tx.record_outcome(rowid, &call.batch_id, outcome).await?;
+                let skipped = brought_along(tx, call, outcome, texts, now).await?;
+                Some((own, skipped))
+            }
+            Some(None) => None,
+            None => {
+                let call = (rowid, call, prejudged.get(&rowid).copied());
+                decide_by_ruling(tx, call, rules, grants, texts, now).await?
+            }
+        };
+        if let Some((own, skipped)) = decided {
             resolved.push(own);
             resolved.extend(skipped);
         }
@@ -547,6 +596,85 @@ mod tests {
         assert_eq!(
             accepted(&report.items[1]).status(),
             Status::Decided(OutcomeKind::Skipped)
+        );
+    }
+
+    /// A call a rule decides as it arrives is stored decided: it never passes through pending
+    /// (whose indexes it would enter and leave in the same commit). Those after a denial that
+    /// skips the rest of the batch are stored pending and skipped, as before: what a human's
+    /// denial of that call would do.
+    #[tokio::test]
+    async fn calls_a_rule_decides_are_stored_decided_up_to_a_denial_that_skips_the_rest() {
+        let db = Db::new().await;
+        db.execute_batch(
+            "CREATE TABLE status_updates (call_id TEXT); \
+             CREATE TRIGGER status_updated AFTER UPDATE OF status ON calls \
+             BEGIN INSERT INTO status_updates VALUES (NEW.call_id); END;",
+        );
+        let mut tx = db.tx().await;
+        tx.insert_rule(&rule("ok-ls", "ls", "allow")).await.unwrap();
+        tx.insert_rule(&rule("no-rm", "rm", "deny")).await.unwrap();
+        let b = batch(
+            "s",
+            [
+                call("a", "ls", "{}"),
+                call("b", "rm", "{}"),
+                call("c", "ls", "{}"),
+                call("d", "cat", "{}"),
+            ],
+        );
+        let report = submit_in(&mut tx, &b, &texts(), Timestamp::now())
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let statuses: Vec<_> = report.items.iter().map(|i| accepted(i).status()).collect();
+        use OutcomeKind::*;
+        assert_eq!(
+            statuses,
+            [Approved, Denied, Skipped, Skipped].map(Status::Decided)
+        );
+        assert_eq!(
+            db.texts("SELECT call_id FROM status_updates ORDER BY call_id"),
+            ["c", "d"],
+            "a and b are stored decided; c and d pending, then skipped by b's denial"
+        );
+        let events = db.texts(
+            "SELECT c.call_id || ':' || e.kind FROM events e JOIN calls c ON c.id = e.call_rowid \
+             ORDER BY e.seq",
+        );
+        assert_eq!(
+            events,
+            ["a:1", "b:1", "c:1", "d:1", "a:2", "b:2", "c:2", "d:2"],
+            "every call's Requested event, then their Resolved events, in position order"
+        );
+    }
+
+    /// A call that a later call of its own batch supersedes by key is superseded, even if a
+    /// rule would approve it: it is stored pending for the later call to find.
+    #[tokio::test]
+    async fn a_call_superseded_by_a_later_one_of_its_batch_is_superseded_not_approved() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        tx.insert_rule(&rule("ok-ls", "ls", "allow")).await.unwrap();
+        let keyed = |id| NewCall {
+            supersede_key: Some("k".into()),
+            ..call(id, "ls", "{}")
+        };
+        let report = submit_in(
+            &mut tx,
+            &batch("s", [keyed("a"), keyed("b")]),
+            &texts(),
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            accepted(&report.items[0]).status(),
+            Status::Decided(OutcomeKind::Superseded)
+        );
+        assert_eq!(
+            accepted(&report.items[1]).status(),
+            Status::Decided(OutcomeKind::Approved)
         );
     }
 

@@ -16,7 +16,7 @@ use crate::store::{SqliteStore, Synchronous};
 pub const AGENT: &str = "agent";
 
 pub struct Db {
-    _dir: TempDir,
+    dir: TempDir,
     store: SqliteStore,
 }
 
@@ -28,7 +28,7 @@ impl Db {
         let store = SqliteStore::open(&path, Synchronous::Normal, texts(), Some(notary()))
             .await
             .expect("a fresh store");
-        Self { _dir: dir, store }
+        Self { dir, store }
     }
 
     /// A write transaction; dropped without a commit, it rolls back.
@@ -43,6 +43,29 @@ impl Db {
     /// The store itself, for its reads (the event log).
     pub fn store(&self) -> &SqliteStore {
         &self.store
+    }
+
+    /// Runs `sql` on the database file over a connection of its own: for a test that watches
+    /// the rows themselves (with a trigger, say), not what the primitives read back.
+    pub fn execute_batch(&self, sql: &str) {
+        self.connection()
+            .execute_batch(sql)
+            .expect("the test's SQL runs");
+    }
+
+    /// The first column of every row `sql` returns, as text, over a connection of its own.
+    pub fn texts(&self, sql: &str) -> Vec<String> {
+        let conn = self.connection();
+        let mut statement = conn.prepare(sql).expect("the test's query prepares");
+        statement
+            .query_map([], |row| row.get(0))
+            .expect("the test's query runs")
+            .collect::<Result<_, _>>()
+            .expect("text rows")
+    }
+
+    fn connection(&self) -> rusqlite::Connection {
+        rusqlite::Connection::open(self.dir.path().join("ops.db")).expect("the database file")
     }
 
     /// The backend's writer, for operations that open their own transactions.

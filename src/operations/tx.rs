@@ -5,7 +5,9 @@
 //!
 //! The rules, stated once here and kept by every operation:
 //! - an outcome is written only by a conditional update of a pending call (`resolve`), so the
-//!   first decision wins; a transaction that loses reads the winner back;
+//!   first decision wins; a transaction that loses reads the winner back. The one exception
+//!   cannot race: a call a rule or grant decides as it arrives is inserted decided
+//!   (`insert_call` with its outcome), and nobody can decide a call before it is stored;
 //! - a call is inserted only if its identity is free (`insert_call`), so a concurrent duplicate
 //!   submit is recognised, not doubled;
 //! - a submit first locks its session (`lock_session`), so supersede-by-key and
@@ -70,8 +72,10 @@ pub trait WriteTx: Send {
     ) -> Result<()>;
     /// Corrects a batch's size when fewer calls than planned were inserted (0: removes it).
     async fn resize_batch(&mut self, batch_id: &BatchId, size: usize) -> Result<()>;
-    /// Stores a pending call with its Requested event. `None` if its identity is taken
-    /// (a concurrent submit stored it first).
+    /// Stores a call with its Requested event: pending, or already `decided` (a rule or grant
+    /// decided it as it arrived; [`record_outcome`](Self::record_outcome) then writes what
+    /// follows from that). `None` if its identity is taken (a concurrent submit stored it
+    /// first).
     async fn insert_call(
         &mut self,
         batch: &NewBatch,
@@ -79,9 +83,18 @@ pub trait WriteTx: Send {
         position: usize,
         call: &NewCall,
         now: Timestamp,
+        decided: Option<&Outcome>,
     ) -> Result<Option<i64>>;
     /// Writes `outcome` if the call is still pending, with its Resolved event.
     async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>>;
+    /// For a call `insert_call` stored decided with `outcome`, in batch `batch_id`: its Resolved
+    /// event (and receipt), as `resolve` writes them after its update.
+    async fn record_outcome(
+        &mut self,
+        rowid: i64,
+        batch_id: &BatchId,
+        outcome: &Outcome,
+    ) -> Result<Resolved>;
     /// Pending calls of a session, oldest first.
     async fn pending_in_session(
         &mut self,

@@ -79,6 +79,12 @@ pub type Decode<T> = fn(&dyn Columns) -> Result<T>;
 pub trait SqlTx: Send {
     /// [`sql::INSERT_CALL`]'s parameters, in a statement that also writes the Requested event.
     const INSERT_CALL: &'static str;
+    /// [`sql::INSERT_DECIDED_CALL`]'s parameters, in a statement that also writes the Requested
+    /// event.
+    const INSERT_DECIDED_CALL: &'static str;
+    /// [`sql::APPEND_EVENT`] or [`sql::APPEND_EVENT_AT_ID`]: appends an event and returns what
+    /// [`Resolved::event`] holds, as `event`.
+    const APPEND_EVENT: &'static str;
     /// [`sql::COMPLETE_BATCH_AT_SEQ`] or [`sql::COMPLETE_BATCH_AT_ID`]: what [`Resolved::event`]
     /// holds.
     const COMPLETE_BATCH: &'static str;
@@ -151,6 +157,47 @@ pub trait SqlTx: Send {
 
     /// See [`WriteTx::commit`].
     async fn commit(self) -> Result<()>;
+}
+
+/// An outcome's columns, as [`sql::RESOLVE_CALL`] and [`sql::INSERT_DECIDED_CALL`] take them
+/// (status, decided at, by, reason, tool result, input to run, edited).
+fn outcome_params<'a>(outcome: &'a Outcome, decided_by: &'a str) -> [Param<'a>; 7] {
+    [
+        Param::Int(outcome.kind.code()),
+        Param::Int(outcome.decided_at.as_micros()),
+        Param::Text(decided_by),
+        Param::Text(&outcome.reason),
+        Param::Text(&outcome.tool_result),
+        Param::OptText(outcome.run_input.as_ref().map(ToolInput::as_str)),
+        Param::Flag(outcome.input_edited),
+    ]
+}
+
+/// The Resolved event of call row `rowid`'s `outcome`: (kind, call row id, time).
+fn resolved_event(rowid: i64, outcome: &Outcome) -> [Param<'static>; 3] {
+    [
+        Param::Int(EventKind::Resolved.code()),
+        Param::Int(rowid),
+        Param::Int(outcome.decided_at.as_micros()),
+    ]
+}
+
+/// After an outcome and its Resolved event are written, however: its receipt. Every outcome
+/// passes here, so every outcome gets its receipt, in its transaction.
+async fn outcome_written<T: SqlTx>(
+    tx: &mut T,
+    rowid: i64,
+    batch_id: String,
+    event: i64,
+) -> Result<Resolved> {
+    if let Some(notary) = tx.notary() {
+        append_receipt(tx, &notary, rowid).await?;
+    }
+    Ok(Resolved {
+        rowid,
+        batch_id,
+        event,
+    })
 }
 
 /// The first row of `rows`, if any.
@@ -230,8 +277,10 @@ impl<T: SqlTx> WriteTx for T {
         position: usize,
         call: &NewCall,
         now: Timestamp,
+        decided: Option<&Outcome>,
     ) -> Result<Option<i64>> {
-        let params = [
+        let decided_by = decided.map(|outcome| outcome.decided_by.to_string());
+        let call = [
             Param::Text(batch.agent.as_str()),
             Param::Text(batch.session.as_str()),
             Param::Text(call.call_id.as_str()),
@@ -246,45 +295,59 @@ impl<T: SqlTx> WriteTx for T {
             Param::OptInt(call.deadline.map(Timestamp::as_micros)),
             Param::Int(now.as_micros()),
         ];
-        Ok(first(
-            self.rows(Run::write(Self::INSERT_CALL, &params), id)
-                .await?,
-        ))
+        let inserted = match (decided, &decided_by) {
+            (Some(outcome), Some(decided_by)) => {
+                let outcome = outcome_params(outcome, decided_by);
+                let params: Vec<Param<'_>> = call.into_iter().chain(outcome).collect();
+                self.rows(Run::write(Self::INSERT_DECIDED_CALL, &params), id)
+                    .await?
+            }
+            _ => self.rows(Run::write(Self::INSERT_CALL, &call), id).await?,
+        };
+        Ok(first(inserted))
     }
 
     async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>> {
         let decided_by = outcome.decided_by.to_string();
+        let [kind, at, by, reason, result, run_input, edited] =
+            outcome_params(outcome, &decided_by);
         let params = [
-            Param::Int(outcome.kind.code()),
-            Param::Int(outcome.decided_at.as_micros()),
-            Param::Text(&decided_by),
-            Param::Text(&outcome.reason),
-            Param::Text(&outcome.tool_result),
-            Param::OptText(outcome.run_input.as_ref().map(ToolInput::as_str)),
-            Param::Flag(outcome.input_edited),
+            kind,
+            at,
+            by,
+            reason,
+            result,
+            run_input,
+            edited,
             Param::Int(rowid),
-        ];
-        let event = [
-            Param::Int(EventKind::Resolved.code()),
-            Param::Int(rowid),
-            Param::Int(outcome.decided_at.as_micros()),
         ];
         let resolution = Resolution {
             outcome: &params,
-            event,
+            event: resolved_event(rowid, outcome),
         };
         let Some((batch_id, event)) = self.resolve_call(resolution).await? else {
             return Ok(None);
         };
-        // Every outcome is written here, so every outcome gets its receipt, in its transaction.
-        if let Some(notary) = self.notary() {
-            append_receipt(self, &notary, rowid).await?;
-        }
-        Ok(Some(Resolved {
-            rowid,
-            batch_id,
-            event,
-        }))
+        outcome_written(self, rowid, batch_id, event)
+            .await
+            .map(Some)
+    }
+
+    async fn record_outcome(
+        &mut self,
+        rowid: i64,
+        batch_id: &BatchId,
+        outcome: &Outcome,
+    ) -> Result<Resolved> {
+        let event = resolved_event(rowid, outcome);
+        let event = first(
+            self.rows(Run::write(Self::APPEND_EVENT, &event), |row| {
+                row.int("event")
+            })
+            .await?,
+        )
+        .ok_or_else(|| Error::Internal("an event insert returned no event".into()))?;
+        outcome_written(self, rowid, batch_id.as_str().to_owned(), event).await
     }
 
     async fn pending_in_session(

@@ -69,13 +69,32 @@ macro_rules! select_rules {
 
 /// A new call, unless its (agent, session, call id) is stored already; returns its row id.
 /// Postgres wraps it to write the Requested event in the same statement; on SQLite the trigger
-/// `calls_requested_event` (migration 0004) writes it.
+/// `calls_requested_event` (migration 0004) writes it. Pending, or with the outcome columns
+/// given after the thirteen (see [`INSERT_DECIDED_CALL`]).
 macro_rules! insert_call {
     () => {
-        "INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, title, \
-         message, workspace, supersede_key, deadline, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
-         ON CONFLICT (agent, session_id, call_id) DO NOTHING RETURNING id"
+        insert_call!("", "")
+    };
+    ($columns:literal, $values:literal) => {
+        concat!(
+            "INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, title, \
+             message, workspace, supersede_key, deadline, created_at",
+            $columns,
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13",
+            $values,
+            ") ON CONFLICT (agent, session_id, call_id) DO NOTHING RETURNING id"
+        )
+    };
+}
+
+/// [`insert_call`] of a call a rule or grant decided as it arrived, with its outcome: the
+/// columns [`resolve_call`] sets, in its order, as `$14` to `$20`.
+macro_rules! insert_decided_call {
+    () => {
+        insert_call!(
+            ", status, decided_at, decided_by, reason, tool_result, run_input, input_edited",
+            ", $14, $15, $16, $17, $18, $19, $20"
+        )
     };
 }
 
@@ -157,17 +176,29 @@ pub const INSERT_BATCH: &str = "INSERT INTO batches \
 pub const DELETE_BATCH: &str = "DELETE FROM batches WHERE batch_id = $1";
 pub const RESIZE_BATCH: &str = "UPDATE batches SET size = $1 WHERE batch_id = $2";
 pub const INSERT_CALL: &str = insert_call!();
+/// A call stored decided: a rule or grant decided it as it arrived, so it never enters the
+/// pending calls' indexes only to leave them in the same transaction (fewer pages per commit).
+pub const INSERT_DECIDED_CALL: &str = insert_decided_call!();
 pub const RESOLVE_CALL: &str = resolve_call!();
-/// Postgres: [`INSERT_CALL`] and the call's Requested event, in one statement (one round trip).
-/// On SQLite the trigger writes that event (and records its `seq` on the call); on Postgres a
-/// trigger would gain nothing, the event's `seq` being given after commit.
-pub const INSERT_CALL_AND_EVENT: &str = concat!(
-    "WITH call AS (",
-    insert_call!(),
-    "), event AS (INSERT INTO events (kind, call_rowid, created_at) SELECT ",
-    code!(EventKind::Requested),
-    ", id, $13 FROM call) SELECT id FROM call"
-);
+/// Postgres: an insert of a call (`$13` its time) and the call's Requested event, in one
+/// statement (one round trip). On SQLite the trigger writes that event (and records its `seq` on
+/// the call); on Postgres a trigger would gain nothing, the event's `seq` being given after
+/// commit.
+macro_rules! with_requested_event {
+    ($insert:expr) => {
+        concat!(
+            "WITH call AS (",
+            $insert,
+            "), event AS (INSERT INTO events (kind, call_rowid, created_at) SELECT ",
+            code!(EventKind::Requested),
+            ", id, $13 FROM call) SELECT id FROM call"
+        )
+    };
+}
+/// Postgres: [`INSERT_CALL`] and the call's Requested event, in one statement.
+pub const INSERT_CALL_AND_EVENT: &str = with_requested_event!(insert_call!());
+/// Postgres: [`INSERT_DECIDED_CALL`] and the call's Requested event, in one statement.
+pub const INSERT_DECIDED_CALL_AND_EVENT: &str = with_requested_event!(insert_decided_call!());
 /// Postgres: [`RESOLVE_CALL`] and the call's Resolved event, in one statement (one round trip);
 /// returns the batch id and the event's `id`. SQLite runs the two statements: it has no
 /// data-modifying `WITH`, and a statement costs it no round trip.
@@ -179,9 +210,13 @@ pub const RESOLVE_CALL_AND_EVENT: &str = concat!(
     ", $8, $2 FROM call RETURNING id) SELECT call.batch_id, event.id FROM call, event"
 );
 /// SQLite: an event of kind `$1` for call row `$2` at `$3`; returns its sequence number (its
-/// row id: SQLite's writers are serialised, so row ids follow commit order).
+/// row id: SQLite's writers are serialised, so row ids follow commit order) as `event`.
 pub const APPEND_EVENT: &str =
-    "INSERT INTO events (kind, call_rowid, created_at) VALUES ($1, $2, $3) RETURNING seq";
+    "INSERT INTO events (kind, call_rowid, created_at) VALUES ($1, $2, $3) RETURNING seq AS event";
+/// Postgres: [`APPEND_EVENT`], returning the event's `id` as `event` (its `seq` is given after
+/// commit, by the sequencer).
+pub const APPEND_EVENT_AT_ID: &str =
+    "INSERT INTO events (kind, call_rowid, created_at) VALUES ($1, $2, $3) RETURNING id AS event";
 /// SQLite's [`complete_batch_if_done`]: `$1` is the Resolved event's `seq`.
 pub const COMPLETE_BATCH_AT_SEQ: &str = complete_batch_if_done!("seq");
 /// Postgres's [`complete_batch_if_done`]: `$1` is the Resolved event's `id`.
@@ -450,6 +485,7 @@ mod tests {
             (DELETE_BATCH, 1),
             (RESIZE_BATCH, 2),
             (INSERT_CALL, 13),
+            (INSERT_DECIDED_CALL, 20),
             (RESOLVE_CALL, 8),
             (COMPLETE_BATCH_AT_SEQ, 2),
             (APPEND_EVENT, 3),
@@ -565,6 +601,8 @@ mod tests {
         let mut all = every_statement();
         all.extend([
             (INSERT_CALL_AND_EVENT.to_owned(), 13),
+            (INSERT_DECIDED_CALL_AND_EVENT.to_owned(), 20),
+            (APPEND_EVENT_AT_ID.to_owned(), 3),
             (RESOLVE_CALL_AND_EVENT.to_owned(), 8),
             (COMPLETE_BATCH_AT_ID.to_owned(), 2),
         ]);

@@ -505,6 +505,8 @@ impl SqliteTx {
 impl SqlTx for SqliteTx {
     /// The trigger `calls_requested_event` (migration 0004) writes the Requested event.
     const INSERT_CALL: &'static str = sql::INSERT_CALL;
+    const INSERT_DECIDED_CALL: &'static str = sql::INSERT_DECIDED_CALL;
+    const APPEND_EVENT: &'static str = sql::APPEND_EVENT;
     const COMPLETE_BATCH: &'static str = sql::COMPLETE_BATCH_AT_SEQ;
     /// Unlocked: the one writer is the only one appending to the chain.
     const CHAIN_HEAD: &'static str = receipt_rows::CHAIN_HEAD;
@@ -526,7 +528,7 @@ impl SqlTx for SqliteTx {
             return Ok(None);
         };
         let event = params_from_iter(&resolution.event);
-        let seq = self.query_rows(true, sql::APPEND_EVENT, event, |row| row.int("seq"))?;
+        let seq = self.query_rows(true, sql::APPEND_EVENT, event, |row| row.int("event"))?;
         let seq = seq
             .into_iter()
             .next()
