@@ -359,7 +359,11 @@ async fn decide_by_policy(
         }
         let decided = match ruled.get(&rowid) {
             Some(Some(outcome)) => {
-                let own = tx.record_outcome(rowid, &call.batch_id, outcome).await?;
+                let stored = Call {
+                    outcome: Some(outcome.clone()),
+                    ..call.clone()
+                };
+                let own = tx.record_outcome(rowid, &stored).await?;
                 let skipped = brought_along(tx, call, outcome, texts, now).await?;
                 Some((own, skipped))
             }
@@ -647,6 +651,50 @@ mod tests {
             ["a:1", "b:1", "c:1", "d:1", "a:2", "b:2", "c:2", "d:2"],
             "every call's Requested event, then their Resolved events, in position order"
         );
+    }
+
+    /// The receipt of a call stored decided attests the call exactly as it is stored: its
+    /// payload is the one a read of the stored call gives, link for link (it is built from the
+    /// call in memory, not read back).
+    #[tokio::test]
+    async fn the_receipt_of_a_call_stored_decided_attests_the_call_as_stored() {
+        use crate::domain::receipt::{ChainLink, payload, sha256_hex};
+        use crate::operations::testing::notary;
+        use crate::store::Receipts as _;
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        tx.insert_rule(&rule("ok-ls", "ls", "allow")).await.unwrap();
+        tx.insert_rule(&rule("no-rm", "rm", "deny")).await.unwrap();
+        let now = Timestamp::now();
+        let shown = |id, tool| NewCall {
+            title: "List \u{200b}it".into(),
+            message: "why: because".into(),
+            workspace: "/w".into(),
+            deadline: Some(Timestamp::from_micros(now.as_micros() + 60_000_000)),
+            ..call(id, tool, r#"{"n":[1,2],"path":"/tmp"}"#)
+        };
+        let mut b = batch("s", [shown("a", "ls"), shown("b", "rm")]);
+        b.on_deny = OnDeny::Independent;
+        submit_in(&mut tx, &b, &texts(), now).await.unwrap();
+        tx.commit().await.unwrap();
+
+        let receipts = db.store().receipts_after(0, 10).await.unwrap();
+        assert_eq!(receipts.len(), 2);
+        let mut tx = db.tx().await;
+        let mut previous = None;
+        for (receipt, id) in receipts.iter().zip(["a", "b"]) {
+            let verified =
+                crate::receipts::verify::receipt(&receipt.envelope, notary().public_key()).unwrap();
+            let stored = tx.find_call(&key("s", id)).await.unwrap().unwrap().call;
+            assert!(stored.outcome.is_some());
+            let link = ChainLink {
+                sequence: receipt.sequence,
+                previous: previous.clone(),
+            };
+            let expected = payload(&stored, &link).unwrap();
+            assert_eq!(verified.digest, sha256_hex(expected.as_bytes()), "{id}");
+            previous = Some(verified.digest);
+        }
     }
 
     /// A call that a later call of its own batch supersedes by key is superseded, even if a

@@ -87,14 +87,10 @@ pub trait WriteTx: Send {
     ) -> Result<Option<i64>>;
     /// Writes `outcome` if the call is still pending, with its Resolved event.
     async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>>;
-    /// For a call `insert_call` stored decided with `outcome`, in batch `batch_id`: its Resolved
-    /// event (and receipt), as `resolve` writes them after its update.
-    async fn record_outcome(
-        &mut self,
-        rowid: i64,
-        batch_id: &BatchId,
-        outcome: &Outcome,
-    ) -> Result<Resolved>;
+    /// For a call `insert_call` stored decided: its Resolved event (and receipt), as `resolve`
+    /// writes them after its update. `stored` is the call as stored, its outcome included (the
+    /// receipt attests it without reading it back).
+    async fn record_outcome(&mut self, rowid: i64, stored: &Call) -> Result<Resolved>;
     /// Pending calls of a session, oldest first.
     async fn pending_in_session(
         &mut self,

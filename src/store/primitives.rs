@@ -184,14 +184,21 @@ fn resolved_event(rowid: i64, outcome: &Outcome) -> [Param<'static>; 3] {
 
 /// After an outcome and its Resolved event are written, however: its receipt. Every outcome
 /// passes here, so every outcome gets its receipt, in its transaction.
+/// `stored`: the call as now stored, where the caller has it (else it is read back).
 async fn outcome_written<T: SqlTx>(
     tx: &mut T,
     rowid: i64,
-    batch_id: String,
-    event: i64,
+    (batch_id, event): (String, i64),
+    stored: Option<&Call>,
 ) -> Result<Resolved> {
     if let Some(notary) = tx.notary() {
-        append_receipt(tx, &notary, rowid).await?;
+        match stored {
+            Some(call) => append_receipt(tx, &notary, rowid, call).await?,
+            None => {
+                let call = tx.load_call(rowid).await?;
+                append_receipt(tx, &notary, rowid, &call).await?;
+            }
+        }
     }
     Ok(Resolved {
         rowid,
@@ -328,17 +335,17 @@ impl<T: SqlTx> WriteTx for T {
         let Some((batch_id, event)) = self.resolve_call(resolution).await? else {
             return Ok(None);
         };
-        outcome_written(self, rowid, batch_id, event)
+        outcome_written(self, rowid, (batch_id, event), None)
             .await
             .map(Some)
     }
 
-    async fn record_outcome(
-        &mut self,
-        rowid: i64,
-        batch_id: &BatchId,
-        outcome: &Outcome,
-    ) -> Result<Resolved> {
+    async fn record_outcome(&mut self, rowid: i64, stored: &Call) -> Result<Resolved> {
+        let Some(outcome) = &stored.outcome else {
+            return Err(Error::Internal(format!(
+                "call row {rowid} was stored without an outcome to record"
+            )));
+        };
         let event = resolved_event(rowid, outcome);
         let event = first(
             self.rows(Run::write(Self::APPEND_EVENT, &event), |row| {
@@ -347,7 +354,8 @@ impl<T: SqlTx> WriteTx for T {
             .await?,
         )
         .ok_or_else(|| Error::Internal("an event insert returned no event".into()))?;
-        outcome_written(self, rowid, batch_id.as_str().to_owned(), event).await
+        let batch_id = stored.batch_id.as_str().to_owned();
+        outcome_written(self, rowid, (batch_id, event), Some(stored)).await
     }
 
     async fn pending_in_session(
@@ -789,12 +797,17 @@ impl<T: SqlTx> PolicyTx for T {
     }
 }
 
-/// Signs the receipt of the call at `rowid`, just resolved, and appends it to the chain: the
+/// Signs the receipt of the call at `rowid`, just resolved (`call`, as now stored), and appends
+/// it to the chain: the
 /// chain's head is read (and, on Postgres, locked until commit, so concurrent transactions of
 /// every replica take turns and the chain cannot fork), the receipt links to it, and becomes it.
 /// Taken after every other lock of the transaction (see `operations::tx`), so it adds no cycle.
-async fn append_receipt<T: SqlTx>(tx: &mut T, notary: &Notary, rowid: i64) -> Result<()> {
-    let call = tx.load_call(rowid).await?;
+async fn append_receipt<T: SqlTx>(
+    tx: &mut T,
+    notary: &Notary,
+    rowid: i64,
+    call: &Call,
+) -> Result<()> {
     let head = first(
         tx.rows(Run::read(T::CHAIN_HEAD, &[]), |row| {
             Ok((row.int("seq")?, row.opt_text("digest")?))
@@ -806,12 +819,12 @@ async fn append_receipt<T: SqlTx>(tx: &mut T, notary: &Notary, rowid: i64) -> Re
         _ => None,
     };
     let link = ChainLink::after(head);
-    let payload = receipt::payload(&call, &link)
+    let payload = receipt::payload(call, &link)
         .ok_or_else(|| Error::Internal(format!("call row {rowid} has no outcome to sign")))?;
     let sequence = link.sequence as i64;
     let receipt = NewReceipt {
         sequence,
-        key: call.key,
+        key: call.key.clone(),
         digest: sha256_hex(payload.as_bytes()),
         payload,
     };
