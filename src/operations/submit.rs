@@ -697,6 +697,29 @@ mod tests {
         }
     }
 
+    /// An approval of the input as submitted stores the input once: the input to run is read
+    /// back as the call's own.
+    #[tokio::test]
+    async fn an_approval_of_the_input_as_submitted_stores_the_input_once() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        tx.insert_rule(&rule("ok-ls", "ls", "allow")).await.unwrap();
+        let b = batch("s", [call("a", "ls", r#"{"path":"/tmp"}"#)]);
+        submit_in(&mut tx, &b, &texts(), Timestamp::now())
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(
+            db.texts("SELECT COALESCE(run_input, 'none') FROM calls"),
+            ["none"]
+        );
+        let mut tx = db.tx().await;
+        let stored = tx.find_call(&key("s", "a")).await.unwrap().unwrap().call;
+        let outcome = stored.outcome.unwrap();
+        assert_eq!(outcome.run_input, Some(stored.input));
+        assert!(!outcome.input_edited);
+    }
+
     /// A call that a later call of its own batch supersedes by key is superseded, even if a
     /// rule would approve it: it is stored pending for the later call to find.
     #[tokio::test]

@@ -160,15 +160,18 @@ pub trait SqlTx: Send {
 }
 
 /// An outcome's columns, as [`sql::RESOLVE_CALL`] and [`sql::INSERT_DECIDED_CALL`] take them
-/// (status, decided at, by, reason, tool result, input to run, edited).
+/// (status, decided at, by, reason, tool result, input to run, edited). The input to run is
+/// stored only when an approver edited it: otherwise it is the call's own input, which
+/// `rows::call_from_row` gives back (storing it twice doubled the row of every approved call).
 fn outcome_params<'a>(outcome: &'a Outcome, decided_by: &'a str) -> [Param<'a>; 7] {
+    let edited = outcome.run_input.as_ref().filter(|_| outcome.input_edited);
     [
         Param::Int(outcome.kind.code()),
         Param::Int(outcome.decided_at.as_micros()),
         Param::Text(decided_by),
         Param::Text(&outcome.reason),
         Param::Text(&outcome.tool_result),
-        Param::OptText(outcome.run_input.as_ref().map(ToolInput::as_str)),
+        Param::OptText(edited.map(ToolInput::as_str)),
         Param::Flag(outcome.input_edited),
     ]
 }

@@ -95,8 +95,8 @@ use crate::domain::policy::{
     RuleEffect, RuleId, RuleMode, RuleSource, RuleVerdict, Scope, ShadowVerdict,
 };
 use crate::domain::{
-    AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Event, EventKind, Outcome, SessionId,
-    Status, Timestamp, ToolInput, ToolName,
+    AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Event, EventKind, Outcome, OutcomeKind,
+    SessionId, Status, Timestamp, ToolInput, ToolName,
 };
 use crate::error::{Error, Result};
 use crate::operations::Stored;
@@ -107,6 +107,7 @@ pub fn call_from_row(row: &(impl Columns + ?Sized)) -> Result<Call> {
     let status = Status::from_code(status_code)
         .ok_or_else(|| Error::Internal(format!("unknown stored status {status_code}")))?;
     let text = |name: &str| -> Result<String> { Ok(row.opt_text(name)?.unwrap_or_default()) };
+    let input = ToolInput::from_stored(row.text("input")?);
     let outcome = match status {
         Status::Pending => None,
         Status::Decided(kind) => Some(Outcome {
@@ -115,7 +116,12 @@ pub fn call_from_row(row: &(impl Columns + ?Sized)) -> Result<Call> {
             decided_by: DecidedBy::parse_stored(&text("decided_by")?),
             reason: text("reason")?,
             tool_result: text("tool_result")?,
-            run_input: row.opt_text("run_input")?.map(ToolInput::from_stored),
+            // Stored only when edited (see `primitives::outcome_params`): an approved call
+            // runs its own input otherwise.
+            run_input: match row.opt_text("run_input")? {
+                Some(edited) => Some(ToolInput::from_stored(edited)),
+                None => (kind == OutcomeKind::Approved).then(|| input.clone()),
+            },
             input_edited: row.flag("input_edited")?,
             seq: row.opt_int("resolved_seq")?.map(|seq| seq as u64),
         }),
@@ -130,7 +136,7 @@ pub fn call_from_row(row: &(impl Columns + ?Sized)) -> Result<Call> {
         position: row.int("position")? as u32,
         batch_size: row.int("size")? as u32,
         tool: ToolName::from_stored(row.text("tool")?),
-        input: ToolInput::from_stored(row.text("input")?),
+        input,
         title: row.text("title")?,
         message: row.text("message")?,
         workspace: row.text("workspace")?,

@@ -257,7 +257,8 @@ fn sqlite_cycles(
                 DECIDED_BY,
                 "",
                 "",
-                input,
+                // As the broker stores an approval of the input as submitted: not again.
+                None::<&str>,
                 false,
                 rowid
             ],
@@ -422,7 +423,7 @@ async fn postgres_cycles(
             .bind(DECIDED_BY)
             .bind("")
             .bind("")
-            .bind(input)
+            .bind(None::<&str>)
             .bind(false)
             .bind(rowid)
             .fetch_one(&mut *tx)
