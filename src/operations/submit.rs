@@ -143,7 +143,8 @@ pub async fn submit_in(
                     resolved.extend(tx.resolve(rowid, &superseded).await?);
                 }
             }
-            // What is about to be stored, without reading it back.
+            // What is about to be stored, as a pending call, without reading it back (the reply
+            // of one stored decided is read back once its outcome is written, below).
             let key = key_of(batch, &call.call_id);
             let stored = call.pending(key, &batch_id, position as u32, planned as u32, now);
             // A call a later one of this batch supersedes by key is stored pending, so that one
@@ -350,8 +351,8 @@ async fn decide_by_policy(
     let any_shadow = rules.iter().any(|rule| rule.mode == RuleMode::Shadow);
     for &(rowid, call) in accepted {
         if any_shadow {
-            // Judged as the call arrived, before this pass decides it or a sibling's denial
-            // skips it: what the shadow rules would have done in the enforced rules' place.
+            // Judged as the call arrived, whatever the enforced rules made of it and whether a
+            // sibling's denial skips it: what the shadow rules would have done in their place.
             let subject = Subject::of_call(call).with_prejudged(prejudged.get(&rowid).copied());
             let verdicts = shadow_verdicts(&subject, rules, grants, now);
             tx.record_shadow_verdicts(rowid, &verdicts).await?;
@@ -697,10 +698,11 @@ mod tests {
         }
     }
 
-    /// An approval of the input as submitted stores the input once: the input to run is read
-    /// back as the call's own.
+    /// An approval stored without its input to run (as a later version will store an approval
+    /// of the input as submitted) reads back as running the call's own input; one of an edited
+    /// input reads back as stored.
     #[tokio::test]
-    async fn an_approval_of_the_input_as_submitted_stores_the_input_once() {
+    async fn an_approval_stored_without_its_input_to_run_runs_the_calls_own_input() {
         let db = Db::new().await;
         let mut tx = db.tx().await;
         tx.insert_rule(&rule("ok-ls", "ls", "allow")).await.unwrap();
@@ -711,8 +713,10 @@ mod tests {
         tx.commit().await.unwrap();
         assert_eq!(
             db.texts("SELECT COALESCE(run_input, 'none') FROM calls"),
-            ["none"]
+            [r#"{"path":"/tmp"}"#],
+            "this version still stores it, for the versions before it"
         );
+        db.execute_batch("UPDATE calls SET run_input = NULL");
         let mut tx = db.tx().await;
         let stored = tx.find_call(&key("s", "a")).await.unwrap().unwrap().call;
         let outcome = stored.outcome.unwrap();

@@ -116,8 +116,8 @@ pub fn call_from_row(row: &(impl Columns + ?Sized)) -> Result<Call> {
             decided_by: DecidedBy::parse_stored(&text("decided_by")?),
             reason: text("reason")?,
             tool_result: text("tool_result")?,
-            // Stored only when edited (see `primitives::outcome_params`): an approved call
-            // runs its own input otherwise.
+            // An approval stored without its input to run runs the call's own input (see
+            // `primitives::outcome_params`: a later version will store it only when edited).
             run_input: match row.opt_text("run_input")? {
                 Some(edited) => Some(ToolInput::from_stored(edited)),
                 None => (kind == OutcomeKind::Approved).then(|| input.clone()),

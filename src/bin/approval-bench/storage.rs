@@ -257,8 +257,7 @@ fn sqlite_cycles(
                 DECIDED_BY,
                 "",
                 "",
-                // As the broker stores an approval of the input as submitted: not again.
-                None::<&str>,
+                input,
                 false,
                 rowid
             ],
@@ -423,7 +422,7 @@ async fn postgres_cycles(
             .bind(DECIDED_BY)
             .bind("")
             .bind("")
-            .bind(None::<&str>)
+            .bind(input)
             .bind(false)
             .bind(rowid)
             .fetch_one(&mut *tx)
