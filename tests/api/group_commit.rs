@@ -499,6 +499,19 @@ async fn a_postgres_group_that_keeps_deadlocking_fails_whole_after_bounded_attem
 async fn two_replicas_groups_that_deadlock_are_retried_and_every_write_lands_once() {
     let a = spawn_app_on(Backend::postgres(), grouped).await;
     let b = a.replica(grouped).await;
+    // Each group's first submit lingers with its session locked, so both groups hold their first
+    // session before either asks for its second, however the machine schedules the two
+    // replicas (without it, one group could finish before the other started, and nothing
+    // deadlocked).
+    run_sql(
+        &a,
+        "CREATE FUNCTION first_writes_linger() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.call_id IN ('a1', 'b1') THEN PERFORM pg_sleep(2); END IF; \
+         RETURN NEW; END $$; \
+         CREATE TRIGGER first_writes_linger BEFORE INSERT ON calls FOR EACH ROW \
+         EXECUTE FUNCTION first_writes_linger();",
+    )
+    .await;
     let deadlocks_before = deadlocks(&a).await;
 
     // Submits: a's group locks session x then y, b's y then x.
@@ -527,8 +540,9 @@ async fn two_replicas_groups_that_deadlock_are_retried_and_every_write_lands_onc
         answer.expect("every decision acknowledged");
     }
 
-    // Backends report their statistics lazily (up to 10 s after going idle): wait for it.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    // Backends report their statistics lazily (up to 10 s after going idle, later on a loaded
+    // machine): wait for it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while deadlocks(&a).await <= deadlocks_before {
         assert!(
             tokio::time::Instant::now() < deadline,
