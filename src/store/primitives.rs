@@ -99,8 +99,23 @@ pub trait SqlTx: Send {
     async fn execute(&mut self, run: Run<'_>) -> Result<u64>;
 
     /// Writes `resolution`: the batch id and the Resolved event, or `None` if the call was no
-    /// longer pending.
-    async fn resolve_call(&mut self, resolution: Resolution<'_>) -> Result<Option<(String, i64)>>;
+    /// longer pending. Two statements; Postgres makes them one (a round trip each there).
+    async fn resolve_call(&mut self, resolution: Resolution<'_>) -> Result<Option<(String, i64)>> {
+        let run = Run::write(sql::RESOLVE_CALL, resolution.outcome);
+        let Some(batch_id) = first(self.rows(run, |row| row.text("batch_id")).await?) else {
+            return Ok(None);
+        };
+        let event = self.append_event(&resolution.event).await?;
+        Ok(Some((batch_id, event)))
+    }
+
+    /// Appends the event (kind, call row id, time) with [`Self::APPEND_EVENT`]; what
+    /// [`Resolved::event`] holds.
+    async fn append_event(&mut self, event: &[Param<'_>; 3]) -> Result<i64> {
+        let run = Run::write(Self::APPEND_EVENT, event);
+        first(self.rows(run, |row| row.int("event")).await?)
+            .ok_or_else(|| Error::Internal("an event insert returned no event".into()))
+    }
 
     /// See [`WriteTx::lock_session`]; nothing to lock where writers are serialised.
     async fn lock_session(&mut self, _agent: &AgentId, _session: &SessionId) -> Result<()> {
@@ -293,7 +308,6 @@ impl<T: SqlTx> WriteTx for T {
         now: Timestamp,
         decided: Option<&Outcome>,
     ) -> Result<Option<i64>> {
-        let decided_by = decided.map(|outcome| outcome.decided_by.to_string());
         let call = [
             Param::Text(batch.agent.as_str()),
             Param::Text(batch.session.as_str()),
@@ -309,14 +323,15 @@ impl<T: SqlTx> WriteTx for T {
             Param::OptInt(call.deadline.map(Timestamp::as_micros)),
             Param::Int(now.as_micros()),
         ];
-        let inserted = match (decided, &decided_by) {
-            (Some(outcome), Some(decided_by)) => {
-                let outcome = outcome_params(outcome, decided_by);
+        let inserted = match decided {
+            Some(outcome) => {
+                let decided_by = outcome.decided_by.to_string();
+                let outcome = outcome_params(outcome, &decided_by);
                 let params: Vec<Param<'_>> = call.into_iter().chain(outcome).collect();
                 self.rows(Run::write(Self::INSERT_DECIDED_CALL, &params), id)
                     .await?
             }
-            _ => self.rows(Run::write(Self::INSERT_CALL, &call), id).await?,
+            None => self.rows(Run::write(Self::INSERT_CALL, &call), id).await?,
         };
         Ok(first(inserted))
     }
@@ -353,14 +368,7 @@ impl<T: SqlTx> WriteTx for T {
                 "call row {rowid} was stored without an outcome to record"
             )));
         };
-        let event = resolved_event(rowid, outcome);
-        let event = first(
-            self.rows(Run::write(Self::APPEND_EVENT, &event), |row| {
-                row.int("event")
-            })
-            .await?,
-        )
-        .ok_or_else(|| Error::Internal("an event insert returned no event".into()))?;
+        let event = self.append_event(&resolved_event(rowid, outcome)).await?;
         let batch_id = stored.batch_id.as_str().to_owned();
         outcome_written(self, rowid, (batch_id, event), Some(stored)).await
     }

@@ -30,28 +30,7 @@ async fn poison(app: &TestApp) {
              CREATE TRIGGER poison BEFORE INSERT ON calls FOR EACH ROW EXECUTE FUNCTION poison();"
         }
     };
-    match app.backend {
-        Backend::Sqlite => {
-            use sqlx::Connection as _;
-            let mut conn = sqlx::SqliteConnection::connect(&app.database_url)
-                .await
-                .expect("open the database");
-            sqlx::raw_sql(sql)
-                .execute(&mut conn)
-                .await
-                .expect("trigger");
-        }
-        Backend::Postgres(_) => {
-            use sqlx::Connection as _;
-            let mut conn = sqlx::PgConnection::connect(&app.database_url)
-                .await
-                .expect("open the database");
-            sqlx::raw_sql(sql)
-                .execute(&mut conn)
-                .await
-                .expect("trigger");
-        }
-    }
+    app.run_sql(sql).await;
 }
 
 async fn a_write_that_fails_mid_group_undoes_only_itself(app: TestApp) {
@@ -329,13 +308,6 @@ async fn assert_gapless(app: &TestApp, events: u64) {
     assert_eq!(last_seq(app).await, events);
 }
 
-async fn run_sql(app: &TestApp, sql: &'static str) {
-    let mut conn = sqlx::PgConnection::connect(&app.database_url)
-        .await
-        .expect("connect");
-    sqlx::raw_sql(sql).execute(&mut conn).await.expect("sql");
-}
-
 /// In one Postgres group: a write that fails without writing (deciding an unknown call) and one
 /// whose statement fails (which aborts the whole Postgres transaction) each fail alone; the
 /// others are acknowledged, stored, committed together (one transaction), and their events
@@ -414,8 +386,7 @@ async fn in_one_postgres_group_failed_writes_fail_alone_and_the_rest_commit_toge
 )]
 async fn a_postgres_group_aborted_by_a_conflict_runs_again_whole() {
     let app = spawn_app_on(Backend::postgres(), grouped).await;
-    run_sql(
-        &app,
+    app.run_sql(
         "CREATE SEQUENCE conflict_once; \
          CREATE FUNCTION conflict_once() RETURNS trigger LANGUAGE plpgsql AS $$ \
          BEGIN IF NEW.call_id = 'conflict' AND nextval('conflict_once') = 1 THEN \
@@ -452,8 +423,7 @@ async fn a_postgres_group_aborted_by_a_conflict_runs_again_whole() {
 )]
 async fn a_postgres_group_that_keeps_deadlocking_fails_whole_after_bounded_attempts() {
     let app = spawn_app_on(Backend::postgres(), grouped).await;
-    run_sql(
-        &app,
+    app.run_sql(
         "CREATE SEQUENCE attempts; \
          CREATE FUNCTION deadlocked() RETURNS trigger LANGUAGE plpgsql AS $$ \
          BEGIN IF NEW.call_id = 'deadlocked' THEN PERFORM nextval('attempts'); \
@@ -503,8 +473,7 @@ async fn two_replicas_groups_that_deadlock_are_retried_and_every_write_lands_onc
     // session before either asks for its second, however the machine schedules the two
     // replicas (without it, one group could finish before the other started, and nothing
     // deadlocked).
-    run_sql(
-        &a,
+    a.run_sql(
         "CREATE FUNCTION first_writes_linger() RETURNS trigger LANGUAGE plpgsql AS $$ \
          BEGIN IF NEW.call_id IN ('a1', 'b1') THEN PERFORM pg_sleep(2); END IF; \
          RETURN NEW; END $$; \

@@ -340,14 +340,7 @@ async fn outcomes_decided_all_at_once_each_get_a_receipt_in_one_chain(app: TestA
         )
         .await;
     }
-    let decisions: Vec<_> = ids
-        .iter()
-        .map(|id| {
-            let mut approver = app.approver();
-            let request = decide_request(id, id, pb::Decision::Approve, "");
-            tokio::spawn(async move { approver.decide(request).await })
-        })
-        .collect();
+    let decisions = approve_all_at_once(&app, &ids);
     for decision in decisions {
         decision.await.unwrap().expect("decide");
     }
@@ -503,30 +496,17 @@ async fn the_verify_command_passes_a_good_chain_and_fails_naming_what_is_wrong()
 /// with it all stand, each with its verified receipt, and the failed call stays pending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receipt_that_cannot_be_stored_fails_its_own_decision_alone() {
-    use sqlx::Connection as _;
     let app = spawn_app_on(Backend::Sqlite, with_key).await;
     let ids: Vec<String> = (0..32).map(|i| format!("c{i}")).collect();
     for id in &ids {
         submit(&app, batch(id, vec![call(id, "t", "{}")])).await;
     }
-    let mut conn = sqlx::SqliteConnection::connect(&app.database_url)
-        .await
-        .expect("open");
-    sqlx::query(
+    app.run_sql(
         "INSERT INTO receipts (seq, agent, session_id, call_id, digest, envelope) \
          VALUES (1000000, 'default', 'c7', 'c7', 'planted', 'planted')",
     )
-    .execute(&mut conn)
-    .await
-    .expect("plant a receipt");
-    let decisions: Vec<_> = ids
-        .iter()
-        .map(|id| {
-            let mut approver = app.approver();
-            let request = decide_request(id, id, pb::Decision::Approve, "");
-            tokio::spawn(async move { approver.decide(request).await })
-        })
-        .collect();
+    .await;
+    let decisions = approve_all_at_once(&app, &ids);
     for (id, decision) in ids.iter().zip(decisions) {
         let answer = decision.await.unwrap();
         if id == "c7" {
@@ -548,4 +528,19 @@ async fn a_receipt_that_cannot_be_stored_fails_its_own_decision_alone() {
         states(&app, "c7", &["c7"]).await[0].state,
         Some(pb::call_state::State::Pending(_))
     ));
+}
+
+/// Approves each call `id` of session `id` at once (one RPC each, all in flight together, so
+/// they commit in groups); each decision's answer, in the order of `ids`.
+fn approve_all_at_once(
+    app: &TestApp,
+    ids: &[String],
+) -> Vec<tokio::task::JoinHandle<Result<tonic::Response<pb::DecideResponse>, tonic::Status>>> {
+    ids.iter()
+        .map(|id| {
+            let mut approver = app.approver();
+            let request = decide_request(id, id, pb::Decision::Approve, "");
+            tokio::spawn(async move { approver.decide(request).await })
+        })
+        .collect()
 }

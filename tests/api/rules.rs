@@ -446,6 +446,58 @@ async fn a_denial_at_submit_skips_the_rest_of_its_batch_like_a_person_would(app:
     );
 }
 
+/// Calls a rule decides as they arrive are stored decided, but a denial that skips the rest of
+/// the batch still outranks a rule that would approve a later call, as a person's denial would:
+/// approved, denied, skipped. Submitted again, each is the stored call with its outcome
+/// (idempotent), and the approved one runs its input as submitted.
+async fn rule_outcomes_before_and_after_a_denial_at_submit_are_a_persons(app: TestApp) {
+    create_rule(&app, rule("no-rm", "rm", pb::Effect::Deny, 0, None)).await;
+    create_rule(&app, rule("reads", "read_file", pb::Effect::Allow, 0, None)).await;
+    let spec = batch(
+        "s",
+        vec![
+            call("g", "read_file", r#"{"path":"a"}"#),
+            call("h", "rm", "{}"),
+            call("i", "read_file", r#"{"path":"b"}"#),
+        ],
+    );
+    for attempt in ["first", "again"] {
+        let response = submit(&app, spec.clone()).await;
+        let statuses: Vec<_> = (0..3).map(|i| ack_status(&response, i)).collect();
+        assert_eq!(
+            statuses,
+            [
+                CallStatus::Approved,
+                CallStatus::Denied,
+                CallStatus::Skipped
+            ],
+            "{attempt}"
+        );
+    }
+    let g = outcome_of(&app, "s", "g").await;
+    assert_eq!(
+        (g.decided_by.as_str(), g.input_json.as_str()),
+        ("policy:reads", r#"{"path":"a"}"#)
+    );
+    assert_eq!(outcome_of(&app, "s", "i").await.decided_by, "broker");
+}
+
+/// An approval stored without its input to run (a later version stores an approval of the
+/// input as submitted so) runs the call's own input: this version reads such rows right.
+async fn an_approval_stored_without_its_input_to_run_runs_the_calls_own_input(app: TestApp) {
+    create_rule(&app, rule("reads", "read_file", pb::Effect::Allow, 0, None)).await;
+    let response = submit(
+        &app,
+        batch("s", vec![call("g", "read_file", r#"{"path":"a"}"#)]),
+    )
+    .await;
+    assert_eq!(ack_status(&response, 0), CallStatus::Approved);
+    app.run_sql("UPDATE calls SET run_input = NULL").await;
+    let g = outcome_of(&app, "s", "g").await;
+    assert_eq!(g.input_json, r#"{"path":"a"}"#);
+    assert!(!g.input_edited);
+}
+
 /// Writes a policy file in the app's directory and returns its path.
 fn policy_file(dir: &std::path::Path, name: &str, json: &str) -> std::path::PathBuf {
     let path = dir.join(name);
@@ -604,4 +656,6 @@ backend_tests! {
     invalid_rules_are_refused_naming_the_field,
     a_rule_applies_to_calls_submitted_after_it_exists,
     a_denial_at_submit_skips_the_rest_of_its_batch_like_a_person_would,
+    rule_outcomes_before_and_after_a_denial_at_submit_are_a_persons,
+    an_approval_stored_without_its_input_to_run_runs_the_calls_own_input,
 }

@@ -29,9 +29,9 @@ use crate::receipts::Notary;
 use crate::receipts::signer::{Sealing, Signer};
 use crate::store::CommittedEvents;
 use crate::store::policy_cache::{PolicyCache, PolicyView};
-use crate::store::primitives::{Decode, Param, Resolution, Run, SqlTx};
+use crate::store::primitives::{Decode, Param, Run, SqlTx};
 use crate::store::receipt_rows::{self, NewReceipt};
-use crate::store::rows::{Columns, NamedRow, event_from_row};
+use crate::store::rows::{NamedRow, event_from_row};
 use crate::store::statements as sql;
 
 /// Enough for every statement of the write path (about 30) and a few shapes of `IN` lists.
@@ -520,22 +520,6 @@ impl SqlTx for SqliteTx {
         Ok(self.execute_sql(run.sql, params_from_iter(run.params))? as u64)
     }
 
-    async fn resolve_call(&mut self, resolution: Resolution<'_>) -> Result<Option<(String, i64)>> {
-        let outcome = params_from_iter(resolution.outcome);
-        let batch_id =
-            self.query_rows(true, sql::RESOLVE_CALL, outcome, |row| row.text("batch_id"))?;
-        let Some(batch_id) = batch_id.into_iter().next() else {
-            return Ok(None);
-        };
-        let event = params_from_iter(&resolution.event);
-        let seq = self.query_rows(true, sql::APPEND_EVENT, event, |row| row.int("event"))?;
-        let seq = seq
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::Internal("an event insert returned no sequence number".into()))?;
-        Ok(Some((batch_id, seq)))
-    }
-
     fn policy_view(&mut self) -> Option<&mut PolicyView> {
         Some(&mut self.policy)
     }
@@ -591,6 +575,7 @@ impl ToSql for Param<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::rows::Columns as _;
 
     /// A writer on a new database file `a.db` holding one table, `events`.
     fn writer_on_a_new_file() -> (tempfile::TempDir, WriteConnection) {

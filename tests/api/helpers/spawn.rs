@@ -101,6 +101,28 @@ async fn start(
 }
 
 impl TestApp {
+    /// Runs `sql` (one or more statements) on the app's database over a connection of its own,
+    /// behind the broker's back: for a test that plants a fault or a row the broker must cope
+    /// with.
+    pub async fn run_sql(&self, sql: &str) {
+        use sqlx::Connection as _;
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        match self.backend {
+            Backend::Sqlite => {
+                let mut conn = sqlx::SqliteConnection::connect(&self.database_url)
+                    .await
+                    .expect("open the database");
+                sqlx::raw_sql(sql).execute(&mut conn).await.expect("sql");
+            }
+            Backend::Postgres(_) => {
+                let mut conn = sqlx::PgConnection::connect(&self.database_url)
+                    .await
+                    .expect("open the database");
+                sqlx::raw_sql(sql).execute(&mut conn).await.expect("sql");
+            }
+        }
+    }
+
     pub fn agent(&self) -> AgentServiceClient<Channel> {
         AgentServiceClient::new(self.channel.clone())
     }
