@@ -19,6 +19,8 @@ RUN cargo chef prepare --recipe-path recipe.json
 
 FROM chef AS builder
 COPY --from=planner /build/recipe.json recipe.json
+# The build settings (SQLite's compile flags) before the dependencies are built with them.
+COPY .cargo .cargo
 # Rebuilt only when the recipe changes.
 RUN cargo chef cook --release --locked --bin approval-broker --recipe-path recipe.json
 COPY . .

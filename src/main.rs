@@ -7,6 +7,12 @@ use approval_broker::config::{Command, Config, MetricsListen};
 use approval_broker::{meters, startup, telemetry, traces};
 use tokio::net::TcpListener;
 
+/// mimalloc rather than glibc's malloc: the hot path allocates per message on every thread and
+/// frees on another (a request built by the runtime, dropped by the writer), which glibc pays for
+/// in arena locks. Measured in docs/benchmarks.md ("The allocator and SQLite's own malloc").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::from_command_line();
