@@ -271,10 +271,22 @@ pub async fn submit_in(
         report.superseded.push(call);
     }
     // The calls rules or grants decided (or whose batch a denial skipped) are acknowledged with
-    // their outcome.
+    // their outcome: one stored decided is the call as stored with that outcome, without a read
+    // (a test checks it is what a read gives); any other is read back.
     for r in &resolved[superseded..] {
         if let Some(&(_, item)) = accepted.iter().find(|(rowid, _)| *rowid == r.rowid) {
-            report.items[item].result = SubmitResult::Accepted(tx.load_call(r.rowid).await?);
+            let result = &mut report.items[item].result;
+            let call = match (ruled.get(&r.rowid), &*result) {
+                (Some(Some(outcome)), SubmitResult::Accepted(call)) => Call {
+                    outcome: Some(Outcome {
+                        seq: r.seq,
+                        ..outcome.clone()
+                    }),
+                    ..call.clone()
+                },
+                _ => tx.load_call(r.rowid).await?,
+            };
+            *result = SubmitResult::Accepted(call);
         }
     }
     report.items.sort_by_key(|item| item.index);
@@ -602,6 +614,49 @@ mod tests {
             accepted(&report.items[1]).status(),
             Status::Decided(OutcomeKind::Skipped)
         );
+    }
+
+    #[tokio::test]
+    async fn the_reply_of_a_call_decided_at_submit_is_the_call_as_a_read_gives_it() {
+        let db = Db::new().await;
+        let mut tx = db.tx().await;
+        tx.insert_rule(&rule("ok-ls", "ls", "allow")).await.unwrap();
+        tx.insert_rule(&rule("no-rm", "rm", "deny")).await.unwrap();
+        let b = batch(
+            "s",
+            [
+                call("a", "ls", r#"{"path":"/tmp"}"#),
+                call("b", "rm", "{}"),
+                call("c", "ls", "{}"),
+            ],
+        );
+        let report = submit_in(&mut tx, &b, &texts(), Timestamp::now())
+            .await
+            .unwrap();
+        // a and b are stored decided (their replies built without a read), c is skipped by b's
+        // denial (read back): each reply is the call as a read in the same transaction gives it,
+        // field for field, its outcome's sequence number included.
+        assert_eq!(report.items.len(), 3);
+        for item in &report.items {
+            let reply = accepted(item);
+            assert!(
+                reply.outcome.as_ref().is_some_and(|o| o.seq.is_some()),
+                "{reply:?}"
+            );
+            let read = tx
+                .find_call(&key("s", item.call_id.as_str()))
+                .await
+                .unwrap()
+                .expect("stored")
+                .call;
+            assert_eq!(
+                format!("{reply:?}"),
+                format!("{read:?}"),
+                "{}",
+                item.call_id
+            );
+        }
+        tx.commit().await.unwrap();
     }
 
     /// A call a rule decides as it arrives is stored decided: it never passes through pending

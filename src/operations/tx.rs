@@ -50,6 +50,10 @@ pub struct Resolved {
     pub rowid: i64,
     pub batch_id: String,
     pub event: i64,
+    /// The event's sequence number, where the backend numbers events as they are written
+    /// (SQLite); `None` where they are numbered after they commit (Postgres). Either way what a
+    /// read of the call in this transaction gives as its outcome's `seq`.
+    pub seq: Option<u64>,
 }
 
 /// One open write transaction of a backend.

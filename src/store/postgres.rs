@@ -463,6 +463,8 @@ impl SqlTx for PgTx {
     const INSERT_DECIDED_CALL: &'static str = sql::INSERT_DECIDED_CALL_AND_EVENT;
     const APPEND_EVENT: &'static str = sql::APPEND_EVENT_AT_ID;
     const COMPLETE_BATCH: &'static str = sql::COMPLETE_BATCH_AT_ID;
+    /// Events are numbered after they commit (`seq` is given by the sequencer).
+    const EVENT_IS_SEQ: bool = false;
     /// Locked: the replicas append to the one chain in turn (see `receipt_rows`).
     const CHAIN_HEAD: &'static str = receipt_rows::CHAIN_HEAD_LOCKED;
 

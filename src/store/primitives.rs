@@ -88,6 +88,9 @@ pub trait SqlTx: Send {
     /// [`sql::COMPLETE_BATCH_AT_SEQ`] or [`sql::COMPLETE_BATCH_AT_ID`]: what [`Resolved::event`]
     /// holds.
     const COMPLETE_BATCH: &'static str;
+    /// Whether [`Resolved::event`] is the event's sequence number (events numbered as they are
+    /// written), not an id numbered after commit.
+    const EVENT_IS_SEQ: bool;
     /// [`receipt_rows::CHAIN_HEAD`], or [`receipt_rows::CHAIN_HEAD_LOCKED`] where writers run
     /// concurrently.
     const CHAIN_HEAD: &'static str;
@@ -226,6 +229,7 @@ async fn outcome_written<T: SqlTx>(
         rowid,
         batch_id,
         event,
+        seq: T::EVENT_IS_SEQ.then_some(event as u64),
     })
 }
 

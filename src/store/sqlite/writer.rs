@@ -512,6 +512,8 @@ impl SqlTx for SqliteTx {
     const INSERT_DECIDED_CALL: &'static str = sql::INSERT_DECIDED_CALL;
     const APPEND_EVENT: &'static str = sql::APPEND_EVENT;
     const COMPLETE_BATCH: &'static str = sql::COMPLETE_BATCH_AT_SEQ;
+    /// An event's row id is its sequence number.
+    const EVENT_IS_SEQ: bool = true;
     /// Unlocked: the one writer is the only one appending to the chain.
     const CHAIN_HEAD: &'static str = receipt_rows::CHAIN_HEAD;
 
