@@ -96,7 +96,9 @@ pub async fn decide_in(
                     }
                 }
             }
-            tx.resolve(rowid, &outcome).await?.map(|won| (won, covered))
+            tx.resolve_read(rowid, &call, &outcome)
+                .await?
+                .map(|won| (won, covered))
         }
     };
     let Some((won, covered)) = won else {
@@ -317,6 +319,41 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::NotFound);
+    }
+
+    /// The receipt of a decision is built from the call as read before its outcome was written
+    /// (not read back): it attests the call as stored, with the outcome, link for link.
+    #[tokio::test]
+    async fn the_receipt_of_a_decision_attests_the_call_as_stored() {
+        use crate::domain::NewCall;
+        let db = Db::new().await;
+        let now = Timestamp::now();
+        let shown = |id| NewCall {
+            title: "List \u{200b}it".into(),
+            message: "why: because".into(),
+            workspace: "/w".into(),
+            deadline: Some(Timestamp::from_micros(now.as_micros() + 60_000_000)),
+            requested_by: "carol".into(),
+            ..call(id, "t", r#"{"n":[1,2],"path":"/tmp"}"#)
+        };
+        let mut tx = db.tx().await;
+        let mut b = batch("s", [shown("a"), shown("b")]);
+        b.on_deny = OnDeny::Independent;
+        submit_in(&mut tx, &b, &texts(), now).await.unwrap();
+        tx.commit().await.unwrap();
+        let mut tx = db.tx().await;
+        let mut edited = decision(Verdict::Approve, "fine");
+        edited.edited_input = Some(ToolInput::from_stored(r#"{"path":"/w"}"#.into()));
+        decide_in(&mut tx, &key("s", "a"), &edited, &texts(), now)
+            .await
+            .unwrap();
+        let deny = decision(Verdict::Deny, "no");
+        decide_in(&mut tx, &key("s", "b"), &deny, &texts(), now)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+
+        db.assert_receipts_attest("s", &["a", "b"]).await;
     }
 
     #[tokio::test]

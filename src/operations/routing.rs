@@ -33,8 +33,8 @@ pub fn requirement_of(ruling: &Ruling<'_>, default: Option<&Approvers>) -> Optio
     }
 }
 
-/// Fixes on each call just stored, and still pending, who it acts for and the requirement that
-/// applies to it now. `decided`: the row ids this submit resolved. Returns the approvals fixed,
+/// Fixes on each call just stored, and still pending, the requirement that applies to it now
+/// (who it acts for is stored with it). `decided`: the row ids this submit resolved. Returns the approvals fixed,
 /// by row id, so the reply shows them.
 pub(super) async fn route_new_calls(
     tx: &mut impl WriteTx,
@@ -61,20 +61,18 @@ pub(super) async fn route_new_calls(
         } else {
             None
         };
-        if requirement.is_none() && call.requested_by.is_empty() {
+        // Who the agent acts for is stored with the call itself: only a requirement is left.
+        let Some(requirement) = requirement else {
             continue;
-        }
-        tx.route_call(rowid, &call.requested_by, requirement.as_ref())
-            .await?;
-        if let Some(requirement) = requirement {
-            routed.push((
-                rowid,
-                Approval {
-                    requirement,
-                    votes: Vec::new(),
-                },
-            ));
-        }
+        };
+        tx.route_call(rowid, &requirement).await?;
+        routed.push((
+            rowid,
+            Approval {
+                requirement,
+                votes: Vec::new(),
+            },
+        ));
     }
     Ok(routed)
 }

@@ -622,21 +622,29 @@ mod tests {
         let mut tx = db.tx().await;
         tx.insert_rule(&rule("ok-ls", "ls", "allow")).await.unwrap();
         tx.insert_rule(&rule("no-rm", "rm", "deny")).await.unwrap();
+        let now = Timestamp::now();
         let b = batch(
             "s",
             [
-                call("a", "ls", r#"{"path":"/tmp"}"#),
+                NewCall {
+                    title: "List /tmp".into(),
+                    message: "why: because".into(),
+                    workspace: "/w".into(),
+                    supersede_key: Some("k".into()),
+                    deadline: Some(Timestamp::from_micros(now.as_micros() + 60_000_000)),
+                    requested_by: "carol".into(),
+                    ..call("a", "ls", r#"{"path":"/tmp"}"#)
+                },
                 call("b", "rm", "{}"),
                 call("c", "ls", "{}"),
             ],
         );
-        let report = submit_in(&mut tx, &b, &texts(), Timestamp::now())
-            .await
-            .unwrap();
+        let report = submit_in(&mut tx, &b, &texts(), now).await.unwrap();
         // a and b are stored decided (their replies built without a read), c is skipped by b's
         // denial (read back): each reply is the call as a read in the same transaction gives it,
-        // field for field, its outcome's sequence number included.
+        // field for field, its outcome's sequence number and who it acts for included.
         assert_eq!(report.items.len(), 3);
+        assert_eq!(accepted(&report.items[0]).requested_by, "carol");
         for item in &report.items {
             let reply = accepted(item);
             assert!(
@@ -714,9 +722,6 @@ mod tests {
     /// call in memory, not read back).
     #[tokio::test]
     async fn the_receipt_of_a_call_stored_decided_attests_the_call_as_stored() {
-        use crate::domain::receipt::{ChainLink, payload, sha256_hex};
-        use crate::operations::testing::notary;
-        use crate::store::Receipts as _;
         let db = Db::new().await;
         let mut tx = db.tx().await;
         tx.insert_rule(&rule("ok-ls", "ls", "allow")).await.unwrap();
@@ -734,23 +739,7 @@ mod tests {
         submit_in(&mut tx, &b, &texts(), now).await.unwrap();
         tx.commit().await.unwrap();
 
-        let receipts = db.store().receipts_after(0, 10).await.unwrap();
-        assert_eq!(receipts.len(), 2);
-        let mut tx = db.tx().await;
-        let mut previous = None;
-        for (receipt, id) in receipts.iter().zip(["a", "b"]) {
-            let verified =
-                crate::receipts::verify::receipt(&receipt.envelope, notary().public_key()).unwrap();
-            let stored = tx.find_call(&key("s", id)).await.unwrap().unwrap().call;
-            assert!(stored.outcome.is_some());
-            let link = ChainLink {
-                sequence: receipt.sequence,
-                previous: previous.clone(),
-            };
-            let expected = payload(&stored, &link).unwrap();
-            assert_eq!(verified.digest, sha256_hex(expected.as_bytes()), "{id}");
-            previous = Some(verified.digest);
-        }
+        db.assert_receipts_attest("s", &["a", "b"]).await;
     }
 
     /// An approval stored without its input to run (as a later version will store an approval

@@ -45,6 +45,31 @@ impl Db {
         &self.store
     }
 
+    /// Checks that the receipts stored so far are those of session `session`'s calls `ids`, in
+    /// that order, each attesting the call as a read of it gives now (its payload's digest,
+    /// link for link).
+    pub async fn assert_receipts_attest(&self, session: &str, ids: &[&str]) {
+        use crate::domain::receipt::{ChainLink, payload, sha256_hex};
+        use crate::store::Receipts as _;
+        let receipts = self.store().receipts_after(0, 100).await.unwrap();
+        assert_eq!(receipts.len(), ids.len());
+        let mut tx = self.tx().await;
+        let mut previous = None;
+        for (receipt, id) in receipts.iter().zip(ids) {
+            let verified =
+                crate::receipts::verify::receipt(&receipt.envelope, notary().public_key()).unwrap();
+            let stored = tx.find_call(&key(session, id)).await.unwrap().unwrap().call;
+            assert!(stored.outcome.is_some(), "{id}");
+            let link = ChainLink {
+                sequence: receipt.sequence,
+                previous: previous.clone(),
+            };
+            let expected = payload(&stored, &link).unwrap();
+            assert_eq!(verified.digest, sha256_hex(expected.as_bytes()), "{id}");
+            previous = Some(verified.digest);
+        }
+    }
+
     /// Runs `sql` on the database file over a connection of its own: for a test that watches
     /// the rows themselves (with a trigger, say), not what the primitives read back.
     pub fn execute_batch(&self, sql: &str) {

@@ -91,6 +91,17 @@ pub trait WriteTx: Send {
     ) -> Result<Option<i64>>;
     /// Writes `outcome` if the call is still pending, with its Resolved event.
     async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>>;
+    /// [`Self::resolve`] for a call already read in this transaction (`call`), whose receipt is
+    /// built from it rather than read back: a receipt attests the outcome and what a call
+    /// never changes once stored (its identity, tool, input, texts and times), so a read made
+    /// before the outcome is written serves (on Postgres too, where another replica may touch
+    /// the call's escalation or votes in between).
+    async fn resolve_read(
+        &mut self,
+        rowid: i64,
+        call: &Call,
+        outcome: &Outcome,
+    ) -> Result<Option<Resolved>>;
     /// For a call `insert_call` stored decided: its Resolved event (and receipt), as `resolve`
     /// writes them after its update. `stored` is the call as stored, its outcome included (the
     /// receipt attests it without reading it back).
@@ -138,14 +149,8 @@ pub trait WriteTx: Send {
         next_at: Option<Timestamp>,
         now: Timestamp,
     ) -> Result<bool>;
-    /// Records who a just-inserted call acts for and the requirement fixed on it (see
-    /// `operations::routing`).
-    async fn route_call(
-        &mut self,
-        rowid: i64,
-        requested_by: &str,
-        requirement: Option<&Requirement>,
-    ) -> Result<()>;
+    /// Records the requirement fixed on a just-inserted call (see `operations::routing`).
+    async fn route_call(&mut self, rowid: i64, requirement: &Requirement) -> Result<()>;
     /// Under the call's batch lock: stores `approval`'s votes on a pending call, with an
     /// ApprovalRecorded event if `announce` (not for the vote that decides it: its Resolved
     /// event says so). `false` if the call was no longer pending (nothing written).

@@ -207,6 +207,39 @@ fn resolved_event(rowid: i64, outcome: &Outcome) -> [Param<'static>; 3] {
     ]
 }
 
+/// Writes `outcome` on call row `rowid` if it is still pending, with its Resolved event and
+/// receipt; `stored`: the call with that outcome, where the caller has it (see
+/// [`WriteTx::resolve_read`]).
+async fn resolve_as<T: SqlTx>(
+    tx: &mut T,
+    rowid: i64,
+    outcome: &Outcome,
+    stored: Option<&Call>,
+) -> Result<Option<Resolved>> {
+    let decided_by = outcome.decided_by.to_string();
+    let [kind, at, by, reason, result, run_input, edited] = outcome_params(outcome, &decided_by);
+    let params = [
+        kind,
+        at,
+        by,
+        reason,
+        result,
+        run_input,
+        edited,
+        Param::Int(rowid),
+    ];
+    let resolution = Resolution {
+        outcome: &params,
+        event: resolved_event(rowid, outcome),
+    };
+    let Some((batch_id, event)) = tx.resolve_call(resolution).await? else {
+        return Ok(None);
+    };
+    outcome_written(tx, rowid, (batch_id, event), stored)
+        .await
+        .map(Some)
+}
+
 /// After an outcome and its Resolved event are written, however: its receipt. Every outcome
 /// passes here, so every outcome gets its receipt, in its transaction.
 /// `stored`: the call as now stored, where the caller has it (else it is read back).
@@ -326,6 +359,7 @@ impl<T: SqlTx> WriteTx for T {
             Param::OptText(call.supersede_key.as_deref()),
             Param::OptInt(call.deadline.map(Timestamp::as_micros)),
             Param::Int(now.as_micros()),
+            Param::OptText((!call.requested_by.is_empty()).then_some(&call.requested_by)),
         ];
         let inserted = match decided {
             Some(outcome) => {
@@ -341,29 +375,20 @@ impl<T: SqlTx> WriteTx for T {
     }
 
     async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>> {
-        let decided_by = outcome.decided_by.to_string();
-        let [kind, at, by, reason, result, run_input, edited] =
-            outcome_params(outcome, &decided_by);
-        let params = [
-            kind,
-            at,
-            by,
-            reason,
-            result,
-            run_input,
-            edited,
-            Param::Int(rowid),
-        ];
-        let resolution = Resolution {
-            outcome: &params,
-            event: resolved_event(rowid, outcome),
+        resolve_as(self, rowid, outcome, None).await
+    }
+
+    async fn resolve_read(
+        &mut self,
+        rowid: i64,
+        call: &Call,
+        outcome: &Outcome,
+    ) -> Result<Option<Resolved>> {
+        let stored = Call {
+            outcome: Some(outcome.clone()),
+            ..call.clone()
         };
-        let Some((batch_id, event)) = self.resolve_call(resolution).await? else {
-            return Ok(None);
-        };
-        outcome_written(self, rowid, (batch_id, event), None)
-            .await
-            .map(Some)
+        resolve_as(self, rowid, outcome, Some(&stored)).await
     }
 
     async fn record_outcome(&mut self, rowid: i64, stored: &Call) -> Result<Resolved> {
@@ -509,18 +534,9 @@ impl<T: SqlTx> WriteTx for T {
         Ok(true)
     }
 
-    async fn route_call(
-        &mut self,
-        rowid: i64,
-        requested_by: &str,
-        requirement: Option<&Requirement>,
-    ) -> Result<()> {
-        let requirement = requirement.map(Requirement::to_stored);
-        let params = [
-            Param::OptText((!requested_by.is_empty()).then_some(requested_by)),
-            Param::OptText(requirement.as_deref()),
-            Param::Int(rowid),
-        ];
+    async fn route_call(&mut self, rowid: i64, requirement: &Requirement) -> Result<()> {
+        let requirement = requirement.to_stored();
+        let params = [Param::Text(&requirement), Param::Int(rowid)];
         self.execute(Run::write(sql::ROUTE_CALL, &params)).await?;
         Ok(())
     }

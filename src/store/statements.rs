@@ -70,7 +70,8 @@ macro_rules! select_rules {
 /// A new call, unless its (agent, session, call id) is stored already; returns its row id.
 /// Postgres wraps it to write the Requested event in the same statement; on SQLite the trigger
 /// `calls_requested_event` (migration 0004) writes it. Pending, or with the outcome columns
-/// given after the thirteen (see [`INSERT_DECIDED_CALL`]).
+/// given after the fourteen (see [`INSERT_DECIDED_CALL`]). `$14`: who the agent acts for
+/// (`NULL`: nobody named), stored with every call, decided at submit or not.
 macro_rules! insert_call {
     () => {
         insert_call!("", "")
@@ -78,9 +79,9 @@ macro_rules! insert_call {
     ($columns:literal, $values:literal) => {
         concat!(
             "INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, title, \
-             message, workspace, supersede_key, deadline, created_at",
+             message, workspace, supersede_key, deadline, created_at, requested_by",
             $columns,
-            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13",
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14",
             $values,
             ") ON CONFLICT (agent, session_id, call_id) DO NOTHING RETURNING id"
         )
@@ -88,12 +89,12 @@ macro_rules! insert_call {
 }
 
 /// [`insert_call`] of a call a rule or grant decided as it arrived, with its outcome: the
-/// columns [`resolve_call`] sets, in its order, as `$14` to `$20`.
+/// columns [`resolve_call`] sets, in its order, as `$15` to `$21`.
 macro_rules! insert_decided_call {
     () => {
         insert_call!(
             ", status, decided_at, decided_by, reason, tool_result, run_input, input_edited",
-            ", $14, $15, $16, $17, $18, $19, $20"
+            ", $15, $16, $17, $18, $19, $20, $21"
         )
     };
 }
@@ -222,8 +223,8 @@ pub const COMPLETE_BATCH_AT_SEQ: &str = complete_batch_if_done!("seq");
 /// Postgres's [`complete_batch_if_done`]: `$1` is the Resolved event's `id`.
 pub const COMPLETE_BATCH_AT_ID: &str = complete_batch_if_done!("id");
 
-/// Who the agent acts for (`$1`) and the requirement (`$2`) fixed on call row `$3` at submit.
-pub const ROUTE_CALL: &str = "UPDATE calls SET requested_by = $1, requirement = $2 WHERE id = $3";
+/// The requirement (`$1`) fixed on call row `$2` at submit.
+pub const ROUTE_CALL: &str = "UPDATE calls SET requirement = $1 WHERE id = $2";
 /// The votes (`$1`, JSON) recorded on pending call row `$2`; nothing if it was decided.
 pub const RECORD_VOTES: &str = concat!(
     "UPDATE calls SET votes = $1 WHERE id = $2 AND status = ",
@@ -484,8 +485,8 @@ mod tests {
             (INSERT_BATCH, 6),
             (DELETE_BATCH, 1),
             (RESIZE_BATCH, 2),
-            (INSERT_CALL, 13),
-            (INSERT_DECIDED_CALL, 20),
+            (INSERT_CALL, 14),
+            (INSERT_DECIDED_CALL, 21),
             (RESOLVE_CALL, 8),
             (COMPLETE_BATCH_AT_SEQ, 2),
             (APPEND_EVENT, 3),
@@ -509,7 +510,7 @@ mod tests {
             (NEXT_STEP_DUE, 0),
             (APPEND_STEP_EVENT, 4),
             (SET_RULE_APPROVERS, 2),
-            (ROUTE_CALL, 3),
+            (ROUTE_CALL, 2),
             (RECORD_VOTES, 2),
             (RECORD_EVENT, 3),
             (DELETE_RULE, 1),
@@ -600,8 +601,8 @@ mod tests {
             .unwrap();
         let mut all = every_statement();
         all.extend([
-            (INSERT_CALL_AND_EVENT.to_owned(), 13),
-            (INSERT_DECIDED_CALL_AND_EVENT.to_owned(), 20),
+            (INSERT_CALL_AND_EVENT.to_owned(), 14),
+            (INSERT_DECIDED_CALL_AND_EVENT.to_owned(), 21),
             (APPEND_EVENT_AT_ID.to_owned(), 3),
             (RESOLVE_CALL_AND_EVENT.to_owned(), 8),
             (COMPLETE_BATCH_AT_ID.to_owned(), 2),

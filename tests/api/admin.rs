@@ -186,16 +186,7 @@ async fn get_call_returns_the_call_with_its_outcome_or_not_found(app: TestApp) {
     )
     .await;
     deny(&app, "s", "c1", "keep it").await;
-    let got = app
-        .admin()
-        .get_call(pb::GetCallRequest {
-            session_id: "s".into(),
-            call_id: "c1".into(),
-            agent: String::new(),
-        })
-        .await
-        .expect("get")
-        .into_inner();
+    let got = get_call(&app, "s", "c1").await;
     assert_eq!(got.agent, "default");
     assert_eq!(
         (

@@ -147,16 +147,7 @@ async fn an_approval_with_edited_input_runs_the_edit_and_keeps_the_original(app:
     assert!(outcome.input_edited);
     assert_eq!(outcome.input_json, r#"{"command":"rm -rf build/tmp"}"#);
     assert_eq!(outcome.tool_result, "");
-    let stored = app
-        .admin()
-        .get_call(pb::GetCallRequest {
-            session_id: "s".into(),
-            call_id: "c1".into(),
-            agent: String::new(),
-        })
-        .await
-        .expect("get call")
-        .into_inner();
+    let stored = get_call(&app, "s", "c1").await;
     assert_eq!(
         stored.input_json, r#"{"command":"rm -rf build"}"#,
         "the original stays"

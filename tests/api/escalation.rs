@@ -12,7 +12,7 @@ use pb::approver_event::Event as E;
 use tonic::Code;
 
 use crate::helpers::{
-    self, PATIENCE, Subscription, TestApp, backend_tests, batch, call, create_rule, deny,
+    self, PATIENCE, Subscription, TestApp, backend_tests, batch, call, create_rule, deny, get_call,
     start_broker, submit,
 };
 use crate::webhooks::Receiver;
@@ -141,18 +141,6 @@ fn types(receiver: &Receiver) -> Vec<String> {
         .iter()
         .map(|r| r.json()["type"].as_str().unwrap_or_default().to_owned())
         .collect()
-}
-
-async fn get_call(app: &TestApp, session: &str, call_id: &str) -> pb::Call {
-    app.admin()
-        .get_call(pb::GetCallRequest {
-            session_id: session.into(),
-            call_id: call_id.into(),
-            agent: String::new(),
-        })
-        .await
-        .expect("GetCall")
-        .into_inner()
 }
 
 // --- the tests ---------------------------------------------------------------------------------

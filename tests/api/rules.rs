@@ -498,6 +498,21 @@ async fn an_approval_stored_without_its_input_to_run_runs_the_calls_own_input(ap
     assert!(!g.input_edited);
 }
 
+/// Who the agent acts for is stored with every call, one a rule decides as it arrives too
+/// (`Call.requested_by`, as the API documents it).
+async fn a_call_a_rule_decides_keeps_who_the_agent_acts_for(app: TestApp) {
+    create_rule(&app, rule("reads", "read_file", pb::Effect::Allow, 0, None)).await;
+    let spec = pb::CallSpec {
+        requested_by: "carol".into(),
+        ..call("g", "read_file", r#"{"path":"a"}"#)
+    };
+    let response = submit(&app, batch("s", vec![spec])).await;
+    assert_eq!(ack_status(&response, 0), CallStatus::Approved);
+    let stored = get_call(&app, "s", "g").await;
+    assert_eq!(stored.status, CallStatus::Approved as i32);
+    assert_eq!(stored.requested_by, "carol");
+}
+
 /// Writes a policy file in the app's directory and returns its path.
 fn policy_file(dir: &std::path::Path, name: &str, json: &str) -> std::path::PathBuf {
     let path = dir.join(name);
@@ -658,4 +673,5 @@ backend_tests! {
     a_denial_at_submit_skips_the_rest_of_its_batch_like_a_person_would,
     rule_outcomes_before_and_after_a_denial_at_submit_are_a_persons,
     an_approval_stored_without_its_input_to_run_runs_the_calls_own_input,
+    a_call_a_rule_decides_keeps_who_the_agent_acts_for,
 }

@@ -42,18 +42,6 @@ async fn submit_one(app: &TestApp, session: &str, spec: pb::CallSpec) -> CallSta
     ack_status(&submit(app, batch(session, vec![spec])).await, 0)
 }
 
-async fn get_call(app: &TestApp, session: &str, call_id: &str) -> pb::Call {
-    app.admin()
-        .get_call(pb::GetCallRequest {
-            session_id: session.into(),
-            call_id: call_id.into(),
-            agent: String::new(),
-        })
-        .await
-        .expect("get call")
-        .into_inner()
-}
-
 /// (rule id, verdict) of each shadow verdict.
 fn verdicts(list: &[pb::ShadowVerdict]) -> Vec<(String, CallStatus)> {
     list.iter()

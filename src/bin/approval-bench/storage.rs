@@ -31,6 +31,7 @@ use approval_broker::domain::{
     SessionId, Timestamp, ToolInput, ToolName,
 };
 use approval_broker::receipts::Notary;
+use approval_broker::store::WRITER_CHECKPOINT_PAGES;
 use approval_broker::store::receipt_rows;
 use approval_broker::store::statements as sql;
 use rusqlite::{Connection, params};
@@ -111,8 +112,8 @@ pub struct StorageRates {
 
 /// SQLite: a fresh file `raw.db` in `dir`, written by one thread over one connection with the
 /// broker writer's settings (WAL, `synchronous=FULL`, foreign keys on, statement journals in
-/// memory, the writer checkpointing only past 4,096 pages while a thread of its own copies
-/// pages every 100 ms), so the raw loop pays for nothing the broker's writer does not.
+/// memory, the writer checkpointing only past [`WRITER_CHECKPOINT_PAGES`] while a thread of its
+/// own copies pages every 100 ms), so the raw loop pays for nothing the broker's writer does not.
 pub async fn sqlite(
     dir: &Path,
     run_for: Duration,
@@ -162,7 +163,7 @@ fn sqlite_rates(
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "foreign_keys", true)?;
     conn.pragma_update(None, "temp_store", "MEMORY")?;
-    conn.pragma_update(None, "wal_autocheckpoint", 4_096)?;
+    conn.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)?;
     conn.busy_timeout(Duration::from_secs(10))?;
     let checkpointer = Connection::open(&path)?;
     checkpointer.pragma_update(None, "synchronous", "FULL")?;
@@ -240,7 +241,8 @@ fn sqlite_cycles(
                 "bench",
                 None::<&str>,
                 None::<i64>,
-                now
+                now,
+                None::<&str>
             ],
             |row| row.get(0),
         )?;
@@ -407,6 +409,7 @@ async fn postgres_cycles(
             .bind(None::<&str>)
             .bind(None::<i64>)
             .bind(now)
+            .bind(None::<&str>)
             .fetch_one(&mut *tx)
             .await?;
         stored.push((rowid, batch_id));

@@ -20,6 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
+pub use self::writer::WRITER_CHECKPOINT_PAGES;
 use self::writer::WriteConnection;
 use super::group_commit::{GroupCommit, Queued};
 use super::reads::{BackendReads, Reads};

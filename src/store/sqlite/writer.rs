@@ -40,13 +40,15 @@ const STATEMENT_CACHE: usize = 64;
 /// How often the checkpointer copies what was committed from the WAL into the database file.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 
-/// WAL pages (64 MiB) after which the writer checkpoints by itself. Under steady load the WAL
+/// WAL pages (32 MiB) after which the writer checkpoints by itself. Under steady load the WAL
 /// only starts over from its beginning after a checkpoint the writer runs (the checkpointer's
 /// never catches up with a writer that keeps committing), so this bounds the WAL file, and how
 /// often the writer spends a commit's time copying pages and syncing the database file: at
 /// 4,096 pages that was about 6% of its time at 64 agents (SQLite's default, 1,000, would be
-/// every few groups). Measured in docs/benchmarks.md.
-const WRITER_CHECKPOINT_PAGES: u32 = 16_384;
+/// every few groups). 16,384 was a little faster still, but each of its rarer checkpoints is a
+/// longer pause: the 64-agent p99 rose from 24 to 30 ms, where at 8,192 it is 26 ms. Measured
+/// in docs/benchmarks.md.
+pub const WRITER_CHECKPOINT_PAGES: u32 = 8_192;
 
 /// The one write connection. A transaction takes it out and puts it back when it ends, so a
 /// transaction is an owned value that can cross `await`s; only the writer thread runs

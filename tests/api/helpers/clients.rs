@@ -71,6 +71,19 @@ pub async fn grant_by_deciding(
         .expect("a grant")
 }
 
+/// Call `call_id` of session `session` (agent `default`) as stored, through GetCall.
+pub async fn get_call(app: &TestApp, session: &str, call_id: &str) -> pb::Call {
+    app.admin()
+        .get_call(pb::GetCallRequest {
+            session_id: session.into(),
+            call_id: call_id.into(),
+            agent: String::new(),
+        })
+        .await
+        .expect("get call")
+        .into_inner()
+}
+
 /// The status of the one call a submit acknowledged (its `accepted` status).
 pub fn ack_status(response: &pb::SubmitResponse, index: usize) -> CallStatus {
     match &response.acks[index].result {
