@@ -325,19 +325,11 @@ mod tests {
     /// (not read back): it attests the call as stored, with the outcome, link for link.
     #[tokio::test]
     async fn the_receipt_of_a_decision_attests_the_call_as_stored() {
-        use crate::domain::NewCall;
+        use crate::operations::testing::shown_call;
         let db = Db::new().await;
         let now = Timestamp::now();
-        let shown = |id| NewCall {
-            title: "List \u{200b}it".into(),
-            message: "why: because".into(),
-            workspace: "/w".into(),
-            deadline: Some(Timestamp::from_micros(now.as_micros() + 60_000_000)),
-            requested_by: "carol".into(),
-            ..call(id, "t", r#"{"n":[1,2],"path":"/tmp"}"#)
-        };
         let mut tx = db.tx().await;
-        let mut b = batch("s", [shown("a"), shown("b")]);
+        let mut b = batch("s", [shown_call("a", "t", now), shown_call("b", "t", now)]);
         b.on_deny = OnDeny::Independent;
         submit_in(&mut tx, &b, &texts(), now).await.unwrap();
         tx.commit().await.unwrap();

@@ -423,7 +423,13 @@ fn existing(batch: &NewBatch, call: &NewCall, stored: Call) -> SubmitItem {
 mod tests {
     use super::*;
     use crate::domain::{OnDeny, Status};
-    use crate::operations::testing::{Db, batch, call, key, rule, texts};
+    use crate::operations::testing::{Db, batch, call, key, rule, shown_call, texts};
+
+    /// Rules `ok-ls` (allow `ls`) and `no-rm` (deny `rm`).
+    async fn allow_ls_deny_rm(tx: &mut impl PolicyTx) {
+        tx.insert_rule(&rule("ok-ls", "ls", "allow")).await.unwrap();
+        tx.insert_rule(&rule("no-rm", "rm", "deny")).await.unwrap();
+    }
 
     fn accepted(item: &SubmitItem) -> &Call {
         match &item.result {
@@ -620,20 +626,14 @@ mod tests {
     async fn the_reply_of_a_call_decided_at_submit_is_the_call_as_a_read_gives_it() {
         let db = Db::new().await;
         let mut tx = db.tx().await;
-        tx.insert_rule(&rule("ok-ls", "ls", "allow")).await.unwrap();
-        tx.insert_rule(&rule("no-rm", "rm", "deny")).await.unwrap();
+        allow_ls_deny_rm(&mut tx).await;
         let now = Timestamp::now();
         let b = batch(
             "s",
             [
                 NewCall {
-                    title: "List /tmp".into(),
-                    message: "why: because".into(),
-                    workspace: "/w".into(),
                     supersede_key: Some("k".into()),
-                    deadline: Some(Timestamp::from_micros(now.as_micros() + 60_000_000)),
-                    requested_by: "carol".into(),
-                    ..call("a", "ls", r#"{"path":"/tmp"}"#)
+                    ..shown_call("a", "ls", now)
                 },
                 call("b", "rm", "{}"),
                 call("c", "ls", "{}"),
@@ -680,8 +680,7 @@ mod tests {
              BEGIN INSERT INTO status_updates VALUES (NEW.call_id); END;",
         );
         let mut tx = db.tx().await;
-        tx.insert_rule(&rule("ok-ls", "ls", "allow")).await.unwrap();
-        tx.insert_rule(&rule("no-rm", "rm", "deny")).await.unwrap();
+        allow_ls_deny_rm(&mut tx).await;
         let b = batch(
             "s",
             [
@@ -724,17 +723,12 @@ mod tests {
     async fn the_receipt_of_a_call_stored_decided_attests_the_call_as_stored() {
         let db = Db::new().await;
         let mut tx = db.tx().await;
-        tx.insert_rule(&rule("ok-ls", "ls", "allow")).await.unwrap();
-        tx.insert_rule(&rule("no-rm", "rm", "deny")).await.unwrap();
+        allow_ls_deny_rm(&mut tx).await;
         let now = Timestamp::now();
-        let shown = |id, tool| NewCall {
-            title: "List \u{200b}it".into(),
-            message: "why: because".into(),
-            workspace: "/w".into(),
-            deadline: Some(Timestamp::from_micros(now.as_micros() + 60_000_000)),
-            ..call(id, tool, r#"{"n":[1,2],"path":"/tmp"}"#)
-        };
-        let mut b = batch("s", [shown("a", "ls"), shown("b", "rm")]);
+        let mut b = batch(
+            "s",
+            [shown_call("a", "ls", now), shown_call("b", "rm", now)],
+        );
         b.on_deny = OnDeny::Independent;
         submit_in(&mut tx, &b, &texts(), now).await.unwrap();
         tx.commit().await.unwrap();

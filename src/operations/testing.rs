@@ -117,6 +117,19 @@ pub fn key(session: &str, call_id: &str) -> CallKey {
     }
 }
 
+/// A call of `tool` carrying every field a person is shown and a receipt attests (title with a
+/// hidden character, message, workspace, a deadline a minute after `now`, who it acts for).
+pub fn shown_call(call_id: &str, tool: &str, now: Timestamp) -> NewCall {
+    NewCall {
+        title: "List \u{200b}it".into(),
+        message: "why: because".into(),
+        workspace: "/w".into(),
+        deadline: Some(Timestamp::from_micros(now.as_micros() + 60_000_000)),
+        requested_by: "carol".into(),
+        ..call(call_id, tool, r#"{"n":[1,2],"path":"/tmp"}"#)
+    }
+}
+
 /// A call of `tool` with `input` (JSON text, already canonical).
 pub fn call(call_id: &str, tool: &str, input: &str) -> NewCall {
     NewCall {
