@@ -13,8 +13,14 @@ use tokio::net::TcpListener;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+fn main() -> ExitCode {
+    // Before the runtime starts its threads, and before anything opens a database.
+    let sqlite_allocator = sqlite_allocator::install();
+    run(sqlite_allocator)
+}
+
 #[tokio::main]
-async fn main() -> ExitCode {
+async fn run(sqlite_allocator: Result<(), std::ffi::c_int>) -> ExitCode {
     let config = Config::from_command_line();
     // Before logging starts: a hook's standard output is its answer and holds nothing else.
     if let Some(Command::Hook(hook)) = &config.command {
@@ -52,6 +58,12 @@ async fn main() -> ExitCode {
     telemetry::init_traced("info", json, traces.as_ref().map(|(provider, _)| provider));
     if let Some((_, endpoint)) = &traces {
         tracing::info!(%endpoint, "exporting traces over OTLP");
+    }
+    if let Err(code) = sqlite_allocator {
+        tracing::warn!(
+            code,
+            "SQLite refused mimalloc as its allocator and keeps its own"
+        );
     }
     let exit = serve(config).await;
     if let Some((provider, _)) = traces {
@@ -148,4 +160,136 @@ fn hash_token(token: Option<String>) -> ExitCode {
     }
     println!("{}", approval_broker::auth::hash_token(&token));
     ExitCode::SUCCESS
+}
+
+/// SQLite allocates through mimalloc too. SQLite calls its own allocator, glibc's `malloc`,
+/// for every statement step, row and page it touches; at the 64-agent peak that was about a
+/// tenth of the writer thread's time (docs/benchmarks.md). Must run before SQLite is first used
+/// (`sqlite3_config` refuses once it is initialised); the broker logs a refusal and goes on with
+/// SQLite's own allocator.
+mod sqlite_allocator {
+    use std::ffi::{c_int, c_void};
+
+    use rusqlite::ffi;
+
+    // mimalloc's C functions, linked through the `mimalloc` crate's own `libmimalloc-sys` (which
+    // exports `mi_usable_size` only behind a feature that would add a crate).
+    unsafe extern "C" {
+        fn mi_malloc(size: usize) -> *mut c_void;
+        fn mi_realloc(p: *mut c_void, size: usize) -> *mut c_void;
+        fn mi_free(p: *mut c_void);
+        fn mi_usable_size(p: *const c_void) -> usize;
+    }
+
+    unsafe extern "C" fn malloc(size: c_int) -> *mut c_void {
+        // SQLite never asks for a negative size; refuse one as an allocation failure.
+        match usize::try_from(size) {
+            Ok(size) => unsafe { mi_malloc(size) },
+            Err(_) => std::ptr::null_mut(),
+        }
+    }
+
+    unsafe extern "C" fn free(p: *mut c_void) {
+        unsafe { mi_free(p) }
+    }
+
+    unsafe extern "C" fn realloc(p: *mut c_void, size: c_int) -> *mut c_void {
+        match usize::try_from(size) {
+            Ok(size) => unsafe { mi_realloc(p, size) },
+            Err(_) => std::ptr::null_mut(),
+        }
+    }
+
+    /// What SQLite may use of an allocation (at least what it asked for).
+    unsafe extern "C" fn size(p: *mut c_void) -> c_int {
+        let usable = unsafe { mi_usable_size(p) };
+        c_int::try_from(usable).unwrap_or(c_int::MAX)
+    }
+
+    /// Sizes rounded up to 8 bytes, as SQLite's default allocator does.
+    unsafe extern "C" fn roundup(size: c_int) -> c_int {
+        size.saturating_add(7) & !7
+    }
+
+    unsafe extern "C" fn init(_: *mut c_void) -> c_int {
+        ffi::SQLITE_OK
+    }
+
+    unsafe extern "C" fn shutdown(_: *mut c_void) {}
+
+    /// Hands SQLite mimalloc's functions; logged (after logging starts) if SQLite refused.
+    pub fn install() -> Result<(), c_int> {
+        let methods = methods();
+        // SQLite copies the methods. Called before any other thread exists and before SQLite is
+        // initialised, as `sqlite3_config` requires.
+        let rc = unsafe { ffi::sqlite3_config(ffi::SQLITE_CONFIG_MALLOC, &raw const methods) };
+        if rc == ffi::SQLITE_OK {
+            Ok(())
+        } else {
+            Err(rc)
+        }
+    }
+
+    /// SQLite's allocator interface over mimalloc.
+    pub fn methods() -> ffi::sqlite3_mem_methods {
+        ffi::sqlite3_mem_methods {
+            xMalloc: Some(malloc),
+            xFree: Some(free),
+            xRealloc: Some(realloc),
+            xSize: Some(size),
+            xRoundup: Some(roundup),
+            xInit: Some(init),
+            xShutdown: Some(shutdown),
+            pAppData: std::ptr::null_mut(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::ffi;
+
+    use super::sqlite_allocator;
+
+    /// SQLite takes mimalloc's functions before it first runs, and then runs on them: rows that
+    /// make it allocate, grow (realloc) and free buffers and pages, read back whole. The only test
+    /// of this binary that uses SQLite, so SQLite is not initialised before it.
+    #[test]
+    fn sqlite_allocates_through_mimalloc() {
+        assert_eq!(sqlite_allocator::install(), Ok(()));
+        let mut methods = std::mem::MaybeUninit::<ffi::sqlite3_mem_methods>::zeroed();
+        let rc = unsafe { ffi::sqlite3_config(ffi::SQLITE_CONFIG_GETMALLOC, methods.as_mut_ptr()) };
+        assert_eq!(rc, ffi::SQLITE_OK);
+        let (used, ours) = (
+            unsafe { methods.assume_init() },
+            sqlite_allocator::methods(),
+        );
+        let address =
+            |f: Option<unsafe extern "C" fn(*mut std::ffi::c_void)>| f.map(|f| f as usize);
+        assert_eq!(
+            address(used.xFree),
+            address(ours.xFree),
+            "SQLite frees with mi_free"
+        );
+        assert_eq!(unsafe { used.xRoundup.unwrap()(13) }, 16);
+
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE t (n INTEGER PRIMARY KEY, text TEXT NOT NULL);
+             WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 2000)
+             INSERT INTO t SELECT n, printf('%.*c', n * 7, 'x') FROM r;
+             CREATE INDEX t_text ON t (text);
+             UPDATE t SET text = text || text WHERE n % 3 = 0;",
+        )
+        .unwrap();
+        let (rows, bytes): (i64, i64) = conn
+            .query_row("SELECT COUNT(*), SUM(LENGTH(text)) FROM t", [], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })
+            .unwrap();
+        let expected: i64 = (1..=2000i64)
+            .map(|n| if n % 3 == 0 { 14 * n } else { 7 * n })
+            .sum();
+        assert_eq!((rows, bytes), (2000, expected));
+    }
 }

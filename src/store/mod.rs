@@ -38,7 +38,9 @@ pub use database::Database;
 pub use postgres::PostgresStore;
 pub use reads::{BackendReads, PoolStats};
 pub use receipt_rows::StoredReceipt;
-pub use sqlite::{ProcessLock, SqliteStore, Synchronous, WRITER_CHECKPOINT_PAGES};
+pub use sqlite::{
+    CHECKPOINT_EVERY, ProcessLock, SqliteStore, Synchronous, WRITER_CHECKPOINT_PAGES,
+};
 
 /// The broker's durable state: every part below, from one backend. What startup opens and the
 /// broker holds; each other part of the broker needs only the part it names.

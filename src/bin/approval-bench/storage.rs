@@ -31,9 +31,9 @@ use approval_broker::domain::{
     SessionId, Timestamp, ToolInput, ToolName,
 };
 use approval_broker::receipts::Notary;
-use approval_broker::store::WRITER_CHECKPOINT_PAGES;
 use approval_broker::store::receipt_rows;
 use approval_broker::store::statements as sql;
+use approval_broker::store::{CHECKPOINT_EVERY, WRITER_CHECKPOINT_PAGES};
 use rusqlite::{Connection, params};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -113,7 +113,8 @@ pub struct StorageRates {
 /// SQLite: a fresh file `raw.db` in `dir`, written by one thread over one connection with the
 /// broker writer's settings (WAL, `synchronous=FULL`, foreign keys on, statement journals in
 /// memory, the writer checkpointing only past [`WRITER_CHECKPOINT_PAGES`] while a thread of its
-/// own copies pages every 100 ms), so the raw loop pays for nothing the broker's writer does not.
+/// own copies pages every [`CHECKPOINT_EVERY`]), so the raw loop pays for nothing the broker's
+/// writer does not.
 pub async fn sqlite(
     dir: &Path,
     run_for: Duration,
@@ -172,7 +173,7 @@ fn sqlite_rates(
         let writing = Arc::clone(&writing);
         std::thread::spawn(move || {
             while writing.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(CHECKPOINT_EVERY);
                 let _ = checkpointer.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
             }
         })

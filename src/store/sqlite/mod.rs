@@ -20,8 +20,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-pub use self::writer::WRITER_CHECKPOINT_PAGES;
 use self::writer::WriteConnection;
+pub use self::writer::{CHECKPOINT_EVERY, WRITER_CHECKPOINT_PAGES};
 use super::group_commit::{GroupCommit, Queued};
 use super::reads::{BackendReads, Reads};
 use super::{Backend, Calls, CommittedEvents, Deadlines, EventLog, Policies};
