@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use approval_broker::config::{Command, Config, MetricsListen};
-use approval_broker::{meters, startup, telemetry, traces};
+use approval_broker::{meters, startup, store, telemetry, traces};
 use tokio::net::TcpListener;
 
 /// mimalloc rather than glibc's malloc: the hot path allocates per message on every thread and
@@ -15,7 +15,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     // Before the runtime starts its threads, and before anything opens a database.
-    let sqlite_allocator = sqlite_allocator::install();
+    let sqlite_allocator = store::sqlite_allocator::install();
     run(sqlite_allocator)
 }
 
@@ -162,94 +162,10 @@ fn hash_token(token: Option<String>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// SQLite allocates through mimalloc too. SQLite calls its own allocator, glibc's `malloc`,
-/// for every statement step, row and page it touches; at the 64-agent peak that was about a
-/// tenth of the writer thread's time (docs/benchmarks.md). Must run before SQLite is first used
-/// (`sqlite3_config` refuses once it is initialised); the broker logs a refusal and goes on with
-/// SQLite's own allocator.
-mod sqlite_allocator {
-    use std::ffi::{c_int, c_void};
-
-    use rusqlite::ffi;
-
-    // mimalloc's C functions, linked through the `mimalloc` crate's own `libmimalloc-sys` (which
-    // exports `mi_usable_size` only behind a feature that would add a crate).
-    unsafe extern "C" {
-        fn mi_malloc(size: usize) -> *mut c_void;
-        fn mi_realloc(p: *mut c_void, size: usize) -> *mut c_void;
-        fn mi_free(p: *mut c_void);
-        fn mi_usable_size(p: *const c_void) -> usize;
-    }
-
-    unsafe extern "C" fn malloc(size: c_int) -> *mut c_void {
-        // SQLite never asks for a negative size; refuse one as an allocation failure.
-        match usize::try_from(size) {
-            Ok(size) => unsafe { mi_malloc(size) },
-            Err(_) => std::ptr::null_mut(),
-        }
-    }
-
-    unsafe extern "C" fn free(p: *mut c_void) {
-        unsafe { mi_free(p) }
-    }
-
-    unsafe extern "C" fn realloc(p: *mut c_void, size: c_int) -> *mut c_void {
-        match usize::try_from(size) {
-            Ok(size) => unsafe { mi_realloc(p, size) },
-            Err(_) => std::ptr::null_mut(),
-        }
-    }
-
-    /// What SQLite may use of an allocation (at least what it asked for).
-    unsafe extern "C" fn size(p: *mut c_void) -> c_int {
-        let usable = unsafe { mi_usable_size(p) };
-        c_int::try_from(usable).unwrap_or(c_int::MAX)
-    }
-
-    /// Sizes rounded up to 8 bytes, as SQLite's default allocator does.
-    unsafe extern "C" fn roundup(size: c_int) -> c_int {
-        size.saturating_add(7) & !7
-    }
-
-    unsafe extern "C" fn init(_: *mut c_void) -> c_int {
-        ffi::SQLITE_OK
-    }
-
-    unsafe extern "C" fn shutdown(_: *mut c_void) {}
-
-    /// Hands SQLite mimalloc's functions; logged (after logging starts) if SQLite refused.
-    pub fn install() -> Result<(), c_int> {
-        let methods = methods();
-        // SQLite copies the methods. Called before any other thread exists and before SQLite is
-        // initialised, as `sqlite3_config` requires.
-        let rc = unsafe { ffi::sqlite3_config(ffi::SQLITE_CONFIG_MALLOC, &raw const methods) };
-        if rc == ffi::SQLITE_OK {
-            Ok(())
-        } else {
-            Err(rc)
-        }
-    }
-
-    /// SQLite's allocator interface over mimalloc.
-    pub fn methods() -> ffi::sqlite3_mem_methods {
-        ffi::sqlite3_mem_methods {
-            xMalloc: Some(malloc),
-            xFree: Some(free),
-            xRealloc: Some(realloc),
-            xSize: Some(size),
-            xRoundup: Some(roundup),
-            xInit: Some(init),
-            xShutdown: Some(shutdown),
-            pAppData: std::ptr::null_mut(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use approval_broker::store::sqlite_allocator;
     use rusqlite::ffi;
-
-    use super::sqlite_allocator;
 
     /// SQLite takes mimalloc's functions before it first runs, and then runs on them: rows that
     /// make it allocate, grow (realloc) and free buffers and pages, read back whole. The only test

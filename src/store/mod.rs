@@ -38,6 +38,7 @@ pub use database::Database;
 pub use postgres::PostgresStore;
 pub use reads::{BackendReads, PoolStats};
 pub use receipt_rows::StoredReceipt;
+pub use sqlite::allocator as sqlite_allocator;
 pub use sqlite::{
     CHECKPOINT_EVERY, ProcessLock, SqliteStore, Synchronous, WRITER_CHECKPOINT_PAGES,
 };

@@ -142,8 +142,21 @@ struct Args {
     idle_subscribers: u32,
 }
 
+/// The broker's allocator, for the load generator and the raw storage loops alike: the raw loop
+/// then allocates as the broker's writer does (Rust and SQLite both through mimalloc).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn main() {
+    // Before the runtime's threads, and before anything opens a database.
+    if let Err(code) = approval_broker::store::sqlite_allocator::install() {
+        eprintln!("approval-bench: SQLite refused mimalloc as its allocator (code {code})");
+    }
+    run_to_exit();
+}
+
 #[tokio::main]
-async fn main() {
+async fn run_to_exit() {
     let args = Args::parse();
     match run(args).await {
         Ok(true) => {}

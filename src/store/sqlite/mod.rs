@@ -8,6 +8,7 @@
 //! `synchronous=FULL` by default: a commit is on disk before it is acknowledged, even across
 //! power loss.
 
+pub mod allocator;
 mod lifecycle;
 mod webhooks;
 mod writer;

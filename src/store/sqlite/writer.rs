@@ -40,9 +40,10 @@ const STATEMENT_CACHE: usize = 64;
 /// How often the checkpointer copies what was committed from the WAL into the database file.
 /// Each checkpoint syncs the WAL and the database file, and a commit that syncs meanwhile waits
 /// longer: at 10 a second that was the tail of one call in flight (submit to outcome p99
-/// 1.8-2.0 ms, at 1 s 1.0-1.1 ms, p50 0.7 ms either way). Rarer checkpoints leave more for the
-/// writer's own ([`WRITER_CHECKPOINT_PAGES`]): the 64-agent p99 rose from ~34 to ~38-43 ms, the
-/// rate did not move (docs/benchmarks.md, "The checkpointer's interval").
+/// 1.77-1.94 ms; at 1 s 0.93-1.08 ms; p50 ~0.7 ms either way). Rarer checkpoints leave more for
+/// the writer's own ([`WRITER_CHECKPOINT_PAGES`]): at 64 agents the p99 rose from ~31 to ~37 ms
+/// while the median and p90 fell (docs/benchmarks.md, "SQLite's allocations and the
+/// checkpointer's interval").
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
 /// How often the checkpointer compares the database's files with those opened.
@@ -78,9 +79,9 @@ pub struct WriteConnection {
 /// The database's files as this process opened them (device and inode of the database, its WAL
 /// and its shared-memory file). Once one of them is deleted or replaced, SQLite goes on writing
 /// to the open (unlinked) files: commits succeed, and all of them are gone at the next start,
-/// which finds no file or another one. So every commit and every checkpoint compares the paths
-/// with what was opened, and once they differ the store stops acknowledging for good: only an
-/// operator can tell what became of the database.
+/// which finds no file or another one. So every commit, and the checkpointer every 100 ms,
+/// compares the paths with what was opened, and once they differ the store stops acknowledging
+/// for good: only an operator can tell what became of the database.
 pub(super) struct DatabaseFiles {
     opened: Vec<(PathBuf, (u64, u64))>,
     /// Why the store stopped writing, once it did.
