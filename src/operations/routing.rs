@@ -34,8 +34,8 @@ pub fn requirement_of(ruling: &Ruling<'_>, default: Option<&Approvers>) -> Optio
 }
 
 /// Fixes on each call just stored, and still pending, the requirement that applies to it now
-/// (who it acts for is stored with it). `decided`: the row ids this submit resolved. Returns the approvals fixed,
-/// by row id, so the reply shows them.
+/// (who it acts for is stored with the call itself). `decided`: the row ids this submit
+/// resolved. Returns the approvals fixed, by row id, so the reply shows them.
 pub(super) async fn route_new_calls(
     tx: &mut impl WriteTx,
     accepted: &[(i64, &Call, Option<&Prejudged>)],
@@ -61,7 +61,6 @@ pub(super) async fn route_new_calls(
         } else {
             None
         };
-        // Who the agent acts for is stored with the call itself: only a requirement is left.
         let Some(requirement) = requirement else {
             continue;
         };

@@ -8,15 +8,15 @@
 //! `sqlite3_config` refuses once SQLite is initialised; the caller then keeps SQLite's own
 //! allocator and says so.
 
-// mimalloc's library is linked through this crate (its `libmimalloc-sys`), whoever links us.
-use mimalloc as _;
-
 use std::ffi::{c_int, c_void};
 
 use rusqlite::ffi;
+// Links mimalloc's C library (the `mimalloc` crate's own `libmimalloc-sys`) into every program
+// built on this crate, whether or not it makes mimalloc its global allocator.
+use mimalloc as _;
 
-// mimalloc's C functions, linked through the `mimalloc` crate's own `libmimalloc-sys` (which
-// exports `mi_usable_size` only behind a feature that would add a crate).
+// mimalloc's C functions, declared here: `libmimalloc-sys` exports `mi_usable_size` only behind a
+// feature that would add a crate.
 unsafe extern "C" {
     fn mi_malloc(size: usize) -> *mut c_void;
     fn mi_realloc(p: *mut c_void, size: usize) -> *mut c_void;
