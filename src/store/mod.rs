@@ -17,7 +17,7 @@ mod reads;
 pub mod receipt_rows;
 mod retention;
 mod rows;
-mod sqlite;
+pub(crate) mod sqlite;
 pub mod statements;
 mod webhook_rows;
 

@@ -467,6 +467,9 @@ impl SqlTx for PgTx {
     const EVENT_IS_SEQ: bool = false;
     /// Locked: the replicas append to the one chain in turn (see `receipt_rows`).
     const CHAIN_HEAD: &'static str = receipt_rows::CHAIN_HEAD_LOCKED;
+    /// During a rolling update, replicas of a version that reads a NULL as "nothing to run" may
+    /// share the database.
+    const STORES_UNEDITED_INPUT_TO_RUN: bool = true;
 
     async fn rows<T: Send + 'static>(&mut self, run: Run<'_>, decode: Decode<T>) -> Result<Vec<T>> {
         let rows = bound(run).fetch_all(&mut *self.tx).await;

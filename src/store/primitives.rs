@@ -94,6 +94,9 @@ pub trait SqlTx: Send {
     /// [`receipt_rows::CHAIN_HEAD`], or [`receipt_rows::CHAIN_HEAD_LOCKED`] where writers run
     /// concurrently.
     const CHAIN_HEAD: &'static str;
+    /// Whether an approval stores its input to run when it is the call's own (see
+    /// [`outcome_params`]): where binaries of an older version may read the rows.
+    const STORES_UNEDITED_INPUT_TO_RUN: bool;
 
     /// Every row `run` returns, decoded.
     async fn rows<T: Send + 'static>(&mut self, run: Run<'_>, decode: Decode<T>) -> Result<Vec<T>>;
@@ -180,20 +183,30 @@ pub trait SqlTx: Send {
 /// An outcome's columns, as [`sql::RESOLVE_CALL`] and [`sql::INSERT_DECIDED_CALL`] take them
 /// (status, decided at, by, reason, tool result, input to run, edited).
 ///
-/// The input to run is stored even when it is the call's own input, which doubles the row of
-/// every approved call (measured in docs/benchmarks.md: not storing it made 64 agents
-/// auto-approve 1.20× faster). Binaries before this one read a NULL there as "nothing to run",
-/// and replicas of two versions share one database during a rolling update (or after a
-/// rollback), so this version only learns to read a NULL back as the call's input
-/// (`rows::call_from_row`); a later one can stop writing it.
-fn outcome_params<'a>(outcome: &'a Outcome, decided_by: &'a str) -> [Param<'a>; 7] {
+/// The input to run is stored only when an approver edited it, unless `unedited_too`: a NULL
+/// reads back as the call's own input (`rows::call_from_row`). Stored again, a 1 KiB input made
+/// a row of over half a page, so every approved call took a page of its own (stored once, 64
+/// agents auto-approve 1.06x faster: docs/benchmarks.md). Binaries before `f2daf96` read a
+/// NULL as "nothing to run", so a backend where they may read the rows stores it anyway:
+/// Postgres, whose replicas of two versions share the database during a rolling update. A
+/// SQLite file has one broker at a time (its lock file), and migration 0014 makes an older one
+/// refuse to start on the file, so it never meets such a row.
+fn outcome_params<'a>(
+    outcome: &'a Outcome,
+    decided_by: &'a str,
+    unedited_too: bool,
+) -> [Param<'a>; 7] {
+    let run_input = outcome
+        .run_input
+        .as_ref()
+        .filter(|_| outcome.input_edited || unedited_too);
     [
         Param::Int(outcome.kind.code()),
         Param::Int(outcome.decided_at.as_micros()),
         Param::Text(decided_by),
         Param::Text(&outcome.reason),
         Param::Text(&outcome.tool_result),
-        Param::OptText(outcome.run_input.as_ref().map(ToolInput::as_str)),
+        Param::OptText(run_input.map(ToolInput::as_str)),
         Param::Flag(outcome.input_edited),
     ]
 }
@@ -217,7 +230,8 @@ async fn resolve_as<T: SqlTx>(
     stored: Option<&Call>,
 ) -> Result<Option<Resolved>> {
     let decided_by = outcome.decided_by.to_string();
-    let [kind, at, by, reason, result, run_input, edited] = outcome_params(outcome, &decided_by);
+    let [kind, at, by, reason, result, run_input, edited] =
+        outcome_params(outcome, &decided_by, T::STORES_UNEDITED_INPUT_TO_RUN);
     let params = [
         kind,
         at,
@@ -364,7 +378,8 @@ impl<T: SqlTx> WriteTx for T {
         let inserted = match decided {
             Some(outcome) => {
                 let decided_by = outcome.decided_by.to_string();
-                let outcome = outcome_params(outcome, &decided_by);
+                let unedited_too = Self::STORES_UNEDITED_INPUT_TO_RUN;
+                let outcome = outcome_params(outcome, &decided_by, unedited_too);
                 let params: Vec<Param<'_>> = call.into_iter().chain(outcome).collect();
                 self.rows(Run::write(Self::INSERT_DECIDED_CALL, &params), id)
                     .await?

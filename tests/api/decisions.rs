@@ -168,6 +168,31 @@ async fn an_approval_with_edited_input_runs_the_edit_and_keeps_the_original(app:
         plain.input_json, r#"{"command":"ls"}"#,
         "the submitted input is the one to run"
     );
+    assert_eq!(
+        get_call(&app, "s", "c2")
+            .await
+            .outcome
+            .expect("outcome")
+            .input_json,
+        r#"{"command":"ls"}"#,
+        "read back, too"
+    );
+
+    // How they are stored: the edit always; the input as submitted again only on Postgres,
+    // whose replicas of an older version (which reads a NULL as nothing to run) may share the
+    // database during a rolling update. A SQLite row is then under half a page.
+    let stored_again = app
+        .count("SELECT count(*) FROM calls WHERE call_id = 'c2' AND run_input IS NOT NULL")
+        .await;
+    let edit_stored = app
+        .count(
+            "SELECT count(*) FROM calls \
+             WHERE call_id = 'c1' AND run_input = '{\"command\":\"rm -rf build/tmp\"}'",
+        )
+        .await;
+    assert_eq!(edit_stored, 1);
+    let postgres = matches!(app.backend, Backend::Postgres(_));
+    assert_eq!(stored_again, i64::from(postgres));
 }
 
 async fn tool_result_texts_are_configurable(app: TestApp) {

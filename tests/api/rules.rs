@@ -482,8 +482,8 @@ async fn rule_outcomes_before_and_after_a_denial_at_submit_are_a_persons(app: Te
     assert_eq!(outcome_of(&app, "s", "i").await.decided_by, "broker");
 }
 
-/// An approval stored without its input to run (a later version stores an approval of the
-/// input as submitted so) runs the call's own input: this version reads such rows right.
+/// An approval stored without its input to run (as SQLite stores an approval of the input as
+/// submitted, and as a Postgres replica may find one) runs the call's own input.
 async fn an_approval_stored_without_its_input_to_run_runs_the_calls_own_input(app: TestApp) {
     create_rule(&app, rule("reads", "read_file", pb::Effect::Allow, 0, None)).await;
     let response = submit(

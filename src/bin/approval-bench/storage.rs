@@ -260,7 +260,8 @@ fn sqlite_cycles(
                 DECIDED_BY,
                 "",
                 "",
-                input,
+                // The input to run, stored only when edited, as the broker's SQLite writer does.
+                None::<&str>,
                 false,
                 rowid
             ],
@@ -487,7 +488,7 @@ mod tests {
         assert!(rates.per_write > 0.0 && rates.batched > 0.0, "{rates:?}");
         let url = format!("sqlite://{}", dir.path().join("raw.db").display());
         let mut conn = sqlx::SqliteConnection::connect(&url).await.expect("open");
-        let counts: (i64, i64, i64, i64, i64, i64, i64, i64, i64) =
+        let counts: (i64, i64, i64, i64, i64, i64, i64, i64, i64, i64) =
             sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "SELECT (SELECT count(*) FROM calls), \
                     (SELECT count(*) FROM batches), \
@@ -501,7 +502,8 @@ mod tests {
                        WHERE e.kind = {resolved} AND e.batch_completed), \
                     (SELECT count(*) FROM receipts r JOIN calls c ON c.session_id = r.session_id \
                        AND c.call_id = r.call_id), \
-                    (SELECT seq FROM receipt_chain)",
+                    (SELECT seq FROM receipt_chain), \
+                    (SELECT count(*) FROM calls WHERE run_input IS NULL)",
                 approved = OutcomeKind::Approved.code(),
                 requested = EventKind::Requested.code(),
                 resolved = EventKind::Resolved.code(),
@@ -514,10 +516,11 @@ mod tests {
         assert_eq!(
             counts,
             (
-                calls, calls, calls, calls, calls, calls, calls, calls, calls
+                calls, calls, calls, calls, calls, calls, calls, calls, calls, calls
             ),
             "(calls, batches, approved, Requested events, linked to their call, \
-             Resolved events, completing their batch, a receipt each, the chain's length)"
+             Resolved events, completing their batch, a receipt each, the chain's length, \
+             approved without storing the input again)"
         );
     }
 }

@@ -119,6 +119,14 @@ impl SqliteStore {
     }
 }
 
+/// What docs/data-lifecycle.md ("Going back to an older version") has an operator run before
+/// starting a binary from before migration 0014 on a file: approvals get their input to run
+/// stored again, and the migration's record goes.
+#[cfg(test)]
+pub(crate) const GOING_BACK_BEFORE_0014: &str = "\
+    UPDATE calls SET run_input = input WHERE status = 2 AND run_input IS NULL; \
+    DELETE FROM _sqlx_migrations WHERE version = 14;";
+
 /// An exclusive lock on `<database>.lock`, held while the broker runs: one broker process per
 /// SQLite file, as the design assumes (its one writer numbers events in commit order, and its
 /// event fan-out sees every commit only because it makes them). Released when dropped, and by the
@@ -322,6 +330,42 @@ mod tests {
             .alone(move |writer| async move { writer.pragma(name) })
             .await
             .unwrap()
+    }
+
+    /// A binary from before migration 0014 reads an approval stored without its input to run
+    /// as one with nothing to run, so it must not open a file this version wrote: sqlx refuses
+    /// a database holding a migration the binary does not know, as that binary's own
+    /// `migrate!` (the migrations as it knew them, from a copy of the directory without 0014).
+    #[tokio::test]
+    async fn a_binary_from_before_the_input_stored_once_refuses_the_file() {
+        let (dir, url, store) = fresh().await;
+        drop(store);
+        let older = dir.path().join("migrations");
+        std::fs::create_dir(&older).unwrap();
+        let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
+        for entry in std::fs::read_dir(here).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+            if !name.starts_with("0014_") {
+                std::fs::copy(&path, older.join(name)).unwrap();
+            }
+        }
+        let older = sqlx::migrate::Migrator::new(older).await.unwrap();
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        let refused = older.run(&pool).await;
+        assert!(
+            matches!(
+                refused,
+                Err(sqlx::migrate::MigrateError::VersionMissing(14))
+            ),
+            "{refused:?}"
+        );
+        // The way back docs/data-lifecycle.md gives: the input stored again, the marker gone.
+        sqlx::raw_sql(GOING_BACK_BEFORE_0014)
+            .execute(&pool)
+            .await
+            .unwrap();
+        older.run(&pool).await.unwrap();
     }
 
     #[tokio::test]

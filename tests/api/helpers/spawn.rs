@@ -123,6 +123,33 @@ impl TestApp {
         }
     }
 
+    /// The count `sql` (a `SELECT count(*) ...`) reads from the app's database, over a
+    /// connection of its own: for a test about how rows are stored, not what the API answers.
+    pub async fn count(&self, sql: &str) -> i64 {
+        use sqlx::Connection as _;
+        let sql = || sqlx::AssertSqlSafe(sql.to_owned());
+        match self.backend {
+            Backend::Sqlite => {
+                let mut conn = sqlx::SqliteConnection::connect(&self.database_url)
+                    .await
+                    .expect("open the database");
+                sqlx::query_scalar(sql())
+                    .fetch_one(&mut conn)
+                    .await
+                    .expect("sql")
+            }
+            Backend::Postgres(_) => {
+                let mut conn = sqlx::PgConnection::connect(&self.database_url)
+                    .await
+                    .expect("open the database");
+                sqlx::query_scalar(sql())
+                    .fetch_one(&mut conn)
+                    .await
+                    .expect("sql")
+            }
+        }
+    }
+
     pub fn agent(&self) -> AgentServiceClient<Channel> {
         AgentServiceClient::new(self.channel.clone())
     }
