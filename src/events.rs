@@ -217,6 +217,8 @@ impl EventBus {
         };
         loop {
             let mut read = true;
+            // Whether to number committed events before reading (see `read_log`).
+            let mut number = true;
             tokio::select! {
                 events = next_handed(&mut handed) => match events {
                     // Exactly the next events: publish them as they are.
@@ -236,11 +238,16 @@ impl EventBus {
                 // were not handed over.
                 _ = self.committed.notified(), if handed.is_none() => {}
                 _ = missed.notified() => {}
-                _ = remote.notified() => {}
+                // Another replica numbered what it committed, then notified: read only. Running
+                // the sequencer too was a transaction and a wait for its lock for nothing, on
+                // every replica at every other replica's commit. Events a replica committed and
+                // never numbered (it died between the two) are numbered by the next sequencer
+                // that runs: any replica's after its own commit, or this one's poll.
+                _ = remote.notified() => number = false,
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
             if read {
-                last = self.read_log(last).await;
+                last = self.read_log(last, number).await;
             }
         }
     }
@@ -259,9 +266,10 @@ impl EventBus {
         seq
     }
 
-    /// Publishes what the log holds after `last`; returns the last sequence number published.
-    async fn read_log(&self, mut last: u64) -> u64 {
-        if let Err(err) = self.log.sequence_events().await {
+    /// Publishes what the log holds after `last`, after numbering what was committed without a
+    /// number if `number`; returns the last sequence number published.
+    async fn read_log(&self, mut last: u64, number: bool) -> u64 {
+        if number && let Err(err) = self.log.sequence_events().await {
             tracing::warn!(error = %err, "numbering committed events failed; retrying");
         }
         loop {
@@ -491,6 +499,10 @@ mod tests {
         handed: Mutex<Option<CommittedEvents>>,
         /// The highest sequence number "retention pruned" (as the stores refuse below it).
         pruned_through: AtomicU64,
+        /// Woken as another replica's notification wakes a Postgres store's.
+        remote: Arc<Notify>,
+        /// How many times the sequencer ran.
+        numberings: AtomicUsize,
     }
 
     impl Log {
@@ -518,6 +530,8 @@ mod tests {
                 reads: AtomicUsize::new(0),
                 handed: Mutex::new(None),
                 pruned_through: AtomicU64::new(0),
+                remote: Arc::default(),
+                numberings: AtomicUsize::new(0),
             })
         }
     }
@@ -578,6 +592,52 @@ mod tests {
         fn take_committed_events(&self) -> Option<CommittedEvents> {
             self.handed.lock().unwrap().take()
         }
+        async fn sequence_events(&self) -> Result<u64> {
+            self.numberings.fetch_add(1, Ordering::SeqCst);
+            Ok(0)
+        }
+        fn remote_commits(&self) -> Option<Arc<Notify>> {
+            Some(Arc::clone(&self.remote))
+        }
+    }
+
+    /// Woken by another replica's notification (sent after that replica numbered what it
+    /// committed), the pump reads the log without running the sequencer; woken by a commit of
+    /// its own, or by its poll, it numbers first. So events a replica committed and died before
+    /// numbering are numbered at the next poll at the latest. The clock is paused: "at once"
+    /// means it did not move.
+    #[tokio::test(start_paused = true)]
+    async fn a_pump_woken_by_another_replica_reads_without_numbering() {
+        let log = Log::empty();
+        let bus = EventBus::new(log.clone(), 64).await.unwrap();
+        let mut published = bus.tx.subscribe();
+        let pump = tokio::spawn(Arc::clone(&bus).pump());
+        let started = tokio::time::Instant::now();
+        let mut next = async || published.recv().await.unwrap().seq;
+        let numberings = || log.numberings.load(Ordering::SeqCst);
+
+        log.commit([1]);
+        log.remote.notify_one();
+        assert_eq!(next().await, 1);
+        assert_eq!(numberings(), 0, "another replica numbered it");
+        assert_eq!(started.elapsed(), Duration::ZERO);
+
+        log.commit([2]);
+        bus.notify_committed();
+        assert_eq!(next().await, 2);
+        assert_eq!(
+            numberings(),
+            1,
+            "its own commit is numbered before the read"
+        );
+        assert_eq!(started.elapsed(), Duration::ZERO);
+
+        // Committed by a replica that died before numbering it: nobody notifies.
+        log.commit([3]);
+        assert_eq!(next().await, 3);
+        assert_eq!(numberings(), 2, "the poll numbers");
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+        pump.abort();
     }
 
     /// The pump publishes a hand-over that follows what it published without reading the log,
@@ -596,6 +656,8 @@ mod tests {
                 missed: Arc::default(),
             })),
             pruned_through: AtomicU64::new(0),
+            remote: Arc::default(),
+            numberings: AtomicUsize::new(0),
         });
         let bus = EventBus::new(log.clone(), 64).await.unwrap();
         let mut published = bus.tx.subscribe();
@@ -647,6 +709,8 @@ mod tests {
             reads: AtomicUsize::new(0),
             handed: Mutex::new(None),
             pruned_through: AtomicU64::new(0),
+            remote: Arc::default(),
+            numberings: AtomicUsize::new(0),
         });
         let bus = EventBus::new(log.clone(), 64).await.unwrap();
         let pump = tokio::spawn(Arc::clone(&bus).pump());
