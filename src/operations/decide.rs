@@ -116,6 +116,7 @@ pub async fn decide_in(
         });
     };
 
+    let decided_seq = won.seq;
     let mut resolved = vec![won];
     let mut skipped = Vec::new();
     if decision.verdict == Verdict::Deny && tx.on_deny(&call.batch_id).await? == OnDeny::SkipRest {
@@ -142,8 +143,17 @@ pub async fn decide_in(
         created = Some(grant);
     }
     complete_batches(tx, &resolved).await?;
+    let call = if call.escalation.is_none() && call.approval.is_none() {
+        // Once stored, a call without a ladder or a requirement changes only by its outcome (its
+        // ladder and requirement are set in the submit's transaction; steps and votes are
+        // written only where there are some), and this transaction just wrote that: the call
+        // as decided is the one read at the start with this outcome, not a read back.
+        decided_as_stored(call, outcome, decided_seq)
+    } else {
+        tx.load_call(rowid).await?
+    };
     let mut report = DecideReport {
-        call: tx.load_call(rowid).await?,
+        call,
         replayed: false,
         skipped: Vec::with_capacity(skipped.len()),
         grant: created,
@@ -156,6 +166,15 @@ pub async fn decide_in(
         report.decided_by_grant.push(tx.load_call(rowid).await?);
     }
     Ok(report)
+}
+
+/// `call`, read before `outcome` was written, as it stands after: with `outcome`, whose Resolved
+/// event is numbered `seq` where numbers are known at once (SQLite).
+fn decided_as_stored(call: Call, outcome: Outcome, seq: Option<u64>) -> Call {
+    Call {
+        outcome: Some(Outcome { seq, ..outcome }),
+        ..call
+    }
 }
 
 /// The outcome an approver's decision writes.
@@ -346,6 +365,40 @@ mod tests {
         tx.commit().await.unwrap();
 
         db.assert_receipts_attest("s", &["a", "b"]).await;
+    }
+
+    /// A decision answers with the call as decided without reading it back: exactly what a
+    /// read of it then gives, field for field (approved, approved with an edited input, denied),
+    /// down to its Resolved event's sequence number.
+    #[tokio::test]
+    async fn a_decision_answers_with_the_call_exactly_as_a_read_of_it_gives() {
+        use crate::operations::testing::shown_call;
+        let db = Db::new().await;
+        let now = Timestamp::now();
+        let mut tx = db.tx().await;
+        let ids = ["approved", "edited", "denied"];
+        let mut b = batch("s", ids.map(|id| shown_call(id, "t", now)));
+        b.on_deny = OnDeny::Independent;
+        submit_in(&mut tx, &b, &texts(), now).await.unwrap();
+        tx.commit().await.unwrap();
+
+        let mut edited = decision(Verdict::Approve, "fine");
+        edited.edited_input = Some(ToolInput::from_stored(r#"{"path":"/w"}"#.into()));
+        let decisions = [
+            decision(Verdict::Approve, "ok"),
+            edited,
+            decision(Verdict::Deny, "no"),
+        ];
+        for (id, d) in ids.iter().zip(&decisions) {
+            let mut tx = db.tx().await;
+            let report = decide_in(&mut tx, &key("s", id), d, &texts(), now)
+                .await
+                .unwrap();
+            let read = tx.find_call(&key("s", id)).await.unwrap().unwrap().call;
+            assert!(report.call.outcome.as_ref().unwrap().seq.is_some(), "{id}");
+            assert_eq!(format!("{:?}", report.call), format!("{read:?}"), "{id}");
+            tx.commit().await.unwrap();
+        }
     }
 
     #[tokio::test]

@@ -9,19 +9,20 @@
 //! that passed id 8 would skip id 7 committing later). Instead, the *sequencer* assigns `seq`
 //! to committed events, under an advisory lock so one sequencer runs at a time, each numbering
 //! after the last: `seq` follows commit order, and a reader that has seen `seq` N has seen every
-//! event numbered below N. Any replica may run it; after numbering it sends a NOTIFY, which the
-//! other replicas treat as a hint to read (a lost notification only delays an event: each replica
-//! also polls).
+//! event numbered below N. A run is one statement, a function (migration 0011), so one round
+//! trip. Any replica may run it; after numbering it sends a NOTIFY, which the other replicas
+//! treat as a hint to read (a lost notification only delays an event: each replica also polls).
 //!
-//! Submits, decisions and cancels are group-committed (`group_commit`, as on SQLite): one task per
-//! replica runs the writes queued meanwhile in one transaction, and that transaction numbers
-//! its events itself, last, under the sequencer's lock held through its commit, so it needs no
-//! sequencing transaction after it. Numbers are still taken in commit order: the lock is held
-//! until the numbers are visible, and the next holder numbers after them. Numbering inside every
-//! write's own transaction was measured and rejected (every commit of every replica queued
-//! behind one lock: 378 against 454 cycles/s at 8 agents, docs/benchmarks.md); once per group
-//! the lock is taken once for many writes. The other writes (expiry, escalation, policy
-//! changes) keep their own transactions and the sequencer after them.
+//! Under `--postgres-group-commit`, submits, decisions and cancels are group-committed
+//! (`group_commit`, as on SQLite): one task per replica runs the writes queued meanwhile in one
+//! transaction, and that transaction numbers its events itself, last, under the sequencer's lock
+//! held through its commit, so it needs no sequencing transaction after it. Numbers are still
+//! taken in commit order: the lock is held until the numbers are visible, and the next holder
+//! numbers after them. Numbering inside every write's own transaction was measured and rejected
+//! (every commit of every replica queued behind one lock: 378 against 454 cycles/s at 8 agents,
+//! docs/benchmarks.md), and so were several group writers per replica (their groups queue at
+//! that lock the same way). Without the switch, and for the other writes (expiry, escalation,
+//! policy changes), each write has a transaction of its own and the sequencer runs after it.
 
 mod lifecycle;
 mod webhooks;
@@ -87,8 +88,22 @@ struct GroupWriter {
     pool: PgPool,
     policy: Arc<PolicyCache>,
     notary: Option<Arc<Notary>>,
-    numbering: Arc<str>,
+    numbering: Arc<Numbering>,
 }
+
+/// What the sequencer ([`NUMBER_EVENTS`]) is told, to notify the other replicas: this schema's
+/// channel, and this replica's name.
+struct Numbering {
+    channel: String,
+    replica: String,
+}
+
+/// The sequencer, one statement (migration 0011's function): takes the sequencer's lock, then,
+/// in a statement whose snapshot sees the previous holder's commit, numbers up to `$1` events
+/// without a number (NULL: all) after the last number, and notifies the other replicas (`$2`,
+/// `$3`) if it numbered any; returns how many. Alone, it is a transaction of its own; run last
+/// in a group's transaction, the lock is held through that commit.
+const NUMBER_EVENTS: &str = "SELECT number_events($1, $2, $3) AS numbered";
 
 #[async_trait]
 impl Transactions for GroupWriter {
@@ -99,26 +114,6 @@ impl Transactions for GroupWriter {
         tx.numbering = Some(Arc::clone(&self.numbering));
         Ok(tx)
     }
-}
-
-/// The statements a group's transaction runs last, before its commit: take the sequencer's lock
-/// (held through the commit), then, in a statement of its own so its snapshot sees the previous
-/// holder's commit, number every event without a number (the group's own, and any committed
-/// without one, which committed before this group will) after the last number, and notify the
-/// other replicas at commit. Sent as one simple query: one round trip.
-fn numbering_statements(channel: &str, replica: &str) -> String {
-    let quote = |text: &str| format!("'{}'", text.replace('\'', "''"));
-    format!(
-        "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':sequencer')); \
-         WITH base AS (SELECT COALESCE(MAX(seq), 0) AS last FROM events), \
-         next AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM events \
-                  WHERE seq IS NULL), \
-         numbered AS (UPDATE events e SET seq = base.last + next.n FROM base, next \
-                      WHERE e.id = next.id RETURNING 1) \
-         SELECT pg_notify({}, {}) WHERE EXISTS (SELECT 1 FROM numbered)",
-        quote(channel),
-        quote(replica),
-    )
 }
 
 /// The reads both backends answer alike are the shared ones (see `store::Backend`).
@@ -171,7 +166,10 @@ impl PostgresStore {
                     pool: pool.clone(),
                     policy: Arc::clone(&policy),
                     notary: notary.clone(),
-                    numbering: numbering_statements(&channel, &replica).into(),
+                    numbering: Arc::new(Numbering {
+                        channel: channel.clone(),
+                        replica: replica.clone(),
+                    }),
                 },
                 texts.clone(),
             )
@@ -333,37 +331,18 @@ impl EventLog for PostgresStore {
             }
         }
         let mut total = 0;
-        // A chunk per transaction, until a chunk is not full: every event committed before
-        // this call is numbered when it returns (this replica ignores its own notification,
-        // which would otherwise have brought it back for the rest).
+        // A chunk per run, until a chunk is not full: every event committed before this call is
+        // numbered when it returns (this replica ignores its own notification, which would
+        // otherwise have brought it back for the rest). Each run is a transaction of its own,
+        // one round trip; it waits for the lock rather than skipping when another holds it, so
+        // it sees every event committed before it started.
         loop {
-            let mut tx = self.pool.begin().await?;
-            // One sequencer at a time, across every replica of this schema. Waiting (rather than
-            // skipping when another holds it) guarantees this run sees every event committed
-            // before it started.
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':sequencer'))")
-                .execute(&mut *tx)
+            let numbered: i64 = sqlx::query_scalar(NUMBER_EVENTS)
+                .bind(SEQUENCER_CHUNK)
+                .bind(&self.channel)
+                .bind(&self.replica)
+                .fetch_one(&self.pool)
                 .await?;
-            // In a statement of its own after the lock: in READ COMMITTED its snapshot sees the
-            // previous holder's commit, so its numbers come after. If it numbered any, the other
-            // replicas are notified at commit, with this replica's name. (`sent` is read only to
-            // make it run.)
-            let (numbered, _sent): (i64, i64) = sqlx::query_as(
-                "WITH base AS (SELECT COALESCE(MAX(seq), 0) AS last FROM events), \
-                 next AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM events \
-                          WHERE seq IS NULL ORDER BY id LIMIT $1), \
-                 numbered AS (UPDATE events e SET seq = base.last + next.n FROM base, next \
-                              WHERE e.id = next.id RETURNING 1), \
-                 total AS (SELECT count(*) AS n FROM numbered), \
-                 sent AS (SELECT pg_notify($2, $3) FROM total WHERE n > 0) \
-                 SELECT n, (SELECT count(*) FROM sent) FROM total",
-            )
-            .bind(SEQUENCER_CHUNK)
-            .bind(&self.channel)
-            .bind(&self.replica)
-            .fetch_one(&mut *tx)
-            .await?;
-            tx.commit().await?;
             total += numbered as u64;
             if numbered < SEQUENCER_CHUNK {
                 return Ok(total);
@@ -417,8 +396,8 @@ pub struct PgTx {
     /// How many writing statements ran; `None` once any statement failed, after which Postgres
     /// refuses every further statement of the transaction (so a group must start over).
     written: Option<u64>,
-    /// A group's transaction: what it runs to number its events before it commits.
-    numbering: Option<Arc<str>>,
+    /// A group's transaction: whom the sequencer it runs before its commit notifies.
+    numbering: Option<Arc<Numbering>>,
 }
 
 impl PgTx {
@@ -568,14 +547,18 @@ impl SqlTx for PgTx {
         self.written
     }
 
-    /// A group's transaction numbers its events first, if it wrote any (see
-    /// [`numbering_statements`]); the lock it takes for that is released by the commit.
+    /// A group's transaction numbers its events first, if it wrote any (see [`NUMBER_EVENTS`]);
+    /// the lock it takes for that is released by the commit.
     async fn commit(mut self) -> Result<()> {
         if let Some(numbering) = &self.numbering
             && self.written.is_some_and(|written| written > 0)
         {
-            let numbering = sqlx::AssertSqlSafe(numbering.to_string());
-            sqlx::raw_sql(numbering).execute(&mut *self.tx).await?;
+            sqlx::query(NUMBER_EVENTS)
+                .bind(None::<i64>)
+                .bind(&numbering.channel)
+                .bind(&numbering.replica)
+                .execute(&mut *self.tx)
+                .await?;
         }
         Ok(self.tx.commit().await?)
     }

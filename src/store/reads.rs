@@ -106,16 +106,20 @@ where
         call_page(&query.build().fetch_all(&self.pool).await?, q)
     }
 
-    /// OUT_OF_RANGE when retention pruned events after `after`: the horizon is read after the
-    /// events, so a prune that committed before the read (and may have left a gap in it) is
-    /// seen, and a reader is never handed a gap.
+    /// OUT_OF_RANGE when retention pruned events after `after`. Each row carries the horizon as
+    /// the statement's snapshot saw it, with the events: a prune that committed before the read
+    /// (and may have left a gap in it) is seen, so a reader is never handed a gap. Where there
+    /// are no events, the horizon is read after the (empty) read.
     pub async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
         let rows = sqlx::query(sql::EVENTS_AFTER)
             .bind(after as i64)
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?;
-        let through = self.pruned_through().await?;
+        let through = match rows.first() {
+            Some(row) => row.opt_int("pruned_through")?.unwrap_or(0) as u64,
+            None => self.pruned_through().await?,
+        };
         if after < through {
             return Err(crate::Error::Pruned { after, through });
         }

@@ -148,9 +148,12 @@ pub const NEXT_DEADLINE: &str = concat!(
 );
 pub const LATEST_SEQ: &str = "SELECT MAX(seq) AS seq FROM events";
 
-/// Events after sequence number `$1`, with their calls, oldest first, at most `$2` of them.
+/// Events after sequence number `$1`, with their calls, oldest first, at most `$2` of them; each
+/// row with the retention horizon (`pruned_through`) in the same snapshot, so a reader checks
+/// for a gap without a read of its own.
 pub const EVENTS_AFTER: &str = concat!(
     "SELECT e.seq, e.kind, e.batch_completed, e.step, ",
+    "(SELECT pruned_through FROM retention) AS pruned_through, ",
     call_columns!(),
     " FROM events e JOIN calls c ON c.id = e.call_rowid \
      JOIN batches b ON b.batch_id = c.batch_id \
