@@ -120,6 +120,15 @@ pub struct Call {
 }
 
 impl Call {
+    /// This call, read while it was pending, as it stands once `outcome` is written: what a read
+    /// of it then gives, where nothing else of the call changed meanwhile.
+    pub fn with_outcome(self, outcome: Outcome) -> Call {
+        Call {
+            outcome: Some(outcome),
+            ..self
+        }
+    }
+
     pub fn status(&self) -> Status {
         match &self.outcome {
             None => Status::Pending,

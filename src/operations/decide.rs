@@ -148,7 +148,10 @@ pub async fn decide_in(
         // ladder and requirement are set in the submit's transaction; steps and votes are
         // written only where there are some), and this transaction just wrote that: the call
         // as decided is the one read at the start with this outcome, not a read back.
-        decided_as_stored(call, outcome, decided_seq)
+        call.with_outcome(Outcome {
+            seq: decided_seq,
+            ..outcome
+        })
     } else {
         tx.load_call(rowid).await?
     };
@@ -166,15 +169,6 @@ pub async fn decide_in(
         report.decided_by_grant.push(tx.load_call(rowid).await?);
     }
     Ok(report)
-}
-
-/// `call`, read before `outcome` was written, as it stands after: with `outcome`, whose Resolved
-/// event is numbered `seq` where numbers are known at once (SQLite).
-fn decided_as_stored(call: Call, outcome: Outcome, seq: Option<u64>) -> Call {
-    Call {
-        outcome: Some(Outcome { seq, ..outcome }),
-        ..call
-    }
 }
 
 /// The outcome an approver's decision writes.

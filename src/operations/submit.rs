@@ -277,13 +277,12 @@ pub async fn submit_in(
         if let Some(&(_, item)) = accepted.iter().find(|(rowid, _)| *rowid == r.rowid) {
             let result = &mut report.items[item].result;
             let call = match (ruled.get(&r.rowid), &*result) {
-                (Some(Some(outcome)), SubmitResult::Accepted(call)) => Call {
-                    outcome: Some(Outcome {
+                (Some(Some(outcome)), SubmitResult::Accepted(call)) => {
+                    call.clone().with_outcome(Outcome {
                         seq: r.seq,
                         ..outcome.clone()
-                    }),
-                    ..call.clone()
-                },
+                    })
+                }
                 _ => tx.load_call(r.rowid).await?,
             };
             *result = SubmitResult::Accepted(call);
@@ -372,10 +371,7 @@ async fn decide_by_policy(
         }
         let decided = match ruled.get(&rowid) {
             Some(Some(outcome)) => {
-                let stored = Call {
-                    outcome: Some(outcome.clone()),
-                    ..call.clone()
-                };
+                let stored = call.clone().with_outcome(outcome.clone());
                 let own = tx.record_outcome(rowid, &stored).await?;
                 let skipped = brought_along(tx, call, outcome, texts, now).await?;
                 Some((own, skipped))

@@ -65,11 +65,8 @@ pub struct PostgresStore {
     pool: PgPool,
     /// Reads outside write transactions, on the same pool.
     reads: BackendReads,
-    /// The NOTIFY channel of this database schema.
-    channel: String,
-    /// This replica's (this store's) name: the payload of the NOTIFY its sequencer sends, so its
-    /// listener can tell its own notifications from the other replicas'.
-    replica: String,
+    /// The sequencer, as this replica runs it (alone, and at the end of its groups).
+    numbering: Arc<Numbering>,
     texts: ToolResultTexts,
     remote_commits: Arc<Notify>,
     listener: JoinHandle<()>,
@@ -91,19 +88,33 @@ struct GroupWriter {
     numbering: Arc<Numbering>,
 }
 
-/// What the sequencer ([`NUMBER_EVENTS`]) is told, to notify the other replicas: this schema's
-/// channel, and this replica's name.
+/// The sequencer, one statement (migration 0011's function `number_events`), with what it tells
+/// the other replicas when it numbered something.
 struct Numbering {
+    /// The NOTIFY channel of this database schema.
     channel: String,
+    /// This replica's (this store's) name: the payload of the NOTIFY its sequencer sends, so its
+    /// listener can tell its own notifications from the other replicas'.
     replica: String,
 }
 
-/// The sequencer, one statement (migration 0011's function): takes the sequencer's lock, then,
-/// in a statement whose snapshot sees the previous holder's commit, numbers up to `$1` events
-/// without a number (NULL: all) after the last number, and notifies the other replicas (`$2`,
-/// `$3`) if it numbered any; returns how many. Alone, it is a transaction of its own; run last
-/// in a group's transaction, the lock is held through that commit.
-const NUMBER_EVENTS: &str = "SELECT number_events($1, $2, $3) AS numbered";
+impl Numbering {
+    /// Takes the sequencer's lock, then, in a statement whose snapshot sees the previous
+    /// holder's commit, numbers up to `at_most` events without a number (`None`: all) after the
+    /// last number, and notifies the other replicas if it numbered any; returns how many. On
+    /// the pool it is a transaction of its own; run last in a group's transaction, the lock is
+    /// held through that commit.
+    async fn run<'e>(&self, on: impl sqlx::PgExecutor<'e>, at_most: Option<i64>) -> Result<i64> {
+        Ok(
+            sqlx::query_scalar("SELECT number_events($1, $2, $3) AS numbered")
+                .bind(at_most)
+                .bind(&self.channel)
+                .bind(&self.replica)
+                .fetch_one(on)
+                .await?,
+        )
+    }
+}
 
 #[async_trait]
 impl Transactions for GroupWriter {
@@ -151,12 +162,14 @@ impl PostgresStore {
         let schema: String = sqlx::query_scalar("SELECT current_schema()")
             .fetch_one(&pool)
             .await?;
-        let channel = format!("approvals_events_{schema}");
+        let numbering = Arc::new(Numbering {
+            channel: format!("approvals_events_{schema}"),
+            replica,
+        });
         let remote_commits = Arc::new(Notify::new());
         let listener = tokio::spawn(listen(
             pool.clone(),
-            channel.clone(),
-            replica.clone(),
+            Arc::clone(&numbering),
             Arc::clone(&remote_commits),
         ));
         let policy: Arc<PolicyCache> = Arc::default();
@@ -166,10 +179,7 @@ impl PostgresStore {
                     pool: pool.clone(),
                     policy: Arc::clone(&policy),
                     notary: notary.clone(),
-                    numbering: Arc::new(Numbering {
-                        channel: channel.clone(),
-                        replica: replica.clone(),
-                    }),
+                    numbering: Arc::clone(&numbering),
                 },
                 texts.clone(),
             )
@@ -177,8 +187,7 @@ impl PostgresStore {
         Ok(Self {
             reads: BackendReads::Postgres(Reads::new(pool.clone())),
             pool,
-            channel,
-            replica,
+            numbering,
             texts,
             remote_commits,
             listener,
@@ -208,11 +217,11 @@ impl PostgresStore {
     }
 }
 
-/// Wakes `remote_commits` on every notification of `channel` sent by another replica, and after
-/// every reconnection (notifications sent while the connection was down are lost, so assume
-/// there were some). This replica's own notifications are ignored: its pump reads right after
-/// numbering, and its other readers wake the pump themselves (`sequence_for_reader`).
-async fn listen(pool: PgPool, channel: String, replica: String, remote_commits: Arc<Notify>) {
+/// Wakes `remote_commits` on every notification of `numbering.channel` sent by another replica,
+/// and after every reconnection (notifications sent while the connection was down are lost, so
+/// assume there were some). This replica's own notifications are ignored: its pump reads right
+/// after numbering, and its other readers wake the pump themselves (`sequence_for_reader`).
+async fn listen(pool: PgPool, numbering: Arc<Numbering>, remote_commits: Arc<Notify>) {
     loop {
         let mut listener = match PgListener::connect_with(&pool).await {
             Ok(listener) => listener,
@@ -222,7 +231,7 @@ async fn listen(pool: PgPool, channel: String, replica: String, remote_commits: 
                 continue;
             }
         };
-        if let Err(err) = listener.listen(&channel).await {
+        if let Err(err) = listener.listen(&numbering.channel).await {
             tracing::warn!(error = %err, "LISTEN failed; retrying");
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
@@ -231,7 +240,7 @@ async fn listen(pool: PgPool, channel: String, replica: String, remote_commits: 
         loop {
             match listener.try_recv().await {
                 Ok(Some(notification)) => {
-                    if notification.payload() != replica {
+                    if notification.payload() != numbering.replica {
                         remote_commits.notify_one();
                     }
                 }
@@ -337,11 +346,9 @@ impl EventLog for PostgresStore {
         // one round trip; it waits for the lock rather than skipping when another holds it, so
         // it sees every event committed before it started.
         loop {
-            let numbered: i64 = sqlx::query_scalar(NUMBER_EVENTS)
-                .bind(SEQUENCER_CHUNK)
-                .bind(&self.channel)
-                .bind(&self.replica)
-                .fetch_one(&self.pool)
+            let numbered = self
+                .numbering
+                .run(&self.pool, Some(SEQUENCER_CHUNK))
                 .await?;
             total += numbered as u64;
             if numbered < SEQUENCER_CHUNK {
@@ -547,18 +554,13 @@ impl SqlTx for PgTx {
         self.written
     }
 
-    /// A group's transaction numbers its events first, if it wrote any (see [`NUMBER_EVENTS`]);
+    /// A group's transaction numbers its events first, if it wrote any (see [`Numbering::run`]);
     /// the lock it takes for that is released by the commit.
     async fn commit(mut self) -> Result<()> {
         if let Some(numbering) = &self.numbering
             && self.written.is_some_and(|written| written > 0)
         {
-            sqlx::query(NUMBER_EVENTS)
-                .bind(None::<i64>)
-                .bind(&numbering.channel)
-                .bind(&numbering.replica)
-                .execute(&mut *self.tx)
-                .await?;
+            numbering.run(&mut *self.tx, None).await?;
         }
         Ok(self.tx.commit().await?)
     }

@@ -399,10 +399,7 @@ impl<T: SqlTx> WriteTx for T {
         call: &Call,
         outcome: &Outcome,
     ) -> Result<Option<Resolved>> {
-        let stored = Call {
-            outcome: Some(outcome.clone()),
-            ..call.clone()
-        };
+        let stored = call.clone().with_outcome(outcome.clone());
         resolve_as(self, rowid, outcome, Some(&stored)).await
     }
 
