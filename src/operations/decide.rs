@@ -45,7 +45,16 @@ pub async fn decide_in(
     texts: &ToolResultTexts,
     now: Timestamp,
 ) -> Result<DecideReport> {
-    let Some(Stored { rowid, call }) = tx.find_call(key).await? else {
+    // A decision that creates no grant locks no policy and no batch but the call's own: it
+    // locks that as it reads the call (one statement where there are locks). One that creates
+    // a grant locks the policy first (the lock order), then every batch it will resolve in.
+    let batch_locked = decision.remember.is_none();
+    let found = if batch_locked {
+        tx.find_call_locking_batch(key).await?
+    } else {
+        tx.find_call(key).await?
+    };
+    let Some(Stored { rowid, call }) = found else {
         return Err(key.not_found());
     };
     routing::check_approver(&call, decision)?;
@@ -77,10 +86,12 @@ pub async fn decide_in(
                 Some(spec) => pending_covered_by(tx, spec, &decision.prejudged, rowid, now).await?,
                 None => Vec::new(),
             };
-            tx.lock_batches(&batches_of(
-                std::iter::once(&call).chain(covered.iter().map(|c| &c.call)),
-            ))
-            .await?;
+            if !batch_locked {
+                tx.lock_batches(&batches_of(
+                    std::iter::once(&call).chain(covered.iter().map(|c| &c.call)),
+                ))
+                .await?;
+            }
             if call.approval.is_some() {
                 match routing::vote(tx, rowid, decision, now).await? {
                     Voted::Resolve(by) => outcome.decided_by = by,
@@ -96,7 +107,10 @@ pub async fn decide_in(
                     }
                 }
             }
-            tx.resolve_read(rowid, &call, &outcome)
+            // An approval without a grant resolves nothing after this call (a denial may skip
+            // the rest of the batch; a grant decides the calls it covers).
+            let last_in_batch = grant.is_none() && decision.verdict == Verdict::Approve;
+            tx.resolve_read(rowid, &call, &outcome, last_in_batch)
                 .await?
                 .map(|won| (won, covered))
         }

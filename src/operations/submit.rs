@@ -47,7 +47,18 @@ pub async fn submit_in(
     texts: &ToolResultTexts,
     now: Timestamp,
 ) -> Result<SubmitReport> {
-    tx.lock_session(&batch.agent, &batch.session).await?;
+    // Every call's tool is locked, though a retry or a refused call needs none: the locks come
+    // before the reads that tell them apart, in one statement. A count of the agent's pending
+    // calls taken with them serves the cap unless the batch supersedes the session's pending
+    // calls before the cap is checked (calls superseded by key are superseded after it).
+    let counted = tx
+        .lock_submit(
+            &batch.agent,
+            &batch.session,
+            &tools_of(batch.calls.iter().map(|c| &c.tool)),
+            batch.pending_cap.filter(|_| !batch.supersede_pending),
+        )
+        .await?;
     let mut report = SubmitReport::default();
     let mut resolved = Vec::new();
 
@@ -74,9 +85,6 @@ pub async fn submit_in(
         }
     }
     let tools = tools_of(fresh.iter().map(|c| &c.tool));
-    if !tools.is_empty() {
-        tx.lock_policy(&batch.agent, &tools, false).await?;
-    }
 
     // Supersede replaces what is pending with what this batch stores, so a batch that stores no
     // new call (a retry, or every call refused) supersedes nothing.
@@ -103,7 +111,7 @@ pub async fn submit_in(
         }
     }
 
-    let fresh = refuse_past_pending_cap(tx, batch, fresh, &mut report).await?;
+    let fresh = refuse_past_pending_cap(tx, batch, fresh, counted, &mut report).await?;
 
     // The rules and grants, read before any call is stored, so a call they decide as it arrives
     // is stored decided.
@@ -295,11 +303,13 @@ pub async fn submit_in(
 /// Keeps the new calls the agent has room for under its pending cap
 /// ([`NewBatch::pending_cap`]), in order, and refuses the rest, each with RESOURCE_EXHAUSTED
 /// naming the setting. Counted after what this submit superseded, so a submit that replaces
-/// the pending calls of its session makes room for itself.
+/// the pending calls of its session makes room for itself; `counted` is the count taken with
+/// the submit's locks, given only when it supersedes no pending call before this check.
 async fn refuse_past_pending_cap<'b>(
     tx: &mut impl WriteTx,
     batch: &NewBatch,
     mut fresh: Vec<&'b NewCall>,
+    counted: Option<u64>,
     report: &mut SubmitReport,
 ) -> Result<Vec<&'b NewCall>> {
     let Some(cap) = batch.pending_cap else {
@@ -308,7 +318,10 @@ async fn refuse_past_pending_cap<'b>(
     if fresh.is_empty() {
         return Ok(fresh);
     }
-    let pending = tx.pending_of_agent(&batch.agent, cap).await?;
+    let pending = match counted {
+        Some(pending) => pending,
+        None => tx.pending_of_agent(&batch.agent, cap).await?,
+    };
     let room = cap.saturating_sub(pending) as usize;
     if fresh.len() <= room {
         return Ok(fresh);

@@ -10,10 +10,11 @@
 //!   (`insert_call` with its outcome), and nobody can decide a call before it is stored;
 //! - a call is inserted only if its identity is free (`insert_call`), so a concurrent duplicate
 //!   submit is recognised, not doubled;
-//! - a submit first locks its session (`lock_session`), so supersede-by-key and
+//! - a submit first locks its session (`lock_submit`), so supersede-by-key and
 //!   supersede-pending see every earlier submit of the session;
 //! - before it touches any call, a transaction locks the rows of the batches it will resolve
-//!   calls in, all at once and in one order (`lock_batches`, fed by [`batches_of`]);
+//!   calls in, all at once and in one order (`lock_batches`, fed by [`batches_of`]; or, for
+//!   one call's batch alone, `find_call_locking_batch` as it reads the call);
 //! - batch completion is decided under the batch's lock (`complete_batch_if_done`), so exactly
 //!   one transaction flags the event that completes a batch;
 //! - grants and submits of the same (agent, tool) are serialised by `lock_policy` (exclusive for
@@ -54,18 +55,23 @@ pub struct Resolved {
     /// (SQLite); `None` where they are numbered after they commit (Postgres). Either way what a
     /// read of the call in this transaction gives as its outcome's `seq`.
     pub seq: Option<u64>,
+    /// Whether its write already flagged its event as completing its batch if it did (see
+    /// [`WriteTx::resolve_read`]): [`complete_batches`] has nothing left to do for the batch if
+    /// this is its last resolution.
+    pub batch_checked: bool,
 }
 
 /// One open write transaction of a backend.
 #[async_trait]
 pub trait WriteTx: Send {
-    /// Serialises writers of one session until this transaction ends (a no-op where all writers
-    /// are serialised anyway).
-    async fn lock_session(&mut self, agent: &AgentId, session: &SessionId) -> Result<()>;
     /// Locks these batches until this transaction ends, in one statement and in sorted order.
     /// Called once, before any call of them is resolved.
     async fn lock_batches(&mut self, batches: &[&str]) -> Result<()>;
     async fn find_call(&mut self, key: &CallKey) -> Result<Option<Stored>>;
+    /// [`Self::find_call`], the found call's batch locked in the same statement as
+    /// [`Self::lock_batches`] would lock it: for a transaction that locks no policy and no
+    /// other batch, in place of that call.
+    async fn find_call_locking_batch(&mut self, key: &CallKey) -> Result<Option<Stored>>;
     async fn load_call(&mut self, rowid: i64) -> Result<Call>;
     async fn insert_batch(
         &mut self,
@@ -95,12 +101,16 @@ pub trait WriteTx: Send {
     /// built from it rather than read back: a receipt attests the outcome and what a call
     /// never changes once stored (its identity, tool, input, texts and times), so a read made
     /// before the outcome is written serves (on Postgres too, where another replica may touch
-    /// the call's escalation or votes in between).
+    /// the call's escalation or votes in between). `last_in_batch`: this transaction resolves
+    /// no other call of the batch after this one, so the write also flags its event as
+    /// completing the batch if no call of it is left pending, as
+    /// [`Self::complete_batch_if_done`] would (in the same statement where the backend can).
     async fn resolve_read(
         &mut self,
         rowid: i64,
         call: &Call,
         outcome: &Outcome,
+        last_in_batch: bool,
     ) -> Result<Option<Resolved>>;
     /// For a call `insert_call` stored decided: its Resolved event (and receipt), as `resolve`
     /// writes them after its update. `stored` is the call as stored, its outcome included (the
@@ -180,6 +190,19 @@ pub trait WriteTx: Send {
 /// (Explain), so what Explain reads is what a submit reads.
 #[async_trait]
 pub trait PolicyTx: Send {
+    /// A submit's locks, taken before it reads anything: its session's (serialising the
+    /// session's writers), then those of (agent, tool) for each of `tools`, shared, as
+    /// [`Self::lock_policy`] takes them. A no-op where writers are serialised anyway; one
+    /// statement where they are not, which may also count the agent's pending calls as
+    /// [`WriteTx::pending_of_agent`] does, up to `count_pending_to`: that count, if it did
+    /// (`None`: ask `pending_of_agent` when it matters).
+    async fn lock_submit(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+        tools: &[&ToolName],
+        count_pending_to: Option<u64>,
+    ) -> Result<Option<u64>>;
     /// Locks (agent, tool) for grant changes until this transaction ends: `exclusive` to create
     /// or revoke grants, shared to submit calls. All keys in one statement, in one order; a
     /// no-op where writers are serialised anyway.
@@ -256,13 +279,17 @@ pub(super) fn batches_of<'a>(calls: impl Iterator<Item = &'a Call>) -> Vec<&'a s
 /// complete. Batches are visited in id order, so concurrent transactions lock them in the same
 /// order.
 pub(super) async fn complete_batches(tx: &mut impl WriteTx, resolved: &[Resolved]) -> Result<()> {
-    let mut last_by_batch: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut last_by_batch: BTreeMap<&str, &Resolved> = BTreeMap::new();
     for r in resolved {
-        let last = last_by_batch.entry(&r.batch_id).or_insert(r.event);
-        *last = (*last).max(r.event);
+        let last = last_by_batch.entry(&r.batch_id).or_insert(r);
+        if r.event > last.event {
+            *last = r;
+        }
     }
-    for (batch_id, event) in last_by_batch {
-        tx.complete_batch_if_done(batch_id, event).await?;
+    for (batch_id, last) in last_by_batch {
+        if !last.batch_checked {
+            tx.complete_batch_if_done(batch_id, last.event).await?;
+        }
     }
     Ok(())
 }

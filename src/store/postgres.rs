@@ -31,10 +31,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::Postgres;
 use sqlx::postgres::PgArguments;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::query::Query;
+use sqlx::{Postgres, Row};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
@@ -453,6 +453,7 @@ impl SqlTx for PgTx {
     const EVENT_IS_SEQ: bool = false;
     /// Locked: the replicas append to the one chain in turn (see `receipt_rows`).
     const CHAIN_HEAD: &'static str = receipt_rows::CHAIN_HEAD_LOCKED;
+    const FIND_CALL_LOCKING_BATCH: &'static str = sql::FIND_CALL_LOCKING_BATCH;
     /// During a rolling update, replicas of a version that reads a NULL as "nothing to run" may
     /// share the database.
     const STORES_UNEDITED_INPUT_TO_RUN: bool = true;
@@ -469,25 +470,42 @@ impl SqlTx for PgTx {
     }
 
     async fn resolve_call(&mut self, resolution: Resolution<'_>) -> Result<Option<(String, i64)>> {
-        // The outcome and its Resolved event, in one statement (one round trip).
-        let run = Run::write(sql::RESOLVE_CALL_AND_EVENT, resolution.outcome);
+        // The outcome and its Resolved event (and the batch's completion), in one statement (one
+        // round trip).
+        let statement = match resolution.completing {
+            true => sql::RESOLVE_CALL_COMPLETING_AND_EVENT,
+            false => sql::RESOLVE_CALL_AND_EVENT,
+        };
+        let run = Run::write(statement, resolution.outcome);
         let resolved = self
             .rows(run, |row| Ok((row.text("batch_id")?, row.int("id")?)))
             .await?;
         Ok(resolved.into_iter().next())
     }
 
-    async fn lock_session(&mut self, agent: &AgentId, session: &SessionId) -> Result<()> {
-        let locked = sqlx::query(
-            "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':session'), \
-             hashtext($1 || chr(31) || $2))",
-        )
-        .bind(agent.as_str())
-        .bind(session.as_str())
-        .execute(&mut *self.tx)
-        .await;
-        self.counted(false, locked)?;
-        Ok(())
+    /// The session's lock, the policy locks, the policy version (for this transaction's view of
+    /// the policy copy) and the pending count, in one call of migration 0012's `lock_submit`:
+    /// each read in a snapshot taken after the locks, as separate statements would be.
+    async fn lock_submit(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+        tools: &[&ToolName],
+        count_pending_to: Option<u64>,
+    ) -> Result<Option<u64>> {
+        let locked =
+            sqlx::query("SELECT policy_version, pending FROM lock_submit($1, $2, $3, $4::int8)")
+                .bind(agent.as_str())
+                .bind(session.as_str())
+                .bind(policy_lock_keys(agent, tools))
+                .bind(count_pending_to.map(|n| i64::try_from(n).unwrap_or(i64::MAX)))
+                .fetch_one(&mut *self.tx)
+                .await;
+        let row = self.counted(false, locked)?;
+        let version: i64 = row.try_get("policy_version")?;
+        let pending: Option<i64> = row.try_get("pending")?;
+        self.policy.read(version);
+        Ok(pending.map(|n| n.max(0) as u64))
     }
 
     async fn lock_batches(&mut self, batches: &[&str]) -> Result<()> {
@@ -511,9 +529,7 @@ impl SqlTx for PgTx {
         tools: &[&ToolName],
         exclusive: bool,
     ) -> Result<()> {
-        let mut keys: Vec<i32> = tools.iter().map(|t| policy_lock_key(agent, t)).collect();
-        keys.sort_unstable();
-        keys.dedup();
+        let keys = policy_lock_keys(agent, tools);
         if keys.is_empty() {
             return Ok(());
         }
@@ -579,6 +595,15 @@ fn bound<'q>(run: Run<'_>) -> Query<'q, Postgres, PgArguments> {
         };
     }
     query
+}
+
+/// The policy lock keys of (agent, tool) for each of `tools`, sorted, once each: the order
+/// every transaction takes them in.
+fn policy_lock_keys(agent: &AgentId, tools: &[&ToolName]) -> Vec<i32> {
+    let mut keys: Vec<i32> = tools.iter().map(|t| policy_lock_key(agent, t)).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
 }
 
 /// The advisory-lock key of (agent, tool) for [`SqlTx::lock_policy`]: FNV-1a, fixed forever,

@@ -69,6 +69,9 @@ impl<'a> Run<'a> {
 pub struct Resolution<'a> {
     pub outcome: &'a [Param<'a>],
     pub event: [Param<'a>; 3],
+    /// The last call the transaction resolves in its batch: flag the event as completing the
+    /// batch if no call of it is left pending (see [`WriteTx::resolve_read`]).
+    pub completing: bool,
 }
 
 /// Decodes one row.
@@ -94,6 +97,9 @@ pub trait SqlTx: Send {
     /// [`receipt_rows::CHAIN_HEAD`], or [`receipt_rows::CHAIN_HEAD_LOCKED`] where writers run
     /// concurrently.
     const CHAIN_HEAD: &'static str;
+    /// [`sql::FIND_CALL`], or [`sql::FIND_CALL_LOCKING_BATCH`] where writers run concurrently
+    /// (see [`WriteTx::find_call_locking_batch`]).
+    const FIND_CALL_LOCKING_BATCH: &'static str;
     /// Whether an approval stores its input to run when it is the call's own (see
     /// [`outcome_params`]): where binaries of an older version may read the rows.
     const STORES_UNEDITED_INPUT_TO_RUN: bool;
@@ -105,13 +111,19 @@ pub trait SqlTx: Send {
     async fn execute(&mut self, run: Run<'_>) -> Result<u64>;
 
     /// Writes `resolution`: the batch id and the Resolved event, or `None` if the call was no
-    /// longer pending. Two statements; Postgres makes them one (a round trip each there).
+    /// longer pending. Two statements (three `completing`); Postgres makes them one (a round
+    /// trip each there).
     async fn resolve_call(&mut self, resolution: Resolution<'_>) -> Result<Option<(String, i64)>> {
         let run = Run::write(sql::RESOLVE_CALL, resolution.outcome);
         let Some(batch_id) = first(self.rows(run, |row| row.text("batch_id")).await?) else {
             return Ok(None);
         };
         let event = self.append_event(&resolution.event).await?;
+        if resolution.completing {
+            let params = [Param::Int(event), Param::Text(&batch_id)];
+            self.execute(Run::write(Self::COMPLETE_BATCH, &params))
+                .await?;
+        }
         Ok(Some((batch_id, event)))
     }
 
@@ -123,9 +135,15 @@ pub trait SqlTx: Send {
             .ok_or_else(|| Error::Internal("an event insert returned no event".into()))
     }
 
-    /// See [`WriteTx::lock_session`]; nothing to lock where writers are serialised.
-    async fn lock_session(&mut self, _agent: &AgentId, _session: &SessionId) -> Result<()> {
-        Ok(())
+    /// See [`PolicyTx::lock_submit`]; nothing to lock where writers are serialised.
+    async fn lock_submit(
+        &mut self,
+        _agent: &AgentId,
+        _session: &SessionId,
+        _tools: &[&ToolName],
+        _count_pending_to: Option<u64>,
+    ) -> Result<Option<u64>> {
+        Ok(None)
     }
 
     /// See [`WriteTx::lock_batches`].
@@ -228,6 +246,7 @@ async fn resolve_as<T: SqlTx>(
     rowid: i64,
     outcome: &Outcome,
     stored: Option<&Call>,
+    completing: bool,
 ) -> Result<Option<Resolved>> {
     let decided_by = outcome.decided_by.to_string();
     let [kind, at, by, reason, result, run_input, edited] =
@@ -245,13 +264,14 @@ async fn resolve_as<T: SqlTx>(
     let resolution = Resolution {
         outcome: &params,
         event: resolved_event(rowid, outcome),
+        completing,
     };
     let Some((batch_id, event)) = tx.resolve_call(resolution).await? else {
         return Ok(None);
     };
-    outcome_written(tx, rowid, (batch_id, event), stored)
-        .await
-        .map(Some)
+    let mut resolved = outcome_written(tx, rowid, (batch_id, event), stored).await?;
+    resolved.batch_checked = completing;
+    Ok(Some(resolved))
 }
 
 /// After an outcome and its Resolved event are written, however: its receipt. Every outcome
@@ -277,6 +297,7 @@ async fn outcome_written<T: SqlTx>(
         batch_id,
         event,
         seq: T::EVENT_IS_SEQ.then_some(event as u64),
+        batch_checked: false,
     })
 }
 
@@ -285,30 +306,35 @@ fn first<T>(rows: Vec<T>) -> Option<T> {
     rows.into_iter().next()
 }
 
+/// The call `key` names, read with `statement` ([`sql::FIND_CALL`]'s parameters).
+async fn find(tx: &mut impl SqlTx, statement: &str, key: &CallKey) -> Result<Option<Stored>> {
+    let params = [
+        Param::Text(key.agent.as_str()),
+        Param::Text(key.session.as_str()),
+        Param::Text(key.call_id.as_str()),
+    ];
+    Ok(first(
+        tx.rows(Run::read(statement, &params), |row| stored(row))
+            .await?,
+    ))
+}
+
 fn id(row: &dyn Columns) -> Result<i64> {
     row.int("id")
 }
 
 #[async_trait]
 impl<T: SqlTx> WriteTx for T {
-    async fn lock_session(&mut self, agent: &AgentId, session: &SessionId) -> Result<()> {
-        SqlTx::lock_session(self, agent, session).await
-    }
-
     async fn lock_batches(&mut self, batches: &[&str]) -> Result<()> {
         SqlTx::lock_batches(self, batches).await
     }
 
     async fn find_call(&mut self, key: &CallKey) -> Result<Option<Stored>> {
-        let params = [
-            Param::Text(key.agent.as_str()),
-            Param::Text(key.session.as_str()),
-            Param::Text(key.call_id.as_str()),
-        ];
-        Ok(first(
-            self.rows(Run::read(sql::FIND_CALL, &params), |row| stored(row))
-                .await?,
-        ))
+        find(self, sql::FIND_CALL, key).await
+    }
+
+    async fn find_call_locking_batch(&mut self, key: &CallKey) -> Result<Option<Stored>> {
+        find(self, Self::FIND_CALL_LOCKING_BATCH, key).await
     }
 
     async fn load_call(&mut self, rowid: i64) -> Result<Call> {
@@ -390,7 +416,7 @@ impl<T: SqlTx> WriteTx for T {
     }
 
     async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>> {
-        resolve_as(self, rowid, outcome, None).await
+        resolve_as(self, rowid, outcome, None, false).await
     }
 
     async fn resolve_read(
@@ -398,9 +424,10 @@ impl<T: SqlTx> WriteTx for T {
         rowid: i64,
         call: &Call,
         outcome: &Outcome,
+        last_in_batch: bool,
     ) -> Result<Option<Resolved>> {
         let stored = call.clone().with_outcome(outcome.clone());
-        resolve_as(self, rowid, outcome, Some(&stored)).await
+        resolve_as(self, rowid, outcome, Some(&stored), last_in_batch).await
     }
 
     async fn record_outcome(&mut self, rowid: i64, stored: &Call) -> Result<Resolved> {
@@ -606,6 +633,16 @@ impl<T: SqlTx> WriteTx for T {
 
 #[async_trait]
 impl<T: SqlTx> PolicyTx for T {
+    async fn lock_submit(
+        &mut self,
+        agent: &AgentId,
+        session: &SessionId,
+        tools: &[&ToolName],
+        count_pending_to: Option<u64>,
+    ) -> Result<Option<u64>> {
+        SqlTx::lock_submit(self, agent, session, tools, count_pending_to).await
+    }
+
     async fn lock_policy(
         &mut self,
         agent: &AgentId,

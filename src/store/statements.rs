@@ -165,6 +165,10 @@ pub const EVENTS_AFTER: &str = concat!(
 pub const BATCH_CALLS: &str = select_calls!("WHERE c.batch_id = $1 ORDER BY c.position");
 pub const FIND_CALL: &str =
     select_calls!("WHERE c.agent = $1 AND c.session_id = $2 AND c.call_id = $3");
+/// Postgres: [`FIND_CALL`], locking the found call's batch row as `lock_batches` locks it.
+pub const FIND_CALL_LOCKING_BATCH: &str = select_calls!(
+    "WHERE c.agent = $1 AND c.session_id = $2 AND c.call_id = $3 FOR NO KEY UPDATE OF b"
+);
 pub const LOAD_CALL: &str = select_calls!("WHERE c.id = $1");
 pub const CALLS_OF_BATCH: &str = select_calls!(
     "WHERE c.batch_id = $1 AND c.agent = $2 AND c.session_id = $3 ORDER BY c.position"
@@ -212,6 +216,22 @@ pub const RESOLVE_CALL_AND_EVENT: &str = concat!(
     "), event AS (INSERT INTO events (kind, call_rowid, created_at) SELECT ",
     code!(EventKind::Resolved),
     ", $8, $2 FROM call RETURNING id) SELECT call.batch_id, event.id FROM call, event"
+);
+/// Postgres: [`RESOLVE_CALL_AND_EVENT`] for the last call a transaction resolves in its batch:
+/// the event is also flagged as completing the batch if no other call of it is pending, what
+/// [`COMPLETE_BATCH_AT_ID`] would do after it, in the same round trip. The batch is locked
+/// (`lock_batches`) before this statement, whose snapshot sees every transaction that resolved a
+/// call of it before, and this one's earlier statements; the call it resolves is still pending
+/// in that snapshot, hence `id <> $8`.
+pub const RESOLVE_CALL_COMPLETING_AND_EVENT: &str = concat!(
+    "WITH call AS (",
+    resolve_call!(),
+    "), event AS (INSERT INTO events (kind, call_rowid, created_at, batch_completed) SELECT ",
+    code!(EventKind::Resolved),
+    ", $8, $2, NOT EXISTS (SELECT 1 FROM calls o WHERE o.batch_id = call.batch_id AND o.id <> $8 \
+     AND o.status = ",
+    pending!(),
+    ") FROM call RETURNING id) SELECT call.batch_id, event.id FROM call, event"
 );
 /// SQLite: an event of kind `$1` for call row `$2` at `$3`; returns its sequence number (its
 /// row id: SQLite's writers are serialised, so row ids follow commit order) as `event`.
@@ -608,7 +628,9 @@ mod tests {
             (INSERT_DECIDED_CALL_AND_EVENT.to_owned(), 21),
             (APPEND_EVENT_AT_ID.to_owned(), 3),
             (RESOLVE_CALL_AND_EVENT.to_owned(), 8),
+            (RESOLVE_CALL_COMPLETING_AND_EVENT.to_owned(), 8),
             (COMPLETE_BATCH_AT_ID.to_owned(), 2),
+            (FIND_CALL_LOCKING_BATCH.to_owned(), 3),
         ]);
         let mut failed = Vec::new();
         for (sql, n) in all {

@@ -303,7 +303,39 @@ async fn past_the_per_agent_pending_cap_new_calls_are_refused_each_naming_the_se
     );
 }
 
+/// The cap counts what is pending once the submit has superseded what it replaces: a submit at
+/// the cap that supersedes its session's pending calls (`supersede_pending`) makes room for
+/// itself (on Postgres the count taken with the submit's locks must not serve then).
+async fn a_submit_at_the_pending_cap_that_supersedes_makes_room_for_itself(app: TestApp) {
+    // The cap is 2 (configured below).
+    submit(
+        &app,
+        batch("s", vec![call("old1", "t", "{}"), call("old2", "t", "{}")]),
+    )
+    .await;
+    let full = submit(&app, batch("s", vec![call("refused", "t", "{}")])).await;
+    assert_eq!(
+        full.acks.iter().map(ack_result).collect::<Vec<_>>(),
+        ["ResourceExhausted"]
+    );
+
+    let replacing = submit(
+        &app,
+        pb::BatchSpec {
+            supersede_pending: true,
+            ..batch("s", vec![call("new1", "t", "{}"), call("new2", "t", "{}")])
+        },
+    )
+    .await;
+    assert_eq!(
+        replacing.acks.iter().map(ack_result).collect::<Vec<_>>(),
+        ["accepted", "accepted"]
+    );
+    assert_eq!(replacing.superseded.len(), 2);
+}
+
 backend_tests! {
+    a_submit_at_the_pending_cap_that_supersedes_makes_room_for_itself => |c| c.requests.max_pending_per_agent = 2,
     one_agent_stream_follows_a_bounded_number_of_sessions,
     a_client_that_stops_answering_is_noticed_and_its_stream_released => |c| {
         c.streams.max_subscribers = 1;

@@ -529,6 +529,8 @@ impl SqlTx for SqliteTx {
     const EVENT_IS_SEQ: bool = true;
     /// Unlocked: the one writer is the only one appending to the chain.
     const CHAIN_HEAD: &'static str = receipt_rows::CHAIN_HEAD;
+    /// Nothing to lock: the writer is alone.
+    const FIND_CALL_LOCKING_BATCH: &'static str = sql::FIND_CALL;
     /// One broker at a time, and migration 0014 keeps older ones off the file.
     const STORES_UNEDITED_INPUT_TO_RUN: bool = false;
 
