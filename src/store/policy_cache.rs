@@ -5,9 +5,12 @@
 //! migrations sqlite 0013 and postgres 0010) that triggers move in every transaction that changes
 //! rules or grants, whoever makes it, on any replica. A transaction (each write of a group that
 //! shares one) reads the version once, at its first policy read (every operation reads policy
-//! after taking its policy locks), and uses a copy only if it was read at that same version;
-//! otherwise it reads the tables and keeps what it read under the version. So a change committed anywhere applies to the next submit everywhere, at
-//! the price of one one-row read per transaction (SQLite: in process, on the writer's connection).
+//! after taking its policy locks; a Postgres submit reads it in the statement that takes them,
+//! migration 0012's `lock_submit`), and uses a copy only if it was read at that same version;
+//! otherwise it reads the tables and keeps what it read under the version. So a change
+//! committed anywhere applies to the next submit everywhere, at the price of one one-row read
+//! per transaction (SQLite: in process, on the writer's connection; a Postgres submit: no round
+//! trip of its own).
 //!
 //! Two things the version cannot say are handled here: a transaction that changes rules or grants
 //! itself sees its own uncommitted change, so from then on it reads the tables and keeps nothing
