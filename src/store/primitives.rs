@@ -120,11 +120,20 @@ pub trait SqlTx: Send {
         };
         let event = self.append_event(&resolution.event).await?;
         if resolution.completing {
-            let params = [Param::Int(event), Param::Text(&batch_id)];
-            self.execute(Run::write(Self::COMPLETE_BATCH, &params))
-                .await?;
+            self.complete_batch(&batch_id, event).await?;
         }
         Ok(Some((batch_id, event)))
+    }
+
+    /// See [`WriteTx::complete_batch_if_done`]: [`Self::COMPLETE_BATCH`]. Postgres: the batch
+    /// row is locked (`lock_batches` or `find_call_locking_batch`; a batch this transaction
+    /// stored is its own), which orders the transactions resolving calls of this batch; this
+    /// statement's snapshot, taken after the lock, sees every one that committed before.
+    async fn complete_batch(&mut self, batch_id: &str, event: i64) -> Result<()> {
+        let params = [Param::Int(event), Param::Text(batch_id)];
+        self.execute(Run::write(Self::COMPLETE_BATCH, &params))
+            .await?;
+        Ok(())
     }
 
     /// Appends the event (kind, call row id, time) with [`Self::APPEND_EVENT`]; what
@@ -605,13 +614,7 @@ impl<T: SqlTx> WriteTx for T {
     }
 
     async fn complete_batch_if_done(&mut self, batch_id: &str, event: i64) -> Result<()> {
-        // Postgres: the batch row is locked (`lock_batches`; a batch this transaction stored is
-        // its own), which orders the transactions resolving calls of this batch; this
-        // statement's snapshot, taken after the lock, sees every one that committed before.
-        let params = [Param::Int(event), Param::Text(batch_id)];
-        self.execute(Run::write(Self::COMPLETE_BATCH, &params))
-            .await?;
-        Ok(())
+        SqlTx::complete_batch(self, batch_id, event).await
     }
 
     fn statements_written(&self) -> Option<u64> {
