@@ -121,6 +121,30 @@ impl Schema {
         )
     }
 
+    /// Gathers the statistics of every table of the schema, as autovacuum does once a table
+    /// has changed enough (within a minute of its first 50 rows, at the default settings). A
+    /// plan cached while the tables were empty is made again with them.
+    pub async fn analyze(&self) -> Result<(), String> {
+        use sqlx::Connection as _;
+        let mut conn = sqlx::PgConnection::connect(&self.url())
+            .await
+            .map_err(|e| format!("analyze {}: {e}", self.name))?;
+        let tables: Vec<String> =
+            sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = $1")
+                .bind(&self.name)
+                .fetch_all(&mut conn)
+                .await
+                .map_err(|e| format!("analyze {}: {e}", self.name))?;
+        for table in tables {
+            let sql = format!("ANALYZE {}.\"{table}\"", self.name);
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&mut conn)
+                .await
+                .map_err(|e| format!("analyze {}.{table}: {e}", self.name))?;
+        }
+        Ok(())
+    }
+
     /// Leaves the schema in the database (for a post-mortem).
     pub fn keep(&mut self) {
         self.keep = true;
