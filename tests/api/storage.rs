@@ -370,14 +370,30 @@ impl OwnRole {
     }
 
     /// As a database restart that does not come back: every connection of the role ends, and
-    /// new ones are refused.
+    /// new ones are refused. A connection that was logging in as the role went out of bounds
+    /// shows in `pg_stat_activity` only once it is in, so the connections are ended until none
+    /// is left.
     async fn shut_out(&self) {
-        self.admin(&format!(
-            "ALTER ROLE {0} NOLOGIN; \
-             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{0}'",
-            self.name
-        ))
-        .await;
+        use sqlx::Connection as _;
+        self.admin(&format!("ALTER ROLE {} NOLOGIN", self.name))
+            .await;
+        let mut conn = sqlx::PgConnection::connect(&self.base_url)
+            .await
+            .expect("connect");
+        for _ in 0..100 {
+            let ended: Vec<bool> = sqlx::query_scalar(
+                "SELECT pg_terminate_backend(pid, 1000) FROM pg_stat_activity WHERE usename = $1",
+            )
+            .bind(&self.name)
+            .fetch_all(&mut conn)
+            .await
+            .expect("terminate");
+            if ended.is_empty() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("the role's connections keep coming back");
     }
 
     async fn let_in(&self) {
