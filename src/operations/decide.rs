@@ -107,9 +107,8 @@ pub async fn decide_in(
                     }
                 }
             }
-            // An approval without a grant resolves nothing after this call (a denial may skip
-            // the rest of the batch; a grant decides the calls it covers).
-            let last_in_batch = grant.is_none() && decision.verdict == Verdict::Approve;
+            // An approval without a grant resolves nothing after this call.
+            let last_in_batch = approves_only(decision);
             tx.resolve_read(rowid, &call, &outcome, last_in_batch)
                 .await?
                 .map(|won| (won, covered))
@@ -183,6 +182,21 @@ pub async fn decide_in(
         report.decided_by_grant.push(tx.load_call(rowid).await?);
     }
     Ok(report)
+}
+
+/// Whether `decision` writes nothing but its own call's outcome, whatever call it decides: an
+/// approval that remembers nothing (a denial may skip the rest of its batch; a grant decides the
+/// calls it covers). Postgres writes such a decision in one statement, where the call needs none
+/// of [`decide_in`]'s other checks (see `store::postgres::approval`).
+pub fn approves_only(decision: &Decision) -> bool {
+    decision.verdict == Verdict::Approve && decision.remember.is_none()
+}
+
+/// `call`, read pending, with the outcome an [`approves_only`] decision written outside
+/// [`decide_in`] at `now` gave it.
+pub fn approved(call: Call, decision: &Decision, texts: &ToolResultTexts, now: Timestamp) -> Call {
+    let outcome = approver_outcome(&call, decision, texts, now);
+    call.with_outcome(outcome)
 }
 
 /// The outcome an approver's decision writes.

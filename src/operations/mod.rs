@@ -32,4 +32,4 @@ pub mod tx;
 #[cfg(test)]
 mod testing;
 
-pub use tx::{PolicyTx, Resolved, Stored, Transactions, WriteTx};
+pub use tx::{Placement, PolicyTx, Resolved, Stored, SubmitLocks, Transactions, WriteTx};

@@ -17,7 +17,7 @@ use std::time::Instant;
 use super::escalate::start_escalations;
 use super::routing::route_new_calls;
 use super::ruling::{brought_along, decide_by_ruling, ruled_outcome};
-use super::tx::{PolicyTx, Resolved, WriteTx, batches_of, complete_batches, tools_of};
+use super::tx::{Placement, PolicyTx, Resolved, WriteTx, batches_of, complete_batches, tools_of};
 use crate::domain::policy::{
     Grant, Prejudged, Rule, RuleMode, ShadowVerdict, Subject, shadow_verdicts,
 };
@@ -51,10 +51,9 @@ pub async fn submit_in(
     // before the reads that tell them apart, in one statement. A count of the agent's pending
     // calls taken with them serves the cap unless the batch supersedes the session's pending
     // calls before the cap is checked (calls superseded by key are superseded after it).
-    let counted = tx
+    let locked = tx
         .lock_submit(
-            &batch.agent,
-            &batch.session,
+            batch,
             &tools_of(batch.calls.iter().map(|c| &c.tool)),
             batch.pending_cap.filter(|_| !batch.supersede_pending),
         )
@@ -66,7 +65,11 @@ pub async fn submit_in(
     // Stored calls this request resubmits: their row ids, and where their items are.
     let mut resubmitted: HashMap<i64, usize> = HashMap::new();
     for call in &batch.calls {
-        match tx.find_call(&key_of(batch, &call.call_id)).await? {
+        let stored = match locked.may_be_stored(&call.call_id) {
+            true => tx.find_call(&key_of(batch, &call.call_id)).await?,
+            false => None,
+        };
+        match stored {
             Some(stored) => {
                 let item = existing(batch, call, stored.call);
                 if matches!(item.result, SubmitResult::Duplicate(_)) {
@@ -111,7 +114,7 @@ pub async fn submit_in(
         }
     }
 
-    let fresh = refuse_past_pending_cap(tx, batch, fresh, counted, &mut report).await?;
+    let fresh = refuse_past_pending_cap(tx, batch, fresh, locked.pending, &mut report).await?;
 
     // The rules and grants, read before any call is stored, so a call they decide as it arrives
     // is stored decided.
@@ -136,7 +139,6 @@ pub async fn submit_in(
     if !fresh.is_empty() {
         let batch_id = BatchId::generate();
         let planned = fresh.len();
-        tx.insert_batch(&batch_id, batch, planned, now).await?;
         let mut position = 0;
         // Calls are ruled on as they are stored up to a denial that skips the rest of the
         // batch; those after it are stored pending and skipped with the rest.
@@ -166,10 +168,12 @@ pub async fn submit_in(
                 ruled_outcome(&stored, Some(&call.prejudged), policy, texts, now)
             });
             let decided = judged.as_ref().and_then(Option::as_ref);
-            let result = match tx
-                .insert_call(batch, &batch_id, position, call, now, decided)
-                .await?
-            {
+            let at = Placement {
+                batch_id: &batch_id,
+                position,
+                new_batch: (i == 0).then_some(planned),
+            };
+            let result = match tx.insert_call(batch, at, call, now, decided).await? {
                 Some(rowid) => {
                     accepted.push((rowid, report.items.len()));
                     prejudged.insert(rowid, &call.prejudged);

@@ -35,10 +35,40 @@ use crate::domain::policy::{
     ShadowVerdict,
 };
 use crate::domain::{
-    AgentId, BatchId, Call, CallKey, EventKind, NewBatch, NewCall, OnDeny, Outcome, SessionId,
-    Timestamp, ToolName,
+    AgentId, BatchId, Call, CallId, CallKey, EventKind, NewBatch, NewCall, OnDeny, Outcome,
+    SessionId, Timestamp, ToolName,
 };
 use crate::error::Result;
+
+/// Where [`WriteTx::insert_call`] stores a call: its batch and its position in it.
+#[derive(Debug, Clone, Copy)]
+pub struct Placement<'a> {
+    pub batch_id: &'a BatchId,
+    pub position: usize,
+    /// `Some(size)`: the batch is new, planned with `size` calls, and this is the first call a
+    /// submit stores in it: the batch's row is stored with it (in the same statement where the
+    /// backend can, Postgres: a round trip fewer).
+    pub new_batch: Option<usize>,
+}
+
+/// What [`PolicyTx::lock_submit`] read with the locks, where it read anything.
+#[derive(Debug, Default)]
+pub struct SubmitLocks {
+    /// How many calls the agent has pending, counted up to the count asked for; `None`: not
+    /// counted (ask [`WriteTx::pending_of_agent`] when it matters).
+    pub pending: Option<u64>,
+    /// Which of the batch's call ids its session holds already; `None`: not read, so any may be.
+    pub stored: Option<Vec<String>>,
+}
+
+impl SubmitLocks {
+    /// Whether the batch's call `id` may be stored already, and so must be read.
+    pub fn may_be_stored(&self, id: &CallId) -> bool {
+        self.stored
+            .as_ref()
+            .is_none_or(|stored| stored.iter().any(|s| s == id.as_str()))
+    }
+}
 
 /// A stored call and its row id in the backend.
 pub struct Stored {
@@ -73,24 +103,17 @@ pub trait WriteTx: Send {
     /// other batch, in place of that call.
     async fn find_call_locking_batch(&mut self, key: &CallKey) -> Result<Option<Stored>>;
     async fn load_call(&mut self, rowid: i64) -> Result<Call>;
-    async fn insert_batch(
-        &mut self,
-        batch_id: &BatchId,
-        batch: &NewBatch,
-        size: usize,
-        now: Timestamp,
-    ) -> Result<()>;
     /// Corrects a batch's size when fewer calls than planned were inserted (0: removes it).
     async fn resize_batch(&mut self, batch_id: &BatchId, size: usize) -> Result<()>;
-    /// Stores a call with its Requested event: pending, or already `decided` (a rule or grant
-    /// decided it as it arrived; [`record_outcome`](Self::record_outcome) then writes what
-    /// follows from that). `None` if its identity is taken (a concurrent submit stored it
-    /// first).
+    /// Stores a call of `batch` with its Requested event, where `at` places it: pending, or
+    /// already `decided` (a rule or grant decided it as it arrived;
+    /// [`record_outcome`](Self::record_outcome) then writes what follows from that). `None` if
+    /// its identity is taken (a concurrent submit stored it first); its new batch, if `at`
+    /// brings one, is stored all the same.
     async fn insert_call(
         &mut self,
         batch: &NewBatch,
-        batch_id: &BatchId,
-        position: usize,
+        at: Placement<'_>,
         call: &NewCall,
         now: Timestamp,
         decided: Option<&Outcome>,
@@ -190,19 +213,18 @@ pub trait WriteTx: Send {
 /// (Explain), so what Explain reads is what a submit reads.
 #[async_trait]
 pub trait PolicyTx: Send {
-    /// A submit's locks, taken before it reads anything: its session's (serialising the
+    /// `batch`'s locks, taken before it reads anything: its session's (serialising the
     /// session's writers), then those of (agent, tool) for each of `tools`, shared, as
     /// [`Self::lock_policy`] takes them. A no-op where writers are serialised anyway; one
-    /// statement where they are not, which may also count the agent's pending calls as
-    /// [`WriteTx::pending_of_agent`] does, up to `count_pending_to`: that count, if it did
-    /// (`None`: ask `pending_of_agent` when it matters).
+    /// statement where they are not, which may also read, after the locks, which of the batch's
+    /// calls are stored already, and count the agent's pending calls as
+    /// [`WriteTx::pending_of_agent`] does, up to `count_pending_to` (see [`SubmitLocks`]).
     async fn lock_submit(
         &mut self,
-        agent: &AgentId,
-        session: &SessionId,
+        batch: &NewBatch,
         tools: &[&ToolName],
         count_pending_to: Option<u64>,
-    ) -> Result<Option<u64>>;
+    ) -> Result<SubmitLocks>;
     /// Locks (agent, tool) for grant changes until this transaction ends: `exclusive` to create
     /// or revoke grants, shared to submit calls. All keys in one statement, in one order; a
     /// no-op where writers are serialised anyway.

@@ -6,7 +6,7 @@
 //! rules or grants, whoever makes it, on any replica. A transaction (each write of a group that
 //! shares one) reads the version once, at its first policy read (every operation reads policy
 //! after taking its policy locks; a Postgres submit reads it in the statement that takes them,
-//! migration 0012's `lock_submit`), and uses a copy only if it was read at that same version;
+//! `lock_submit`, migrations 0012 and 0014), and uses a copy only if it was read at that same version;
 //! otherwise it reads the tables and keeps what it read under the version. So a change
 //! committed anywhere applies to the next submit everywhere, at the price of one one-row read
 //! per transaction (SQLite: in process, on the writer's connection; a Postgres submit: no round

@@ -25,7 +25,7 @@ use crate::domain::{
     Timestamp, ToolInput, ToolName,
 };
 use crate::error::{Error, Result};
-use crate::operations::{PolicyTx, Resolved, Stored, WriteTx};
+use crate::operations::{Placement, PolicyTx, Resolved, Stored, SubmitLocks, WriteTx};
 use crate::receipts::Notary;
 
 /// A parameter of a shared statement, typed as both databases need (Postgres types a NULL).
@@ -85,6 +85,11 @@ pub trait SqlTx: Send {
     /// [`sql::INSERT_DECIDED_CALL`]'s parameters, in a statement that also writes the Requested
     /// event.
     const INSERT_DECIDED_CALL: &'static str;
+    /// [`Self::INSERT_CALL`] and [`Self::INSERT_DECIDED_CALL`] storing the call's new batch too
+    /// (its `on_deny` and `size` as their last two parameters), where one statement can
+    /// (Postgres: [`sql::INSERT_BATCH_CALL_AND_EVENT`], [`sql::INSERT_BATCH_DECIDED_CALL_AND_EVENT`]);
+    /// `None`: the batch is inserted first, by [`sql::INSERT_BATCH`].
+    const INSERT_CALL_WITH_BATCH: Option<[&'static str; 2]> = None;
     /// [`sql::APPEND_EVENT`] or [`sql::APPEND_EVENT_AT_ID`]: appends an event and returns what
     /// [`Resolved::event`] holds, as `event`.
     const APPEND_EVENT: &'static str;
@@ -147,12 +152,11 @@ pub trait SqlTx: Send {
     /// See [`PolicyTx::lock_submit`]; nothing to lock where writers are serialised.
     async fn lock_submit(
         &mut self,
-        _agent: &AgentId,
-        _session: &SessionId,
+        _batch: &NewBatch,
         _tools: &[&ToolName],
         _count_pending_to: Option<u64>,
-    ) -> Result<Option<u64>> {
-        Ok(None)
+    ) -> Result<SubmitLocks> {
+        Ok(SubmitLocks::default())
     }
 
     /// See [`WriteTx::lock_batches`].
@@ -355,25 +359,6 @@ impl<T: SqlTx> WriteTx for T {
         .ok_or_else(|| Error::Internal(format!("call row {rowid} vanished")))
     }
 
-    async fn insert_batch(
-        &mut self,
-        batch_id: &BatchId,
-        batch: &NewBatch,
-        size: usize,
-        now: Timestamp,
-    ) -> Result<()> {
-        let params = [
-            Param::Text(batch_id.as_str()),
-            Param::Text(batch.agent.as_str()),
-            Param::Text(batch.session.as_str()),
-            Param::Int(batch.on_deny.as_i64()),
-            Param::Int(size as i64),
-            Param::Int(now.as_micros()),
-        ];
-        self.execute(Run::write(sql::INSERT_BATCH, &params)).await?;
-        Ok(())
-    }
-
     async fn resize_batch(&mut self, batch_id: &BatchId, size: usize) -> Result<()> {
         if size == 0 {
             let params = [Param::Text(batch_id.as_str())];
@@ -388,12 +373,35 @@ impl<T: SqlTx> WriteTx for T {
     async fn insert_call(
         &mut self,
         batch: &NewBatch,
-        batch_id: &BatchId,
-        position: usize,
+        at: Placement<'_>,
         call: &NewCall,
         now: Timestamp,
         decided: Option<&Outcome>,
     ) -> Result<Option<i64>> {
+        let Placement {
+            batch_id,
+            position,
+            new_batch,
+        } = at;
+        // The new batch's own columns; the rest are the call's.
+        let batch_row =
+            new_batch.map(|size| [Param::Int(batch.on_deny.as_i64()), Param::Int(size as i64)]);
+        let with_batch = match (batch_row, Self::INSERT_CALL_WITH_BATCH) {
+            (Some(row), Some(statements)) => Some((row, statements)),
+            (Some([on_deny, size]), None) => {
+                let params = [
+                    Param::Text(batch_id.as_str()),
+                    Param::Text(batch.agent.as_str()),
+                    Param::Text(batch.session.as_str()),
+                    on_deny,
+                    size,
+                    Param::Int(now.as_micros()),
+                ];
+                self.execute(Run::write(sql::INSERT_BATCH, &params)).await?;
+                None
+            }
+            (None, _) => None,
+        };
         let call = [
             Param::Text(batch.agent.as_str()),
             Param::Text(batch.session.as_str()),
@@ -410,18 +418,22 @@ impl<T: SqlTx> WriteTx for T {
             Param::Int(now.as_micros()),
             Param::OptText((!call.requested_by.is_empty()).then_some(&call.requested_by)),
         ];
-        let inserted = match decided {
-            Some(outcome) => {
-                let decided_by = outcome.decided_by.to_string();
-                let unedited_too = Self::STORES_UNEDITED_INPUT_TO_RUN;
-                let outcome = outcome_params(outcome, &decided_by, unedited_too);
-                let params: Vec<Param<'_>> = call.into_iter().chain(outcome).collect();
-                self.rows(Run::write(Self::INSERT_DECIDED_CALL, &params), id)
-                    .await?
-            }
-            None => self.rows(Run::write(Self::INSERT_CALL, &call), id).await?,
+        let decided_by = decided.map(|outcome| outcome.decided_by.to_string());
+        let outcome = decided
+            .zip(decided_by.as_deref())
+            .map(|(outcome, by)| outcome_params(outcome, by, Self::STORES_UNEDITED_INPUT_TO_RUN));
+        let (statement, batch_row) = match (&outcome, with_batch) {
+            (None, None) => (Self::INSERT_CALL, None),
+            (Some(_), None) => (Self::INSERT_DECIDED_CALL, None),
+            (None, Some((row, [pending, _]))) => (pending, Some(row)),
+            (Some(_), Some((row, [_, decided]))) => (decided, Some(row)),
         };
-        Ok(first(inserted))
+        let params: Vec<Param<'_>> = call
+            .into_iter()
+            .chain(outcome.into_iter().flatten())
+            .chain(batch_row.into_iter().flatten())
+            .collect();
+        Ok(first(self.rows(Run::write(statement, &params), id).await?))
     }
 
     async fn resolve(&mut self, rowid: i64, outcome: &Outcome) -> Result<Option<Resolved>> {
@@ -638,12 +650,11 @@ impl<T: SqlTx> WriteTx for T {
 impl<T: SqlTx> PolicyTx for T {
     async fn lock_submit(
         &mut self,
-        agent: &AgentId,
-        session: &SessionId,
+        batch: &NewBatch,
         tools: &[&ToolName],
         count_pending_to: Option<u64>,
-    ) -> Result<Option<u64>> {
-        SqlTx::lock_submit(self, agent, session, tools, count_pending_to).await
+    ) -> Result<SubmitLocks> {
+        SqlTx::lock_submit(self, batch, tools, count_pending_to).await
     }
 
     async fn lock_policy(

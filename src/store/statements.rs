@@ -170,6 +170,21 @@ pub const FIND_CALL_LOCKING_BATCH: &str = select_calls!(
     "WHERE c.agent = $1 AND c.session_id = $2 AND c.call_id = $3 FOR NO KEY UPDATE OF b"
 );
 pub const LOAD_CALL: &str = select_calls!("WHERE c.id = $1");
+/// Postgres: an approval by approver `$4` of call (`$1`, `$2`, `$3`) in one statement (migration
+/// 0013's `approve_call`, given the outcome's time, decider, reason, edited input or NULL, and
+/// whether edited): its `call_row` (NULL: no such call) and `resolved_event` (NULL: nothing
+/// written), with the call's columns as the statement's snapshot holds them, taken before the
+/// function ran (NULL if the call was not committed then).
+pub const APPROVE_CALL: &str = concat!(
+    "SELECT ",
+    call_columns!(),
+    ", a.call_row, a.resolved_event \
+     FROM approve_call($1, $2, $3, $4, $5, $6, $7, $8, $9) AS a \
+     LEFT JOIN (calls c JOIN batches b ON b.batch_id = c.batch_id \
+     LEFT JOIN events r ON r.call_rowid = c.id AND r.kind = ",
+    code!(EventKind::Resolved),
+    ") ON c.id = a.call_row"
+);
 pub const CALLS_OF_BATCH: &str = select_calls!(
     "WHERE c.batch_id = $1 AND c.agent = $2 AND c.session_id = $3 ORDER BY c.position"
 );
@@ -194,8 +209,13 @@ pub const RESOLVE_CALL: &str = resolve_call!();
 /// commit.
 macro_rules! with_requested_event {
     ($insert:expr) => {
+        with_requested_event!("", $insert)
+    };
+    ($before:expr, $insert:expr) => {
         concat!(
-            "WITH call AS (",
+            "WITH ",
+            $before,
+            "call AS (",
             $insert,
             "), event AS (INSERT INTO events (kind, call_rowid, created_at) SELECT ",
             code!(EventKind::Requested),
@@ -207,6 +227,30 @@ macro_rules! with_requested_event {
 pub const INSERT_CALL_AND_EVENT: &str = with_requested_event!(insert_call!());
 /// Postgres: [`INSERT_DECIDED_CALL`] and the call's Requested event, in one statement.
 pub const INSERT_DECIDED_CALL_AND_EVENT: &str = with_requested_event!(insert_decided_call!());
+/// The call's new batch, as a `WITH` clause before the call's insert: its id (`$4`), agent
+/// (`$1`), session (`$2`) and time (`$13`) are the call's, its `on_deny` and `size` the given
+/// parameters. The call's foreign key is checked at the statement's end, after the batch's
+/// insert.
+macro_rules! new_batch {
+    ($on_deny:literal, $size:literal) => {
+        concat!(
+            "batch AS (INSERT INTO batches (batch_id, agent, session_id, on_deny, size, \
+             created_at) VALUES ($4, $1, $2, ",
+            $on_deny,
+            ", ",
+            $size,
+            ", $13)), "
+        )
+    };
+}
+/// Postgres: [`INSERT_CALL_AND_EVENT`] of the first call of a new batch, and the batch (its
+/// `on_deny` `$15`, its `size` `$16`), in one statement.
+pub const INSERT_BATCH_CALL_AND_EVENT: &str =
+    with_requested_event!(new_batch!("$15", "$16"), insert_call!());
+/// Postgres: [`INSERT_DECIDED_CALL_AND_EVENT`] of the first call of a new batch, and the batch
+/// (its `on_deny` `$22`, its `size` `$23`), in one statement.
+pub const INSERT_BATCH_DECIDED_CALL_AND_EVENT: &str =
+    with_requested_event!(new_batch!("$22", "$23"), insert_decided_call!());
 /// Postgres: [`RESOLVE_CALL`] and the call's Resolved event, in one statement (one round trip);
 /// returns the batch id and the event's `id`. SQLite runs the two statements: it has no
 /// data-modifying `WITH`, and a statement costs it no round trip.
@@ -626,11 +670,14 @@ mod tests {
         all.extend([
             (INSERT_CALL_AND_EVENT.to_owned(), 14),
             (INSERT_DECIDED_CALL_AND_EVENT.to_owned(), 21),
+            (INSERT_BATCH_CALL_AND_EVENT.to_owned(), 16),
+            (INSERT_BATCH_DECIDED_CALL_AND_EVENT.to_owned(), 23),
             (APPEND_EVENT_AT_ID.to_owned(), 3),
             (RESOLVE_CALL_AND_EVENT.to_owned(), 8),
             (RESOLVE_CALL_COMPLETING_AND_EVENT.to_owned(), 8),
             (COMPLETE_BATCH_AT_ID.to_owned(), 2),
             (FIND_CALL_LOCKING_BATCH.to_owned(), 3),
+            (APPROVE_CALL.to_owned(), 9),
         ]);
         let mut failed = Vec::new();
         for (sql, n) in all {
