@@ -242,8 +242,13 @@ impl EventBus {
                 // the sequencer too was a transaction and a wait for its lock for nothing, on
                 // every replica at every other replica's commit. Events a replica committed and
                 // never numbered (it died between the two) are numbered by the next sequencer
-                // that runs: any replica's after its own commit, or this one's poll.
-                _ = remote.notified() => number = false,
+                // that runs: any replica's after its own commit, or this one's poll. Nor read if
+                // this pump published that far already: a replica's sequencer numbers every
+                // replica's commits, and this one's own run often numbered and read them first.
+                through = remote.announced() => {
+                    number = false;
+                    read = through > last;
+                }
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
             if read {
@@ -489,7 +494,7 @@ mod tests {
     use crate::domain::{
         BatchId, Call, CallId, CallKey, EventKind, SessionId, Timestamp, ToolInput, ToolName,
     };
-    use crate::store::CommittedEvents;
+    use crate::store::{CommittedEvents, RemoteCommits};
 
     /// A log the test appends to ("commits"), and whose hand-overs the test makes, right or
     /// wrong: the pump is the only user.
@@ -500,7 +505,7 @@ mod tests {
         /// The highest sequence number "retention pruned" (as the stores refuse below it).
         pruned_through: AtomicU64,
         /// Woken as another replica's notification wakes a Postgres store's.
-        remote: Arc<Notify>,
+        remote: Arc<RemoteCommits>,
         /// How many times the sequencer ran.
         numberings: AtomicUsize,
     }
@@ -596,9 +601,46 @@ mod tests {
             self.numberings.fetch_add(1, Ordering::SeqCst);
             Ok(0)
         }
-        fn remote_commits(&self) -> Option<Arc<Notify>> {
+        fn remote_commits(&self) -> Option<Arc<RemoteCommits>> {
             Some(Arc::clone(&self.remote))
         }
+    }
+
+    /// Another replica's sequencer numbers every replica's commits, so its notification often
+    /// announces events this pump read already: announced no further than what it published, the
+    /// pump does not read the log; announced further, or without saying how far (a reconnected
+    /// listener, a replica of the previous version), it reads.
+    #[tokio::test(start_paused = true)]
+    async fn a_pump_told_of_events_it_published_already_does_not_read_again() {
+        let log = Log::empty();
+        let bus = EventBus::new(log.clone(), 64).await.unwrap();
+        let mut published = bus.tx.subscribe();
+        let pump = tokio::spawn(Arc::clone(&bus).pump());
+        let mut next = async || published.recv().await.unwrap().seq;
+        let reads = || log.reads.load(Ordering::SeqCst);
+        let settle = || tokio::time::sleep(Duration::from_millis(10));
+
+        log.commit([1, 2]);
+        bus.notify_committed();
+        assert_eq!(next().await, 1);
+        assert_eq!(next().await, 2);
+        settle().await;
+        let before = reads();
+
+        log.remote.announce(Some(2));
+        settle().await;
+        assert_eq!(reads(), before, "2 was published already");
+
+        log.commit([3]);
+        log.remote.announce(Some(3));
+        assert_eq!(next().await, 3);
+        assert_eq!(reads(), before + 1);
+
+        log.commit([4]);
+        log.remote.announce(None);
+        assert_eq!(next().await, 4);
+        assert_eq!(reads(), before + 2);
+        pump.abort();
     }
 
     /// Woken by another replica's notification (sent after that replica numbered what it
@@ -617,7 +659,7 @@ mod tests {
         let numberings = || log.numberings.load(Ordering::SeqCst);
 
         log.commit([1]);
-        log.remote.notify_one();
+        log.remote.announce(None);
         assert_eq!(next().await, 1);
         assert_eq!(numberings(), 0, "another replica numbered it");
         assert_eq!(started.elapsed(), Duration::ZERO);

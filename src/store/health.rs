@@ -231,7 +231,7 @@ impl EventLog for Watched {
         self.read(self.inner.sequence_events().await)
     }
 
-    fn remote_commits(&self) -> Option<Arc<tokio::sync::Notify>> {
+    fn remote_commits(&self) -> Option<Arc<super::RemoteCommits>> {
         self.inner.remote_commits()
     }
 

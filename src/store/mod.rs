@@ -141,7 +141,7 @@ pub trait EventLog: Send + Sync + 'static {
 
     /// Woken when another broker process committed events to the same database, if the backend
     /// can tell. A hint only: readers also poll.
-    fn remote_commits(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+    fn remote_commits(&self) -> Option<std::sync::Arc<RemoteCommits>> {
         None
     }
 
@@ -364,4 +364,32 @@ pub async fn open(
             PostgresStore::open(url, *max_connections, *group_commit, texts, notary).await?,
         ),
     })
+}
+
+/// What other broker processes' commits tell this one (see [`EventLog::remote_commits`]): a
+/// wake-up, and how far they numbered the log meanwhile, when they said.
+#[derive(Debug, Default)]
+pub struct RemoteCommits {
+    wake: tokio::sync::Notify,
+    /// The highest sequence number announced since the last [`Self::announced`]; `u64::MAX`
+    /// when a wake-up did not say (read whatever is there); 0 when nothing was announced.
+    through: std::sync::atomic::AtomicU64,
+}
+
+impl RemoteCommits {
+    /// Events were numbered elsewhere, up to `through` if it is known.
+    pub fn announce(&self, through: Option<u64>) {
+        use std::sync::atomic::Ordering;
+        self.through
+            .fetch_max(through.unwrap_or(u64::MAX), Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
+    /// Waits for the next announcement; then how far the log was numbered, as the highest of
+    /// what was announced since the last call (`u64::MAX`: unknown). Cancel-safe.
+    pub async fn announced(&self) -> u64 {
+        use std::sync::atomic::Ordering;
+        self.wake.notified().await;
+        self.through.swap(0, Ordering::SeqCst)
+    }
 }

@@ -39,7 +39,6 @@ use sqlx::postgres::PgArguments;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::query::Query;
 use sqlx::{Postgres, Row};
-use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::group_commit::{GroupCommit, Job};
@@ -48,7 +47,7 @@ use super::primitives::{Decode, Param, Resolution, Run, SqlTx};
 use super::reads::{BackendReads, Reads};
 use super::receipt_rows;
 use super::statements as sql;
-use super::{Backend, Calls, Deadlines, EventLog, Policies};
+use super::{Backend, Calls, Deadlines, EventLog, Policies, RemoteCommits};
 use crate::domain::policy::{
     ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId, RuleMode,
 };
@@ -83,7 +82,7 @@ pub struct PostgresStore {
     /// The sequencer, as this replica runs it (alone, and at the end of its groups).
     numbering: Arc<Numbering>,
     texts: ToolResultTexts,
-    remote_commits: Arc<Notify>,
+    remote_commits: Arc<RemoteCommits>,
     listener: JoinHandle<()>,
     /// This replica's copy of rules and grants (see `policy_cache`).
     policy: Arc<PolicyCache>,
@@ -103,13 +102,14 @@ struct GroupWriter {
     numbering: Arc<Numbering>,
 }
 
-/// The sequencer, one statement (migration 0011's function `number_events`), with what it tells
-/// the other replicas when it numbered something.
+/// The sequencer, one statement (migrations 0011 and 0016's function `number_events`), with
+/// what it tells the other replicas when it numbered something.
 struct Numbering {
     /// The NOTIFY channel of this database schema.
     channel: String,
-    /// This replica's (this store's) name: the payload of the NOTIFY its sequencer sends, so its
-    /// listener can tell its own notifications from the other replicas'.
+    /// This replica's (this store's) name, which the NOTIFY its sequencer sends begins with (then
+    /// a space and the last number it gave), so its listener can tell its own notifications from
+    /// the other replicas'.
     replica: String,
 }
 
@@ -184,7 +184,7 @@ impl PostgresStore {
             channel: format!("approvals_events_{schema}"),
             replica,
         });
-        let remote_commits = Arc::new(Notify::new());
+        let remote_commits: Arc<RemoteCommits> = Arc::default();
         let listener = tokio::spawn(listen(
             pool.clone(),
             Arc::clone(&numbering),
@@ -230,17 +230,18 @@ impl PostgresStore {
     /// be another replica's, whose sequencer then finds nothing to number or announce.
     async fn sequence_for_reader(&self) -> Result<()> {
         if self.sequence_events().await? > 0 {
-            self.remote_commits.notify_one();
+            self.remote_commits.announce(None);
         }
         Ok(())
     }
 }
 
 /// Wakes `remote_commits` on every notification of `numbering.channel` sent by another replica,
-/// and after every reconnection (notifications sent while the connection was down are lost, so
-/// assume there were some). This replica's own notifications are ignored: its pump reads right
-/// after numbering, and its other readers wake the pump themselves (`sequence_for_reader`).
-async fn listen(pool: PgPool, numbering: Arc<Numbering>, remote_commits: Arc<Notify>) {
+/// with how far it numbered, and after every reconnection (notifications sent while the
+/// connection was down are lost, so assume there were some). This replica's own notifications
+/// are ignored: its pump reads right after numbering, and its other readers wake the pump
+/// themselves (`sequence_for_reader`).
+async fn listen(pool: PgPool, numbering: Arc<Numbering>, remote_commits: Arc<RemoteCommits>) {
     loop {
         let mut listener = match PgListener::connect_with(&pool).await {
             Ok(listener) => listener,
@@ -255,21 +256,28 @@ async fn listen(pool: PgPool, numbering: Arc<Numbering>, remote_commits: Arc<Not
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
         }
-        remote_commits.notify_one();
+        remote_commits.announce(None);
         loop {
             match listener.try_recv().await {
                 Ok(Some(notification)) => {
-                    if notification.payload() != numbering.replica {
-                        remote_commits.notify_one();
+                    // The sender's name, then how far it numbered (migration 0016; a replica
+                    // of the version before names itself only).
+                    let payload = notification.payload();
+                    let (sender, through) = match payload.split_once(' ') {
+                        Some((sender, through)) => (sender, through.parse().ok()),
+                        None => (payload, None),
+                    };
+                    if sender != numbering.replica {
+                        remote_commits.announce(through);
                     }
                 }
                 Ok(None) => {
                     tracing::info!("the LISTEN connection was lost; reconnecting");
-                    remote_commits.notify_one();
+                    remote_commits.announce(None);
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "the LISTEN connection failed; reconnecting");
-                    remote_commits.notify_one();
+                    remote_commits.announce(None);
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     break;
                 }
@@ -382,7 +390,7 @@ impl EventLog for PostgresStore {
         }
     }
 
-    fn remote_commits(&self) -> Option<Arc<Notify>> {
+    fn remote_commits(&self) -> Option<Arc<RemoteCommits>> {
         Some(Arc::clone(&self.remote_commits))
     }
 }

@@ -994,9 +994,10 @@ async fn a_grant_racing_matching_submits_across_replicas_leaves_none_of_them_pen
     }
 }
 
-/// Numbering events sends a notification that wakes the other replicas, and names its sender,
-/// so it does not wake the replica that sent it (whose pump reads right after numbering); a
-/// reader other than the pump that numbers events wakes its own replica's pump itself.
+/// Numbering events sends a notification that wakes the other replicas, telling them how far it
+/// numbered, and names its sender, so it does not wake the replica that sent it (whose pump
+/// reads right after numbering); a reader other than the pump that numbers events wakes its own
+/// replica's pump itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
@@ -1022,9 +1023,14 @@ async fn numbering_wakes_the_other_replicas_but_not_its_own() {
     // Each listener wakes its replica once when it starts listening; after that, both listen.
     let wait = Duration::from_secs(10);
     for woken in [&woken_one, &woken_two] {
-        tokio::time::timeout(wait, woken.notified())
+        let through = tokio::time::timeout(wait, woken.announced())
             .await
             .expect("woken once listening");
+        assert_eq!(
+            through,
+            u64::MAX,
+            "a listener starting knows nothing of how far"
+        );
     }
 
     // Events committed without a number (as every broker commits them, to be numbered after
@@ -1047,11 +1053,12 @@ async fn numbering_wakes_the_other_replicas_but_not_its_own() {
     commit_unnumbered("by-hand").await;
     assert_eq!(one.sequence_events().await.expect("numbering"), 1);
 
-    tokio::time::timeout(wait, woken_two.notified())
+    let through = tokio::time::timeout(wait, woken_two.announced())
         .await
         .expect("the other replica is woken");
+    assert_eq!(through, 1, "told how far the log is numbered");
     assert!(
-        tokio::time::timeout(Duration::from_millis(500), woken_one.notified())
+        tokio::time::timeout(Duration::from_millis(500), woken_one.announced())
             .await
             .is_err(),
         "a replica is not woken by its own notification"
@@ -1061,7 +1068,8 @@ async fn numbering_wakes_the_other_replicas_but_not_its_own() {
     // pump itself.
     commit_unnumbered("by-hand-2").await;
     assert_eq!(one.latest_seq().await.expect("latest"), 2);
-    tokio::time::timeout(wait, woken_one.notified())
+    let through = tokio::time::timeout(wait, woken_one.announced())
         .await
         .expect("the reader wakes its own replica's pump");
+    assert_eq!(through, u64::MAX, "the pump reads what its reader numbered");
 }
