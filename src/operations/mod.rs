@@ -30,6 +30,6 @@ pub mod submit;
 pub mod tx;
 
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 pub use tx::{Placement, PolicyTx, Resolved, Stored, SubmitLocks, Transactions, WriteTx};

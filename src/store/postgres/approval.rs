@@ -75,3 +75,128 @@ impl PostgresStore {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use testkit::Schema;
+
+    use super::*;
+    use crate::domain::{OnDeny, OutcomeKind, Verdict};
+    use crate::operations::testing::{AGENT, batch, call, decision, key, texts};
+    use crate::store::Calls as _;
+
+    /// Which approvals the one statement writes, and which it leaves untouched for the whole
+    /// transaction (`None`), on a fresh schema of the test database: written where the
+    /// transaction would refuse, a refusal would be lost; written nowhere, every approval would
+    /// pay for the transaction again, which no other test would notice.
+    #[tokio::test]
+    #[cfg_attr(
+        not(approvals_test_postgres),
+        ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres variants"
+    )]
+    async fn one_statement_approves_what_needs_no_other_check_and_nothing_else() {
+        let schema = Schema::create(&testkit::postgres_url(), "approval")
+            .await
+            .unwrap();
+        let store = PostgresStore::open(&schema.url(), 2, false, texts(), None)
+            .await
+            .unwrap();
+        let acting = crate::domain::NewCall {
+            requested_by: "carol".into(),
+            ..call("acting", "t", "{}")
+        };
+        let late = crate::domain::NewCall {
+            deadline: Some(Timestamp::now().saturating_add(Duration::from_millis(100))),
+            ..call("late", "t", "{}")
+        };
+        let ids = ["plain", "edited", "decided", "own"].map(|id| call(id, "t", r#"{"a":1}"#));
+        let mut calls = batch("s", ids.into_iter().chain([acting, late]));
+        calls.on_deny = OnDeny::Independent;
+        store.submit(calls).await.unwrap();
+        let approve = decision(Verdict::Approve, "fine");
+        let at_once = async |id: &str, decision: &Decision| {
+            store.approve_at_once(&key("s", id), decision).await
+        };
+
+        let report = at_once("plain", &approve).await.unwrap().expect("written");
+        let outcome = report.call.outcome.as_ref().expect("decided");
+        assert_eq!(outcome.kind, OutcomeKind::Approved);
+        assert_eq!(outcome.decided_by, DecidedBy::Approver("approver".into()));
+        assert!(!report.replayed);
+        let edited = Decision {
+            edited_input: Some(ToolInput::from_stored(r#"{"a":2}"#.into())),
+            ..approve.clone()
+        };
+        let report = at_once("edited", &edited).await.unwrap().expect("written");
+        let outcome = report.call.outcome.as_ref().expect("decided");
+        assert_eq!(
+            outcome.run_input.as_ref().map(ToolInput::as_str),
+            Some(r#"{"a":2}"#)
+        );
+        assert!(outcome.input_edited);
+        // What it answered is what a read gives (but the sequence number, given after commit).
+        let ids: Vec<_> = ["plain", "edited"].map(|id| key("s", id).call_id).to_vec();
+        let agent = crate::domain::AgentId::from_stored(AGENT.into());
+        let read = store
+            .calls_by_id(
+                &agent,
+                &crate::domain::SessionId::from_stored("s".into()),
+                &ids,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            read[1]
+                .as_ref()
+                .unwrap()
+                .outcome
+                .as_ref()
+                .unwrap()
+                .run_input,
+            outcome.run_input
+        );
+        assert_eq!(
+            read[0]
+                .as_ref()
+                .unwrap()
+                .outcome
+                .as_ref()
+                .unwrap()
+                .decided_by,
+            DecidedBy::Approver("approver".into())
+        );
+
+        // Decided already: a replay, answered by the transaction.
+        store.decide(&key("s", "decided"), &approve).await.unwrap();
+        assert!(at_once("decided", &approve).await.unwrap().is_none());
+        // Its agent or the human it acts for: refused by the transaction.
+        let by = |approver: &str| Decision {
+            approver: approver.into(),
+            ..approve.clone()
+        };
+        assert!(at_once("own", &by(AGENT)).await.unwrap().is_none());
+        assert!(at_once("acting", &by("carol")).await.unwrap().is_none());
+        // Past its deadline: refused by the transaction.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(at_once("late", &approve).await.unwrap().is_none());
+        let err = at_once("nope", &approve).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound);
+
+        let ids: Vec<_> = ["own", "acting", "late"]
+            .map(|id| key("s", id).call_id)
+            .to_vec();
+        let left = store
+            .calls_by_id(
+                &agent,
+                &crate::domain::SessionId::from_stored("s".into()),
+                &ids,
+            )
+            .await
+            .unwrap();
+        for call in left {
+            assert!(call.unwrap().outcome.is_none(), "nothing written");
+        }
+    }
+}
