@@ -48,7 +48,8 @@ pub async fn submit_in(
     now: Timestamp,
 ) -> Result<SubmitReport> {
     // Every call's tool is locked, though a retry or a refused call needs none: the locks come
-    // before the reads that tell them apart, in one statement. A count of the agent's pending
+    // before the reads that tell them apart, in one statement, which (on Postgres) also says
+    // which calls are stored already: only those are read. A count of the agent's pending
     // calls taken with them serves the cap unless the batch supersedes the session's pending
     // calls before the cap is checked (calls superseded by key are superseded after it).
     let locked = tx
