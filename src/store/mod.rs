@@ -21,7 +21,11 @@ pub(crate) mod sqlite;
 pub mod statements;
 mod webhook_rows;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use async_trait::async_trait;
+use tokio::sync::Notify;
 
 use crate::domain::policy::{
     ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId, RuleMode, ShadowVerdict,
@@ -141,7 +145,7 @@ pub trait EventLog: Send + Sync + 'static {
 
     /// Woken when another broker process committed events to the same database, if the backend
     /// can tell. A hint only: readers also poll.
-    fn remote_commits(&self) -> Option<std::sync::Arc<RemoteCommits>> {
+    fn remote_commits(&self) -> Option<Arc<RemoteCommits>> {
         None
     }
 
@@ -299,7 +303,7 @@ impl<T: Backend> Receipts for T {}
 pub struct CommittedEvents {
     /// The events of each group of commits, in sequence order.
     pub events: tokio::sync::mpsc::Receiver<Vec<Event>>,
-    pub missed: std::sync::Arc<tokio::sync::Notify>,
+    pub missed: Arc<Notify>,
 }
 
 /// Makes this process the only broker on `database` for as long as the returned lock is held:
@@ -350,17 +354,17 @@ pub async fn open_reads(database: &Database) -> Result<BackendReads> {
 pub async fn open(
     database: &Database,
     texts: ToolResultTexts,
-    notary: Option<std::sync::Arc<crate::receipts::Notary>>,
-) -> Result<std::sync::Arc<dyn Store>> {
+    notary: Option<Arc<crate::receipts::Notary>>,
+) -> Result<Arc<dyn Store>> {
     Ok(match database {
         Database::Sqlite { path, synchronous } => {
-            std::sync::Arc::new(SqliteStore::open(path, *synchronous, texts, notary).await?)
+            Arc::new(SqliteStore::open(path, *synchronous, texts, notary).await?)
         }
         Database::Postgres {
             url,
             max_connections,
             group_commit,
-        } => std::sync::Arc::new(
+        } => Arc::new(
             PostgresStore::open(url, *max_connections, *group_commit, texts, notary).await?,
         ),
     })
@@ -370,16 +374,15 @@ pub async fn open(
 /// wake-up, and how far they numbered the log meanwhile, when they said.
 #[derive(Debug, Default)]
 pub struct RemoteCommits {
-    wake: tokio::sync::Notify,
+    wake: Notify,
     /// The highest sequence number announced since the last [`Self::announced`]; `u64::MAX`
     /// when a wake-up did not say (read whatever is there); 0 when nothing was announced.
-    through: std::sync::atomic::AtomicU64,
+    through: AtomicU64,
 }
 
 impl RemoteCommits {
     /// Events were numbered elsewhere, up to `through` if it is known.
     pub fn announce(&self, through: Option<u64>) {
-        use std::sync::atomic::Ordering;
         self.through
             .fetch_max(through.unwrap_or(u64::MAX), Ordering::SeqCst);
         self.wake.notify_one();
@@ -388,7 +391,6 @@ impl RemoteCommits {
     /// Waits for the next announcement; then how far the log was numbered, as the highest of
     /// what was announced since the last call (`u64::MAX`: unknown). Cancel-safe.
     pub async fn announced(&self) -> u64 {
-        use std::sync::atomic::Ordering;
         self.wake.notified().await;
         self.through.swap(0, Ordering::SeqCst)
     }

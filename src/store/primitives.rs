@@ -383,25 +383,23 @@ impl<T: SqlTx> WriteTx for T {
             position,
             new_batch,
         } = at;
-        // The new batch's own columns; the rest are the call's.
-        let batch_row =
-            new_batch.map(|size| [Param::Int(batch.on_deny.as_i64()), Param::Int(size as i64)]);
-        let with_batch = match (batch_row, Self::INSERT_CALL_WITH_BATCH) {
-            (Some(row), Some(statements)) => Some((row, statements)),
-            (Some([on_deny, size]), None) => {
-                let params = [
-                    Param::Text(batch_id.as_str()),
-                    Param::Text(batch.agent.as_str()),
-                    Param::Text(batch.session.as_str()),
-                    on_deny,
-                    size,
-                    Param::Int(now.as_micros()),
-                ];
-                self.execute(Run::write(sql::INSERT_BATCH, &params)).await?;
-                None
-            }
-            (None, _) => None,
-        };
+        // A new batch's row goes in the call's statement where the backend has one that takes
+        // it (its `on_deny` and `size` last); elsewhere it is inserted first, alone.
+        let with_batch = Self::INSERT_CALL_WITH_BATCH.zip(new_batch);
+        let on_deny = Param::Int(batch.on_deny.as_i64());
+        if with_batch.is_none()
+            && let Some(size) = new_batch
+        {
+            let params = [
+                Param::Text(batch_id.as_str()),
+                Param::Text(batch.agent.as_str()),
+                Param::Text(batch.session.as_str()),
+                on_deny,
+                Param::Int(size as i64),
+                Param::Int(now.as_micros()),
+            ];
+            self.execute(Run::write(sql::INSERT_BATCH, &params)).await?;
+        }
         let call = [
             Param::Text(batch.agent.as_str()),
             Param::Text(batch.session.as_str()),
@@ -418,16 +416,17 @@ impl<T: SqlTx> WriteTx for T {
             Param::Int(now.as_micros()),
             Param::OptText((!call.requested_by.is_empty()).then_some(&call.requested_by)),
         ];
+        let statement = match (with_batch, decided) {
+            (None, None) => Self::INSERT_CALL,
+            (None, Some(_)) => Self::INSERT_DECIDED_CALL,
+            (Some(([pending, _], _)), None) => pending,
+            (Some(([_, decided], _)), Some(_)) => decided,
+        };
         let decided_by = decided.map(|outcome| outcome.decided_by.to_string());
         let outcome = decided
             .zip(decided_by.as_deref())
             .map(|(outcome, by)| outcome_params(outcome, by, Self::STORES_UNEDITED_INPUT_TO_RUN));
-        let (statement, batch_row) = match (&outcome, with_batch) {
-            (None, None) => (Self::INSERT_CALL, None),
-            (Some(_), None) => (Self::INSERT_DECIDED_CALL, None),
-            (None, Some((row, [pending, _]))) => (pending, Some(row)),
-            (Some(_), Some((row, [_, decided]))) => (decided, Some(row)),
-        };
+        let batch_row = with_batch.map(|(_, size)| [on_deny, Param::Int(size as i64)]);
         let params: Vec<Param<'_>> = call
             .into_iter()
             .chain(outcome.into_iter().flatten())

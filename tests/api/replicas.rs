@@ -730,6 +730,25 @@ async fn concurrent_supersedes_through_two_replicas_leave_one_pending_question()
     ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
 )]
 async fn a_batch_decided_through_two_replicas_at_once_completes_exactly_once() {
+    decided_through_two_replicas_at_once(pb::Decision::Deny).await;
+}
+
+/// Two approvals of a batch's two calls at once, through two replicas: each is written by one
+/// statement (`approve_call`), which flags the batch complete only if no other call of it is
+/// pending, seen after the batch's lock; exactly one of them does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+)]
+async fn a_batch_approved_through_two_replicas_at_once_completes_exactly_once() {
+    decided_through_two_replicas_at_once(pb::Decision::Approve).await;
+}
+
+/// Rounds of a two-call batch whose first call is approved through one replica while the
+/// second is decided `second` through another, watched from a third: every batch completes
+/// exactly once, with both outcomes.
+async fn decided_through_two_replicas_at_once(second: pb::Decision) {
     let [a, b, c] = three_replicas().await;
     let mut watch = agent(&c.channel)
         .watch_outcomes(pb::WatchOutcomesRequest {
@@ -752,10 +771,10 @@ async fn a_batch_decided_through_two_replicas_at_once_completes_exactly_once() {
         let mut through_b = approver(&b.channel);
         let (rx, ry) = tokio::join!(
             through_a.decide(decide_request("s", &x, pb::Decision::Approve, "")),
-            through_b.decide(decide_request("s", &y, pb::Decision::Deny, "")),
+            through_b.decide(decide_request("s", &y, second, "")),
         );
         rx.expect("approve x");
-        ry.expect("deny y");
+        ry.expect("decide y");
     }
     let mut completed = std::collections::BTreeSet::new();
     while completed.len() < ROUNDS {
