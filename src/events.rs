@@ -491,9 +491,7 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::domain::{
-        BatchId, Call, CallId, CallKey, EventKind, SessionId, Timestamp, ToolInput, ToolName,
-    };
+    use crate::domain::{Call, EventKind, SessionId};
     use crate::store::{CommittedEvents, RemoteCommits};
 
     /// A log the test appends to ("commits"), and whose hand-overs the test makes, right or
@@ -547,33 +545,17 @@ mod tests {
 
     /// An event of the call `call-{seq}` in `agent/session`.
     fn event_of(seq: u64, agent_session: &str) -> Event {
-        let id = |s: &str| s.to_owned();
         let (agent, session) = agent_session.split_once('/').unwrap();
         Event {
             seq,
             kind: EventKind::Requested,
-            call: Call {
-                key: CallKey {
-                    agent: AgentId::from_stored(id(agent)),
-                    session: SessionId::from_stored(id(session)),
-                    call_id: CallId::from_stored(format!("call-{seq}")),
-                },
-                batch_id: BatchId::from_stored(format!("batch-{seq}")),
-                position: 0,
-                batch_size: 1,
-                tool: ToolName::from_stored(id("tool")),
-                input: ToolInput::from_stored(id("{}")),
-                title: String::new(),
-                message: String::new(),
-                workspace: String::new(),
-                supersede_key: None,
-                deadline: None,
-                created_at: Timestamp::from_micros(0),
-                outcome: None,
-                escalation: None,
-                requested_by: String::new(),
-                approval: None,
-            },
+            call: Call::sample(
+                agent,
+                session,
+                &format!("call-{seq}"),
+                "tool",
+                &format!("batch-{seq}"),
+            ),
             batch_completed: false,
             step: None,
         }

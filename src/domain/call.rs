@@ -137,6 +137,36 @@ impl Call {
     }
 }
 
+#[cfg(test)]
+impl Call {
+    /// For tests: call `call_id` of `agent`/`session`, pending, of `tool` with input `{}`, alone
+    /// in batch `batch`, requested at time zero, nothing else set; adjust what a test needs.
+    pub fn sample(agent: &str, session: &str, call_id: &str, tool: &str, batch: &str) -> Call {
+        Call {
+            key: CallKey {
+                agent: AgentId::from_stored(agent.into()),
+                session: SessionId::from_stored(session.into()),
+                call_id: CallId::from_stored(call_id.into()),
+            },
+            batch_id: BatchId::from_stored(batch.into()),
+            position: 0,
+            batch_size: 1,
+            tool: ToolName::from_stored(tool.into()),
+            input: ToolInput::from_stored("{}".into()),
+            title: String::new(),
+            message: String::new(),
+            workspace: String::new(),
+            supersede_key: None,
+            deadline: None,
+            created_at: Timestamp::from_micros(0),
+            outcome: None,
+            escalation: None,
+            requested_by: String::new(),
+            approval: None,
+        }
+    }
+}
+
 /// Where a call stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {

@@ -72,16 +72,23 @@ pub fn subject_name(call: &Call) -> String {
 pub fn statement(call: &Call, link: &ChainLink) -> Option<Value> {
     let outcome = call.outcome.as_ref()?;
     let input = parse_stored(call.input.as_str());
+    let input_digest = sha256_hex(call.input.as_str().as_bytes());
     // What runs: only an approved call runs, with the approver's edit if there was one. The
     // input is written out again only when it was edited; otherwise it is `input` above, and
     // the digest says so (the same digest as the subject's). Writing it twice made every
     // approved call's receipt nearly twice the size to hash, sign and store.
     let runs = outcome.run_input.as_ref().map(|run| {
+        // The call's own input (most approvals) is hashed once, for both digests.
+        let own = run.as_str() == call.input.as_str();
+        let digest = match own {
+            true => input_digest.clone(),
+            false => sha256_hex(run.as_str().as_bytes()),
+        };
         let mut runs = json!({
-            "digest": {"sha256": sha256_hex(run.as_str().as_bytes())},
+            "digest": {"sha256": digest},
             "edited": outcome.input_edited,
         });
-        if outcome.input_edited || run.as_str() != call.input.as_str() {
+        if outcome.input_edited || !own {
             runs["input"] = parse_stored(run.as_str());
         }
         runs
@@ -90,7 +97,7 @@ pub fn statement(call: &Call, link: &ChainLink) -> Option<Value> {
         "_type": STATEMENT_TYPE,
         "subject": [{
             "name": subject_name(call),
-            "digest": {"sha256": sha256_hex(call.input.as_str().as_bytes())},
+            "digest": {"sha256": input_digest},
         }],
         "predicateType": PREDICATE_TYPE,
         "predicate": {

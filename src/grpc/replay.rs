@@ -192,9 +192,7 @@ impl OpenBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{
-        CallKey, DecidedBy, Outcome, OutcomeKind, Timestamp, ToolInput, ToolName, ToolResultTexts,
-    };
+    use crate::domain::{DecidedBy, Outcome, OutcomeKind, Timestamp, ToolResultTexts};
 
     /// Call `n` of a session, in a batch of `size` at `position`; decided with its Resolved
     /// event at sequence number `seq` if given.
@@ -209,26 +207,16 @@ mod tests {
             )
         });
         Call {
-            key: CallKey {
-                agent: AgentId::from_stored("agent".into()),
-                session: SessionId::from_stored("session".into()),
-                call_id: CallId::from_stored(format!("call-{n}")),
-            },
-            batch_id: BatchId::from_stored(format!("batch-{batch}")),
             position,
             batch_size: size,
-            tool: ToolName::from_stored("tool".into()),
-            input: ToolInput::from_stored("{}".into()),
-            title: String::new(),
-            message: String::new(),
-            workspace: String::new(),
-            supersede_key: None,
-            deadline: None,
-            created_at: Timestamp::from_micros(0),
             outcome,
-            escalation: None,
-            requested_by: String::new(),
-            approval: None,
+            ..Call::sample(
+                "agent",
+                "session",
+                &format!("call-{n}"),
+                "tool",
+                &format!("batch-{batch}"),
+            )
         }
     }
 

@@ -34,8 +34,9 @@ struct Seal {
 enum State {
     /// Nobody has started on it.
     Queued,
-    /// The signing thread is sealing it.
-    Signing,
+    /// The signing thread is sealing it; `awaited` once the writer waits for it (only then is
+    /// the writer woken: a wake-up is a system call whether anyone sleeps or not).
+    Signing { awaited: bool },
     /// The signing thread sealed it.
     Sealed(String),
     /// The writer took it to seal itself.
@@ -87,16 +88,30 @@ impl Signer {
 impl Seal {
     /// On the signing thread: seals the payload unless the writer took it.
     fn sign_queued(&self, notary: &Notary) {
-        {
-            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            if !matches!(*state, State::Queued) {
-                return;
-            }
-            *state = State::Signing;
+        if self.start_signing() {
+            self.sealed_as(notary.seal(&self.payload));
         }
-        let envelope = notary.seal(&self.payload);
-        *self.state.lock().unwrap_or_else(PoisonError::into_inner) = State::Sealed(envelope);
-        self.sealed.notify_all();
+    }
+
+    /// Claims the payload for the signing thread, unless the writer took it.
+    fn start_signing(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if !matches!(*state, State::Queued) {
+            return false;
+        }
+        *state = State::Signing { awaited: false };
+        true
+    }
+
+    /// The signing thread's envelope; the writer is woken if it waits for it.
+    fn sealed_as(&self, envelope: String) {
+        let before = std::mem::replace(
+            &mut *self.state.lock().unwrap_or_else(PoisonError::into_inner),
+            State::Sealed(envelope),
+        );
+        if matches!(before, State::Signing { awaited: true }) {
+            self.sealed.notify_all();
+        }
     }
 }
 
@@ -116,8 +131,8 @@ impl Sealing {
                     return self.notary.seal(&self.seal.payload);
                 }
                 State::Sealed(envelope) => return envelope,
-                State::Signing => {
-                    *state = State::Signing;
+                State::Signing { .. } => {
+                    *state = State::Signing { awaited: true };
                     state = self
                         .seal
                         .sealed
@@ -176,6 +191,38 @@ mod tests {
             thread::sleep(std::time::Duration::from_millis(1));
         }
         assert_eq!(sealing.envelope(), notary.seal(&payload));
+    }
+
+    #[test]
+    fn a_writer_waiting_for_the_envelope_being_signed_is_woken_with_it() {
+        let notary = notary();
+        let (queue, seals) = mpsc::channel();
+        let signer = Signer {
+            notary: Arc::clone(&notary),
+            queue,
+        };
+        let payload = payloads(1).remove(0);
+        let sealing = signer.sign(payload.clone());
+        let seal = seals.try_recv().unwrap();
+        assert!(seal.start_signing());
+        let (done, envelope) = mpsc::channel();
+        thread::spawn(move || done.send(sealing.envelope()).unwrap());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !matches!(
+            *seal.state.lock().unwrap(),
+            State::Signing { awaited: true }
+        ) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the writer never waited"
+            );
+            thread::sleep(std::time::Duration::from_millis(1));
+        }
+        seal.sealed_as(notary.seal(&payload));
+        let envelope = envelope
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the waiting writer was not woken");
+        assert_eq!(envelope, notary.seal(&payload));
     }
 
     #[test]

@@ -196,10 +196,24 @@ pub trait SqlTx: Send {
         None
     }
 
-    /// Appends `receipt` to the receipts, its envelope sealed by `notary`, in this transaction.
-    /// SQLite's writer inserts it unsealed and has it sealed on another thread, the envelope
-    /// written just before the commit (see `receipts::signer`).
-    async fn insert_receipt(&mut self, notary: &Notary, receipt: NewReceipt) -> Result<()> {
+    /// Appends the receipt of `call`, just decided, to the chain, sealed by `notary`, in this
+    /// transaction: the chain's head is read (and, on Postgres, locked until commit, so
+    /// concurrent transactions of every replica take turns and the chain cannot fork), the
+    /// receipt links to it, and becomes it. SQLite's writer numbers the receipt and inserts its
+    /// row; the signing thread builds and signs it, and the commit writes it and the chain's new
+    /// head (see `receipts::signer`).
+    async fn append_receipt(&mut self, notary: &Notary, call: &Call) -> Result<()> {
+        let link = ChainLink::after(read_chain_head(self).await?);
+        let payload = receipt::payload(call, &link).ok_or_else(|| no_outcome(call))?;
+        let receipt = NewReceipt {
+            sequence: link.sequence as i64,
+            key: call.key.clone(),
+            digest: sha256_hex(payload.as_bytes()),
+            payload,
+        };
+        let params = [Param::Int(receipt.sequence), Param::Text(&receipt.digest)];
+        self.execute(Run::write(receipt_rows::ADVANCE_CHAIN, &params))
+            .await?;
         let envelope = notary.seal(&receipt.payload);
         let params = receipt.params(&envelope);
         self.execute(Run::write(receipt_rows::INSERT_RECEIPT, &params))
@@ -298,10 +312,10 @@ async fn outcome_written<T: SqlTx>(
 ) -> Result<Resolved> {
     if let Some(notary) = tx.notary() {
         match stored {
-            Some(call) => append_receipt(tx, &notary, rowid, call).await?,
+            Some(call) => tx.append_receipt(&notary, call).await?,
             None => {
                 let call = tx.load_call(rowid).await?;
-                append_receipt(tx, &notary, rowid, &call).await?;
+                tx.append_receipt(&notary, &call).await?;
             }
         }
     }
@@ -894,41 +908,28 @@ impl<T: SqlTx> PolicyTx for T {
     }
 }
 
-/// Signs the receipt of the call at `rowid`, just resolved (`call`, as now stored), and appends
-/// it to the chain: the
-/// chain's head is read (and, on Postgres, locked until commit, so concurrent transactions of
-/// every replica take turns and the chain cannot fork), the receipt links to it, and becomes it.
-/// Taken after every other lock of the transaction (see `operations::tx`), so it adds no cycle.
-async fn append_receipt<T: SqlTx>(
-    tx: &mut T,
-    notary: &Notary,
-    rowid: i64,
-    call: &Call,
-) -> Result<()> {
+/// The receipt chain's head as stored (see [`SqlTx::chain_head`]).
+pub async fn read_chain_head<T: SqlTx + ?Sized>(tx: &mut T) -> Result<Option<(u64, String)>> {
     let head = first(
         tx.rows(Run::read(T::CHAIN_HEAD, &[]), |row| {
             Ok((row.int("seq")?, row.opt_text("digest")?))
         })
         .await?,
     );
-    let head = match head {
+    Ok(match head {
         Some((seq, Some(digest))) if seq > 0 => Some((seq as u64, digest)),
         _ => None,
-    };
-    let link = ChainLink::after(head);
-    let payload = receipt::payload(call, &link)
-        .ok_or_else(|| Error::Internal(format!("call row {rowid} has no outcome to sign")))?;
-    let sequence = link.sequence as i64;
-    let receipt = NewReceipt {
-        sequence,
-        key: call.key.clone(),
-        digest: sha256_hex(payload.as_bytes()),
-        payload,
-    };
-    let params = [Param::Int(sequence), Param::Text(&receipt.digest)];
-    tx.execute(Run::write(receipt_rows::ADVANCE_CHAIN, &params))
-        .await?;
-    tx.insert_receipt(notary, receipt).await
+    })
+}
+
+/// A receipt asked of a call that has no outcome: a bug, never the client's.
+pub fn no_outcome(call: &Call) -> Error {
+    Error::Internal(format!(
+        "call {}/{}/{} has no outcome to sign",
+        call.key.agent.as_str(),
+        call.key.session.as_str(),
+        call.key.call_id.as_str()
+    ))
 }
 
 /// Before a transaction changes rules or grants: from then on it reads the tables, which hold its

@@ -210,37 +210,18 @@ mod tests {
     /// escalation to `oncall`, as the event of its step `step` leaves it.
     fn fired(step: u32, kind: EventKind) -> Event {
         use crate::domain::escalation::{Escalation, Ladder};
-        use crate::domain::{AgentId, BatchId, CallId, CallKey, SessionId, ToolInput, ToolName};
         let steps = serde_json::json!([
             {"after": "15m"},
             {"after": "1h", "kind": "escalation", "endpoints": ["oncall"]}
         ]);
         let ladder = Ladder::from_json("escalation", &steps).unwrap();
         let call = Call {
-            key: CallKey {
-                agent: AgentId::from_stored("a".into()),
-                session: SessionId::from_stored("s".into()),
-                call_id: CallId::from_stored("c".into()),
-            },
-            batch_id: BatchId::from_stored("b".into()),
-            position: 0,
-            batch_size: 1,
-            tool: ToolName::from_stored("deploy".into()),
-            input: ToolInput::from_stored("{}".into()),
-            title: String::new(),
-            message: String::new(),
-            workspace: String::new(),
-            supersede_key: None,
-            deadline: None,
-            created_at: Timestamp::from_micros(0),
-            outcome: None,
             escalation: Some(Escalation {
                 ladder,
                 fired: step + 1,
                 next_at: None,
             }),
-            requested_by: String::new(),
-            approval: None,
+            ..Call::sample("a", "s", "c", "deploy", "b")
         };
         Event {
             seq: 7,

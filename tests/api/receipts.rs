@@ -493,7 +493,10 @@ async fn the_verify_command_passes_a_good_chain_and_fails_naming_what_is_wrong()
 /// A receipt row that cannot be stored (its call's key already has one, planted here by hand)
 /// fails that outcome's write alone, as any write of a group fails alone: SQLite's writer
 /// inserts each receipt as its write runs, not with the group's commit, so the decisions sent
-/// with it all stand, each with its verified receipt, and the failed call stays pending.
+/// with it all stand, each with its verified receipt, and the failed call stays pending. The
+/// group that started over without it continues the chain from what is stored, not from the
+/// head the abandoned transaction had moved (SQLite's writer keeps the head in the transaction
+/// and writes it at commit), so the chain stays whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receipt_that_cannot_be_stored_fails_its_own_decision_alone() {
     let app = spawn_app_on(Backend::Sqlite, with_key).await;
@@ -528,6 +531,11 @@ async fn a_receipt_that_cannot_be_stored_fails_its_own_decision_alone() {
         states(&app, "c7", &["c7"]).await[0].state,
         Some(pb::call_state::State::Pending(_))
     ));
+    app.run_sql("DELETE FROM receipts WHERE seq = 1000000")
+        .await;
+    let chain = export(&app).await;
+    assert_eq!(chain.len(), ids.len() - 1);
+    verify::chain(envelopes(&chain), &the_key()).expect("one chain, in order");
 }
 
 /// Approves each call `id` of session `id` at once (one RPC each, all in flight together, so

@@ -22,14 +22,15 @@ use rusqlite::{Connection, OpenFlags, Params, ToSql, params, params_from_iter};
 use tokio::sync::{Notify, mpsc};
 
 use super::Synchronous;
-use crate::domain::Event;
+use crate::domain::receipt::{self, ChainLink, sha256_hex};
+use crate::domain::{Call, Event};
 use crate::error::{Error, Result, StorageFault};
 use crate::operations::Transactions;
 use crate::receipts::Notary;
 use crate::receipts::signer::{Sealing, Signer};
 use crate::store::CommittedEvents;
 use crate::store::policy_cache::{PolicyCache, PolicyView};
-use crate::store::primitives::{Decode, Param, Run, SqlTx};
+use crate::store::primitives::{Decode, Param, Run, SqlTx, no_outcome, read_chain_head};
 use crate::store::receipt_rows::{self, NewReceipt};
 use crate::store::rows::{NamedRow, event_from_row};
 use crate::store::statements as sql;
@@ -316,6 +317,7 @@ impl WriteConnection {
             policy: PolicyView::new(&self.policy),
             signer: self.signer.clone(),
             sealing: Vec::new(),
+            chain: None,
         };
         if !tx.conn().is_autocommit() {
             // The rollback that ended the last transaction failed: try again, or the BEGIN
@@ -444,6 +446,10 @@ pub struct SqliteTx {
     /// The receipts of this transaction (by sequence), inserted unsealed and being sealed
     /// beside the writer: their envelopes are written just before it commits.
     sealing: Vec<(i64, Sealing)>,
+    /// The receipt chain's head as this transaction moved it (its last receipt's sequence and
+    /// payload digest), once it appended a receipt. The commit writes it: one statement a group,
+    /// not a read and a write a receipt.
+    chain: Option<(u64, String)>,
 }
 
 impl Drop for SqliteTx {
@@ -509,6 +515,12 @@ impl SqliteTx {
                 )));
             }
         }
+        if let Some((sequence, digest)) = self.chain.take() {
+            self.execute_sql(
+                receipt_rows::ADVANCE_CHAIN,
+                params![sequence as i64, digest],
+            )?;
+        }
         self.conn().execute_batch("COMMIT")?;
         self.files.check()?;
         self.commits.fetch_add(1, Ordering::Relaxed);
@@ -555,19 +567,39 @@ impl SqlTx for SqliteTx {
 
     /// Inserted now, unsealed, so a row that cannot be stored fails this write alone, not the
     /// group's commit; sealed on the signer's thread while the group goes on, and the envelope
-    /// written by the commit.
-    async fn insert_receipt(&mut self, _: &Notary, mut receipt: NewReceipt) -> Result<()> {
+    /// (and the chain's new head) written by the commit. The chain's head is read once a
+    /// transaction, and then kept here.
+    async fn append_receipt(&mut self, _: &Notary, call: &Call) -> Result<()> {
         let Some(signer) = self.signer.clone() else {
             return Err(Error::Internal(
                 "a receipt to sign with receipts off".into(),
             ));
         };
-        let payload = std::mem::take(&mut receipt.payload);
-        self.execute_sql(
+        let head = match self.chain.take() {
+            Some(head) => Some(head),
+            None => read_chain_head(self).await?,
+        };
+        let link = ChainLink::after(head.clone());
+        let Some(payload) = receipt::payload(call, &link) else {
+            self.chain = head;
+            return Err(no_outcome(call));
+        };
+        let receipt = NewReceipt {
+            sequence: link.sequence as i64,
+            key: call.key.clone(),
+            digest: sha256_hex(payload.as_bytes()),
+            payload: String::new(),
+        };
+        let inserted = self.execute_sql(
             receipt_rows::INSERT_RECEIPT,
             params_from_iter(receipt.params("")),
-        )?;
+        );
+        if let Err(err) = inserted {
+            self.chain = head;
+            return Err(err);
+        }
         self.sealing.push((receipt.sequence, signer.sign(payload)));
+        self.chain = Some((link.sequence, receipt.digest));
         Ok(())
     }
 
