@@ -22,13 +22,28 @@ impl Broker {
         self.receipt_key
     }
 
-    /// The receipt of a decided call. NOT_FOUND for an unknown call; FAILED_PRECONDITION for a
-    /// pending one, or one decided while receipts were off.
+    /// The receipt of a decided call: of the call stored under the id now, or, once retention
+    /// pruned it, of the last call decided under the id (an id may be used again after its call
+    /// was pruned, and receipts are never pruned). NOT_FOUND for an unknown call;
+    /// FAILED_PRECONDITION for a pending one, or one decided while receipts were off.
     pub async fn receipt(&self, key: &CallKey) -> Result<CheckedReceipt> {
-        if let Some(stored) = self.store.receipt(key).await? {
+        // The call first: decided after this read, its receipt is among those read next.
+        let call = match self.call(key).await {
+            Ok(call) => Some(call),
+            Err(Error::NotFound(_)) => None,
+            Err(e) => return Err(e),
+        };
+        let receipts = self.store.receipts_of(key).await?;
+        let found = match &call {
+            None => receipts.into_iter().next(),
+            Some(call) => receipts
+                .into_iter()
+                .find(|r| verify::names_batch(&r.envelope, call.batch_id.as_str())),
+        };
+        if let Some(stored) = found {
             return Ok(self.checked(stored));
         }
-        let call = self.call(key).await?;
+        let call = call.ok_or_else(|| key.not_found())?;
         Err(Error::FailedPrecondition(match call.status() {
             Status::Pending => format!(
                 "call `{}` is pending: its receipt is written with its outcome",

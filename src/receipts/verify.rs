@@ -33,6 +33,17 @@ pub struct ChainSummary {
     pub last: u64,
 }
 
+/// Whether the statement in `envelope` (verified or not) attests a call of batch `batch_id`:
+/// how a receipt is told from those of earlier calls under the same id (see
+/// `Broker::receipt`). A batch id is the broker's own and never reused.
+pub fn names_batch(envelope: &str, batch_id: &str) -> bool {
+    let statement = serde_json::from_str::<Value>(envelope)
+        .ok()
+        .and_then(|envelope| BASE64.decode(envelope["payload"].as_str()?).ok())
+        .and_then(|payload| serde_json::from_slice::<Value>(&payload).ok());
+    statement.is_some_and(|s| s["predicate"]["call"]["batchId"].as_str() == Some(batch_id))
+}
+
 /// Checks one DSSE envelope (JSON text) against `key`; the error says what failed.
 pub fn receipt(envelope: &str, key: &PublicKey) -> Result<Verified, String> {
     let envelope: Value =

@@ -283,10 +283,11 @@ pub trait Lifecycle: Backend {
 /// a receipt is written by the primitive that writes its outcome, nowhere else.
 #[async_trait]
 pub trait Receipts: Backend {
-    /// The receipt of a call; `None` for a pending call (or one decided while receipts were
-    /// off).
-    async fn receipt(&self, key: &CallKey) -> Result<Option<StoredReceipt>> {
-        self.reads().receipt(key).await
+    /// The receipts of the calls decided under a call's id, newest first: none while its call
+    /// is pending (or if it was decided while receipts were off), more than one if the id was
+    /// used again after retention pruned its call.
+    async fn receipts_of(&self, key: &CallKey) -> Result<Vec<StoredReceipt>> {
+        self.reads().receipts_of(key).await
     }
 
     /// At most `limit` receipts after sequence `after`, in chain order.

@@ -169,14 +169,15 @@ where
         rows.iter().map(webhook_from_row).collect()
     }
 
-    pub async fn receipt(&self, key: &CallKey) -> Result<Option<StoredReceipt>> {
-        let row = sqlx::query(receipt_rows::RECEIPT_OF_CALL)
+    /// See [`receipt_rows::RECEIPTS_OF_CALL_ID`].
+    pub async fn receipts_of(&self, key: &CallKey) -> Result<Vec<StoredReceipt>> {
+        let rows = sqlx::query(receipt_rows::RECEIPTS_OF_CALL_ID)
             .bind(key.agent.as_str())
             .bind(key.session.as_str())
             .bind(key.call_id.as_str())
-            .fetch_optional(&self.pool)
+            .fetch_all(&self.pool)
             .await?;
-        row.as_ref().map(receipt_from_row).transpose()
+        rows.iter().map(receipt_from_row).collect()
     }
 
     pub async fn receipts_after(&self, after: u64, limit: u32) -> Result<Vec<StoredReceipt>> {
@@ -296,8 +297,8 @@ impl BackendReads {
         on_backend!(self, webhook(id))
     }
 
-    pub async fn receipt(&self, key: &CallKey) -> Result<Option<StoredReceipt>> {
-        on_backend!(self, receipt(key))
+    pub async fn receipts_of(&self, key: &CallKey) -> Result<Vec<StoredReceipt>> {
+        on_backend!(self, receipts_of(key))
     }
 
     pub async fn receipts_after(&self, after: u64, limit: u32) -> Result<Vec<StoredReceipt>> {

@@ -21,9 +21,10 @@ pub const INSERT_RECEIPT: &str = "INSERT INTO receipts \
 pub const SEAL_RECEIPT: &str = "UPDATE receipts SET envelope = $1 WHERE seq = $2";
 /// The chain's head moves to receipt `$1` with digest `$2`.
 pub const ADVANCE_CHAIN: &str = "UPDATE receipt_chain SET seq = $1, digest = $2 WHERE id = 1";
-/// The receipt of call (`$1`, `$2`, `$3`).
-pub const RECEIPT_OF_CALL: &str = "SELECT seq, envelope FROM receipts \
-     WHERE agent = $1 AND session_id = $2 AND call_id = $3";
+/// The receipts of the calls decided under (`$1`, `$2`, `$3`), newest first: one, unless the id
+/// was used again after retention pruned its call (migrations sqlite 0015, postgres 0017).
+pub const RECEIPTS_OF_CALL_ID: &str = "SELECT seq, envelope FROM receipts \
+     WHERE agent = $1 AND session_id = $2 AND call_id = $3 ORDER BY seq DESC";
 /// At most `$2` receipts after sequence `$1`, in chain order.
 pub const RECEIPTS_AFTER: &str =
     "SELECT seq, envelope FROM receipts WHERE seq > $1 ORDER BY seq LIMIT $2";

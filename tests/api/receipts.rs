@@ -363,7 +363,60 @@ async fn outcomes_decided_all_at_once_each_get_a_receipt_in_one_chain(app: TestA
     }
 }
 
+/// A call pruned by retention frees its id (docs/data-lifecycle.md): the call submitted again
+/// under it is decided like any other and gets a receipt of its own, while the pruned call's
+/// receipt stays in the chain.
+async fn a_call_id_reused_after_its_call_was_pruned_gets_a_receipt_of_its_own(app: TestApp) {
+    submit(&app, batch("s", vec![call("c", "t", r#"{"n":1}"#)])).await;
+    approve(&app, "s", "c").await;
+    let first = get_receipt(&app, "s", "c").await.unwrap().receipt.unwrap();
+    // The log's last event is never pruned: another call moves it past the first.
+    submit(&app, batch("s2", vec![call("x", "t", "{}")])).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let found = app
+            .admin()
+            .get_call(pb::GetCallRequest {
+                session_id: "s".into(),
+                call_id: "c".into(),
+                ..Default::default()
+            })
+            .await;
+        match found {
+            Err(status) if status.code() == Code::NotFound => break,
+            _ => assert!(tokio::time::Instant::now() < deadline, "never pruned"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    submit(&app, batch("s", vec![call("c", "t", r#"{"n":2}"#)])).await;
+    let pending = get_receipt(&app, "s", "c").await.unwrap_err();
+    assert_eq!(pending.code(), Code::FailedPrecondition, "{pending:?}");
+    assert!(
+        pending.message().contains("pending"),
+        "{}",
+        pending.message()
+    );
+    approve(&app, "s", "c").await;
+    let second = get_receipt(&app, "s", "c").await.unwrap().receipt.unwrap();
+    assert!(second.verified);
+    assert_eq!(second.sequence, first.sequence + 1);
+    assert_eq!(statement(&second.envelope)["predicate"]["input"]["n"], 2);
+    let chain = export(&app).await;
+    // The first `c`'s and the second's (`x` is pending).
+    assert_eq!(chain.len(), 2);
+    verify::chain(envelopes(&chain), &the_key()).expect("one chain, in order");
+}
+
+/// [`with_key`], keeping decided calls for a second.
+fn with_key_retaining_a_second(config: &mut Config) {
+    with_key(config);
+    config.lifecycle.retain_decided = Some(Duration::from_secs(1));
+    config.lifecycle.prune_every = Duration::from_millis(100);
+}
+
 backend_tests! {
+    a_call_id_reused_after_its_call_was_pruned_gets_a_receipt_of_its_own
+        => super::with_key_retaining_a_second,
     outcomes_decided_all_at_once_each_get_a_receipt_in_one_chain => super::with_key,
     every_outcome_gets_a_signed_receipt_naming_what_was_shown_and_who_decided => super::with_key,
     the_exported_chain_holds_every_receipt_in_order_and_verifies => super::with_key,
@@ -490,7 +543,7 @@ async fn the_verify_command_passes_a_good_chain_and_fails_naming_what_is_wrong()
     assert!(stderr.contains("signature does not verify"), "{stderr}");
 }
 
-/// A receipt row that cannot be stored (its call's key already has one, planted here by hand)
+/// A receipt row that cannot be stored (a trigger planted here by hand refuses call `c7`'s)
 /// fails that outcome's write alone, as any write of a group fails alone: SQLite's writer
 /// inserts each receipt as its write runs, not with the group's commit, so the decisions sent
 /// with it all stand, each with its verified receipt, and the failed call stays pending. The
@@ -505,18 +558,15 @@ async fn a_receipt_that_cannot_be_stored_fails_its_own_decision_alone() {
         submit(&app, batch(id, vec![call(id, "t", "{}")])).await;
     }
     app.run_sql(
-        "INSERT INTO receipts (seq, agent, session_id, call_id, digest, envelope) \
-         VALUES (1000000, 'default', 'c7', 'c7', 'planted', 'planted')",
+        "CREATE TRIGGER planted BEFORE INSERT ON receipts WHEN NEW.call_id = 'c7' \
+         BEGIN SELECT RAISE(ABORT, 'planted'); END",
     )
     .await;
     let decisions = approve_all_at_once(&app, &ids);
     for (id, decision) in ids.iter().zip(decisions) {
         let answer = decision.await.unwrap();
         if id == "c7" {
-            assert!(
-                answer.is_err(),
-                "the planted key's decision cannot be stored"
-            );
+            assert!(answer.is_err(), "the planted trigger refuses its receipt");
             continue;
         }
         answer.unwrap_or_else(|status| panic!("{id} failed with c7: {status}"));
@@ -531,8 +581,6 @@ async fn a_receipt_that_cannot_be_stored_fails_its_own_decision_alone() {
         states(&app, "c7", &["c7"]).await[0].state,
         Some(pb::call_state::State::Pending(_))
     ));
-    app.run_sql("DELETE FROM receipts WHERE seq = 1000000")
-        .await;
     let chain = export(&app).await;
     assert_eq!(chain.len(), ids.len() - 1);
     verify::chain(envelopes(&chain), &the_key()).expect("one chain, in order");
