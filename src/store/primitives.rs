@@ -19,7 +19,7 @@ use crate::domain::policy::{
     Approval, Grant, GrantScope, GrantSpec, Requirement, RevokeTarget, Rule, RuleId, RuleMode,
     RuleSource, ShadowVerdict,
 };
-use crate::domain::receipt::{self, ChainLink, sha256_hex};
+use crate::domain::receipt::ChainLink;
 use crate::domain::{
     AgentId, BatchId, Call, CallKey, EventKind, NewBatch, NewCall, OnDeny, Outcome, SessionId,
     Timestamp, ToolInput, ToolName,
@@ -199,18 +199,13 @@ pub trait SqlTx: Send {
     /// Appends the receipt of `call`, just decided, to the chain, sealed by `notary`, in this
     /// transaction: the chain's head is read (and, on Postgres, locked until commit, so
     /// concurrent transactions of every replica take turns and the chain cannot fork), the
-    /// receipt links to it, and becomes it. SQLite's writer numbers the receipt and inserts its
-    /// row; the signing thread builds and signs it, and the commit writes it and the chain's new
-    /// head (see `receipts::signer`).
+    /// receipt links to it, and becomes it. Taken after every other lock of the transaction (see
+    /// `operations::tx`), so it adds no cycle. SQLite's writer keeps the head between the
+    /// receipts of a transaction and writes it at commit, and has each receipt signed on another
+    /// thread, its envelope written just before the commit (see `receipts::signer`).
     async fn append_receipt(&mut self, notary: &Notary, call: &Call) -> Result<()> {
         let link = ChainLink::after(read_chain_head(self).await?);
-        let payload = receipt::payload(call, &link).ok_or_else(|| no_outcome(call))?;
-        let receipt = NewReceipt {
-            sequence: link.sequence as i64,
-            key: call.key.clone(),
-            digest: sha256_hex(payload.as_bytes()),
-            payload,
-        };
+        let receipt = NewReceipt::of(call, &link)?;
         let params = [Param::Int(receipt.sequence), Param::Text(&receipt.digest)];
         self.execute(Run::write(receipt_rows::ADVANCE_CHAIN, &params))
             .await?;

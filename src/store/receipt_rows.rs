@@ -3,9 +3,10 @@
 //! one row (`receipt_chain`, id 1): reading it is how an outcome's transaction learns the link
 //! its receipt continues, and on Postgres locking it is how replicas take turns at the chain.
 
-use super::primitives::Param;
+use super::primitives::{Param, no_outcome};
 use super::rows::Columns;
-use crate::domain::CallKey;
+use crate::domain::receipt::{self, ChainLink, sha256_hex};
+use crate::domain::{Call, CallKey};
 use crate::error::Result;
 
 /// The chain's head: the last receipt's sequence (0 before the first) and payload digest.
@@ -40,6 +41,17 @@ pub struct NewReceipt {
 }
 
 impl NewReceipt {
+    /// The receipt of `call` (decided) at `link`: its statement's canonical JSON and digest.
+    pub fn of(call: &Call, link: &ChainLink) -> Result<Self> {
+        let payload = receipt::payload(call, link).ok_or_else(|| no_outcome(call))?;
+        Ok(Self {
+            sequence: link.sequence as i64,
+            key: call.key.clone(),
+            digest: sha256_hex(payload.as_bytes()),
+            payload,
+        })
+    }
+
     /// [`INSERT_RECEIPT`]'s parameters, with the envelope that seals the payload.
     pub fn params<'a>(&'a self, envelope: &'a str) -> [Param<'a>; 6] {
         [

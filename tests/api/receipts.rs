@@ -372,22 +372,7 @@ async fn a_call_id_reused_after_its_call_was_pruned_gets_a_receipt_of_its_own(ap
     let first = get_receipt(&app, "s", "c").await.unwrap().receipt.unwrap();
     // The log's last event is never pruned: another call moves it past the first.
     submit(&app, batch("s2", vec![call("x", "t", "{}")])).await;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let found = app
-            .admin()
-            .get_call(pb::GetCallRequest {
-                session_id: "s".into(),
-                call_id: "c".into(),
-                ..Default::default()
-            })
-            .await;
-        match found {
-            Err(status) if status.code() == Code::NotFound => break,
-            _ => assert!(tokio::time::Instant::now() < deadline, "never pruned"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_pruned(&app, "s", "c").await;
     submit(&app, batch("s", vec![call("c", "t", r#"{"n":2}"#)])).await;
     let pending = get_receipt(&app, "s", "c").await.unwrap_err();
     assert_eq!(pending.code(), Code::FailedPrecondition, "{pending:?}");

@@ -17,35 +17,6 @@ fn retain_a_second(config: &mut Config) {
     config.lifecycle.prune_every = Duration::from_millis(100);
 }
 
-/// Whether the call is stored (GetCall answers it) or not (NOT_FOUND).
-async fn is_stored(app: &TestApp, session: &str, call_id: &str) -> bool {
-    let found = app
-        .admin()
-        .get_call(pb::GetCallRequest {
-            session_id: session.into(),
-            call_id: call_id.into(),
-            ..Default::default()
-        })
-        .await;
-    match found {
-        Ok(_) => true,
-        Err(status) if status.code() == Code::NotFound => false,
-        Err(status) => panic!("GetCall {session}/{call_id}: {status:?}"),
-    }
-}
-
-/// Waits until retention pruned the call.
-async fn until_pruned(app: &TestApp, session: &str, call_id: &str) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while is_stored(app, session, call_id).await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{session}/{call_id} was not pruned"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn decided_calls_past_retention_are_pruned_and_pending_calls_grants_and_rules_are_kept(
     app: TestApp,
 ) {

@@ -22,7 +22,7 @@ use rusqlite::{Connection, OpenFlags, Params, ToSql, params, params_from_iter};
 use tokio::sync::{Notify, mpsc};
 
 use super::Synchronous;
-use crate::domain::receipt::{self, ChainLink, sha256_hex};
+use crate::domain::receipt::ChainLink;
 use crate::domain::{Call, Event};
 use crate::error::{Error, Result, StorageFault};
 use crate::operations::Transactions;
@@ -30,7 +30,7 @@ use crate::receipts::Notary;
 use crate::receipts::signer::{Sealing, Signer};
 use crate::store::CommittedEvents;
 use crate::store::policy_cache::{PolicyCache, PolicyView};
-use crate::store::primitives::{Decode, Param, Run, SqlTx, no_outcome, read_chain_head};
+use crate::store::primitives::{Decode, Param, Run, SqlTx, read_chain_head};
 use crate::store::receipt_rows::{self, NewReceipt};
 use crate::store::rows::{NamedRow, event_from_row};
 use crate::store::statements as sql;
@@ -580,16 +580,14 @@ impl SqlTx for SqliteTx {
             None => read_chain_head(self).await?,
         };
         let link = ChainLink::after(head.clone());
-        let Some(payload) = receipt::payload(call, &link) else {
-            self.chain = head;
-            return Err(no_outcome(call));
+        let mut receipt = match NewReceipt::of(call, &link) {
+            Ok(receipt) => receipt,
+            Err(err) => {
+                self.chain = head;
+                return Err(err);
+            }
         };
-        let receipt = NewReceipt {
-            sequence: link.sequence as i64,
-            key: call.key.clone(),
-            digest: sha256_hex(payload.as_bytes()),
-            payload: String::new(),
-        };
+        let payload = std::mem::take(&mut receipt.payload);
         let inserted = self.execute_sql(
             receipt_rows::INSERT_RECEIPT,
             params_from_iter(receipt.params("")),

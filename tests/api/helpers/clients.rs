@@ -1,8 +1,12 @@
 //! One RPC through the generated clients with its answer unwrapped (a test that expects a refusal
 //! calls the client itself), and the listings read to their last page.
 
-use approval_broker::proto::v1 as pb;
+use std::time::Duration;
 
+use approval_broker::proto::v1 as pb;
+use tonic::Code;
+
+use super::PATIENCE;
 use super::requests::decide_request;
 use super::spawn::TestApp;
 
@@ -214,4 +218,33 @@ pub async fn explain_stored(app: &TestApp, session: &str, call_id: &str) -> pb::
         .await
         .expect("explain")
         .into_inner()
+}
+
+/// Whether the call is stored (GetCall answers it) or not (NOT_FOUND).
+pub async fn is_stored(app: &TestApp, session: &str, call_id: &str) -> bool {
+    let found = app
+        .admin()
+        .get_call(pb::GetCallRequest {
+            session_id: session.into(),
+            call_id: call_id.into(),
+            ..Default::default()
+        })
+        .await;
+    match found {
+        Ok(_) => true,
+        Err(status) if status.code() == Code::NotFound => false,
+        Err(status) => panic!("GetCall {session}/{call_id}: {status:?}"),
+    }
+}
+
+/// Waits until retention pruned the call.
+pub async fn until_pruned(app: &TestApp, session: &str, call_id: &str) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while is_stored(app, session, call_id).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{session}/{call_id} was not pruned"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
