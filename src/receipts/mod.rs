@@ -54,6 +54,8 @@ pub struct Notary {
     public: PublicKey,
     /// [`PublicKey::key_id`], which every envelope carries: hashed once, not per receipt.
     key_id: String,
+    /// The length of an envelope but its payload's base64 (see [`Notary::sealed_len`]).
+    overhead: usize,
 }
 
 impl std::fmt::Debug for Notary {
@@ -69,11 +71,15 @@ impl Notary {
         let mut raw = [0u8; 32];
         raw.copy_from_slice(pair.public_key().as_ref());
         let public = PublicKey(raw);
-        Self {
+        let mut notary = Self {
             pair,
             key_id: public.key_id(),
             public,
-        }
+            overhead: 0,
+        };
+        // Every signature has the same length, and base64 needs no escaping in JSON.
+        notary.overhead = notary.seal("").len();
+        notary
     }
 
     /// A notary over a raw 32-byte Ed25519 seed (tests and benchmarks build keys this way).
@@ -99,6 +105,13 @@ impl Notary {
             }],
         });
         crate::domain::json::canonical(&envelope)
+    }
+
+    /// The length of the envelope [`Notary::seal`] makes of a payload of `payload_len` bytes,
+    /// known before it is signed: SQLite's writer stores a receipt at its final size and seals
+    /// it in place (see `store::sqlite::writer`).
+    pub fn sealed_len(&self, payload_len: usize) -> usize {
+        payload_len.div_ceil(3) * 4 + self.overhead
     }
 }
 
@@ -148,5 +161,30 @@ impl PublicKey {
         UnparsedPublicKey::new(&ED25519, self.0)
             .verify(message, signature)
             .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_envelopes_length_is_known_before_it_is_sealed() {
+        let notary = Notary::from_seed(&[7; 32]).unwrap();
+        // Every remainder of base64's groups of three, and a payload with escapes in JSON.
+        for payload in [
+            "",
+            "a",
+            "ab",
+            "abc",
+            "{\"q\":\"\\\"/\\n\"}",
+            &"é".repeat(700),
+        ] {
+            assert_eq!(
+                notary.sealed_len(payload.len()),
+                notary.seal(payload).len(),
+                "{payload}"
+            );
+        }
     }
 }

@@ -196,16 +196,17 @@ pub trait SqlTx: Send {
         None
     }
 
-    /// Appends the receipt of `call`, just decided, to the chain, sealed by `notary`, in this
-    /// transaction: the chain's head is read (and, on Postgres, locked until commit, so
+    /// Appends the receipt of `call` (row `rowid`), just decided, to the chain, sealed by
+    /// `notary`, in this transaction: the chain's head is read (and, on Postgres, locked until
+    /// commit, so
     /// concurrent transactions of every replica take turns and the chain cannot fork), the
     /// receipt links to it, and becomes it. Taken after every other lock of the transaction (see
     /// `operations::tx`), so it adds no cycle. SQLite's writer keeps the head between the
     /// receipts of a transaction and writes it at commit, and has each receipt signed on another
     /// thread, its envelope written just before the commit (see `receipts::signer`).
-    async fn append_receipt(&mut self, notary: &Notary, call: &Call) -> Result<()> {
+    async fn append_receipt(&mut self, notary: &Notary, rowid: i64, call: &Call) -> Result<()> {
         let link = ChainLink::after(read_chain_head(self).await?);
-        let receipt = NewReceipt::of(call, &link)?;
+        let receipt = NewReceipt::of(call, rowid, &link)?;
         let params = [Param::Int(receipt.sequence), Param::Text(&receipt.digest)];
         self.execute(Run::write(receipt_rows::ADVANCE_CHAIN, &params))
             .await?;
@@ -307,10 +308,10 @@ async fn outcome_written<T: SqlTx>(
 ) -> Result<Resolved> {
     if let Some(notary) = tx.notary() {
         match stored {
-            Some(call) => tx.append_receipt(&notary, call).await?,
+            Some(call) => tx.append_receipt(&notary, rowid, call).await?,
             None => {
                 let call = tx.load_call(rowid).await?;
-                tx.append_receipt(&notary, &call).await?;
+                tx.append_receipt(&notary, rowid, &call).await?;
             }
         }
     }

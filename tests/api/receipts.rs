@@ -373,6 +373,9 @@ async fn a_call_id_reused_after_its_call_was_pruned_gets_a_receipt_of_its_own(ap
     // The log's last event is never pruned: another call moves it past the first.
     submit(&app, batch("s2", vec![call("x", "t", "{}")])).await;
     until_pruned(&app, "s", "c").await;
+    // Pruned, the call's receipt is still served, found by the call's id alone.
+    let kept = get_receipt(&app, "s", "c").await.unwrap().receipt.unwrap();
+    assert_eq!(kept, first);
     submit(&app, batch("s", vec![call("c", "t", r#"{"n":2}"#)])).await;
     let pending = get_receipt(&app, "s", "c").await.unwrap_err();
     assert_eq!(pending.code(), Code::FailedPrecondition, "{pending:?}");
@@ -392,6 +395,24 @@ async fn a_call_id_reused_after_its_call_was_pruned_gets_a_receipt_of_its_own(ap
     verify::chain(envelopes(&chain), &the_key()).expect("one chain, in order");
 }
 
+/// Receipts written before they named their call's row (migrations sqlite 0016, postgres 0018)
+/// are found by the call's id, like those of pruned calls.
+async fn a_receipt_written_before_receipts_named_their_call_is_still_served(app: TestApp) {
+    submit(&app, batch("s", vec![call("c1", "t", "{}")])).await;
+    deny(&app, "s", "c1", "no").await;
+    let linked = get_receipt(&app, "s", "c1").await.unwrap().receipt.unwrap();
+    app.run_sql("UPDATE receipts SET call_row = NULL WHERE call_id = 'c1'")
+        .await;
+    // Linked to nothing, it could only be found by its call's id.
+    let unlinked = app
+        .count("SELECT count(*) FROM receipts WHERE call_row IS NULL")
+        .await;
+    assert_eq!(unlinked, 1);
+    let served = get_receipt(&app, "s", "c1").await.unwrap().receipt.unwrap();
+    assert_eq!(served, linked);
+    assert!(served.verified);
+}
+
 /// [`with_key`], keeping decided calls for a second.
 fn with_key_retaining_a_second(config: &mut Config) {
     with_key(config);
@@ -403,6 +424,7 @@ backend_tests! {
     a_call_id_reused_after_its_call_was_pruned_gets_a_receipt_of_its_own
         => super::with_key_retaining_a_second,
     outcomes_decided_all_at_once_each_get_a_receipt_in_one_chain => super::with_key,
+    a_receipt_written_before_receipts_named_their_call_is_still_served => super::with_key,
     every_outcome_gets_a_signed_receipt_naming_what_was_shown_and_who_decided => super::with_key,
     the_exported_chain_holds_every_receipt_in_order_and_verifies => super::with_key,
     a_chain_with_receipts_swapped_removed_or_changed_fails_verification => super::with_key,

@@ -285,7 +285,8 @@ fn sqlite_cycles(
                     prefix,
                     batch_id,
                     receipt.digest,
-                    receipt.envelope
+                    receipt.envelope,
+                    rowid
                 ])?;
             tx.prepare_cached(receipt_rows::ADVANCE_CHAIN)?
                 .execute(params![head + 1, receipt.digest])?;
@@ -449,6 +450,7 @@ async fn postgres_cycles(
                 .bind(&batch_id)
                 .bind(&receipt.digest)
                 .bind(&receipt.envelope)
+                .bind(rowid)
                 .execute(&mut *tx)
                 .await?;
             sqlx::query(receipt_rows::ADVANCE_CHAIN)

@@ -568,8 +568,10 @@ impl SqlTx for SqliteTx {
     /// Inserted now, unsealed, so a row that cannot be stored fails this write alone, not the
     /// group's commit; sealed on the signer's thread while the group goes on, and the envelope
     /// (and the chain's new head) written by the commit. The chain's head is read once a
-    /// transaction, and then kept here.
-    async fn append_receipt(&mut self, _: &Notary, call: &Call) -> Result<()> {
+    /// transaction, and then kept here. The row is inserted at its final size (a placeholder
+    /// as long as the envelope will be), so the seal overwrites it where it lies: grown from
+    /// nothing, each of a group's receipts moved cells across its pages again at the commit.
+    async fn append_receipt(&mut self, notary: &Notary, rowid: i64, call: &Call) -> Result<()> {
         let Some(signer) = self.signer.clone() else {
             return Err(Error::Internal(
                 "a receipt to sign with receipts off".into(),
@@ -580,7 +582,7 @@ impl SqlTx for SqliteTx {
             None => read_chain_head(self).await?,
         };
         let link = ChainLink::after(head.clone());
-        let mut receipt = match NewReceipt::of(call, &link) {
+        let mut receipt = match NewReceipt::of(call, rowid, &link) {
             Ok(receipt) => receipt,
             Err(err) => {
                 self.chain = head;
@@ -588,9 +590,10 @@ impl SqlTx for SqliteTx {
             }
         };
         let payload = std::mem::take(&mut receipt.payload);
+        let placeholder = " ".repeat(notary.sealed_len(payload.len()));
         let inserted = self.execute_sql(
             receipt_rows::INSERT_RECEIPT,
-            params_from_iter(receipt.params("")),
+            params_from_iter(receipt.params(&placeholder)),
         );
         if let Err(err) = inserted {
             self.chain = head;
