@@ -198,10 +198,9 @@ pub trait SqlTx: Send {
 
     /// Appends the receipt of `call` (row `rowid`), just decided, to the chain, sealed by
     /// `notary`, in this transaction: the chain's head is read (and, on Postgres, locked until
-    /// commit, so
-    /// concurrent transactions of every replica take turns and the chain cannot fork), the
-    /// receipt links to it, and becomes it. Taken after every other lock of the transaction (see
-    /// `operations::tx`), so it adds no cycle. SQLite's writer keeps the head between the
+    /// commit, so concurrent transactions of every replica take turns and the chain cannot
+    /// fork), the receipt links to it, and becomes it. Taken after every other lock of the
+    /// transaction (see `operations::tx`), so it adds no cycle. SQLite's writer keeps the head between the
     /// receipts of a transaction and writes it at commit, and has each receipt signed on another
     /// thread, its envelope written just before the commit (see `receipts::signer`).
     async fn append_receipt(&mut self, notary: &Notary, rowid: i64, call: &Call) -> Result<()> {
