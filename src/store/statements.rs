@@ -83,7 +83,7 @@ macro_rules! insert_call {
             $columns,
             ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14",
             $values,
-            ") ON CONFLICT (agent, session_id, call_id) DO NOTHING RETURNING id"
+            ") ON CONFLICT (session_id, agent, call_id) DO NOTHING RETURNING id"
         )
     };
 }

@@ -495,7 +495,7 @@ async fn a_corrupt_sqlite_page_is_unavailable_and_health_stays_not_serving() {
         .await
         .expect("checkpoint");
     let root: i64 =
-        sqlx::query_scalar("SELECT rootpage FROM sqlite_master WHERE name = 'calls_session'")
+        sqlx::query_scalar("SELECT rootpage FROM sqlite_master WHERE name = 'calls_batch'")
             .fetch_one(&mut conn)
             .await
             .expect("root page");

@@ -127,6 +127,13 @@ pub(crate) const GOING_BACK_BEFORE_0014: &str = "\
     UPDATE calls SET run_input = input WHERE status = 2 AND run_input IS NULL; \
     DELETE FROM _sqlx_migrations WHERE version = 14;";
 
+/// What docs/data-lifecycle.md has an operator run before starting a binary from before
+/// migration 0017 on a file: the session index it listed a session's calls with, back.
+#[cfg(test)]
+const GOING_BACK_BEFORE_0017: &str = "\
+    CREATE INDEX calls_session ON calls (session_id, id); \
+    DELETE FROM _sqlx_migrations WHERE version = 17;";
+
 /// An exclusive lock on `<database>.lock`, held while the broker runs: one broker process per
 /// SQLite file, as the design assumes (its one writer numbers events in commit order, and its
 /// event fan-out sees every commit only because it makes them). Released when dropped, and by the
@@ -336,21 +343,28 @@ mod tests {
     /// as one with nothing to run, so it must not open a file this version wrote: sqlx refuses
     /// a database holding a migration the binary does not know, as that binary's own
     /// `migrate!` (the migrations as it knew them, from a copy of the directory without 0014).
-    #[tokio::test]
-    async fn a_binary_from_before_the_input_stored_once_refuses_the_file() {
-        let (dir, url, store) = fresh().await;
-        drop(store);
-        let older = dir.path().join("migrations");
+    /// The migrations of this build but `left_out`, as a binary from before it knew them
+    /// (copied into `dir`).
+    async fn migrations_without(dir: &Path, left_out: u32) -> sqlx::migrate::Migrator {
+        let older = dir.join("migrations");
         std::fs::create_dir(&older).unwrap();
         let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
         for entry in std::fs::read_dir(here).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-            if !name.starts_with("0014_") {
+            let version: u32 = name[..4].parse().unwrap();
+            if version != left_out {
                 std::fs::copy(&path, older.join(name)).unwrap();
             }
         }
-        let older = sqlx::migrate::Migrator::new(older).await.unwrap();
+        sqlx::migrate::Migrator::new(older).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_binary_from_before_the_input_stored_once_refuses_the_file() {
+        let (dir, url, store) = fresh().await;
+        drop(store);
+        let older = migrations_without(dir.path(), 14).await;
         let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
         let refused = older.run(&pool).await;
         assert!(
@@ -366,6 +380,133 @@ mod tests {
             .await
             .unwrap();
         older.run(&pool).await.unwrap();
+    }
+
+    /// Migration 0017 builds `calls` again with its key reordered. Every row and id, every index
+    /// but the session index the key replaces, the trigger, and every reference to a call from
+    /// events, shadow verdicts (ON DELETE CASCADE) and receipts (ON DELETE SET NULL) come through
+    /// it: dropping the old table with foreign keys on would have deleted or unlinked them. And
+    /// the way back docs/data-lifecycle.md gives lets the binary before it run again.
+    #[tokio::test]
+    async fn reordering_the_calls_key_keeps_every_row_index_and_reference() {
+        use std::str::FromStr as _;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("a.db").display());
+        let older = migrations_without(dir.path(), 17).await;
+        let options = sqlx::sqlite::SqliteConnectOptions::from_str(&url)
+            .unwrap()
+            .create_if_missing(true)
+            .foreign_keys(true);
+        let pool = sqlx::SqlitePool::connect_with(options.clone())
+            .await
+            .unwrap();
+        older.run(&pool).await.unwrap();
+        sqlx::raw_sql(
+            "INSERT INTO batches VALUES ('b1', 'a', 's', 0, 2, 1), ('b2', 'z', 's', 0, 1, 2);
+             INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input,
+                                title, message, workspace, created_at, status)
+             VALUES ('a', 's', 'c1', 'b1', 0, 't', '{}', '', '', '', 1, 2),
+                    ('a', 's', 'c2', 'b1', 1, 't', '{}', '', '', '', 1, 1),
+                    ('z', 's', 'c1', 'b2', 0, 't', '{}', '', '', '', 2, 1);
+             INSERT INTO shadow_verdicts VALUES (1, 'r', 2), (3, 'r', 1);
+             INSERT INTO receipts (seq, agent, session_id, call_id, digest, envelope, call_row)
+             VALUES (1, 'a', 's', 'c1', 'd', 'e', 1);",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        const ROWS: &str = "SELECT 'call ' || id || agent || session_id || call_id || requested_seq
+                                   || status FROM calls
+                            UNION ALL SELECT 'event ' || seq || kind || call_rowid FROM events
+                            UNION ALL SELECT 'verdict ' || call_rowid || rule_id || verdict
+                                      FROM shadow_verdicts
+                            UNION ALL SELECT 'receipt ' || seq || call_row FROM receipts
+                            ORDER BY 1";
+        const INDEXES: &str = "SELECT name FROM sqlite_schema WHERE tbl_name = 'calls'
+                                 AND type IN ('index', 'trigger') ORDER BY name";
+        let rows: Vec<String> = sqlx::query_scalar(ROWS).fetch_all(&pool).await.unwrap();
+        let mut indexes: Vec<String> = sqlx::query_scalar(INDEXES).fetch_all(&pool).await.unwrap();
+        assert_eq!(rows.len(), 3 + 3 + 2 + 1, "{rows:?}");
+        pool.close().await;
+
+        let store = open(&url, Synchronous::default()).await;
+        assert_eq!(
+            sqlx::query_scalar::<_, String>(ROWS)
+                .fetch_all(reader(&store))
+                .await
+                .unwrap(),
+            rows
+        );
+        indexes.retain(|name| name != "calls_session");
+        assert_eq!(
+            sqlx::query_scalar::<_, String>(INDEXES)
+                .fetch_all(reader(&store))
+                .await
+                .unwrap(),
+            indexes
+        );
+        let key: Vec<String> = sqlx::query_scalar(
+            "SELECT name FROM pragma_index_info('sqlite_autoindex_calls_1') ORDER BY seqno",
+        )
+        .fetch_all(reader(&store))
+        .await
+        .unwrap();
+        assert_eq!(key, ["session_id", "agent", "call_id"]);
+        let broken: Vec<String> =
+            sqlx::query_scalar("SELECT \"table\" FROM pragma_foreign_key_check")
+                .fetch_all(reader(&store))
+                .await
+                .unwrap();
+        assert!(broken.is_empty(), "{broken:?}");
+        assert_eq!(pragma(&store, "foreign_keys").await, "1");
+        // The trigger is back: a new call gets its Requested event.
+        store.submit(one_call("s", "after")).await.unwrap();
+        let requested: i64 =
+            sqlx::query_scalar("SELECT requested_seq FROM calls WHERE call_id = 'after'")
+                .fetch_one(reader(&store))
+                .await
+                .unwrap();
+        assert_eq!(requested, 4);
+        drop(store);
+
+        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+        assert!(matches!(
+            older.run(&pool).await,
+            Err(sqlx::migrate::MigrateError::VersionMissing(17))
+        ));
+        sqlx::raw_sql(GOING_BACK_BEFORE_0017)
+            .execute(&pool)
+            .await
+            .unwrap();
+        older.run(&pool).await.unwrap();
+    }
+
+    /// A session's calls, listed with or without their agent, are found through the calls' key
+    /// (its first column is the session), never by reading the whole table.
+    #[tokio::test]
+    async fn a_sessions_calls_are_listed_through_the_key_not_a_scan() {
+        let (_dir, _, store) = fresh().await;
+        for agent in [None, Some(AgentId::from_stored("agent".into()))] {
+            let q = crate::domain::CallQuery {
+                agent,
+                session: Some("s".into()),
+                ..Default::default()
+            };
+            let listing = crate::store::listing::Listing::<sqlx::Sqlite>::calls(&q);
+            let statement = format!("EXPLAIN QUERY PLAN {}", listing.into_string());
+            let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(statement))
+                .fetch_all(reader(&store))
+                .await
+                .unwrap()
+                .iter()
+                .map(|row| row.try_get("detail").unwrap())
+                .collect();
+            assert!(
+                plan.iter()
+                    .any(|step| step.contains("sqlite_autoindex_calls_1 (session_id=?")),
+                "{plan:?}"
+            );
+        }
     }
 
     #[tokio::test]
