@@ -339,10 +339,6 @@ mod tests {
             .unwrap()
     }
 
-    /// A binary from before migration 0014 reads an approval stored without its input to run
-    /// as one with nothing to run, so it must not open a file this version wrote: sqlx refuses
-    /// a database holding a migration the binary does not know, as that binary's own
-    /// `migrate!` (the migrations as it knew them, from a copy of the directory without 0014).
     /// The migrations of this build but `left_out`, as a binary from before it knew them
     /// (copied into `dir`).
     async fn migrations_without(dir: &Path, left_out: u32) -> sqlx::migrate::Migrator {
@@ -360,6 +356,10 @@ mod tests {
         sqlx::migrate::Migrator::new(older).await.unwrap()
     }
 
+    /// A binary from before migration 0014 reads an approval stored without its input to run
+    /// as one with nothing to run, so it must not open a file this version wrote: sqlx refuses
+    /// a database holding a migration the binary does not know, as that binary's own
+    /// `migrate!` (the migrations as it knew them, from a copy of the directory without 0014).
     #[tokio::test]
     async fn a_binary_from_before_the_input_stored_once_refuses_the_file() {
         let (dir, url, store) = fresh().await;
