@@ -356,6 +356,26 @@ mod tests {
         sqlx::migrate::Migrator::new(older).await.unwrap()
     }
 
+    /// `older` (the migrations without `version`) refuses the file `pool` opens, as a binary
+    /// from before `version` would, until `going_back` ran on it; then it runs.
+    async fn refused_until_gone_back(
+        older: &sqlx::migrate::Migrator,
+        pool: &sqlx::SqlitePool,
+        version: i64,
+        going_back: &str,
+    ) {
+        let refused = older.run(pool).await;
+        assert!(
+            matches!(refused, Err(sqlx::migrate::MigrateError::VersionMissing(v)) if v == version),
+            "{refused:?}"
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(going_back))
+            .execute(pool)
+            .await
+            .unwrap();
+        older.run(pool).await.unwrap();
+    }
+
     /// A binary from before migration 0014 reads an approval stored without its input to run
     /// as one with nothing to run, so it must not open a file this version wrote: sqlx refuses
     /// a database holding a migration the binary does not know, as that binary's own
@@ -366,20 +386,8 @@ mod tests {
         drop(store);
         let older = migrations_without(dir.path(), 14).await;
         let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-        let refused = older.run(&pool).await;
-        assert!(
-            matches!(
-                refused,
-                Err(sqlx::migrate::MigrateError::VersionMissing(14))
-            ),
-            "{refused:?}"
-        );
         // The way back docs/data-lifecycle.md gives: the input stored again, the marker gone.
-        sqlx::raw_sql(GOING_BACK_BEFORE_0014)
-            .execute(&pool)
-            .await
-            .unwrap();
-        older.run(&pool).await.unwrap();
+        refused_until_gone_back(&older, &pool, 14, GOING_BACK_BEFORE_0014).await;
     }
 
     /// Migration 0017 builds `calls` again with its key reordered. Every row and id, every index
@@ -470,15 +478,21 @@ mod tests {
         drop(store);
 
         let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
-        assert!(matches!(
-            older.run(&pool).await,
-            Err(sqlx::migrate::MigrateError::VersionMissing(17))
-        ));
-        sqlx::raw_sql(GOING_BACK_BEFORE_0017)
-            .execute(&pool)
-            .await
-            .unwrap();
-        older.run(&pool).await.unwrap();
+        refused_until_gone_back(&older, &pool, 17, GOING_BACK_BEFORE_0017).await;
+    }
+
+    /// The steps of SQLite's plan for `statement` (its parameters unbound: the plan does not
+    /// depend on their values).
+    async fn query_plan(store: &SqliteStore, statement: &str) -> Vec<String> {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN QUERY PLAN {statement}"
+        )))
+        .fetch_all(reader(store))
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.try_get("detail").unwrap())
+        .collect()
     }
 
     /// A session's calls, listed with or without their agent, are found through the calls' key
@@ -493,14 +507,7 @@ mod tests {
                 ..Default::default()
             };
             let listing = crate::store::listing::Listing::<sqlx::Sqlite>::calls(&q);
-            let statement = format!("EXPLAIN QUERY PLAN {}", listing.into_string());
-            let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(statement))
-                .fetch_all(reader(&store))
-                .await
-                .unwrap()
-                .iter()
-                .map(|row| row.try_get("detail").unwrap())
-                .collect();
+            let plan = query_plan(&store, &listing.into_string()).await;
             assert!(
                 plan.iter()
                     .any(|step| step.contains("sqlite_autoindex_calls_1 (session_id=?")),
@@ -513,17 +520,7 @@ mod tests {
     async fn a_batchs_pending_calls_are_found_through_their_index_not_a_scan() {
         let (_dir, _, store) = fresh().await;
         for statement in [sql::PENDING_IN_BATCH, sql::COMPLETE_BATCH_AT_SEQ] {
-            let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "EXPLAIN QUERY PLAN {statement}"
-            )))
-            .bind("some-batch")
-            .bind("some-batch")
-            .fetch_all(reader(&store))
-            .await
-            .unwrap()
-            .iter()
-            .map(|row| row.try_get("detail").unwrap())
-            .collect();
+            let plan = query_plan(&store, statement).await;
             assert!(
                 plan.iter().any(|step| step.contains("calls_pending_batch")),
                 "{statement}: {plan:?}"
