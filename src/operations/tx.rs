@@ -202,9 +202,10 @@ pub trait WriteTx: Send {
         None
     }
     /// Called before each write of a group that shares this transaction: what the transaction
-    /// remembers for one write only (the policy version it read) is forgotten. Nothing by
-    /// default.
-    fn next_write(&mut self) {}
+    /// remembers for one write only (the policy version it read) is forgotten. `alone`: the
+    /// group is this one write, so no later write of the transaction can overlap with work
+    /// handed to another thread. Nothing by default.
+    fn next_write(&mut self, _alone: bool) {}
     /// Commits the transaction: only then may its changes be acknowledged.
     async fn commit(self) -> Result<()>;
 }

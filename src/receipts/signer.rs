@@ -7,9 +7,11 @@
 //! `store::sqlite::writer`).
 //!
 //! Nothing waits for company here either: an envelope the signer has not started on when the
-//! writer needs it is signed by the writer itself (one call in flight signs on the writer, as
-//! before), and one the signer is signing is waited for. Ed25519 is deterministic, so who signs
-//! never changes a byte of the envelope.
+//! writer needs it is signed by the writer itself, and one the signer is signing is waited for.
+//! A group of one write (one call in flight) has nothing to overlap the signing with: its
+//! writer hands a payload over only once it has another to sign, and signs the last itself at
+//! the commit, so one call in flight never wakes this thread. Ed25519 is deterministic, so who
+//! signs never changes a byte of the envelope.
 
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -22,6 +24,9 @@ use crate::error::{Error, Result};
 pub struct Signer {
     notary: Arc<Notary>,
     queue: mpsc::Sender<Arc<Seal>>,
+    /// How many payloads were handed to the thread, for the tests of who signs what.
+    #[cfg(test)]
+    handed: std::sync::atomic::AtomicU64,
 }
 
 /// One payload to seal, and where its envelope goes.
@@ -62,7 +67,18 @@ impl Signer {
                 }
             })
             .map_err(|e| Error::Internal(format!("cannot start the receipt signer: {e}")))?;
-        Ok(Self { notary, queue })
+        Ok(Self {
+            notary,
+            queue,
+            #[cfg(test)]
+            handed: Default::default(),
+        })
+    }
+
+    /// How many payloads were handed to the signing thread so far.
+    #[cfg(test)]
+    pub fn handed(&self) -> u64 {
+        self.handed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn notary(&self) -> &Arc<Notary> {
@@ -78,6 +94,9 @@ impl Signer {
         });
         // A thread that is gone leaves the seal queued: the writer signs it.
         let _ = self.queue.send(Arc::clone(&seal));
+        #[cfg(test)]
+        self.handed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Sealing {
             seal,
             notary: Arc::clone(&self.notary),
@@ -200,6 +219,7 @@ mod tests {
         let signer = Signer {
             notary: Arc::clone(&notary),
             queue,
+            handed: Default::default(),
         };
         let payload = payloads(1).remove(0);
         let sealing = signer.sign(payload.clone());
@@ -233,6 +253,7 @@ mod tests {
         let signer = Signer {
             notary: Arc::clone(&notary),
             queue,
+            handed: Default::default(),
         };
         let payload = payloads(1).remove(0);
         assert_eq!(

@@ -277,9 +277,10 @@ async fn write_group<W: Transactions>(
     let committed = loop {
         let attempt = async {
             let mut tx = writer.begin_write().await?;
+            let alone = jobs.len() == 1;
             for (i, job) in jobs.iter_mut().enumerate() {
                 let before = tx.statements_written();
-                tx.next_write();
+                tx.next_write(alone);
                 if !job.run(&mut tx, texts).await {
                     if job.conflicted() {
                         return Ok(Attempt::Conflict);

@@ -191,6 +191,10 @@ pub trait SqlTx: Send {
         None
     }
 
+    /// See [`WriteTx::next_write`], for what the backend itself keeps per write (the policy view
+    /// is told by the caller). Nothing by default.
+    fn next_write(&mut self, _alone: bool) {}
+
     /// The key every outcome's receipt is signed with; `None` when receipts are off.
     fn notary(&self) -> Option<Arc<Notary>> {
         None
@@ -643,10 +647,11 @@ impl<T: SqlTx> WriteTx for T {
 
     /// A later write of a group reads the policy version again: on Postgres another replica may
     /// have changed rules or grants since the group's first write read it.
-    fn next_write(&mut self) {
+    fn next_write(&mut self, alone: bool) {
         if let Some(view) = self.policy_view() {
             view.next_write();
         }
+        SqlTx::next_write(self, alone);
     }
 
     async fn commit(self) -> Result<()> {

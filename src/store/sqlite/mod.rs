@@ -607,12 +607,23 @@ mod tests {
         (dir, store)
     }
 
-    /// Submits one call per (session, call id), all in one group: the writer is held while they
-    /// queue (each is polled once, which enqueues it), then let go. Returns each submit's result.
+    /// Submits one call per (session, call id), all in one group. Returns each submit's result.
     async fn submit_as_one_group(
         store: &SqliteStore,
         calls: &[(&str, &str)],
     ) -> Vec<Result<SubmitReport>> {
+        let submits = calls
+            .iter()
+            .map(|(session, id)| store.submit(one_call(session, id)));
+        as_one_group(store, submits).await
+    }
+
+    /// Runs `writes` all in one group: the writer is held while they queue (each is polled
+    /// once, which enqueues it), then let go. Returns each write's result, in order.
+    async fn as_one_group<T>(
+        store: &SqliteStore,
+        writes: impl IntoIterator<Item = impl Future<Output = T>>,
+    ) -> Vec<T> {
         use tokio::sync::oneshot;
         let (started, running) = oneshot::channel();
         let (release, held) = oneshot::channel::<()>();
@@ -623,20 +634,69 @@ mod tests {
         }));
         let _ = tokio::time::timeout(Duration::ZERO, &mut holding).await;
         running.await.unwrap();
-        let mut submits: Vec<_> = calls
-            .iter()
-            .map(|(session, id)| Box::pin(store.submit(one_call(session, id))))
-            .collect();
-        for submit in &mut submits {
-            let _ = tokio::time::timeout(Duration::ZERO, submit).await;
+        let mut writes: Vec<_> = writes.into_iter().map(Box::pin).collect();
+        for write in &mut writes {
+            let _ = tokio::time::timeout(Duration::ZERO, write).await;
         }
         release.send(()).unwrap();
         holding.await.unwrap();
         let mut results = Vec::new();
-        for submit in submits {
-            results.push(submit.await);
+        for write in writes {
+            results.push(write.await);
         }
         results
+    }
+
+    /// A group's receipts are handed to the signing thread while the rest of the group runs;
+    /// a group of one write (one call in flight) has nothing to run meanwhile, so the writer
+    /// signs its receipt itself and never wakes the signer. Whoever signed, every envelope
+    /// verifies and the chain links (mutation checked: holding every group's receipts, or
+    /// none, fails the counts).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lone_writes_receipt_is_signed_on_the_writer_a_groups_beside_it() {
+        use crate::domain::Verdict;
+        use crate::operations::testing::decision;
+        let notary = Arc::new(Notary::from_seed(&[7; 32]).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.db");
+        let texts = ToolResultTexts::default();
+        let store = SqliteStore::open(&path, Synchronous::default(), texts, Some(notary.clone()))
+            .await
+            .unwrap();
+        let ids = ["alone", "first", "second", "third"];
+        for id in ids {
+            store.submit(one_call("s", id)).await.unwrap();
+        }
+        let key = |id: &str| CallKey {
+            agent: AgentId::from_stored("agent".into()),
+            session: SessionId::from_stored("s".into()),
+            call_id: CallId::from_stored(id.into()),
+        };
+        let approve = decision(Verdict::Approve, "");
+
+        store.decide(&key("alone"), &approve).await.unwrap();
+        assert_eq!(store.writer.receipts_handed_over(), 0, "one call in flight");
+
+        let keys: Vec<CallKey> = ids[1..].iter().map(|id| key(id)).collect();
+        let decided = as_one_group(&store, keys.iter().map(|k| store.decide(k, &approve))).await;
+        assert!(decided.iter().all(Result::is_ok), "{decided:?}");
+        assert_eq!(
+            store.writer.receipts_handed_over(),
+            3,
+            "a group's receipts handed over"
+        );
+
+        let envelopes: Vec<String> =
+            sqlx::query_scalar("SELECT envelope FROM receipts ORDER BY seq")
+                .fetch_all(reader(&store))
+                .await
+                .unwrap();
+        let chain = crate::receipts::verify::chain(
+            envelopes.iter().map(String::as_str),
+            notary.public_key(),
+        )
+        .unwrap();
+        assert_eq!((chain.first, chain.last, chain.receipts), (1, 4, 4));
     }
 
     /// Which of these (session, call id) are stored.

@@ -317,6 +317,8 @@ impl WriteConnection {
             policy: PolicyView::new(&self.policy),
             signer: self.signer.clone(),
             sealing: Vec::new(),
+            holds: false,
+            held: None,
             chain: None,
         };
         if !tx.conn().is_autocommit() {
@@ -351,6 +353,12 @@ impl WriteConnection {
         let value = work(tx.conn())?;
         tx.commit_now()?;
         Ok(value)
+    }
+
+    /// How many receipts were handed to the signing thread so far.
+    #[cfg(test)]
+    pub fn receipts_handed_over(&self) -> u64 {
+        self.signer.as_ref().map_or(0, |signer| signer.handed())
     }
 
     /// A pragma's value on the write connection.
@@ -446,6 +454,16 @@ pub struct SqliteTx {
     /// The receipts of this transaction (by sequence), inserted unsealed and being sealed
     /// beside the writer: their envelopes are written just before it commits.
     sealing: Vec<(i64, Sealing)>,
+    /// Whether the write running is its group's only one (one call in flight): its receipts are
+    /// then held (see `held`). In a larger group each receipt goes to the signer at once, and
+    /// the rest of the group runs while it is signed.
+    holds: bool,
+    /// The held write's latest receipt (sequence, payload), inserted unsealed and not handed to
+    /// the signer yet: handed over once the writer has more to do (another receipt of the
+    /// write), and otherwise signed here at the commit, which would wait for it anyway. Handing
+    /// it over would wake the signer (measured: the signer's 40 µs per call gone, the writer's
+    /// up by 25, and the whole call ~7% less CPU, docs/benchmarks.md).
+    held: Option<(i64, String)>,
     /// The receipt chain's head as this transaction moved it (its last receipt's sequence and
     /// payload digest), once it appended a receipt. The commit writes it: one statement a group,
     /// not a read and a write a receipt.
@@ -466,6 +484,13 @@ impl Drop for SqliteTx {
 }
 
 impl SqliteTx {
+    /// Hands the held receipt, if any, to the signing thread.
+    fn hand_over_held(&mut self, signer: &Signer) {
+        if let Some((sequence, payload)) = self.held.take() {
+            self.sealing.push((sequence, signer.sign(payload)));
+        }
+    }
+
     fn conn(&self) -> &Connection {
         self.conn
             .as_ref()
@@ -502,9 +527,14 @@ impl SqliteTx {
     /// told (a `stat` of each, next to the commit's fsync): a commit into a deleted file is
     /// lost, so it must not be acknowledged, nor its events published.
     fn commit_now(mut self) -> Result<()> {
-        // On failure the drop rolls back what is left of the transaction.
-        for (sequence, sealing) in std::mem::take(&mut self.sealing) {
-            let envelope = sealing.envelope();
+        // On failure the drop rolls back what is left of the transaction. The held receipt is
+        // signed first, while the signer finishes those handed to it.
+        let held = self.held.take().zip(self.signer.as_ref());
+        let held =
+            held.map(|((sequence, payload), signer)| (sequence, signer.notary().seal(&payload)));
+        let handed = std::mem::take(&mut self.sealing).into_iter();
+        let envelopes = handed.map(|(sequence, sealing)| (sequence, sealing.envelope()));
+        for (sequence, envelope) in held.into_iter().chain(envelopes) {
             let sealed = self
                 .conn()
                 .prepare_cached(receipt_rows::SEAL_RECEIPT)?
@@ -566,8 +596,9 @@ impl SqlTx for SqliteTx {
     }
 
     /// Inserted now, unsealed, so a row that cannot be stored fails this write alone, not the
-    /// group's commit; sealed on the signer's thread while the group goes on, and the envelope
-    /// (and the chain's new head) written by the commit. The chain's head is read once a
+    /// group's commit; sealed on the signer's thread while the group goes on (a lone write's
+    /// once the writer has more to do: see `held`), and the envelope (and the chain's new head)
+    /// written by the commit. The chain's head is read once a
     /// transaction, and then kept here. The row is inserted at its final size (a placeholder
     /// as long as the envelope will be), so the seal overwrites it where it lies: grown from
     /// nothing, each of a group's receipts moved cells across its pages again at the commit.
@@ -599,9 +630,22 @@ impl SqlTx for SqliteTx {
             self.chain = head;
             return Err(err);
         }
-        self.sealing.push((receipt.sequence, signer.sign(payload)));
+        self.hand_over_held(&signer);
+        if self.holds {
+            self.held = Some((receipt.sequence, payload));
+        } else {
+            self.sealing.push((receipt.sequence, signer.sign(payload)));
+        }
         self.chain = Some((link.sequence, receipt.digest));
         Ok(())
+    }
+
+    /// Receipts are held while a group's only write runs (see `held`).
+    fn next_write(&mut self, alone: bool) {
+        if let Some(signer) = self.signer.clone() {
+            self.hand_over_held(&signer);
+        }
+        self.holds = alone;
     }
 
     /// `None` once SQLite rolled the transaction back by itself (after some errors: I/O, a full
