@@ -10,8 +10,8 @@
 //! writer needs it is signed by the writer itself, and one the signer is signing is waited for.
 //! A group of one write (one call in flight) has nothing to overlap the signing with: its
 //! writer hands a payload over only once it has another to sign, and signs the last itself at
-//! the commit, so one call in flight never wakes this thread. Ed25519 is deterministic, so who
-//! signs never changes a byte of the envelope.
+//! the commit, so a lone write with one receipt never wakes this thread. Ed25519 is
+//! deterministic, so who signs never changes a byte of the envelope.
 
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};

@@ -649,9 +649,11 @@ mod tests {
 
     /// A group's receipts are handed to the signing thread while the rest of the group runs;
     /// a group of one write (one call in flight) has nothing to run meanwhile, so the writer
-    /// signs its receipt itself and never wakes the signer. Whoever signed, every envelope
-    /// verifies and the chain links (mutation checked: holding every group's receipts, or
-    /// none, fails the counts).
+    /// signs its receipt itself and never wakes the signer. A lone write with several receipts
+    /// (a denial that skips the rest of its batch) hands over all but its last. Whoever signed,
+    /// every envelope verifies and the chain links (mutation checked: holding every group's
+    /// receipts, or none, fails the counts, and so does a lone write that drops its earlier
+    /// receipts instead of handing them over).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lone_writes_receipt_is_signed_on_the_writer_a_groups_beside_it() {
         use crate::domain::Verdict;
@@ -667,6 +669,13 @@ mod tests {
         for id in ids {
             store.submit(one_call("s", id)).await.unwrap();
         }
+        let mut batch = one_call("s", "denied");
+        let mut skipped = batch.calls[0].clone();
+        skipped.index = 1;
+        skipped.path = "batch.calls[1]".into();
+        skipped.call_id = CallId::from_stored("skipped".into());
+        batch.calls.push(skipped);
+        store.submit(batch).await.unwrap();
         let key = |id: &str| CallKey {
             agent: AgentId::from_stored("agent".into()),
             session: SessionId::from_stored("s".into()),
@@ -686,6 +695,15 @@ mod tests {
             "a group's receipts handed over"
         );
 
+        let deny = decision(Verdict::Deny, "no");
+        let denied = store.decide(&key("denied"), &deny).await.unwrap();
+        assert_eq!(denied.skipped.len(), 1, "{denied:?}");
+        assert_eq!(
+            store.writer.receipts_handed_over(),
+            4,
+            "a lone write's receipts but its last handed over"
+        );
+
         let envelopes: Vec<String> =
             sqlx::query_scalar("SELECT envelope FROM receipts ORDER BY seq")
                 .fetch_all(reader(&store))
@@ -696,7 +714,7 @@ mod tests {
             notary.public_key(),
         )
         .unwrap();
-        assert_eq!((chain.first, chain.last, chain.receipts), (1, 4, 4));
+        assert_eq!((chain.first, chain.last, chain.receipts), (1, 6, 6));
     }
 
     /// Which of these (session, call id) are stored.

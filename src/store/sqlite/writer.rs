@@ -461,8 +461,9 @@ pub struct SqliteTx {
     /// The held write's latest receipt (sequence, payload), inserted unsealed and not handed to
     /// the signer yet: handed over once the writer has more to do (another receipt of the
     /// write), and otherwise signed here at the commit, which would wait for it anyway. Handing
-    /// it over would wake the signer (measured: the signer's 40 µs per call gone, the writer's
-    /// up by 25, and the whole call ~7% less CPU, docs/benchmarks.md).
+    /// it over would wake the signer for nothing (measured with one call in flight: the
+    /// signer's 43 µs per call gone, the writer's up by 13, the call's CPU 6% less;
+    /// docs/benchmarks.md).
     held: Option<(i64, String)>,
     /// The receipt chain's head as this transaction moved it (its last receipt's sequence and
     /// payload digest), once it appended a receipt. The commit writes it: one statement a group,
@@ -596,9 +597,9 @@ impl SqlTx for SqliteTx {
     }
 
     /// Inserted now, unsealed, so a row that cannot be stored fails this write alone, not the
-    /// group's commit; sealed on the signer's thread while the group goes on (a lone write's
-    /// once the writer has more to do: see `held`), and the envelope (and the chain's new head)
-    /// written by the commit. The chain's head is read once a
+    /// group's commit; sealed on the signer's thread while the group goes on, except a lone
+    /// write's last receipt, which the writer signs at the commit (see `held`); the envelope
+    /// (and the chain's new head) written by the commit. The chain's head is read once a
     /// transaction, and then kept here. The row is inserted at its final size (a placeholder
     /// as long as the envelope will be), so the seal overwrites it where it lies: grown from
     /// nothing, each of a group's receipts moved cells across its pages again at the commit.
