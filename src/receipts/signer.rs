@@ -9,8 +9,9 @@
 //! Nothing waits for company here either: an envelope the signer has not started on when the
 //! writer needs it is signed by the writer itself, and one the signer is signing is waited for.
 //! A group of one write (one call in flight) has nothing to overlap the signing with: its
-//! writer hands a payload over only once it has another to sign, and signs the last itself at
-//! the commit, so a lone write with one receipt never wakes this thread. Ed25519 is
+//! writer holds each payload back ([`Signer::hold`]) and hands it over only once it has another
+//! to sign, so its last is signed by the writer at the commit, like any payload the thread has
+//! not started on, and a lone write with one receipt never wakes this thread. Ed25519 is
 //! deterministic, so who signs never changes a byte of the envelope.
 
 use std::sync::mpsc;
@@ -48,10 +49,12 @@ enum State {
     Taken,
 }
 
-/// A payload handed to the signer: [`Sealing::envelope`] gives its envelope.
+/// A payload handed to the signer, or held back: [`Sealing::envelope`] gives its envelope.
 pub struct Sealing {
     seal: Arc<Seal>,
     notary: Arc<Notary>,
+    /// Whether the signing thread was given it (see [`Signer::hand_over`]).
+    handed: bool,
 }
 
 impl Signer {
@@ -87,20 +90,36 @@ impl Signer {
 
     /// Hands `payload` to the signing thread.
     pub fn sign(&self, payload: String) -> Sealing {
-        let seal = Arc::new(Seal {
-            payload,
-            state: Mutex::new(State::Queued),
-            sealed: Condvar::new(),
-        });
+        let mut sealing = self.hold(payload);
+        self.hand_over(&mut sealing);
+        sealing
+    }
+
+    /// Keeps `payload` back: whoever asks for its envelope signs it, unless it was handed to
+    /// the signing thread first ([`Self::hand_over`]).
+    pub fn hold(&self, payload: String) -> Sealing {
+        Sealing {
+            seal: Arc::new(Seal {
+                payload,
+                state: Mutex::new(State::Queued),
+                sealed: Condvar::new(),
+            }),
+            notary: Arc::clone(&self.notary),
+            handed: false,
+        }
+    }
+
+    /// Hands a held payload to the signing thread (once: a payload handed over already stays
+    /// where it is).
+    pub fn hand_over(&self, sealing: &mut Sealing) {
+        if std::mem::replace(&mut sealing.handed, true) {
+            return;
+        }
         // A thread that is gone leaves the seal queued: the writer signs it.
-        let _ = self.queue.send(Arc::clone(&seal));
+        let _ = self.queue.send(Arc::clone(&sealing.seal));
         #[cfg(test)]
         self.handed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Sealing {
-            seal,
-            notary: Arc::clone(&self.notary),
-        }
     }
 }
 
@@ -172,6 +191,17 @@ mod tests {
         Arc::new(Notary::from_seed(&[7; 32]).unwrap())
     }
 
+    /// A signer whose queue nobody takes from, and that queue's receiving end.
+    fn without_thread(notary: &Arc<Notary>) -> (Signer, mpsc::Receiver<Arc<Seal>>) {
+        let (queue, seals) = mpsc::channel();
+        let signer = Signer {
+            notary: Arc::clone(notary),
+            queue,
+            handed: Default::default(),
+        };
+        (signer, seals)
+    }
+
     fn payloads(n: usize) -> Vec<String> {
         (0..n).map(|i| format!(r#"{{"receipt":{i}}}"#)).collect()
     }
@@ -195,6 +225,23 @@ mod tests {
         }
     }
 
+    /// A held payload never reaches the thread: its envelope is signed by whoever asks for it.
+    /// Handed over, it is queued once, however often it is handed over.
+    #[test]
+    fn a_held_payload_is_signed_by_its_collector_and_handed_over_once() {
+        let notary = notary();
+        let (signer, seals) = without_thread(&notary);
+        let payloads = payloads(2);
+        let held = signer.hold(payloads[0].clone());
+        let mut handed = signer.hold(payloads[1].clone());
+        signer.hand_over(&mut handed);
+        signer.hand_over(&mut handed);
+        assert_eq!(signer.handed(), 1);
+        assert_eq!(seals.try_iter().count(), 1, "queued once");
+        assert_eq!(held.envelope(), notary.seal(&payloads[0]));
+        assert_eq!(handed.envelope(), notary.seal(&payloads[1]));
+    }
+
     #[test]
     fn the_thread_signs_what_nobody_collects_yet() {
         let notary = notary();
@@ -215,12 +262,7 @@ mod tests {
     #[test]
     fn a_writer_waiting_for_the_envelope_being_signed_is_woken_with_it() {
         let notary = notary();
-        let (queue, seals) = mpsc::channel();
-        let signer = Signer {
-            notary: Arc::clone(&notary),
-            queue,
-            handed: Default::default(),
-        };
+        let (signer, seals) = without_thread(&notary);
         let payload = payloads(1).remove(0);
         let sealing = signer.sign(payload.clone());
         let seal = seals.try_recv().unwrap();
@@ -248,13 +290,8 @@ mod tests {
     #[test]
     fn without_its_thread_the_caller_signs() {
         let notary = notary();
-        let (queue, seals) = mpsc::channel();
+        let (signer, seals) = without_thread(&notary);
         drop(seals);
-        let signer = Signer {
-            notary: Arc::clone(&notary),
-            queue,
-            handed: Default::default(),
-        };
         let payload = payloads(1).remove(0);
         assert_eq!(
             signer.sign(payload.clone()).envelope(),

@@ -318,7 +318,6 @@ impl WriteConnection {
             signer: self.signer.clone(),
             sealing: Vec::new(),
             holds: false,
-            held: None,
             chain: None,
         };
         if !tx.conn().is_autocommit() {
@@ -454,17 +453,14 @@ pub struct SqliteTx {
     /// The receipts of this transaction (by sequence), inserted unsealed and being sealed
     /// beside the writer: their envelopes are written just before it commits.
     sealing: Vec<(i64, Sealing)>,
-    /// Whether the write running is its group's only one (one call in flight): its receipts are
-    /// then held (see `held`). In a larger group each receipt goes to the signer at once, and
-    /// the rest of the group runs while it is signed.
+    /// Whether the write running is its group's only one (one call in flight). Its receipts are
+    /// then held back from the signer, each handed over once the writer has another to sign,
+    /// so the last is signed here at the commit, which would wait for it anyway: handing it
+    /// over would wake the signer for nothing (measured with one call in flight: the signer's
+    /// 43 µs per call gone, the writer's up by 13, the call's CPU 6% less; docs/benchmarks.md).
+    /// In a larger group each receipt goes to the signer at once, and the rest of the group
+    /// runs while it is signed.
     holds: bool,
-    /// The held write's latest receipt (sequence, payload), inserted unsealed and not handed to
-    /// the signer yet: handed over once the writer has more to do (another receipt of the
-    /// write), and otherwise signed here at the commit, which would wait for it anyway. Handing
-    /// it over would wake the signer for nothing (measured with one call in flight: the
-    /// signer's 43 µs per call gone, the writer's up by 13, the call's CPU 6% less;
-    /// docs/benchmarks.md).
-    held: Option<(i64, String)>,
     /// The receipt chain's head as this transaction moved it (its last receipt's sequence and
     /// payload digest), once it appended a receipt. The commit writes it: one statement a group,
     /// not a read and a write a receipt.
@@ -485,13 +481,6 @@ impl Drop for SqliteTx {
 }
 
 impl SqliteTx {
-    /// Hands the held receipt, if any, to the signing thread.
-    fn hand_over_held(&mut self, signer: &Signer) {
-        if let Some((sequence, payload)) = self.held.take() {
-            self.sealing.push((sequence, signer.sign(payload)));
-        }
-    }
-
     fn conn(&self) -> &Connection {
         self.conn
             .as_ref()
@@ -528,14 +517,9 @@ impl SqliteTx {
     /// told (a `stat` of each, next to the commit's fsync): a commit into a deleted file is
     /// lost, so it must not be acknowledged, nor its events published.
     fn commit_now(mut self) -> Result<()> {
-        // On failure the drop rolls back what is left of the transaction. The held receipt is
-        // signed first, while the signer finishes those handed to it.
-        let held = self.held.take().zip(self.signer.as_ref());
-        let held =
-            held.map(|((sequence, payload), signer)| (sequence, signer.notary().seal(&payload)));
-        let handed = std::mem::take(&mut self.sealing).into_iter();
-        let envelopes = handed.map(|(sequence, sealing)| (sequence, sealing.envelope()));
-        for (sequence, envelope) in held.into_iter().chain(envelopes) {
+        // On failure the drop rolls back what is left of the transaction.
+        for (sequence, sealing) in std::mem::take(&mut self.sealing) {
+            let envelope = sealing.envelope();
             let sealed = self
                 .conn()
                 .prepare_cached(receipt_rows::SEAL_RECEIPT)?
@@ -598,7 +582,7 @@ impl SqlTx for SqliteTx {
 
     /// Inserted now, unsealed, so a row that cannot be stored fails this write alone, not the
     /// group's commit; sealed on the signer's thread while the group goes on, except a lone
-    /// write's last receipt, which the writer signs at the commit (see `held`); the envelope
+    /// write's last receipt, which the writer signs at the commit (see `holds`); the envelope
     /// (and the chain's new head) written by the commit. The chain's head is read once a
     /// transaction, and then kept here. The row is inserted at its final size (a placeholder
     /// as long as the envelope will be), so the seal overwrites it where it lies: grown from
@@ -631,21 +615,22 @@ impl SqlTx for SqliteTx {
             self.chain = head;
             return Err(err);
         }
-        self.hand_over_held(&signer);
-        if self.holds {
-            self.held = Some((receipt.sequence, payload));
-        } else {
-            self.sealing.push((receipt.sequence, signer.sign(payload)));
+        // The writer has another to sign: the one held before it goes to the signer.
+        if let Some((_, before)) = self.sealing.last_mut() {
+            signer.hand_over(before);
         }
+        let sealing = if self.holds {
+            signer.hold(payload)
+        } else {
+            signer.sign(payload)
+        };
+        self.sealing.push((receipt.sequence, sealing));
         self.chain = Some((link.sequence, receipt.digest));
         Ok(())
     }
 
-    /// Receipts are held while a group's only write runs (see `held`).
+    /// Receipts are held while a group's only write runs (see `holds`).
     fn next_write(&mut self, alone: bool) {
-        if let Some(signer) = self.signer.clone() {
-            self.hand_over_held(&signer);
-        }
         self.holds = alone;
     }
 
