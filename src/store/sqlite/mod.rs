@@ -9,6 +9,7 @@
 //! power loss.
 
 pub mod allocator;
+mod coalesced_wal;
 mod lifecycle;
 mod webhooks;
 mod writer;
@@ -537,6 +538,43 @@ mod tests {
         drop(store);
         let relaxed = open(&url, Synchronous::Normal).await;
         assert_eq!(pragma(&relaxed, "synchronous").await, "1", "1 is NORMAL");
+    }
+
+    /// The writes SQLite asked of the write connection's WAL and those made, so far.
+    async fn wal_writes(store: &SqliteStore) -> Option<(u64, u64)> {
+        store
+            .group
+            .alone(|writer| async move { writer.wal_writes() })
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_power_safe_commit_reaches_the_wal_in_one_write_and_readers_see_it_at_once() {
+        let (_dir, url, store) = fresh().await;
+        store.submit(one_call("s", "first")).await.unwrap();
+        let before = wal_writes(&store)
+            .await
+            .expect("FULL: the WAL is coalesced");
+        store.submit(one_call("s", "second")).await.unwrap();
+        let after = wal_writes(&store).await.unwrap();
+        let (asked, written) = (after.0 - before.0, after.1 - before.1);
+        assert!(
+            asked >= 10,
+            "a submit's commit asked {asked} writes of the WAL"
+        );
+        assert_eq!(written, 1, "{asked} writes reached the WAL as {written}");
+        // The readers (sqlx's connections, SQLite's own VFS) see the commit it acknowledged.
+        let events = store.events_after(0, 10).await.unwrap();
+        let ids: Vec<&str> = events.iter().map(|e| e.call.key.call_id.as_str()).collect();
+        assert_eq!(ids, ["first", "second"]);
+        drop(store);
+        // Under NORMAL a commit does not sync, so nothing would write what was kept before
+        // the readers may see it: that WAL is written as SQLite writes it.
+        let relaxed = open(&url, Synchronous::Normal).await;
+        relaxed.submit(one_call("s", "third")).await.unwrap();
+        assert_eq!(wal_writes(&relaxed).await, None);
+        assert_eq!(relaxed.events_after(0, 10).await.unwrap().len(), 3);
     }
 
     fn one_call(session: &str, call_id: &str) -> NewBatch {

@@ -21,7 +21,7 @@ use rusqlite::{Connection, OpenFlags, Params, ToSql, params, params_from_iter};
 
 use tokio::sync::{Notify, mpsc};
 
-use super::Synchronous;
+use super::{Synchronous, coalesced_wal};
 use crate::domain::receipt::ChainLink;
 use crate::domain::{Call, Event};
 use crate::error::{Error, Result, StorageFault};
@@ -184,7 +184,7 @@ impl WriteConnection {
         synchronous: Synchronous,
         notary: Option<Arc<Notary>>,
     ) -> Result<Self> {
-        let conn = connect(path, synchronous)?;
+        let conn = connect(path, synchronous, Role::Writer)?;
         let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(Error::Internal(format!(
@@ -221,7 +221,7 @@ impl WriteConnection {
             policy: Arc::default(),
             signer,
         };
-        let checkpointer = connect(path, synchronous)?;
+        let checkpointer = connect(path, synchronous, Role::Checkpointer)?;
         let (home, commits) = (Arc::downgrade(&writer.home), Arc::clone(&writer.commits));
         thread::Builder::new()
             .name("sqlite-checkpoint".into())
@@ -360,6 +360,14 @@ impl WriteConnection {
         self.signer.as_ref().map_or(0, |signer| signer.handed())
     }
 
+    /// The writes SQLite asked of the write connection's WAL file and those that reached it
+    /// (see `coalesced_wal`); `None` when that WAL is not coalesced.
+    #[cfg(test)]
+    pub fn wal_writes(&self) -> Result<Option<(u64, u64)>> {
+        let tx = self.begin_read()?;
+        Ok(coalesced_wal::wal_writes(tx.conn()))
+    }
+
     /// A pragma's value on the write connection.
     #[cfg(test)]
     pub fn pragma(&self, name: &str) -> Result<String> {
@@ -376,12 +384,31 @@ impl WriteConnection {
     }
 }
 
+/// Which of the writer's two connections [`connect`] opens.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// The one that writes: its commits' WAL writes go out together (see `coalesced_wal`)
+    /// where that is safe, under `synchronous = FULL`.
+    Writer,
+    /// The checkpointer's, which copies pages out of the WAL and never writes into it.
+    Checkpointer,
+}
+
 /// A read-write connection to the database file with the store's settings.
-fn connect(path: &Path, synchronous: Synchronous) -> Result<Connection> {
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
+fn connect(path: &Path, synchronous: Synchronous, role: Role) -> Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let coalesced = role == Role::Writer && synchronous == Synchronous::Full;
+    let conn = match coalesced.then(coalesced_wal::register) {
+        Some(Ok(())) => Connection::open_with_flags_and_vfs(path, flags, coalesced_wal::VFS)?,
+        Some(Err(code)) => {
+            tracing::warn!(
+                code,
+                "SQLite refused the coalescing VFS; the WAL is written frame by frame"
+            );
+            Connection::open_with_flags(path, flags)?
+        }
+        None => Connection::open_with_flags(path, flags)?,
+    };
     // Checkpoints sync the database file as this says, so the checkpointer needs it too.
     let synchronous = match synchronous {
         Synchronous::Full => "FULL",

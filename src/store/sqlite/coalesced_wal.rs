@@ -1,0 +1,566 @@
+//! The write connection's files, through a VFS that gathers a commit's WAL writes into one.
+//!
+//! SQLite writes each WAL frame with two system calls (its 24-byte header, then the page), so a
+//! commit of one tool call (18 pages) made 36 `pwrite`s before its `fdatasync`, and a 64-agent
+//! group about 150: 7-10% of the writer's time (`perf record` on the `store-writer` thread,
+//! `strace -c` for the counts; docs/benchmarks.md, "A commit's WAL writes in one").
+//! This VFS wraps SQLite's own (`unix`) and changes one thing: the frames written to a WAL file
+//! one after another are kept in memory and written together (one `pwrite` per 128 KiB) before anything
+//! else is done with that file: before it is synced, read, sized, truncated, closed or sent a
+//! file-control, and before a write anywhere else in it. Every other file, and every other
+//! method, is SQLite's own.
+//!
+//! Why no commit is visible before its frames are in the file: other connections (the readers,
+//! the checkpointer) read the WAL through their own handles, and only the frames the WAL-index
+//! header (shared memory) counts. Under `synchronous = FULL`, SQLite syncs the WAL after writing
+//! a commit's frames and only then updates that header (`walFrames` in the bundled
+//! `sqlite3.c`), and the sync writes what was kept first, reporting any error to the commit.
+//! That order holds only when SQLite does not pad commits to a sector (it does not when the file
+//! system is power-safe, `SQLITE_IOCAP_POWERSAFE_OVERWRITE`, the unix VFS's default), so a WAL
+//! file without that property is not coalesced, nor is any file of a connection under
+//! `synchronous = NORMAL`, whose commits do not sync: the writer (`writer::connect`) opens only a
+//! `FULL` write connection through this VFS. Frames SQLite writes for a transaction not yet
+//! committed (a spilled cache) are not counted by the header either; if they are kept when the
+//! process dies, they were never part of a commit.
+
+use std::ffi::{CStr, c_int, c_void};
+use std::sync::OnceLock;
+
+use rusqlite::ffi;
+
+/// The name connections open this VFS by.
+pub const VFS: &CStr = c"approvals-coalesced-wal";
+
+/// At most this much is kept: the unix VFS writes at most 128 KiB less a byte in one call (it
+/// masks a larger length, `seekAndWriteFd`), so a larger commit is written in such pieces
+/// (about 31 frames of 4 KiB pages each).
+const MAX_KEPT: usize = 0x1ffff;
+
+/// The writes SQLite asked of `conn`'s WAL file and the writes that reached the file, so far;
+/// `None` when `conn` has no WAL file open, or not one this VFS coalesces.
+#[cfg(test)]
+pub fn wal_writes(conn: &rusqlite::Connection) -> Option<(u64, u64)> {
+    let mut wal: *mut ffi::sqlite3_file = std::ptr::null_mut();
+    let rc = unsafe {
+        ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            ffi::SQLITE_FCNTL_JOURNAL_POINTER,
+            (&raw mut wal).cast(),
+        )
+    };
+    // Ours only if it has our methods: then it is a `File`, open while `conn` is.
+    if rc != ffi::SQLITE_OK || wal.is_null() || !std::ptr::eq(unsafe { (*wal).pMethods }, &METHODS)
+    {
+        return None;
+    }
+    let file = unsafe { &*wal.cast::<File>() };
+    file.kept.as_ref().map(|kept| (kept.asked, kept.written))
+}
+
+/// The wrapped VFS (SQLite's default), registered once under [`VFS`]; `Err` with SQLite's code
+/// if it could not be.
+pub fn register() -> Result<(), c_int> {
+    static REGISTERED: OnceLock<Result<(), c_int>> = OnceLock::new();
+    *REGISTERED.get_or_init(|| unsafe {
+        let root = ffi::sqlite3_vfs_find(std::ptr::null());
+        if root.is_null() {
+            return Err(ffi::SQLITE_ERROR);
+        }
+        ROOT.set(Root(root)).map_err(|_| ffi::SQLITE_MISUSE)?;
+        // SQLite's own methods, but for how a file is opened and how big one is: the unix
+        // methods other than `xOpen` use nothing of the VFS they are given but its name, path
+        // length and `pAppData`, all copied.
+        let mut vfs = *root;
+        vfs.szOsFile = std::mem::size_of::<File>() as c_int;
+        vfs.zName = VFS.as_ptr();
+        vfs.pNext = std::ptr::null_mut();
+        vfs.xOpen = Some(open);
+        // SQLite keeps the pointer for as long as the process runs.
+        let vfs = Box::leak(Box::new(vfs));
+        match ffi::sqlite3_vfs_register(vfs, 0) {
+            ffi::SQLITE_OK => Ok(()),
+            rc => Err(rc),
+        }
+    })
+}
+
+struct Root(*mut ffi::sqlite3_vfs);
+// SQLite's VFS objects are immutable once registered and used from every thread.
+unsafe impl Send for Root {}
+unsafe impl Sync for Root {}
+static ROOT: OnceLock<Root> = OnceLock::new();
+
+fn root() -> *mut ffi::sqlite3_vfs {
+    ROOT.get().map_or(std::ptr::null_mut(), |root| root.0)
+}
+
+/// A file of this VFS: SQLite's handle first (so SQLite can treat it as an `sqlite3_file`), the
+/// wrapped VFS's handle, and, for a coalesced WAL file, what is kept.
+#[repr(C)]
+struct File {
+    base: ffi::sqlite3_file,
+    /// The wrapped VFS's file (its `szOsFile` bytes, 8-aligned).
+    real: *mut ffi::sqlite3_file,
+    real_storage: Vec<u64>,
+    /// `None`: every write goes straight through.
+    kept: Option<Kept>,
+}
+
+/// Frames written one after another, from `offset`, not yet in the file; and how many writes
+/// SQLite asked for and how many reached the file (see [`wal_writes`]).
+struct Kept {
+    offset: i64,
+    bytes: Vec<u8>,
+    asked: u64,
+    written: u64,
+}
+
+impl File {
+    fn real_methods(&self) -> &ffi::sqlite3_io_methods {
+        // Set by the wrapped VFS's successful `xOpen`, the only way to a `File` with methods.
+        unsafe { &*(*self.real).pMethods }
+    }
+
+    /// Writes what is kept; SQLite's code on failure.
+    fn write_kept(&mut self) -> c_int {
+        let (real, write) = (self.real, self.real_methods().xWrite);
+        match &mut self.kept {
+            Some(kept) => kept.write_out(real, write),
+            None => ffi::SQLITE_OK,
+        }
+    }
+}
+
+/// A file's `xWrite`.
+type WriteFn = unsafe extern "C" fn(*mut ffi::sqlite3_file, *const c_void, c_int, i64) -> c_int;
+
+impl Kept {
+    /// Writes what is kept to `real` with `write`; SQLite's code on failure (what was kept is
+    /// then dropped: it belonged to a commit that now fails).
+    fn write_out(&mut self, real: *mut ffi::sqlite3_file, write: Option<WriteFn>) -> c_int {
+        if self.bytes.is_empty() {
+            return ffi::SQLITE_OK;
+        }
+        let rc = match write {
+            Some(write) => {
+                self.written += 1;
+                // At most MAX_KEPT bytes.
+                let len = self.bytes.len() as c_int;
+                unsafe { write(real, self.bytes.as_ptr().cast(), len, self.offset) }
+            }
+            None => ffi::SQLITE_IOERR_WRITE,
+        };
+        self.bytes.clear();
+        rc
+    }
+}
+
+/// The `File` behind SQLite's pointer.
+///
+/// # Safety
+/// `file` is a `File` this VFS opened and SQLite has not closed; SQLite calls a file's methods
+/// from one thread at a time.
+unsafe fn this<'a>(file: *mut ffi::sqlite3_file) -> &'a mut File {
+    unsafe { &mut *file.cast::<File>() }
+}
+
+unsafe extern "C" fn open(
+    _vfs: *mut ffi::sqlite3_vfs,
+    name: ffi::sqlite3_filename,
+    file: *mut ffi::sqlite3_file,
+    flags: c_int,
+    out_flags: *mut c_int,
+) -> c_int {
+    let root = root();
+    let Some(root_open) = (unsafe { root.as_ref() }).and_then(|root| root.xOpen) else {
+        return ffi::SQLITE_ERROR;
+    };
+    let size = unsafe { (*root).szOsFile } as usize;
+    let mut real_storage = vec![0u64; size.div_ceil(8).max(1)];
+    let real = real_storage.as_mut_ptr().cast::<ffi::sqlite3_file>();
+    unsafe {
+        // Until it is open, SQLite must not call a method of it (nor close it).
+        (*file).pMethods = std::ptr::null();
+    }
+    let rc = unsafe { root_open(root, name, real, flags, out_flags) };
+    if rc != ffi::SQLITE_OK {
+        // The wrapped VFS may have set methods on its failed file, to be closed.
+        let methods = unsafe { (*real).pMethods };
+        if let Some(close) = unsafe { methods.as_ref() }.and_then(|m| m.xClose) {
+            unsafe { close(real) };
+        }
+        return rc;
+    }
+    let methods = unsafe { &*(*real).pMethods };
+    let power_safe = methods
+        .xDeviceCharacteristics
+        .is_some_and(|characteristics| {
+            (unsafe { characteristics(real) } & ffi::SQLITE_IOCAP_POWERSAFE_OVERWRITE) != 0
+        });
+    let kept = (flags & ffi::SQLITE_OPEN_WAL != 0 && power_safe).then(|| Kept {
+        offset: 0,
+        bytes: Vec::new(),
+        asked: 0,
+        written: 0,
+    });
+    unsafe {
+        file.cast::<File>().write(File {
+            base: ffi::sqlite3_file {
+                pMethods: &raw const METHODS,
+            },
+            real,
+            real_storage,
+            kept,
+        });
+    }
+    ffi::SQLITE_OK
+}
+
+/// Writes what is kept, or returns SQLite's code from the enclosing method if that failed.
+macro_rules! kept_first {
+    ($file:expr) => {
+        let rc = $file.write_kept();
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+    };
+}
+
+/// Calls the wrapped file's method `$method` with `$args`, or fails with `$missing`.
+macro_rules! pass {
+    ($file:expr, $method:ident, $missing:expr $(, $arg:expr)*) => {
+        match $file.real_methods().$method {
+            Some(method) => unsafe { method($file.real $(, $arg)*) },
+            None => $missing,
+        }
+    };
+}
+
+unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
+    let this = unsafe { this(file) };
+    let kept = this.write_kept();
+    let closed = pass!(this, xClose, ffi::SQLITE_OK);
+    // SQLite frees its handle's memory itself; ours (the wrapped file's storage) goes here.
+    unsafe { std::ptr::drop_in_place(this) };
+    if kept != ffi::SQLITE_OK { kept } else { closed }
+}
+
+unsafe extern "C" fn read(
+    file: *mut ffi::sqlite3_file,
+    buf: *mut c_void,
+    amount: c_int,
+    offset: i64,
+) -> c_int {
+    let this = unsafe { this(file) };
+    kept_first!(this);
+    pass!(this, xRead, ffi::SQLITE_IOERR_READ, buf, amount, offset)
+}
+
+unsafe extern "C" fn write(
+    file: *mut ffi::sqlite3_file,
+    buf: *const c_void,
+    amount: c_int,
+    offset: i64,
+) -> c_int {
+    let this = unsafe { this(file) };
+    let (real, real_write) = (this.real, this.real_methods().xWrite);
+    let Some(kept) = &mut this.kept else {
+        return pass!(this, xWrite, ffi::SQLITE_IOERR_WRITE, buf, amount, offset);
+    };
+    kept.asked += 1;
+    let len = usize::try_from(amount).unwrap_or(0);
+    let follows = kept.bytes.is_empty() || kept.offset + kept.bytes.len() as i64 == offset;
+    if !follows || kept.bytes.len() + len > MAX_KEPT {
+        // Elsewhere in the file (SQLite rewriting a frame of the transaction, or a new WAL
+        // header), or more than is kept: what is kept goes first, in the order SQLite wrote it.
+        let rc = kept.write_out(real, real_write);
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+    }
+    if len > MAX_KEPT {
+        kept.written += 1;
+        return match real_write {
+            Some(write) => unsafe { write(real, buf, amount, offset) },
+            None => ffi::SQLITE_IOERR_WRITE,
+        };
+    }
+    if kept.bytes.is_empty() {
+        kept.offset = offset;
+    }
+    kept.bytes
+        .extend_from_slice(unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) });
+    ffi::SQLITE_OK
+}
+
+unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
+    let this = unsafe { this(file) };
+    kept_first!(this);
+    pass!(this, xTruncate, ffi::SQLITE_IOERR_TRUNCATE, size)
+}
+
+unsafe extern "C" fn sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
+    let this = unsafe { this(file) };
+    kept_first!(this);
+    pass!(this, xSync, ffi::SQLITE_IOERR_FSYNC, flags)
+}
+
+unsafe extern "C" fn file_size(file: *mut ffi::sqlite3_file, size: *mut i64) -> c_int {
+    let this = unsafe { this(file) };
+    kept_first!(this);
+    pass!(this, xFileSize, ffi::SQLITE_IOERR_FSTAT, size)
+}
+
+unsafe extern "C" fn lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    let this = unsafe { this(file) };
+    pass!(this, xLock, ffi::SQLITE_IOERR_LOCK, level)
+}
+
+unsafe extern "C" fn unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    let this = unsafe { this(file) };
+    pass!(this, xUnlock, ffi::SQLITE_IOERR_UNLOCK, level)
+}
+
+unsafe extern "C" fn check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
+    let this = unsafe { this(file) };
+    pass!(
+        this,
+        xCheckReservedLock,
+        ffi::SQLITE_IOERR_CHECKRESERVEDLOCK,
+        out
+    )
+}
+
+unsafe extern "C" fn file_control(
+    file: *mut ffi::sqlite3_file,
+    op: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    let this = unsafe { this(file) };
+    // Some controls act on the file's contents or size (a size hint, the sync before `xSync`).
+    kept_first!(this);
+    pass!(this, xFileControl, ffi::SQLITE_NOTFOUND, op, arg)
+}
+
+unsafe extern "C" fn sector_size(file: *mut ffi::sqlite3_file) -> c_int {
+    let this = unsafe { this(file) };
+    pass!(this, xSectorSize, 4096)
+}
+
+unsafe extern "C" fn device_characteristics(file: *mut ffi::sqlite3_file) -> c_int {
+    let this = unsafe { this(file) };
+    pass!(this, xDeviceCharacteristics, 0)
+}
+
+unsafe extern "C" fn shm_map(
+    file: *mut ffi::sqlite3_file,
+    region: c_int,
+    size: c_int,
+    extend: c_int,
+    out: *mut *mut c_void,
+) -> c_int {
+    let this = unsafe { this(file) };
+    pass!(
+        this,
+        xShmMap,
+        ffi::SQLITE_IOERR_SHMMAP,
+        region,
+        size,
+        extend,
+        out
+    )
+}
+
+unsafe extern "C" fn shm_lock(
+    file: *mut ffi::sqlite3_file,
+    offset: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
+    let this = unsafe { this(file) };
+    pass!(this, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, offset, n, flags)
+}
+
+unsafe extern "C" fn shm_barrier(file: *mut ffi::sqlite3_file) {
+    let this = unsafe { this(file) };
+    pass!(this, xShmBarrier, ())
+}
+
+unsafe extern "C" fn shm_unmap(file: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
+    let this = unsafe { this(file) };
+    pass!(this, xShmUnmap, ffi::SQLITE_OK, delete)
+}
+
+unsafe extern "C" fn fetch(
+    file: *mut ffi::sqlite3_file,
+    offset: i64,
+    amount: c_int,
+    out: *mut *mut c_void,
+) -> c_int {
+    let this = unsafe { this(file) };
+    kept_first!(this);
+    match this.real_methods().xFetch {
+        Some(method) => unsafe { method(this.real, offset, amount, out) },
+        // No memory map: SQLite reads instead.
+        None => {
+            unsafe { *out = std::ptr::null_mut() };
+            ffi::SQLITE_OK
+        }
+    }
+}
+
+unsafe extern "C" fn unfetch(
+    file: *mut ffi::sqlite3_file,
+    offset: i64,
+    page: *mut c_void,
+) -> c_int {
+    let this = unsafe { this(file) };
+    pass!(this, xUnfetch, ffi::SQLITE_OK, offset, page)
+}
+
+/// Version 3: the unix VFS's (shared memory, memory maps).
+static METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
+    iVersion: 3,
+    xClose: Some(close),
+    xRead: Some(read),
+    xWrite: Some(write),
+    xTruncate: Some(truncate),
+    xSync: Some(sync),
+    xFileSize: Some(file_size),
+    xLock: Some(lock),
+    xUnlock: Some(unlock),
+    xCheckReservedLock: Some(check_reserved_lock),
+    xFileControl: Some(file_control),
+    xSectorSize: Some(sector_size),
+    xDeviceCharacteristics: Some(device_characteristics),
+    xShmMap: Some(shm_map),
+    xShmLock: Some(shm_lock),
+    xShmBarrier: Some(shm_barrier),
+    xShmUnmap: Some(shm_unmap),
+    xFetch: Some(fetch),
+    xUnfetch: Some(unfetch),
+};
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::{Connection, OpenFlags, params};
+
+    use super::*;
+
+    /// A write connection through this VFS (`synchronous = FULL`, WAL) and a reader through
+    /// SQLite's own, on a fresh file holding table `t`.
+    fn writer_and_reader() -> (tempfile::TempDir, Connection, Connection) {
+        register().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE;
+        let writer = Connection::open_with_flags_and_vfs(&path, flags, VFS).unwrap();
+        let mode: String = writer
+            .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        writer.pragma_update(None, "synchronous", "FULL").unwrap();
+        writer
+            .execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+            .unwrap();
+        let reader = Connection::open(&path).unwrap();
+        (dir, writer, reader)
+    }
+
+    /// What the reader sees of `t`: rows, and the sum of their bodies' lengths.
+    fn seen(reader: &Connection) -> (i64, i64) {
+        reader
+            .query_row(
+                "SELECT COUNT(*), COALESCE(SUM(LENGTH(body)), 0) FROM t",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .unwrap()
+    }
+
+    fn insert(writer: &Connection, rows: i64, len: usize) {
+        let tx = writer.unchecked_transaction().unwrap();
+        for _ in 0..rows {
+            tx.execute("INSERT INTO t (body) VALUES (?1)", params!["x".repeat(len)])
+                .unwrap();
+        }
+        tx.commit().unwrap();
+    }
+
+    #[test]
+    fn a_commits_frames_reach_the_wal_in_one_write_before_another_connection_sees_it() {
+        let (_dir, writer, reader) = writer_and_reader();
+        insert(&writer, 1, 10);
+        let (asked_before, written_before) = wal_writes(&writer).expect("a coalesced WAL");
+        // 40 rows of 1,000 bytes: about 10 pages of the table, each frame two writes.
+        insert(&writer, 40, 1000);
+        let (asked, written) = wal_writes(&writer).unwrap();
+        let (asked, written) = (asked - asked_before, written - written_before);
+        assert!(asked >= 20, "SQLite asked for {asked} writes");
+        assert_eq!(written, 1, "{asked} writes reached the file as {written}");
+        // Seen by another connection (its own file handle) as soon as the commit returned.
+        assert_eq!(seen(&reader), (41, 40_010));
+        for round in 1..=20 {
+            insert(&writer, round, 300);
+            let (rows, _) = seen(&reader);
+            assert_eq!(rows, 41 + (1..=round).sum::<i64>());
+        }
+        // More than the unix VFS writes at once (128 KiB): in pieces of at most that.
+        let (asked_before, written_before) = wal_writes(&writer).unwrap();
+        insert(&writer, 400, 1000);
+        let (asked, written) = wal_writes(&writer).unwrap();
+        let (asked, written) = (asked - asked_before, written - written_before);
+        assert!(asked >= 200, "SQLite asked for {asked} writes");
+        assert!(
+            (3..=6).contains(&written),
+            "{asked} writes reached the file as {written}"
+        );
+        assert_eq!(seen(&reader).0, 41 + 210 + 400);
+    }
+
+    #[test]
+    fn spilled_rewritten_and_rolled_back_frames_leave_exactly_what_was_committed() {
+        let (dir, writer, reader) = writer_and_reader();
+        // A cache of 8 pages: a large transaction spills uncommitted frames into the WAL, and
+        // writes pages it already wrote there again (SQLite rewrites those frames in place).
+        writer.pragma_update(None, "cache_size", 8).unwrap();
+        let tx = writer.unchecked_transaction().unwrap();
+        for _ in 0..300 {
+            tx.execute("INSERT INTO t (body) VALUES (?1)", params!["a".repeat(900)])
+                .unwrap();
+        }
+        let (asked, _) = wal_writes(&tx).unwrap();
+        assert!(asked > 0, "the transaction spilled frames into the WAL");
+        // Read back, the frames it spilled last (still kept) among them.
+        assert_eq!(seen(&tx), (300, 300 * 900));
+        tx.execute("UPDATE t SET body = body || 'b'", []).unwrap();
+        tx.execute("UPDATE t SET body = substr(body, 2)", [])
+            .unwrap();
+        tx.commit().unwrap();
+        assert_eq!(seen(&reader), (300, 300 * 900));
+        // A spilled transaction rolled back leaves nothing, and the next commit is whole.
+        let tx = writer.unchecked_transaction().unwrap();
+        for _ in 0..300 {
+            tx.execute("INSERT INTO t (body) VALUES (?1)", params!["c".repeat(900)])
+                .unwrap();
+        }
+        drop(tx);
+        insert(&writer, 5, 100);
+        assert_eq!(seen(&reader), (305, 300 * 900 + 500));
+        // The WAL written again from its start (a new header) after a checkpoint.
+        writer
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        insert(&writer, 3, 2000);
+        assert_eq!(seen(&reader), (308, 300 * 900 + 500 + 6000));
+        let check: String = reader
+            .query_row("PRAGMA integrity_check", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(check, "ok");
+        // And all of it is in the files: opened again by SQLite's own VFS alone.
+        drop((writer, reader));
+        let again = Connection::open(dir.path().join("t.db")).unwrap();
+        assert_eq!(seen(&again), (308, 300 * 900 + 500 + 6000));
+    }
+}
