@@ -90,10 +90,22 @@ where
         .with_target(false)
 }
 
+/// `span()` while traces are on, else no span at all: for the spans only a trace shows (a store
+/// write inside its request's span, which a log line already names). A span costs the logs'
+/// layer a record, its fields formatted, and an entry and exit at every poll of what it
+/// instruments, several times per call (docs/benchmarks.md, "Spans the logs do not use").
+pub fn when_on(span: impl FnOnce() -> Span) -> Span {
+    if on() { span() } else { Span::none() }
+}
+
 /// The span of one RPC: its method (for the logs) and, for OTel, its name, kind and the
-/// `rpc.*` attributes; its parent is the caller's `traceparent` when traces are on.
+/// `rpc.*` attributes; its parent is the caller's `traceparent` when traces are on. Without
+/// traces it is the method alone: the rest would be formatted for every request and never read.
 pub fn rpc_span(request: &http::Request<()>) -> Span {
     let path = request.uri().path();
+    if !on() {
+        return tracing::info_span!("rpc", method = %path);
+    }
     let (service, method) = path
         .trim_start_matches('/')
         .split_once('/')
@@ -168,8 +180,13 @@ pub fn join_call(span: &Span, key: &CallKey) {
     }
 }
 
-/// Records a decided call's outcome on `span` (its `approvals.*` attributes).
+/// Records a decided call's tool and outcome on `span` (its `gen_ai.tool.name` and
+/// `approvals.*` attributes), while traces are on.
 pub fn record_outcome(span: &Span, call: &Call) {
+    if !on() {
+        return;
+    }
+    span.record("gen_ai.tool.name", tracing::field::display(&call.tool));
     let Some(outcome) = &call.outcome else {
         return;
     };
@@ -248,5 +265,17 @@ impl CallTraces {
     fn get(&self, key: &CallKey) -> Option<SpanContext> {
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         kept.0.get(key).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_span_only_a_trace_shows_is_not_even_made_while_traces_are_off() {
+        assert!(!on(), "no test of this process exports traces");
+        let span = when_on(|| panic!("made while traces are off"));
+        assert!(span.is_none());
     }
 }

@@ -197,7 +197,7 @@ impl Broker {
         let report = self
             .store
             .submit(batch)
-            .instrument(tracing::info_span!("store.submit"))
+            .instrument(traces::when_on(|| tracing::info_span!("store.submit")))
             .await?;
         self.bus.notify_committed();
         let escalating = report.items.iter().any(|item| {
@@ -239,23 +239,35 @@ impl Broker {
     /// Decides a pending call. Its span joins the call's trace when traces are on (see
     /// `traces`), and carries the GenAI and `approvals.*` attributes of what was decided.
     pub async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
-        let span = tracing::info_span!(
-            "decide",
-            agent = %key.agent,
-            session = %key.session,
-            call = %key.call_id,
-            approver = %decision.approver,
-            gen_ai.tool.call.id = %key.call_id,
-            gen_ai.tool.name = tracing::field::Empty,
-            approvals.outcome = tracing::field::Empty,
-            approvals.decided_by = tracing::field::Empty,
-        );
+        // The ids for the logs; the GenAI and `approvals.*` attributes only for a trace.
+        macro_rules! decide_span {
+            ($($traced:tt)*) => {
+                tracing::info_span!(
+                    "decide",
+                    agent = %key.agent,
+                    session = %key.session,
+                    call = %key.call_id,
+                    approver = %decision.approver,
+                    $($traced)*
+                )
+            };
+        }
+        let span = if traces::on() {
+            decide_span!(
+                gen_ai.tool.call.id = %key.call_id,
+                gen_ai.tool.name = tracing::field::Empty,
+                approvals.outcome = tracing::field::Empty,
+                approvals.decided_by = tracing::field::Empty,
+            )
+        } else {
+            decide_span!()
+        };
         traces::join_call(&span, key);
         self.decide_in(key, decision).instrument(span).await
     }
 
     async fn decide_in(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
-        let store_span = || tracing::info_span!("store.decide");
+        let store_span = || traces::when_on(|| tracing::info_span!("store.decide"));
         let report = match self.prejudge_covered(key, decision).await? {
             Some(prejudged) => {
                 let decision = Decision {
@@ -274,12 +286,7 @@ impl Broker {
                     .await?
             }
         };
-        let span = tracing::Span::current();
-        span.record(
-            "gen_ai.tool.name",
-            tracing::field::display(&report.call.tool),
-        );
-        traces::record_outcome(&span, &report.call);
+        traces::record_outcome(&tracing::Span::current(), &report.call);
         if !report.replayed {
             self.bus.notify_committed();
             let written = || {

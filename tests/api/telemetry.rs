@@ -273,6 +273,19 @@ async fn metrics_count_one_approval_cycle_and_logs_name_its_ids(mut app: TestApp
     assert_eq!(decided[0]["span"]["call"], "call-a", "{log}");
     assert_eq!(decided[1]["span"]["call"], "call-b", "{log}");
     assert_eq!(decided[1]["span"]["session"], "metrics-session", "{log}");
+    // Traces are off: the spans hold what the lines use, not the OTel attributes (which would
+    // be formatted for every request and never read).
+    let fields = |span: &serde_json::Value| {
+        let mut names: Vec<String> = span.as_object().unwrap().keys().cloned().collect();
+        names.sort();
+        names
+    };
+    assert_eq!(fields(rpc), ["method", "name"], "{log}");
+    assert_eq!(
+        fields(&decided[0]["span"]),
+        ["agent", "approver", "call", "name", "session"],
+        "{log}"
+    );
 }
 
 async fn each_superseded_call_is_counted_once(mut app: TestApp) {

@@ -219,6 +219,8 @@ async fn one_trace_follows_a_call_from_the_agents_traceparent_to_its_outcome(mut
     // The approver's decision joins the call's trace, and links to the approver's own.
     let (_, decide) = span_named(&received, "decide").await;
     child_of(&decide, &requested);
+    let (_, stored) = span_named(&received, "store.decide").await;
+    child_of(&stored, &decide);
     assert_eq!(
         text(&decide.attributes, "approvals.outcome").as_deref(),
         Some("approved")
