@@ -15,13 +15,17 @@
 //! header (shared memory) counts. Under `synchronous = FULL`, SQLite syncs the WAL after writing
 //! a commit's frames and only then updates that header (`walFrames` in the bundled
 //! `sqlite3.c`), and the sync writes what was kept first, reporting any error to the commit.
-//! That order holds only when SQLite does not pad commits to a sector (it does not when the file
-//! system is power-safe, `SQLITE_IOCAP_POWERSAFE_OVERWRITE`, the unix VFS's default), so a WAL
-//! file without that property is not coalesced, nor is any file of a connection under
+//! That order holds only when SQLite does not pad commits to a sector (it does not when the
+//! database file is power-safe, `SQLITE_IOCAP_POWERSAFE_OVERWRITE`, the unix VFS's default), so
+//! the WAL of a database without that property is not coalesced, nor is any file of a connection under
 //! `synchronous = NORMAL`, whose commits do not sync: the writer (`writer::connect`) opens only a
 //! `FULL` write connection through this VFS. Frames SQLite writes for a transaction not yet
 //! committed (a spilled cache) are not counted by the header either; if they are kept when the
-//! process dies, they were never part of a commit.
+//! process dies, they were never part of a commit. Those of a transaction rolled back may stay
+//! kept until the next write of the file: they lie past the last committed frame, where the next
+//! transaction writes over them, after them, through the same handle. That needs this
+//! connection to be the file's only writer, which it is: one broker process per SQLite file
+//! (`ProcessLock`), one write connection in it.
 
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::OnceLock;
@@ -36,10 +40,10 @@ pub const VFS: &CStr = c"approvals-coalesced-wal";
 /// (about 31 frames of 4 KiB pages each).
 const MAX_KEPT: usize = 0x1ffff;
 
-/// The writes SQLite asked of `conn`'s WAL file and the writes that reached the file, so far;
-/// `None` when `conn` has no WAL file open, or not one this VFS coalesces.
+/// `read` of what `conn`'s WAL file keeps; `None` when `conn` has no WAL file open, or not one
+/// this VFS coalesces.
 #[cfg(test)]
-pub fn wal_writes(conn: &rusqlite::Connection) -> Option<(u64, u64)> {
+fn with_kept<T>(conn: &rusqlite::Connection, read: impl FnOnce(&mut Kept) -> T) -> Option<T> {
     let mut wal: *mut ffi::sqlite3_file = std::ptr::null_mut();
     let rc = unsafe {
         ffi::sqlite3_file_control(
@@ -49,13 +53,26 @@ pub fn wal_writes(conn: &rusqlite::Connection) -> Option<(u64, u64)> {
             (&raw mut wal).cast(),
         )
     };
-    // Ours only if it has our methods: then it is a `File`, open while `conn` is.
+    // Ours only if it has our methods: then it is a `File`, open while `conn` is, and used by
+    // no one else while `conn` is borrowed here.
     if rc != ffi::SQLITE_OK || wal.is_null() || !std::ptr::eq(unsafe { (*wal).pMethods }, &METHODS)
     {
         return None;
     }
-    let file = unsafe { &*wal.cast::<File>() };
-    file.kept.as_ref().map(|kept| (kept.asked, kept.written))
+    unsafe { &mut *wal.cast::<File>() }.kept.as_mut().map(read)
+}
+
+/// The writes SQLite asked of `conn`'s WAL file and the writes that reached the file, so far;
+/// `None` when that WAL is not coalesced.
+#[cfg(test)]
+pub fn wal_writes(conn: &rusqlite::Connection) -> Option<(u64, u64)> {
+    with_kept(conn, |kept| (kept.asked, kept.written))
+}
+
+/// Makes the next `writes` writes of what `conn`'s WAL keeps fail as on a full disk.
+#[cfg(test)]
+fn fail_wal_writes(conn: &rusqlite::Connection, writes: u32) {
+    with_kept(conn, |kept| kept.failing = writes).expect("a coalesced WAL");
 }
 
 /// The wrapped VFS (SQLite's default), registered once under [`VFS`]; `Err` with SQLite's code
@@ -114,6 +131,9 @@ struct Kept {
     bytes: Vec<u8>,
     asked: u64,
     written: u64,
+    /// Writes still to fail (see [`fail_wal_writes`]).
+    #[cfg(test)]
+    failing: u32,
 }
 
 impl File {
@@ -136,22 +156,31 @@ impl File {
 type WriteFn = unsafe extern "C" fn(*mut ffi::sqlite3_file, *const c_void, c_int, i64) -> c_int;
 
 impl Kept {
-    /// Writes what is kept to `real` with `write`; SQLite's code on failure (what was kept is
-    /// then dropped: it belonged to a commit that now fails).
+    /// Writes what is kept to `real` with `write`; SQLite's code on failure. What failed to be
+    /// written stays kept, to be written again at the next chance: SQLite was told it was
+    /// written, and a transaction survives some errors (a statement that fails with a full
+    /// disk is undone alone), so dropping it could let a later commit count frames never
+    /// written. Until it is written, every sync, read or size of the file fails, and so does
+    /// that commit.
     fn write_out(&mut self, real: *mut ffi::sqlite3_file, write: Option<WriteFn>) -> c_int {
         if self.bytes.is_empty() {
             return ffi::SQLITE_OK;
         }
-        let rc = match write {
-            Some(write) => {
-                self.written += 1;
-                // At most MAX_KEPT bytes.
-                let len = self.bytes.len() as c_int;
-                unsafe { write(real, self.bytes.as_ptr().cast(), len, self.offset) }
-            }
-            None => ffi::SQLITE_IOERR_WRITE,
+        let Some(write) = write else {
+            return ffi::SQLITE_IOERR_WRITE;
         };
-        self.bytes.clear();
+        self.written += 1;
+        #[cfg(test)]
+        if self.failing > 0 {
+            self.failing -= 1;
+            return ffi::SQLITE_FULL;
+        }
+        // At most MAX_KEPT bytes.
+        let len = self.bytes.len() as c_int;
+        let rc = unsafe { write(real, self.bytes.as_ptr().cast(), len, self.offset) };
+        if rc == ffi::SQLITE_OK {
+            self.bytes.clear();
+        }
         rc
     }
 }
@@ -192,17 +221,14 @@ unsafe extern "C" fn open(
         }
         return rc;
     }
-    let methods = unsafe { &*(*real).pMethods };
-    let power_safe = methods
-        .xDeviceCharacteristics
-        .is_some_and(|characteristics| {
-            (unsafe { characteristics(real) } & ffi::SQLITE_IOCAP_POWERSAFE_OVERWRITE) != 0
-        });
-    let kept = (flags & ffi::SQLITE_OPEN_WAL != 0 && power_safe).then(|| Kept {
+    let wal = flags & ffi::SQLITE_OPEN_WAL != 0;
+    let kept = (wal && unsafe { database_is_power_safe(name) }).then(|| Kept {
         offset: 0,
         bytes: Vec::new(),
         asked: 0,
         written: 0,
+        #[cfg(test)]
+        failing: 0,
     });
     unsafe {
         file.cast::<File>().write(File {
@@ -215,6 +241,26 @@ unsafe extern "C" fn open(
         });
     }
     ffi::SQLITE_OK
+}
+
+/// Whether the database file whose WAL is `wal` is power-safe: SQLite decides from the database
+/// file (not the WAL) whether to pad a commit past its sync (`sqlite3WalOpen`), and it can say
+/// no (`file:...?psow=0`, `SQLITE_FCNTL_POWERSAFE_OVERWRITE`), while a WAL file always says yes.
+///
+/// # Safety
+/// `wal` is the name SQLite gave `xOpen` for a WAL file (its database is open).
+unsafe fn database_is_power_safe(wal: ffi::sqlite3_filename) -> bool {
+    let database = unsafe { ffi::sqlite3_database_file_object(wal) };
+    let Some(methods) =
+        (unsafe { database.as_ref() }).and_then(|db| unsafe { db.pMethods.as_ref() })
+    else {
+        return false;
+    };
+    methods
+        .xDeviceCharacteristics
+        .is_some_and(|characteristics| {
+            (unsafe { characteristics(database) } & ffi::SQLITE_IOCAP_POWERSAFE_OVERWRITE) != 0
+        })
 }
 
 /// Writes what is kept, or returns SQLite's code from the enclosing method if that failed.
@@ -451,11 +497,19 @@ mod tests {
     /// A write connection through this VFS (`synchronous = FULL`, WAL) and a reader through
     /// SQLite's own, on a fresh file holding table `t`.
     fn writer_and_reader() -> (tempfile::TempDir, Connection, Connection) {
+        opened("")
+    }
+
+    /// As [`writer_and_reader`], the database opened with the URI parameters `query`.
+    fn opened(query: &str) -> (tempfile::TempDir, Connection, Connection) {
         register().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.db");
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE;
-        let writer = Connection::open_with_flags_and_vfs(&path, flags, VFS).unwrap();
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_URI;
+        let uri = format!("file:{}{query}", path.display());
+        let writer = Connection::open_with_flags_and_vfs(&uri, flags, VFS).unwrap();
         let mode: String = writer
             .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
             .unwrap();
@@ -476,6 +530,11 @@ mod tests {
                 [],
                 |row| Ok((row.get(0)?, row.get(1)?)),
             )
+            .unwrap()
+    }
+
+    fn integrity(conn: &Connection) -> String {
+        conn.query_row("PRAGMA integrity_check", [], |row| row.get(0))
             .unwrap()
     }
 
@@ -525,13 +584,17 @@ mod tests {
         // A cache of 8 pages: a large transaction spills uncommitted frames into the WAL, and
         // writes pages it already wrote there again (SQLite rewrites those frames in place).
         writer.pragma_update(None, "cache_size", 8).unwrap();
+        let (asked_before, _) = wal_writes(&writer).unwrap();
         let tx = writer.unchecked_transaction().unwrap();
         for _ in 0..300 {
             tx.execute("INSERT INTO t (body) VALUES (?1)", params!["a".repeat(900)])
                 .unwrap();
         }
         let (asked, _) = wal_writes(&tx).unwrap();
-        assert!(asked > 0, "the transaction spilled frames into the WAL");
+        assert!(
+            asked > asked_before,
+            "the transaction spilled frames into the WAL"
+        );
         // Read back, the frames it spilled last (still kept) among them.
         assert_eq!(seen(&tx), (300, 300 * 900));
         tx.execute("UPDATE t SET body = body || 'b'", []).unwrap();
@@ -554,13 +617,68 @@ mod tests {
             .unwrap();
         insert(&writer, 3, 2000);
         assert_eq!(seen(&reader), (308, 300 * 900 + 500 + 6000));
-        let check: String = reader
-            .query_row("PRAGMA integrity_check", [], |row| row.get(0))
+        assert_eq!(integrity(&reader), "ok");
+        // And all of it is in the files as the writer left them, WAL included, as a crash would
+        // leave them: a copy taken while it is open, recovered by SQLite's own VFS.
+        let copy = tempfile::tempdir().unwrap();
+        for file in ["t.db", "t.db-wal"] {
+            std::fs::copy(dir.path().join(file), copy.path().join(file)).unwrap();
+        }
+        let recovered = Connection::open(copy.path().join("t.db")).unwrap();
+        assert_eq!(seen(&recovered), (308, 300 * 900 + 500 + 6000));
+        assert_eq!(integrity(&recovered), "ok");
+    }
+
+    #[test]
+    fn what_a_failed_write_kept_is_written_later_and_the_commit_holds_all_of_it() {
+        let (_dir, writer, reader) = writer_and_reader();
+        // A trigger: a statement that fails is then undone alone, its transaction kept open.
+        writer
+            .execute_batch(
+                "CREATE TABLE log (x); \
+                 CREATE TRIGGER logged AFTER INSERT ON t BEGIN INSERT INTO log VALUES (NEW.id); END;",
+            )
             .unwrap();
-        assert_eq!(check, "ok");
-        // And all of it is in the files: opened again by SQLite's own VFS alone.
-        drop((writer, reader));
-        let again = Connection::open(dir.path().join("t.db")).unwrap();
-        assert_eq!(seen(&again), (308, 300 * 900 + 500 + 6000));
+        writer.pragma_update(None, "cache_size", 10).unwrap();
+        let tx = writer.unchecked_transaction().unwrap();
+        for i in 0..400 {
+            tx.execute(
+                "INSERT INTO t (body) VALUES (?1)",
+                params![format!("{i:04}").repeat(200)],
+            )
+            .unwrap();
+        }
+        // Reading spilled frames back writes what is kept first; that write fails (a full disk).
+        fail_wal_writes(&tx, 1);
+        let failed = tx.execute(
+            "INSERT INTO t (body) SELECT body || 'u' FROM t WHERE id IN (3, 150, 390)",
+            [],
+        );
+        assert!(failed.is_err(), "{failed:?}");
+        assert!(!tx.is_autocommit(), "SQLite undid the statement alone");
+        for i in 0..20 {
+            tx.execute(
+                "INSERT INTO t (body) VALUES (?1)",
+                params![format!("late{i}")],
+            )
+            .unwrap();
+        }
+        tx.commit().unwrap();
+        // The commit wrote what the failed write kept: every frame it counts is in the file.
+        let late: i64 = (0..20).map(|i| format!("late{i}").len() as i64).sum();
+        assert_eq!(seen(&reader), (420, 400 * 800 + late));
+        assert_eq!(integrity(&reader), "ok");
+    }
+
+    #[test]
+    fn the_wal_of_a_database_that_is_not_power_safe_is_written_as_sqlite_writes_it() {
+        // SQLite pads such a database's commits past their sync, and publishes the padding:
+        // nothing may be kept then.
+        let (_dir, writer, reader) = opened("?psow=0");
+        for round in 1..=5 {
+            insert(&writer, 3, 700);
+            assert_eq!(seen(&reader), (3 * round, 3 * 700 * round));
+        }
+        assert_eq!(wal_writes(&writer), None);
     }
 }

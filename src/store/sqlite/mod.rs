@@ -563,7 +563,12 @@ mod tests {
             asked >= 10,
             "a submit's commit asked {asked} writes of the WAL"
         );
-        assert_eq!(written, 1, "{asked} writes reached the WAL as {written}");
+        // One, or two when the checkpointer emptied the WAL between the submits and this
+        // commit started it over (a new header, synced on its own).
+        assert!(
+            (1..=2).contains(&written),
+            "{asked} writes reached the WAL as {written}"
+        );
         // The readers (sqlx's connections, SQLite's own VFS) see the commit it acknowledged.
         let events = store.events_after(0, 10).await.unwrap();
         let ids: Vec<&str> = events.iter().map(|e| e.call.key.call_id.as_str()).collect();
