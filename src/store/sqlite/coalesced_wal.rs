@@ -327,10 +327,7 @@ unsafe extern "C" fn write(
     }
     if len > MAX_KEPT {
         kept.written += 1;
-        return match real_write {
-            Some(write) => unsafe { write(real, buf, amount, offset) },
-            None => ffi::SQLITE_IOERR_WRITE,
-        };
+        return pass!(this, xWrite, ffi::SQLITE_IOERR_WRITE, buf, amount, offset);
     }
     if kept.bytes.is_empty() {
         kept.offset = offset;
