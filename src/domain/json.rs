@@ -39,6 +39,215 @@ pub fn canonical(value: &Value) -> String {
     out
 }
 
+/// Writes `text`, JSON the broker stored itself, in canonical form: as it is when
+/// [`is_canonical`] says it already is (everything stored since canonical form became RFC 8785),
+/// else parsed and written again (an older row: `1.10`, `1e+15`), or as a JSON string if it is
+/// not JSON at all, so that what was stored is always said.
+pub fn write_stored(text: &str, out: &mut String) {
+    if is_canonical(text) {
+        out.push_str(text);
+        return;
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(value) => write_value(&value, out),
+        Err(_) => write_string(text, out),
+    }
+}
+
+/// Whether `text` is JSON in canonical form already, judged by one pass over its bytes,
+/// building nothing: `true` means `canonical(&parse(text)) == text`. Conservative where a
+/// scan cannot tell cheaply, so `false` is also said of some canonical text, which is then
+/// parsed and written again: a key with an escape or a character beyond U+FFFF (their UTF-8
+/// and UTF-16 orders differ), a number other than an integer of at most 15 digits, nesting
+/// deeper than the parser follows (127 levels).
+pub fn is_canonical(text: &str) -> bool {
+    let mut scan = Scan {
+        bytes: text.as_bytes(),
+        at: 0,
+    };
+    scan.value(0) && scan.at == scan.bytes.len()
+}
+
+/// How deep [`is_canonical`] follows a document: serde_json's own limit, past which the broker
+/// never parsed an input, so never stored one.
+const SCAN_DEPTH: usize = 127;
+
+/// [`is_canonical`]'s cursor.
+struct Scan<'t> {
+    bytes: &'t [u8],
+    at: usize,
+}
+
+impl<'t> Scan<'t> {
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.at).copied()
+    }
+
+    fn eat(&mut self, byte: u8) -> bool {
+        let next = self.peek() == Some(byte);
+        self.at += usize::from(next);
+        next
+    }
+
+    fn value(&mut self, depth: usize) -> bool {
+        match self.peek() {
+            Some(b'{') => depth < SCAN_DEPTH && self.object(depth + 1),
+            Some(b'[') => depth < SCAN_DEPTH && self.array(depth + 1),
+            Some(b'"') => self.string().is_some(),
+            Some(b't') => self.literal(b"true"),
+            Some(b'f') => self.literal(b"false"),
+            Some(b'n') => self.literal(b"null"),
+            Some(b'-' | b'0'..=b'9') => self.integer(),
+            _ => false,
+        }
+    }
+
+    fn literal(&mut self, word: &[u8]) -> bool {
+        let found = self.bytes[self.at..].starts_with(word);
+        self.at += if found { word.len() } else { 0 };
+        found
+    }
+
+    /// An integer as canonical form prints it: no `-0`, no leading zero, no fraction or
+    /// exponent, and at most 15 digits (below 2^53, so a double holds it exactly).
+    fn integer(&mut self) -> bool {
+        let negative = self.eat(b'-');
+        let start = self.at;
+        while matches!(self.peek(), Some(b'0'..=b'9')) {
+            self.at += 1;
+        }
+        let plain = match &self.bytes[start..self.at] {
+            [] => false,
+            [b'0'] => !negative,
+            [b'0', ..] => false,
+            digits => digits.len() <= 15,
+        };
+        plain && !matches!(self.peek(), Some(b'.' | b'e' | b'E'))
+    }
+
+    /// A string's bytes between its quotes, if every escape in it is the one canonical form
+    /// writes for its character (see `write_string`).
+    fn string(&mut self) -> Option<&'t [u8]> {
+        if !self.eat(b'"') {
+            return None;
+        }
+        let start = self.at;
+        loop {
+            match *self.bytes.get(self.at)? {
+                b'"' => {
+                    let contents = &self.bytes[start..self.at];
+                    self.at += 1;
+                    return Some(contents);
+                }
+                b'\\' => {
+                    self.at += match &self.bytes[self.at + 1..] {
+                        [b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't', ..] => 2,
+                        [b'u', b'0', b'0', high @ (b'0' | b'1'), low, ..]
+                            if low.is_ascii_digit() || (b'a'..=b'f').contains(low) =>
+                        {
+                            let byte = (high - b'0') * 16 + (*low as char).to_digit(16)? as u8;
+                            match byte {
+                                0x08 | 0x09 | 0x0a | 0x0c | 0x0d => return None,
+                                _ => 6,
+                            }
+                        }
+                        _ => return None,
+                    };
+                }
+                0x00..=0x1f => return None,
+                _ => self.at += 1,
+            }
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> bool {
+        self.at += 1;
+        if self.eat(b']') {
+            return true;
+        }
+        loop {
+            if !self.value(depth) {
+                return false;
+            }
+            if self.eat(b']') {
+                return true;
+            }
+            if !self.eat(b',') {
+                return false;
+            }
+        }
+    }
+
+    /// Members in canonical order: keys strictly ascending (so none twice), compared as UTF-8
+    /// bytes, which is their UTF-16 order only without escapes and characters beyond U+FFFF.
+    fn object(&mut self, depth: usize) -> bool {
+        self.at += 1;
+        if self.eat(b'}') {
+            return true;
+        }
+        let mut previous: Option<&[u8]> = None;
+        loop {
+            let Some(key) = self.string() else {
+                return false;
+            };
+            if key.iter().any(|&b| b == b'\\' || b >= 0xf0) || previous.is_some_and(|p| p >= key) {
+                return false;
+            }
+            previous = Some(key);
+            if !self.eat(b':') || !self.value(depth) {
+                return false;
+            }
+            if self.eat(b'}') {
+                return true;
+            }
+            if !self.eat(b',') {
+                return false;
+            }
+        }
+    }
+}
+
+/// A JSON object written in canonical form as it goes, for a document of fixed shape (a
+/// receipt's statement) written without building a [`Value`] first: its members must be given
+/// in canonical key order, which debug builds check.
+pub struct ObjectWriter<'o> {
+    out: &'o mut String,
+    last: Option<&'static str>,
+}
+
+impl<'o> ObjectWriter<'o> {
+    pub fn open(out: &'o mut String) -> Self {
+        out.push('{');
+        Self { out, last: None }
+    }
+
+    /// Starts the member `key`, whose value the caller writes next into what this returns.
+    pub fn key(&mut self, key: &'static str) -> &mut String {
+        debug_assert!(
+            self.last
+                .is_none_or(|last| last.encode_utf16().lt(key.encode_utf16())),
+            "`{key}` written after `{}`: not canonical order",
+            self.last.unwrap_or_default()
+        );
+        if self.last.is_some() {
+            self.out.push(',');
+        }
+        self.last = Some(key);
+        write_string(key, self.out);
+        self.out.push(':');
+        self.out
+    }
+
+    pub fn close(self) {
+        self.out.push('}');
+    }
+}
+
+/// An unsigned integer in canonical form.
+pub fn write_unsigned(n: u64, out: &mut String) {
+    write_number(&Number::from(n), out);
+}
+
 /// Where a value sits in the document, for naming a duplicate key.
 enum Path<'a> {
     Root,
@@ -255,7 +464,8 @@ fn shortest_digits(x: f64) -> (String, i32) {
     (digits, exponent)
 }
 
-fn write_string(s: &str, out: &mut String) {
+/// A string in canonical form: escaped as ECMAScript's `JSON.stringify` escapes it.
+pub fn write_string(s: &str, out: &mut String) {
     out.reserve(s.len() + 2);
     out.push('"');
     // Runs of characters that need no escape are copied whole: inputs and receipts are mostly
@@ -427,5 +637,135 @@ mod tests {
         assert!(parse("input", r#"{"a":1} x"#).is_err());
         assert!(parse("input", r#"{"a":1,}"#).is_err());
         assert!(parse("input", "").is_err());
+    }
+
+    /// What `is_canonical` says of `text`, checked against the slow truth: when it says yes,
+    /// parsing and writing again gives `text` back.
+    fn judged(text: &str) -> bool {
+        let said = is_canonical(text);
+        if said {
+            assert_eq!(canonical_text(text), text, "judged canonical but is not");
+        }
+        said
+    }
+
+    #[test]
+    fn canonical_text_is_recognised_without_being_written_again() {
+        // What canonical form writes, and so what the broker stores, is recognised.
+        for text in [
+            r#"{"command":"ls -la","cwd":"/tmp"}"#,
+            r#"{"a":[1,-2,0,123456789012345,true,false,null,[],{}],"b":{"c":"d"}}"#,
+            "{\"s\":\"A\\u000f\\n\\\"\\\\/\u{7f}\u{2028}\\b\\f\\r\\t\u{e9}\"}",
+            "{\"a\u{e9}\":3,\"\u{80}\":1,\"\u{fb33}\":2}",
+            r#"{"":1,"a":2,"aa":3,"b":4}"#,
+            "[]",
+            r#""a string""#,
+            "7",
+        ] {
+            assert!(judged(text), "{text}");
+            assert_eq!(canonical_text(text), text);
+        }
+        let deep = format!("{}{}", "[".repeat(127), "]".repeat(127));
+        assert!(judged(&deep));
+    }
+
+    #[test]
+    fn text_not_canonical_or_not_sure_is_written_again() {
+        for text in [
+            // Not canonical: white space, order, a duplicate, numbers as typed, escapes
+            // canonical form does not write.
+            r#"{ "a":1}"#,
+            r#"{"a":1 }"#,
+            r#"{"b":1,"a":2}"#,
+            r#"{"a":1,"a":1}"#,
+            r#"{"n":1.0}"#,
+            r#"{"n":1.10}"#,
+            r#"{"n":1e3}"#,
+            r#"{"n":-0}"#,
+            r#"{"n":007}"#,
+            r#"{"s":"\u0041"}"#,
+            r#"{"s":"\/"}"#,
+            r#"{"s":"\u000a"}"#,
+            r#"{"s":"\u001F"}"#,
+            r#"{"s":"\u00e9"}"#,
+            // Canonical perhaps, but not followed: an escape in a key, a key beyond U+FFFF,
+            // a large integer, nesting past the parser's limit.
+            r#"{"\n":1}"#,
+            "{\"\u{1f600}\":2,\"\u{fb33}\":1}",
+            r#"{"n":1234567890123456}"#,
+            // Not JSON.
+            "",
+            "{",
+            r#"{"a":1"#,
+            r#"{"a":1}x"#,
+            r#"{"a":"unterminated}"#,
+            r#"{"a":tru}"#,
+            r#"{"a"}"#,
+            "[1,]",
+            "{\"a\":\"\u{1}\"}",
+        ] {
+            assert!(!judged(text), "{text}");
+        }
+        let deeper = format!("{}{}", "[".repeat(128), "]".repeat(128));
+        assert!(!judged(&deeper));
+    }
+
+    proptest::proptest! {
+        /// Any document the generator makes: written canonically, it is recognised as such
+        /// (unless it holds what the scan does not follow); as serde_json writes it (numbers as
+        /// typed, escapes of its own), recognised only where that is canonical (`judged`).
+        #[test]
+        fn is_canonical_agrees_with_writing_again(value in arbitrary_json(3)) {
+            let written = canonical(&value);
+            judged(&serde_json::to_string(&value).unwrap());
+            let followed = followed(&value);
+            proptest::prop_assert_eq!(judged(&written), followed, "{}", written);
+        }
+    }
+
+    /// Whether the scan follows `value` written canonically: no key with an escape or a
+    /// character beyond U+FFFF, no number but integers of at most 15 digits.
+    fn followed(value: &Value) -> bool {
+        match value {
+            Value::Object(map) => map.iter().all(|(key, item)| {
+                !key.chars()
+                    .any(|c| c < ' ' || c == '"' || c == '\\' || c > '\u{ffff}')
+                    && followed(item)
+            }),
+            Value::Array(items) => items.iter().all(followed),
+            Value::Number(n) => n
+                .as_f64()
+                .is_some_and(|x| x.fract() == 0.0 && x.abs() < 1e15),
+            _ => true,
+        }
+    }
+
+    /// Short text of the characters canonical form treats apart: escaped ones, `/`, ones
+    /// beyond ASCII, and the pair whose UTF-8 and UTF-16 orders differ.
+    fn short_text() -> impl proptest::strategy::Strategy<Value = String> {
+        proptest::string::string_regex(
+            "[a-c\\x00-\\x1f\"\\\\/\u{e9}\u{2028}\u{fb33}\u{1f600}]{0,4}",
+        )
+        .unwrap()
+    }
+
+    fn arbitrary_json(depth: u32) -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            (-10_000_000_000_000_000i64..10_000_000_000_000_000).prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |x| x.is_finite())
+                .prop_map(Value::from),
+            short_text().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(depth, 24, 4, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map(short_text(), inner, 0..4)
+                    .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
     }
 }
