@@ -44,7 +44,7 @@ fn insert(conn: &Connection, sql: &str, hook: &Webhook) -> Result<usize> {
 fn stored(conn: &Connection, id: &WebhookId) -> Result<Option<Webhook>> {
     conn.prepare_cached(SELECT_WEBHOOK)?
         .query_row(params![id.as_str()], |row| {
-            Ok(webhook_from_row(&NamedRow::new(row)).map_err(|e| e.to_string()))
+            Ok(webhook_from_row(&NamedRow::new(row, None)).map_err(|e| e.to_string()))
         })
         .optional()?
         .map(|decoded| decoded.map_err(crate::Error::Internal))

@@ -32,7 +32,7 @@ use crate::store::CommittedEvents;
 use crate::store::policy_cache::{PolicyCache, PolicyView};
 use crate::store::primitives::{Decode, Param, Run, SqlTx, read_chain_head};
 use crate::store::receipt_rows::{self, NewReceipt};
-use crate::store::rows::{NamedRow, event_from_row};
+use crate::store::rows::{ColumnNames, NamedRow, event_from_row};
 use crate::store::statements as sql;
 
 /// Enough for every statement of the write path (about 30) and a few shapes of `IN` lists.
@@ -534,8 +534,13 @@ impl SqliteTx {
         let mut statement = self.conn().prepare_cached(sql)?;
         let mut rows = statement.query(params)?;
         let mut decoded = Vec::new();
+        let mut names = None;
         while let Some(row) = rows.next()? {
-            decoded.push(decode(&NamedRow::new(row))?);
+            if names.is_none() && !decoded.is_empty() {
+                // A second row: this and the rest find their columns by names copied once.
+                names = Some(ColumnNames::of(row));
+            }
+            decoded.push(decode(&NamedRow::new(row, names.as_ref()))?);
         }
         Ok(decoded)
     }
@@ -743,5 +748,53 @@ mod tests {
             .unwrap()
             .get_status(rusqlite::StatementStatus::RePrepare);
         assert_eq!(replanned, 0, "re-prepared on {replanned} of 20 runs");
+    }
+
+    /// Every row's columns found by name, whether looked up in the statement's order or not,
+    /// in any case, on the first row (through SQLite) and the rest (through the names copied
+    /// once); a name the statement does not have is an error naming it.
+    #[tokio::test]
+    async fn the_rows_of_a_read_find_their_columns_by_name_in_any_order() {
+        let (_dir, writer) = writer_on_a_new_file();
+        let mut tx = writer.begin_write().await.unwrap();
+        tx.conn()
+            .execute_batch(
+                "CREATE TABLE t (a INTEGER, b TEXT, c INTEGER); \
+                 INSERT INTO t VALUES (1, 'one', 10), (2, 'two', 20), (3, NULL, 30)",
+            )
+            .unwrap();
+        let read = |row: &NamedRow<'_, '_>| -> Result<(i64, i64, Option<String>, i64)> {
+            Ok((
+                row.int("c")?,
+                row.int("A")?,
+                row.opt_text("b")?,
+                row.int("a")?,
+            ))
+        };
+        let rows = tx
+            .query_rows(false, "SELECT a, b, c FROM t ORDER BY a", [], read)
+            .unwrap();
+        assert_eq!(
+            rows,
+            [
+                (10, 1, Some("one".into()), 1),
+                (20, 2, Some("two".into()), 2),
+                (30, 3, None, 3),
+            ]
+        );
+        // The first row misses (through SQLite), then the third (through the copied names).
+        for missing_at in [1, 3] {
+            let err = tx
+                .query_rows(false, "SELECT a, b, c FROM t ORDER BY a", [], |row| {
+                    row.int(if row.int("a")? == missing_at {
+                        "nope"
+                    } else {
+                        "c"
+                    })
+                })
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("nope"), "{err}");
+        }
     }
 }
