@@ -40,9 +40,10 @@ pub fn canonical(value: &Value) -> String {
 }
 
 /// Writes `text`, JSON the broker stored itself, in canonical form: as it is when
-/// [`is_canonical`] says it already is (everything stored since canonical form became RFC 8785),
-/// else parsed and written again (an older row: `1.10`, `1e+15`), or as a JSON string if it is
-/// not JSON at all, so that what was stored is always said.
+/// [`is_canonical`] says it already is (most of what is stored since canonical form became
+/// RFC 8785), else parsed and written again (an older row: `1.10`, `1e+15`; a fraction; a key
+/// the scan does not follow), or as a JSON string if it is not JSON the parser reads (not JSON
+/// at all, or nested deeper than it follows), so that what was stored is always said.
 pub fn write_stored(text: &str, out: &mut String) {
     if is_canonical(text) {
         out.push_str(text);
@@ -56,10 +57,10 @@ pub fn write_stored(text: &str, out: &mut String) {
 
 /// Whether `text` is JSON in canonical form already, judged by one pass over its bytes,
 /// building nothing: `true` means `canonical(&parse(text)) == text`. Conservative where a
-/// scan cannot tell cheaply, so `false` is also said of some canonical text, which is then
-/// parsed and written again: a key with an escape or a character beyond U+FFFF (their UTF-8
-/// and UTF-16 orders differ), a number other than an integer of at most 15 digits, nesting
-/// deeper than the parser follows (127 levels).
+/// scan cannot tell cheaply, so `false` is also said of some canonical text: a key with an
+/// escape (its escaped bytes do not sort as the character they stand for) or with a character
+/// beyond U+FFFF (UTF-8 and UTF-16 order those differently), a number other than an integer of
+/// at most 15 digits, and nesting deeper than serde_json parses (127 levels).
 pub fn is_canonical(text: &str) -> bool {
     let mut scan = Scan {
         bytes: text.as_bytes(),
@@ -677,6 +678,9 @@ mod tests {
             r#"{ "a":1}"#,
             r#"{"a":1 }"#,
             r#"{"b":1,"a":2}"#,
+            r#"{"ab":1,"a":2}"#,
+            "{\"\u{fb33}\":1,\"\u{e9}\":2}",
+            r#"{"a":{"y":1,"x":2}}"#,
             r#"{"a":1,"a":1}"#,
             r#"{"n":1.0}"#,
             r#"{"n":1.10}"#,
@@ -688,6 +692,7 @@ mod tests {
             r#"{"s":"\u000a"}"#,
             r#"{"s":"\u001F"}"#,
             r#"{"s":"\u00e9"}"#,
+            r#"{"s":"\u007f"}"#,
             // Canonical perhaps, but not followed: an escape in a key, a key beyond U+FFFF,
             // a large integer, nesting past the parser's limit.
             r#"{"\n":1}"#,
@@ -718,6 +723,11 @@ mod tests {
         fn is_canonical_agrees_with_writing_again(value in arbitrary_json(3)) {
             let written = canonical(&value);
             judged(&serde_json::to_string(&value).unwrap());
+            // Members in the reverse of canonical order: never recognised where an object has
+            // two of them.
+            if judged(&reversed(&value)) {
+                proptest::prop_assert!(!has_two_members(&value), "{}", reversed(&value));
+            }
             let followed = followed(&value);
             proptest::prop_assert_eq!(judged(&written), followed, "{}", written);
         }
@@ -737,6 +747,38 @@ mod tests {
                 .as_f64()
                 .is_some_and(|x| x.fract() == 0.0 && x.abs() < 1e15),
             _ => true,
+        }
+    }
+
+    fn has_two_members(value: &Value) -> bool {
+        match value {
+            Value::Object(map) => map.len() > 1 || map.values().any(has_two_members),
+            Value::Array(items) => items.iter().any(has_two_members),
+            _ => false,
+        }
+    }
+
+    /// `value` in canonical form but with every object's members in reverse order.
+    fn reversed(value: &Value) -> String {
+        match value {
+            Value::Object(map) => {
+                let mut entries: Vec<_> = map.iter().collect();
+                entries.sort_by(|(a, _), (b, _)| b.encode_utf16().cmp(a.encode_utf16()));
+                let members: Vec<String> = entries
+                    .into_iter()
+                    .map(|(key, item)| {
+                        let mut member = String::new();
+                        write_string(key, &mut member);
+                        format!("{member}:{}", reversed(item))
+                    })
+                    .collect();
+                format!("{{{}}}", members.join(","))
+            }
+            Value::Array(items) => {
+                let items: Vec<String> = items.iter().map(reversed).collect();
+                format!("[{}]", items.join(","))
+            }
+            other => canonical(other),
         }
     }
 

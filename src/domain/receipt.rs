@@ -79,7 +79,8 @@ pub fn subject_name(call: &Call) -> String {
 /// SHA-256; `predicateType` (the broker's receipt v1); `predicate`: `chain` (`sequence`,
 /// `previous`), `call` (`agent`, `sessionId`, `callId`, `batchId`, `position`, `workspace`),
 /// `tool`, `input`, `shown` (`title`, `message`, `hiddenCharacters`), `runs` (what runs: its
-/// `digest`, whether `edited`, and its `input` only when it is not the call's own), `outcome`,
+/// `digest`, whether `edited`, and its `input` when edited or not the call's own; `null` when
+/// the call does not run), `outcome`,
 /// `reason`, `decidedBy`, `times` (`requestedAt`, `decidedAt`, `deadline`).
 pub fn payload(call: &Call, link: &ChainLink) -> Option<String> {
     let outcome = call.outcome.as_ref()?;
@@ -151,8 +152,9 @@ pub fn payload(call: &Call, link: &ChainLink) -> Option<String> {
 }
 
 /// What runs: only an approved call runs, with the approver's edit if there was one (`null`
-/// otherwise). The input is written out again only when it is not the call's own; otherwise it
-/// is the predicate's `input`, and the digest says so (the subject's). Writing it twice made
+/// when the call does not run). The input is written out again when it was edited or is not
+/// the call's own; otherwise it is the predicate's `input`, and the digest says so (the
+/// subject's). Writing it twice made
 /// every approved call's receipt nearly twice the size to hash, sign and store.
 fn write_runs(call: &Call, input_digest: &str, out: &mut String) {
     let Some((outcome, run)) = call
@@ -323,23 +325,37 @@ mod tests {
         }
     }
 
-    /// Every branch of the statement (runs absent, own, edited, another input; a deadline or
-    /// none; the first link or a later one; hidden characters in each field; escapes in every
-    /// free text; stored inputs canonical, of an older form, and not JSON at all), written
-    /// directly and as a tree: the same bytes.
+    /// Every branch of the statement (runs absent, own, edited to itself, edited, another
+    /// input; a deadline or none; the first link or a later one; hidden characters in each of
+    /// the three fields; escapes in every free text; stored inputs canonical, of an older form,
+    /// and not JSON at all), written directly and as a tree: the same bytes. Each stored input
+    /// is checked to take the path meant for it (as it is, or parsed and written again).
     #[test]
     fn a_payload_is_its_statement_in_canonical_form() {
+        // (stored input, whether it goes in as it is)
         let inputs = [
-            r#"{"command":"ls -la","cwd":"/tmp"}"#,
-            r#"{"a":[1,-2,0,true,false,null,{"b\"q":"\u001f\n"}],"z":{}}"#,
-            r#"{"n":1.10,"big":1e+15}"#,
-            r#"{ "spaced" : 1 }"#,
-            r#"{"b":1,"a":2}"#,
-            r#"{"\u0041":1}"#,
-            r#"{"text":"zero\u200bwidth \u202e turned"}"#,
-            "{\"emoji\":\"\u{1F600}\",\"\u{e000}\":1,\"\u{1F600}\":2}",
-            "not json at all",
-            "",
+            (r#"{"command":"ls -la","cwd":"/tmp"}"#, true),
+            // Escapes and characters beyond ASCII in values, plain keys.
+            (
+                "{\"a\":\"\\u001f\\n\\\"\\\\\",\"z\":[1,-2,0,true,null,{}],\"\u{e9}\":\"\u{1F600}\"}",
+                true,
+            ),
+            // A hidden character, as is: the input's own warning.
+            ("{\"text\":\"zero\u{200b}width \u{202e}turned\"}", true),
+            (
+                r#"{"a":[1,-2,0,true,false,null,{"b\"q":"\u001f\n"}],"z":{}}"#,
+                false,
+            ),
+            (r#"{"n":1.10,"big":1e+15}"#, false),
+            (r#"{ "spaced" : 1 }"#, false),
+            (r#"{"b":1,"a":2}"#, false),
+            (r#"{"\u0041":1}"#, false),
+            (
+                "{\"emoji\":\"\u{1F600}\",\"\u{e000}\":1,\"\u{1F600}\":2}",
+                false,
+            ),
+            ("not json at all", false),
+            ("", false),
         ];
         let mut outcomes = vec![
             approved(None, false),
@@ -358,13 +374,17 @@ mod tests {
             },
         ];
         let mut checked = 0;
-        for input in inputs {
-            // Its own input to run, as an approval without an edit stores it.
+        for (input, as_it_is) in inputs {
+            assert_eq!(json::is_canonical(input), as_it_is, "{input}");
+            // Its own input to run, as an approval without an edit stores it, and "edited"
+            // to the same text.
             outcomes.push(approved(Some(input), false));
+            outcomes.push(approved(Some(input), true));
             for outcome in &outcomes {
-                for (deadline, link, free) in [
-                    (None, ChainLink::after(None), ("", "", "")),
+                for (variant, deadline, link, free) in [
+                    ("bare", None, ChainLink::after(None), ("", "", "")),
                     (
+                        "full",
                         Some(Timestamp::from_micros(1_700_000_100_000_000)),
                         ChainLink::after(Some((41, sha256_hex(b"previous")))),
                         ("List \u{200B}files", "in /tmp\u{202E}\u{2060}", "ws \"1\""),
@@ -380,14 +400,31 @@ mod tests {
                     assert_eq!(
                         payload(&call, &link).unwrap(),
                         expected,
-                        "{input} {outcome:?}"
+                        "{input} {outcome:?} {variant}"
                     );
                     checked += 1;
                 }
             }
-            outcomes.pop();
+            outcomes.truncate(outcomes.len() - 2);
         }
-        assert_eq!(checked, 10 * 6 * 2);
+        assert_eq!(checked, 11 * 7 * 2);
+        // The three fields' warnings, in their order, where all three hide characters.
+        let call = decided("{\"text\":\"zero\u{200b}width\"}", approved(None, false));
+        let call = Call {
+            title: "a\u{2060}".into(),
+            message: "b\u{202e}".into(),
+            ..call
+        };
+        let written = payload(&call, &ChainLink::after(None)).unwrap();
+        let fields: Vec<_> = [
+            "\"field\":\"title\"",
+            "\"field\":\"message\"",
+            "\"field\":\"input_json\"",
+        ]
+        .iter()
+        .map(|field| written.find(field).expect(field))
+        .collect();
+        assert!(fields.is_sorted(), "{written}");
         let mut pending = decided("{}", approved(None, false));
         pending.outcome = None;
         assert_eq!(payload(&pending, &ChainLink::after(None)), None);

@@ -20,10 +20,10 @@ pub mod verify;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ring::signature::{ED25519, Ed25519KeyPair, KeyPair as _, UnparsedPublicKey};
-use serde_json::json;
 
 pub use key::notary;
 
+use crate::domain::json::{self, ObjectWriter};
 use crate::domain::receipt::{PAYLOAD_TYPE, sha256_hex};
 use crate::error::{Error, Result};
 
@@ -46,6 +46,15 @@ pub fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
     out.push(b' ');
     out.extend_from_slice(payload);
     out
+}
+
+/// `bytes` in base64 as a JSON string, written straight into `out`: base64's alphabet needs no
+/// escape, so it is its own canonical form (scanning a payload's base64 for escapes was 7% of
+/// the signer thread).
+fn quoted_base64(bytes: &[u8], out: &mut String) {
+    out.push('"');
+    BASE64.encode_string(bytes, out);
+    out.push('"');
 }
 
 /// The broker's receipt signing key.
@@ -93,18 +102,24 @@ impl Notary {
         &self.public
     }
 
-    /// The DSSE envelope (JSON text) signing `payload`, with this key's id.
+    /// The DSSE envelope (JSON text, canonical) signing `payload`, with this key's id:
+    /// `payload` (base64), `payloadType`, and `signatures`, one `{keyid, sig}`. Written as it
+    /// goes, as the payload is (`domain::receipt::payload`), not built as a tree first.
     pub fn seal(&self, payload: &str) -> String {
         let signature = self.pair.sign(&pae(PAYLOAD_TYPE, payload.as_bytes()));
-        let envelope = json!({
-            "payloadType": PAYLOAD_TYPE,
-            "payload": BASE64.encode(payload.as_bytes()),
-            "signatures": [{
-                "keyid": self.key_id,
-                "sig": BASE64.encode(signature.as_ref()),
-            }],
-        });
-        crate::domain::json::canonical(&envelope)
+        let mut out = String::with_capacity(self.overhead + payload.len().div_ceil(3) * 4);
+        let mut envelope = ObjectWriter::open(&mut out);
+        quoted_base64(payload.as_bytes(), envelope.key("payload"));
+        json::write_string(PAYLOAD_TYPE, envelope.key("payloadType"));
+        let signatures = envelope.key("signatures");
+        signatures.push('[');
+        let mut one = ObjectWriter::open(signatures);
+        json::write_string(&self.key_id, one.key("keyid"));
+        quoted_base64(signature.as_ref(), one.key("sig"));
+        one.close();
+        signatures.push(']');
+        envelope.close();
+        out
     }
 
     /// The length of the envelope [`Notary::seal`] makes of a payload of `payload_len` bytes,
@@ -167,6 +182,25 @@ impl PublicKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The envelope written as it goes is the DSSE envelope built as a tree and made
+    /// canonical, byte for byte (Ed25519 signs the same bytes alike every time).
+    #[test]
+    fn an_envelope_is_its_json_in_canonical_form() {
+        let notary = Notary::from_seed(&[9; 32]).unwrap();
+        for payload in ["", "a", "{\"q\":\"\\\"/\\n\"}", &"é".repeat(700)] {
+            let signature = notary.pair.sign(&pae(PAYLOAD_TYPE, payload.as_bytes()));
+            let tree = serde_json::json!({
+                "payloadType": PAYLOAD_TYPE,
+                "payload": BASE64.encode(payload.as_bytes()),
+                "signatures": [{
+                    "keyid": notary.key_id,
+                    "sig": BASE64.encode(signature.as_ref()),
+                }],
+            });
+            assert_eq!(notary.seal(payload), json::canonical(&tree), "{payload}");
+        }
+    }
 
     #[test]
     fn an_envelopes_length_is_known_before_it_is_sealed() {
