@@ -244,6 +244,40 @@ impl<'o> ObjectWriter<'o> {
     }
 }
 
+/// A JSON array written as it goes, beside [`ObjectWriter`]: the commas and brackets in one
+/// place.
+pub struct ArrayWriter<'o> {
+    out: &'o mut String,
+    empty: bool,
+}
+
+impl<'o> ArrayWriter<'o> {
+    pub fn open(out: &'o mut String) -> Self {
+        out.push('[');
+        Self { out, empty: true }
+    }
+
+    /// Starts the next item, which the caller writes next into what this returns.
+    pub fn item(&mut self) -> &mut String {
+        if !std::mem::take(&mut self.empty) {
+            self.out.push(',');
+        }
+        self.out
+    }
+
+    pub fn close(self) {
+        self.out.push(']');
+    }
+}
+
+/// A string, or `null` for none, in canonical form.
+pub fn write_opt_string(s: Option<&str>, out: &mut String) {
+    match s {
+        Some(s) => write_string(s, out),
+        None => out.push_str("null"),
+    }
+}
+
 /// An unsigned integer in canonical form.
 pub fn write_unsigned(n: u64, out: &mut String) {
     write_number(&Number::from(n), out);

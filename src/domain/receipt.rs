@@ -10,7 +10,7 @@
 
 use sha2::{Digest, Sha256};
 
-use super::json::{self, ObjectWriter};
+use super::json::{self, ArrayWriter, ObjectWriter};
 use super::{Call, Timestamp, invisible};
 
 /// The DSSE payload type of every receipt.
@@ -80,8 +80,8 @@ pub fn subject_name(call: &Call) -> String {
 /// `previous`), `call` (`agent`, `sessionId`, `callId`, `batchId`, `position`, `workspace`),
 /// `tool`, `input`, `shown` (`title`, `message`, `hiddenCharacters`), `runs` (what runs: its
 /// `digest`, whether `edited`, and its `input` when edited or not the call's own; `null` when
-/// the call does not run), `outcome`,
-/// `reason`, `decidedBy`, `times` (`requestedAt`, `decidedAt`, `deadline`).
+/// the call does not run), `outcome`, `reason`, `decidedBy`, `times` (`requestedAt`,
+/// `decidedAt`, `deadline`).
 pub fn payload(call: &Call, link: &ChainLink) -> Option<String> {
     let outcome = call.outcome.as_ref()?;
     let input = call.input.as_str();
@@ -102,11 +102,7 @@ pub fn payload(call: &Call, link: &ChainLink) -> Option<String> {
     }
     {
         let mut chain = ObjectWriter::open(predicate.key("chain"));
-        let previous = chain.key("previous");
-        match &link.previous {
-            Some(digest) => json::write_string(digest, previous),
-            None => previous.push_str("null"),
-        }
+        json::write_opt_string(link.previous.as_deref(), chain.key("previous"));
         json::write_unsigned(link.sequence, chain.key("sequence"));
         chain.close();
     }
@@ -124,11 +120,8 @@ pub fn payload(call: &Call, link: &ChainLink) -> Option<String> {
     }
     {
         let mut times = ObjectWriter::open(predicate.key("times"));
-        let deadline = times.key("deadline");
-        match call.deadline {
-            Some(at) => json::write_string(&rfc3339(at), deadline),
-            None => deadline.push_str("null"),
-        }
+        let deadline = call.deadline.map(rfc3339);
+        json::write_opt_string(deadline.as_deref(), times.key("deadline"));
         json::write_string(&rfc3339(outcome.decided_at), times.key("decidedAt"));
         json::write_string(&rfc3339(call.created_at), times.key("requestedAt"));
         times.close();
@@ -137,15 +130,14 @@ pub fn payload(call: &Call, link: &ChainLink) -> Option<String> {
     predicate.close();
     json::write_string(PREDICATE_TYPE, statement.key("predicateType"));
     {
-        let subjects = statement.key("subject");
-        subjects.push('[');
-        let mut subject = ObjectWriter::open(subjects);
+        let mut subjects = ArrayWriter::open(statement.key("subject"));
+        let mut subject = ObjectWriter::open(subjects.item());
         let mut digest = ObjectWriter::open(subject.key("digest"));
         json::write_string(&input_digest, digest.key("sha256"));
         digest.close();
         json::write_string(&subject_name(call), subject.key("name"));
         subject.close();
-        subjects.push(']');
+        subjects.close();
     }
     statement.close();
     Some(out)
@@ -154,8 +146,8 @@ pub fn payload(call: &Call, link: &ChainLink) -> Option<String> {
 /// What runs: only an approved call runs, with the approver's edit if there was one (`null`
 /// when the call does not run). The input is written out again when it was edited or is not
 /// the call's own; otherwise it is the predicate's `input`, and the digest says so (the
-/// subject's). Writing it twice made
-/// every approved call's receipt nearly twice the size to hash, sign and store.
+/// subject's). Writing it twice made every approved call's receipt nearly twice the size to
+/// hash, sign and store.
 fn write_runs(call: &Call, input_digest: &str, out: &mut String) {
     let Some((outcome, run)) = call
         .outcome
@@ -190,38 +182,28 @@ fn write_runs(call: &Call, input_digest: &str, out: &mut String) {
 /// The warnings approvers were shown about characters hiding in the call's free text (the
 /// same fields and figures as the API's `Call.hidden_characters`).
 fn write_hidden_characters(call: &Call, out: &mut String) {
-    out.push('[');
     let fields = [
         ("title", call.title.as_str()),
         ("message", call.message.as_str()),
         ("input_json", call.input.as_str()),
     ];
-    let mut first = true;
+    let mut warnings = ArrayWriter::open(out);
     for (field, text) in fields {
         let (found, count) = invisible::found_in(text);
         if count == 0 {
             continue;
         }
-        if !std::mem::take(&mut first) {
-            out.push(',');
+        let mut warning = ObjectWriter::open(warnings.item());
+        let mut points = ArrayWriter::open(warning.key("codePoints"));
+        for c in found {
+            json::write_string(&invisible::code_point(c), points.item());
         }
-        let mut warning = ObjectWriter::open(out);
-        {
-            let points = warning.key("codePoints");
-            points.push('[');
-            for (i, c) in found.into_iter().enumerate() {
-                if i > 0 {
-                    points.push(',');
-                }
-                json::write_string(&invisible::code_point(c), points);
-            }
-            points.push(']');
-        }
+        points.close();
         json::write_unsigned(count as u64, warning.key("count"));
         json::write_string(field, warning.key("field"));
         warning.close();
     }
-    out.push(']');
+    warnings.close();
 }
 
 fn rfc3339(at: Timestamp) -> String {

@@ -23,7 +23,7 @@ use ring::signature::{ED25519, Ed25519KeyPair, KeyPair as _, UnparsedPublicKey};
 
 pub use key::notary;
 
-use crate::domain::json::{self, ObjectWriter};
+use crate::domain::json::{self, ArrayWriter, ObjectWriter};
 use crate::domain::receipt::{PAYLOAD_TYPE, sha256_hex};
 use crate::error::{Error, Result};
 
@@ -111,13 +111,12 @@ impl Notary {
         let mut envelope = ObjectWriter::open(&mut out);
         quoted_base64(payload.as_bytes(), envelope.key("payload"));
         json::write_string(PAYLOAD_TYPE, envelope.key("payloadType"));
-        let signatures = envelope.key("signatures");
-        signatures.push('[');
-        let mut one = ObjectWriter::open(signatures);
+        let mut signatures = ArrayWriter::open(envelope.key("signatures"));
+        let mut one = ObjectWriter::open(signatures.item());
         json::write_string(&self.key_id, one.key("keyid"));
         quoted_base64(signature.as_ref(), one.key("sig"));
         one.close();
-        signatures.push(']');
+        signatures.close();
         envelope.close();
         out
     }
