@@ -107,7 +107,7 @@ impl Notary {
     /// goes, as the payload is (`domain::receipt::payload`), not built as a tree first.
     pub fn seal(&self, payload: &str) -> String {
         let signature = self.pair.sign(&pae(PAYLOAD_TYPE, payload.as_bytes()));
-        let mut out = String::with_capacity(self.overhead + payload.len().div_ceil(3) * 4);
+        let mut out = String::with_capacity(self.sealed_len(payload.len()));
         let mut envelope = ObjectWriter::open(&mut out);
         quoted_base64(payload.as_bytes(), envelope.key("payload"));
         json::write_string(PAYLOAD_TYPE, envelope.key("payloadType"));
