@@ -63,8 +63,6 @@ pub struct Notary {
     public: PublicKey,
     /// [`PublicKey::key_id`], which every envelope carries: hashed once, not per receipt.
     key_id: String,
-    /// The length of an envelope but its payload's base64 (see [`Notary::sealed_len`]).
-    overhead: usize,
 }
 
 impl std::fmt::Debug for Notary {
@@ -80,15 +78,11 @@ impl Notary {
         let mut raw = [0u8; 32];
         raw.copy_from_slice(pair.public_key().as_ref());
         let public = PublicKey(raw);
-        let mut notary = Self {
+        Self {
             pair,
             key_id: public.key_id(),
             public,
-            overhead: 0,
-        };
-        // Every signature has the same length, and base64 needs no escaping in JSON.
-        notary.overhead = notary.seal("").len();
-        notary
+        }
     }
 
     /// A notary over a raw 32-byte Ed25519 seed (tests and benchmarks build keys this way).
@@ -102,31 +96,49 @@ impl Notary {
         &self.public
     }
 
-    /// The DSSE envelope (JSON text, canonical) signing `payload`, with this key's id:
-    /// `payload` (base64), `payloadType`, and `signatures`, one `{keyid, sig}`. Written as it
-    /// goes, as the payload is (`domain::receipt::payload`), not built as a tree first.
-    pub fn seal(&self, payload: &str) -> String {
-        let signature = self.pair.sign(&pae(PAYLOAD_TYPE, payload.as_bytes()));
-        let mut out = String::with_capacity(self.sealed_len(payload.len()));
-        let mut envelope = ObjectWriter::open(&mut out);
-        quoted_base64(payload.as_bytes(), envelope.key("payload"));
-        json::write_string(PAYLOAD_TYPE, envelope.key("payloadType"));
-        let mut signatures = ArrayWriter::open(envelope.key("signatures"));
-        let mut one = ObjectWriter::open(signatures.item());
-        json::write_string(&self.key_id, one.key("keyid"));
-        quoted_base64(signature.as_ref(), one.key("sig"));
-        one.close();
-        signatures.close();
-        envelope.close();
-        out
+    /// The id of this key, which every envelope it seals names ([`PublicKey::key_id`]).
+    pub fn key_id(&self) -> &str {
+        &self.key_id
     }
 
-    /// The length of the envelope [`Notary::seal`] makes of a payload of `payload_len` bytes,
-    /// known before it is signed: SQLite's writer stores a receipt at its final size and seals
-    /// it in place (see `store::sqlite::writer`).
-    pub fn sealed_len(&self, payload_len: usize) -> usize {
-        payload_len.div_ceil(3) * 4 + self.overhead
+    /// The DSSE envelope (JSON text, canonical) signing `payload` with this key: [`envelope`]
+    /// of the payload, this key's id and [`Notary::sign`]'s signature.
+    pub fn seal(&self, payload: &str) -> String {
+        envelope(payload, &self.key_id, &self.sign(payload))
     }
+
+    /// The signature of `payload` as a DSSE envelope carries it (`sig`: base64 of the Ed25519
+    /// signature of the payload's pre-authentication encoding). Always [`SIG_LEN`] bytes.
+    pub fn sign(&self, payload: &str) -> String {
+        let signature = self.pair.sign(&pae(PAYLOAD_TYPE, payload.as_bytes()));
+        BASE64.encode(signature.as_ref())
+    }
+}
+
+/// The length of every signature [`Notary::sign`] gives: 64 bytes, in base64.
+pub const SIG_LEN: usize = 88;
+
+/// The DSSE envelope (JSON text, canonical) of `payload` signed `sig` by key `key_id`:
+/// `payload` (base64), `payloadType`, and `signatures`, one `{keyid, sig}`. Written as it goes,
+/// as the payload is (`domain::receipt::payload`), not built as a tree first. The same parts
+/// always give the same bytes, so an envelope rebuilt from a receipt stored in parts (its
+/// payload as text, the key's id and the signature: `store::receipt_rows`) is the one sealed.
+pub fn envelope(payload: &str, key_id: &str, sig: &str) -> String {
+    // The JSON around the parts: member names, quotes, brackets (69 bytes) and the payload type.
+    const FRAME: usize = 69 + PAYLOAD_TYPE.len();
+    let mut out =
+        String::with_capacity(payload.len().div_ceil(3) * 4 + key_id.len() + sig.len() + FRAME);
+    let mut envelope = ObjectWriter::open(&mut out);
+    quoted_base64(payload.as_bytes(), envelope.key("payload"));
+    json::write_string(PAYLOAD_TYPE, envelope.key("payloadType"));
+    let mut signatures = ArrayWriter::open(envelope.key("signatures"));
+    let mut one = ObjectWriter::open(signatures.item());
+    json::write_string(key_id, one.key("keyid"));
+    json::write_string(sig, one.key("sig"));
+    one.close();
+    signatures.close();
+    envelope.close();
+    out
 }
 
 /// An Ed25519 public key that verifies receipts.
@@ -201,10 +213,13 @@ mod tests {
         }
     }
 
+    /// A receipt stored in parts is served as the envelope that was sealed: the parts give
+    /// back the same bytes, whatever the payload (every remainder of base64's groups of three,
+    /// escapes in JSON, multi-byte characters), and every signature has the length a stored
+    /// receipt reserves for it before it is signed.
     #[test]
-    fn an_envelopes_length_is_known_before_it_is_sealed() {
+    fn an_envelope_rebuilt_from_its_parts_is_the_one_sealed() {
         let notary = Notary::from_seed(&[7; 32]).unwrap();
-        // Every remainder of base64's groups of three, and a payload with escapes in JSON.
         for payload in [
             "",
             "a",
@@ -213,9 +228,11 @@ mod tests {
             "{\"q\":\"\\\"/\\n\"}",
             &"é".repeat(700),
         ] {
+            let sig = notary.sign(payload);
+            assert_eq!(sig.len(), SIG_LEN, "{payload}");
             assert_eq!(
-                notary.sealed_len(payload.len()),
-                notary.seal(payload).len(),
+                envelope(payload, notary.key_id(), &sig),
+                notary.seal(payload),
                 "{payload}"
             );
         }

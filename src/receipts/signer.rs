@@ -3,16 +3,17 @@
 //! over the payload) was a sixth of its time at the 64-agent peak. A receipt's chain link is the
 //! SHA-256 of the previous *payload*, not of its signature, so the writer can build each payload
 //! and move the chain's head at once, hand the signing to this thread, and go on with the rest
-//! of its group; it collects the envelopes just before the group commits (see
+//! of its group; it collects the signatures just before the group commits (see
 //! `store::sqlite::writer`).
 //!
-//! Nothing waits for company here either: an envelope the signer has not started on when the
-//! writer needs it is signed by the writer itself, and one the signer is signing is waited for.
+//! Nothing waits for company here either: a payload the signer has not started on when the
+//! writer needs its signature is signed by the writer itself, and one the signer is signing is
+//! waited for.
 //! A group of one write (one call in flight) has nothing to overlap the signing with: its
 //! writer holds each payload back ([`Signer::hold`]) and hands it over only once it has another
 //! to sign, so its last is signed by the writer at the commit, like any payload the thread has
 //! not started on, and a lone write with one receipt never wakes this thread. Ed25519 is
-//! deterministic, so who signs never changes a byte of the envelope.
+//! deterministic, so who signs never changes a byte of the signature.
 
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -30,7 +31,7 @@ pub struct Signer {
     handed: std::sync::atomic::AtomicU64,
 }
 
-/// One payload to seal, and where its envelope goes.
+/// One payload to sign, and where its signature goes.
 struct Seal {
     payload: String,
     state: Mutex<State>,
@@ -40,16 +41,16 @@ struct Seal {
 enum State {
     /// Nobody has started on it.
     Queued,
-    /// The signing thread is sealing it; `awaited` once the writer waits for it (only then is
+    /// The signing thread is signing it; `awaited` once the writer waits for it (only then is
     /// the writer woken: a wake-up is a system call whether anyone sleeps or not).
     Signing { awaited: bool },
-    /// The signing thread sealed it.
+    /// The signing thread signed it: the signature (base64, as [`Notary::sign`] gives it).
     Sealed(String),
-    /// The writer took it to seal itself.
+    /// The writer took it to sign itself.
     Taken,
 }
 
-/// A payload handed to the signer, or held back: [`Sealing::envelope`] gives its envelope.
+/// A payload handed to the signer, or held back: [`Sealing::signature`] gives its signature.
 pub struct Sealing {
     seal: Arc<Seal>,
     notary: Arc<Notary>,
@@ -95,7 +96,7 @@ impl Signer {
         sealing
     }
 
-    /// Keeps `payload` back: whoever asks for its envelope signs it, unless it was handed to
+    /// Keeps `payload` back: whoever asks for its signature signs it, unless it was handed to
     /// the signing thread first ([`Self::hand_over`]).
     pub fn hold(&self, payload: String) -> Sealing {
         Sealing {
@@ -124,10 +125,10 @@ impl Signer {
 }
 
 impl Seal {
-    /// On the signing thread: seals the payload unless the writer took it.
+    /// On the signing thread: signs the payload unless the writer took it.
     fn sign_queued(&self, notary: &Notary) {
         if self.start_signing() {
-            self.sealed_as(notary.seal(&self.payload));
+            self.sealed_as(notary.sign(&self.payload));
         }
     }
 
@@ -141,11 +142,11 @@ impl Seal {
         true
     }
 
-    /// The signing thread's envelope; the writer is woken if it waits for it.
-    fn sealed_as(&self, envelope: String) {
+    /// The signing thread's signature; the writer is woken if it waits for it.
+    fn sealed_as(&self, signature: String) {
         let before = std::mem::replace(
             &mut *self.state.lock().unwrap_or_else(PoisonError::into_inner),
-            State::Sealed(envelope),
+            State::Sealed(signature),
         );
         if matches!(before, State::Signing { awaited: true }) {
             self.sealed.notify_all();
@@ -154,9 +155,9 @@ impl Seal {
 }
 
 impl Sealing {
-    /// The envelope: the signing thread's, waited for if it is being sealed, or sealed here if
+    /// The signature: the signing thread's, waited for if it is being signed, or signed here if
     /// the thread has not started on it.
-    pub fn envelope(self) -> String {
+    pub fn signature(self) -> String {
         let mut state = self
             .seal
             .state
@@ -166,9 +167,9 @@ impl Sealing {
             match std::mem::replace(&mut *state, State::Taken) {
                 State::Queued => {
                     drop(state);
-                    return self.notary.seal(&self.seal.payload);
+                    return self.notary.sign(&self.seal.payload);
                 }
-                State::Sealed(envelope) => return envelope,
+                State::Sealed(signature) => return signature,
                 State::Signing { .. } => {
                     *state = State::Signing { awaited: true };
                     state = self
@@ -177,7 +178,7 @@ impl Sealing {
                         .wait(state)
                         .unwrap_or_else(PoisonError::into_inner);
                 }
-                State::Taken => unreachable!("an envelope is taken once"),
+                State::Taken => unreachable!("a signature is taken once"),
             }
         }
     }
@@ -207,25 +208,25 @@ mod tests {
     }
 
     #[test]
-    fn envelopes_are_the_notarys_whoever_signs_them() {
+    fn signatures_are_the_notarys_whoever_signs_them() {
         let notary = notary();
         let signer = Signer::start(Arc::clone(&notary)).unwrap();
         let payloads = payloads(200);
         // Handed over all at once, then collected: the thread signs some, the caller the rest.
         let sealings: Vec<Sealing> = payloads.iter().map(|p| signer.sign(p.clone())).collect();
         for (payload, sealing) in payloads.iter().zip(sealings) {
-            assert_eq!(sealing.envelope(), notary.seal(payload));
+            assert_eq!(sealing.signature(), notary.sign(payload));
         }
         // One at a time, each collected at once (one call in flight).
         for payload in &payloads[..20] {
             assert_eq!(
-                signer.sign(payload.clone()).envelope(),
-                notary.seal(payload)
+                signer.sign(payload.clone()).signature(),
+                notary.sign(payload)
             );
         }
     }
 
-    /// A held payload never reaches the thread: its envelope is signed by whoever asks for it.
+    /// A held payload never reaches the thread: it is signed by whoever asks for it.
     /// Handed over, it is queued once, however often it is handed over.
     #[test]
     fn a_held_payload_is_signed_by_its_collector_and_handed_over_once() {
@@ -238,8 +239,8 @@ mod tests {
         signer.hand_over(&mut handed);
         assert_eq!(signer.handed(), 1);
         assert_eq!(seals.try_iter().count(), 1, "queued once");
-        assert_eq!(held.envelope(), notary.seal(&payloads[0]));
-        assert_eq!(handed.envelope(), notary.seal(&payloads[1]));
+        assert_eq!(held.signature(), notary.sign(&payloads[0]));
+        assert_eq!(handed.signature(), notary.sign(&payloads[1]));
     }
 
     #[test]
@@ -256,19 +257,19 @@ mod tests {
             );
             thread::sleep(std::time::Duration::from_millis(1));
         }
-        assert_eq!(sealing.envelope(), notary.seal(&payload));
+        assert_eq!(sealing.signature(), notary.sign(&payload));
     }
 
     #[test]
-    fn a_writer_waiting_for_the_envelope_being_signed_is_woken_with_it() {
+    fn a_writer_waiting_for_the_signature_being_made_is_woken_with_it() {
         let notary = notary();
         let (signer, seals) = without_thread(&notary);
         let payload = payloads(1).remove(0);
         let sealing = signer.sign(payload.clone());
         let seal = seals.try_recv().unwrap();
         assert!(seal.start_signing());
-        let (done, envelope) = mpsc::channel();
-        thread::spawn(move || done.send(sealing.envelope()).unwrap());
+        let (done, signature) = mpsc::channel();
+        thread::spawn(move || done.send(sealing.signature()).unwrap());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while !matches!(
             *seal.state.lock().unwrap(),
@@ -280,11 +281,11 @@ mod tests {
             );
             thread::sleep(std::time::Duration::from_millis(1));
         }
-        seal.sealed_as(notary.seal(&payload));
-        let envelope = envelope
+        seal.sealed_as(notary.sign(&payload));
+        let signature = signature
             .recv_timeout(std::time::Duration::from_secs(10))
             .expect("the waiting writer was not woken");
-        assert_eq!(envelope, notary.seal(&payload));
+        assert_eq!(signature, notary.sign(&payload));
     }
 
     #[test]
@@ -294,8 +295,8 @@ mod tests {
         drop(seals);
         let payload = payloads(1).remove(0);
         assert_eq!(
-            signer.sign(payload.clone()).envelope(),
-            notary.seal(&payload)
+            signer.sign(payload.clone()).signature(),
+            notary.sign(&payload)
         );
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::policy_cache::{self, PolicyCache, PolicyView};
-use super::receipt_rows::{self, NewReceipt};
+use super::receipt_rows::{self, NewReceipt, ReceiptForm};
 use super::rows::{Columns, call_from_row, grant_from_row, rule_from_row, stored};
 use super::statements::{self as sql, GrantsNamed};
 use crate::domain::escalation::Escalation;
@@ -204,9 +204,11 @@ pub trait SqlTx: Send {
     /// `notary`, in this transaction: the chain's head is read (and, on Postgres, locked until
     /// commit, so concurrent transactions of every replica take turns and the chain cannot
     /// fork), the receipt links to it, and becomes it. Taken after every other lock of the
-    /// transaction (see `operations::tx`), so it adds no cycle. SQLite's writer keeps the head between the
-    /// receipts of a transaction and writes it at commit, and has each receipt signed on another
-    /// thread, its envelope written just before the commit (see `receipts::signer`).
+    /// transaction (see `operations::tx`), so it adds no cycle. Stored whole (the envelope):
+    /// replicas of the version before read nothing else (`receipt_rows`). SQLite's writer keeps
+    /// the head between the receipts of a transaction and writes it at commit, and stores each
+    /// receipt in parts, signed on another thread, its signature written just before the commit
+    /// (see `receipts::signer`).
     async fn append_receipt(&mut self, notary: &Notary, rowid: i64, call: &Call) -> Result<()> {
         let link = ChainLink::after(read_chain_head(self).await?);
         let receipt = NewReceipt::of(call, rowid, &link)?;
@@ -214,7 +216,7 @@ pub trait SqlTx: Send {
         self.execute(Run::write(receipt_rows::ADVANCE_CHAIN, &params))
             .await?;
         let envelope = notary.seal(&receipt.payload);
-        let params = receipt.params(&envelope);
+        let params = receipt.params(ReceiptForm::Whole(&envelope));
         self.execute(Run::write(receipt_rows::INSERT_RECEIPT, &params))
             .await?;
         Ok(())

@@ -273,34 +273,97 @@ async fn a_receipt_changed_in_the_database_is_served_as_not_verified(app: TestAp
     let receipt = get_receipt(&app, "s", "c1").await.unwrap().receipt.unwrap();
     let mut changed = statement(&receipt.envelope);
     changed["predicate"]["outcome"] = "APPROVED".into();
-    let mut envelope: Value = serde_json::from_str(&receipt.envelope).unwrap();
-    envelope["payload"] = BASE64.encode(changed.to_string()).into();
-    let forged = envelope.to_string();
-    let update = "UPDATE receipts SET envelope = $1 WHERE call_id = 'c1'";
-    match &app.backend {
+    // Changed in the form each backend stores: SQLite's payload beside its signature (stored in
+    // parts), Postgres's whole envelope with the payload in it.
+    let (update, forged) = match &app.backend {
+        Backend::Sqlite => (
+            "UPDATE receipts SET payload = $1 WHERE call_id = 'c1' AND envelope = ''",
+            changed.to_string(),
+        ),
+        Backend::Postgres(_) => {
+            let mut envelope: Value = serde_json::from_str(&receipt.envelope).unwrap();
+            envelope["payload"] = BASE64.encode(changed.to_string()).into();
+            (
+                "UPDATE receipts SET envelope = $1 WHERE call_id = 'c1' AND payload IS NULL",
+                envelope.to_string(),
+            )
+        }
+    };
+    let updated = match &app.backend {
         Backend::Sqlite => {
             let pool = sqlx::SqlitePool::connect(&app.database_url).await.unwrap();
-            sqlx::query(update)
-                .bind(&forged)
-                .execute(&pool)
-                .await
-                .unwrap();
+            let done = sqlx::query(update).bind(&forged).execute(&pool).await;
+            done.unwrap().rows_affected()
         }
         Backend::Postgres(_) => {
             let pool = sqlx::PgPool::connect(&app.database_url).await.unwrap();
-            sqlx::query(update)
-                .bind(&forged)
-                .execute(&pool)
-                .await
-                .unwrap();
+            let done = sqlx::query(update).bind(&forged).execute(&pool).await;
+            done.unwrap().rows_affected()
         }
-    }
+    };
+    assert_eq!(updated, 1, "the receipt was stored in the form changed");
     let served = get_receipt(&app, "s", "c1").await.unwrap().receipt.unwrap();
-    assert_eq!(served.envelope, forged);
+    assert_eq!(statement(&served.envelope), changed, "served as changed");
     assert!(
         !served.verified,
         "a changed receipt must not be served as verified"
     );
+    let err = verify::receipt(&served.envelope, &the_key()).unwrap_err();
+    assert!(err.contains("signature"), "{err}");
+}
+
+/// A receipt is stored whole (its DSSE envelope) or in parts (payload as text, key id and
+/// signature; SQLite's writer from migration 0018, Postgres's later), and served as the same
+/// envelope either way, byte for byte, by GetReceipt and ExportReceipts: rows of either form
+/// stay readable whichever version wrote them. Each backend's row is turned into the other
+/// form by SQL alone (SQLite: the served envelope stored whole; Postgres: the parts cut out of
+/// its envelope with Postgres's own JSON and base64), so the broker's reading of both forms is
+/// checked against what it did not write itself.
+async fn a_receipt_is_served_alike_stored_whole_or_in_parts(app: TestApp) {
+    submit(
+        &app,
+        batch("s", vec![call("c1", "t", r#"{"path":"ünïcode/'quoted'"}"#)]),
+    )
+    .await;
+    deny(&app, "s", "c1", "no").await;
+    let before = get_receipt(&app, "s", "c1").await.unwrap().receipt.unwrap();
+    let exported = export(&app).await;
+    assert_eq!(exported[0].envelope, before.envelope);
+    const IN_PARTS: &str = "SELECT count(*) FROM receipts WHERE envelope = '' \
+                            AND payload IS NOT NULL AND keyid IS NOT NULL AND sig IS NOT NULL";
+    const WHOLE: &str = "SELECT count(*) FROM receipts WHERE envelope <> '' \
+                         AND payload IS NULL AND keyid IS NULL AND sig IS NULL";
+    match &app.backend {
+        Backend::Sqlite => {
+            assert_eq!((app.count(IN_PARTS).await, app.count(WHOLE).await), (1, 0));
+            let whole = before.envelope.replace('\'', "''");
+            app.run_sql(&format!(
+                "UPDATE receipts SET envelope = '{whole}', payload = NULL, keyid = NULL, \
+                 sig = NULL WHERE call_id = 'c1'"
+            ))
+            .await;
+        }
+        Backend::Postgres(_) => {
+            assert_eq!((app.count(IN_PARTS).await, app.count(WHOLE).await), (0, 1));
+            app.run_sql(
+                "UPDATE receipts SET \
+                 payload = convert_from(decode(envelope::json->>'payload', 'base64'), 'UTF8'), \
+                 keyid = envelope::json->'signatures'->0->>'keyid', \
+                 sig = envelope::json->'signatures'->0->>'sig', envelope = '' \
+                 WHERE call_id = 'c1'",
+            )
+            .await;
+        }
+    }
+    let flipped = match &app.backend {
+        Backend::Sqlite => WHOLE,
+        Backend::Postgres(_) => IN_PARTS,
+    };
+    assert_eq!(app.count(flipped).await, 1, "stored in the other form now");
+    let served = get_receipt(&app, "s", "c1").await.unwrap().receipt.unwrap();
+    assert_eq!(served, before, "the same envelope, byte for byte");
+    assert!(served.verified);
+    assert_eq!(export(&app).await, exported);
 }
 
 async fn a_pending_call_has_no_receipt_yet_and_an_unknown_call_is_not_found(app: TestApp) {
@@ -429,6 +492,7 @@ backend_tests! {
     the_exported_chain_holds_every_receipt_in_order_and_verifies => super::with_key,
     a_chain_with_receipts_swapped_removed_or_changed_fails_verification => super::with_key,
     a_receipt_changed_in_the_database_is_served_as_not_verified => super::with_key,
+    a_receipt_is_served_alike_stored_whole_or_in_parts => super::with_key,
     a_pending_call_has_no_receipt_yet_and_an_unknown_call_is_not_found => super::with_key,
     with_receipts_off_outcomes_get_none_and_get_receipt_says_why
         => |config: &mut approval_broker::config::Config| {

@@ -7,10 +7,10 @@
 //! those transactions (finding the call first, the policy) are not made: this is the write floor.
 //!
 //! With receipts on (the broker's default), the decide transaction also appends each outcome's
-//! receipt as the broker does: the chain's head read (on Postgres, locked), the receipt row with
-//! an envelope of the size the broker writes for the same call, and the head moved. Signing is
-//! CPU the broker spends, not storage, so the envelope here is sealed once and written for every
-//! call.
+//! receipt as the broker does: the chain's head read (on Postgres, locked), the receipt row as
+//! the broker stores it for the same call (on SQLite in parts: the payload, the key's id and the
+//! signature; on Postgres the whole envelope), and the head moved. Signing is CPU the broker
+//! spends, not storage, so the receipt here is signed once and written for every call.
 //!
 //! Two figures each: one transaction per write (a submit, then its decide), and the same rows
 //! `GROUP` cycles to a transaction (the submits of `GROUP` calls, then their decides), the limit
@@ -41,11 +41,14 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 /// Cycles per transaction in the batched figure.
 const GROUP: u32 = 100;
 
-/// What the raw loop writes for each outcome's receipt, when the broker signs receipts: a DSSE
-/// envelope the size of the broker's for the bench's call (sealed once, with a throwaway key),
-/// and its payload's digest.
+/// What the raw loop writes for each outcome's receipt, when the broker signs receipts: the
+/// broker's receipt for the bench's call (signed once, with a throwaway key) in the forms the
+/// broker stores, its parts (SQLite) and its envelope (Postgres), and its payload's digest.
 #[derive(Debug, Clone)]
 pub struct RawReceipt {
+    payload: String,
+    keyid: String,
+    sig: String,
     envelope: String,
     digest: String,
 }
@@ -91,8 +94,11 @@ impl RawReceipt {
         let payload = payload(&call, &link).ok_or("the bench's call has no outcome")?;
         let notary = Notary::from_seed(&[7; 32]).map_err(id)?;
         Ok(Self {
+            keyid: notary.key_id().to_owned(),
+            sig: notary.sign(&payload),
             envelope: notary.seal(&payload),
             digest: sha256_hex(payload.as_bytes()),
+            payload,
         })
     }
 }
@@ -285,8 +291,11 @@ fn sqlite_cycles(
                     prefix,
                     batch_id,
                     receipt.digest,
-                    receipt.envelope,
-                    rowid
+                    "",
+                    rowid,
+                    receipt.payload,
+                    receipt.keyid,
+                    receipt.sig
                 ])?;
             tx.prepare_cached(receipt_rows::ADVANCE_CHAIN)?
                 .execute(params![head + 1, receipt.digest])?;
@@ -451,6 +460,9 @@ async fn postgres_cycles(
                 .bind(&receipt.digest)
                 .bind(&receipt.envelope)
                 .bind(rowid)
+                .bind(None::<&str>)
+                .bind(None::<&str>)
+                .bind(None::<&str>)
                 .execute(&mut *tx)
                 .await?;
             sqlx::query(receipt_rows::ADVANCE_CHAIN)
@@ -478,8 +490,9 @@ mod tests {
 
     /// The raw loop writes what the broker writes for an approved call, no more and no less:
     /// per call one batch, one Requested event (the call's `requested_seq`) and one Resolved
-    /// event marking the batch complete, the call approved, and its receipt on the chain. Every cycle it began it
-    /// finished, in both figures.
+    /// event marking the batch complete, the call approved, and its receipt on the chain, stored
+    /// in parts as the broker's SQLite writer stores it. Every cycle it began it finished, in
+    /// both figures.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_raw_sqlite_loop_makes_exactly_the_brokers_writes_per_cycle() {
         let dir = tempfile::tempdir().expect("dir");
@@ -490,7 +503,7 @@ mod tests {
         assert!(rates.per_write > 0.0 && rates.batched > 0.0, "{rates:?}");
         let url = format!("sqlite://{}", dir.path().join("raw.db").display());
         let mut conn = sqlx::SqliteConnection::connect(&url).await.expect("open");
-        let counts: (i64, i64, i64, i64, i64, i64, i64, i64, i64, i64) =
+        let counts: (i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64) =
             sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "SELECT (SELECT count(*) FROM calls), \
                     (SELECT count(*) FROM batches), \
@@ -505,7 +518,9 @@ mod tests {
                     (SELECT count(*) FROM receipts r JOIN calls c ON c.session_id = r.session_id \
                        AND c.call_id = r.call_id), \
                     (SELECT seq FROM receipt_chain), \
-                    (SELECT count(*) FROM calls WHERE run_input IS NULL)",
+                    (SELECT count(*) FROM calls WHERE run_input IS NULL), \
+                    (SELECT count(*) FROM receipts WHERE envelope = '' \
+                       AND payload IS NOT NULL AND length(sig) = 88)",
                 approved = OutcomeKind::Approved.code(),
                 requested = EventKind::Requested.code(),
                 resolved = EventKind::Resolved.code(),
@@ -518,11 +533,11 @@ mod tests {
         assert_eq!(
             counts,
             (
-                calls, calls, calls, calls, calls, calls, calls, calls, calls, calls
+                calls, calls, calls, calls, calls, calls, calls, calls, calls, calls, calls
             ),
             "(calls, batches, approved, Requested events, linked to their call, \
              Resolved events, completing their batch, a receipt each, the chain's length, \
-             approved without storing the input again)"
+             approved without storing the input again, receipts in parts)"
         );
     }
 }

@@ -747,11 +747,27 @@ mod tests {
             "a lone write's receipts but its last handed over"
         );
 
-        let envelopes: Vec<String> =
-            sqlx::query_scalar("SELECT envelope FROM receipts ORDER BY seq")
-                .fetch_all(reader(&store))
-                .await
-                .unwrap();
+        let in_parts: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM receipts WHERE envelope = '' AND payload IS NOT NULL",
+        )
+        .fetch_one(reader(&store))
+        .await
+        .unwrap();
+        assert_eq!(in_parts, 6, "every receipt stored in parts");
+        let rows = sqlx::query(crate::store::receipt_rows::RECEIPTS_AFTER)
+            .bind(0_i64)
+            .bind(100_i64)
+            .fetch_all(reader(&store))
+            .await
+            .unwrap();
+        let envelopes: Vec<String> = rows
+            .iter()
+            .map(|row| {
+                crate::store::receipt_rows::receipt_from_row(row)
+                    .unwrap()
+                    .envelope
+            })
+            .collect();
         let chain = crate::receipts::verify::chain(
             envelopes.iter().map(String::as_str),
             notary.public_key(),

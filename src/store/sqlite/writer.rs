@@ -31,7 +31,7 @@ use crate::receipts::signer::{Sealing, Signer};
 use crate::store::CommittedEvents;
 use crate::store::policy_cache::{PolicyCache, PolicyView};
 use crate::store::primitives::{Decode, Param, Run, SqlTx, read_chain_head};
-use crate::store::receipt_rows::{self, NewReceipt};
+use crate::store::receipt_rows::{self, NewReceipt, ReceiptForm};
 use crate::store::rows::{ColumnNames, NamedRow, event_from_row};
 use crate::store::statements as sql;
 
@@ -477,8 +477,8 @@ pub struct SqliteTx {
     /// reads the policy version once.
     policy: PolicyView,
     signer: Option<Arc<Signer>>,
-    /// The receipts of this transaction (by sequence), inserted unsealed and being sealed
-    /// beside the writer: their envelopes are written just before it commits.
+    /// The receipts of this transaction (by sequence), inserted unsigned and being signed
+    /// beside the writer: their signatures are written just before it commits.
     sealing: Vec<(i64, Sealing)>,
     /// Whether the write running is its group's only one (one call in flight). Its receipts are
     /// then held back from the signer, each handed over once the writer has another to sign,
@@ -551,11 +551,11 @@ impl SqliteTx {
     fn commit_now(mut self) -> Result<()> {
         // On failure the drop rolls back what is left of the transaction.
         for (sequence, sealing) in std::mem::take(&mut self.sealing) {
-            let envelope = sealing.envelope();
+            let signature = sealing.signature();
             let sealed = self
                 .conn()
                 .prepare_cached(receipt_rows::SEAL_RECEIPT)?
-                .execute(params![envelope, sequence])?;
+                .execute(params![signature, sequence])?;
             if sealed != 1 {
                 return Err(Error::Internal(format!(
                     "receipt {sequence} was not there to seal"
@@ -612,13 +612,15 @@ impl SqlTx for SqliteTx {
             .map(|signer| Arc::clone(signer.notary()))
     }
 
-    /// Inserted now, unsealed, so a row that cannot be stored fails this write alone, not the
-    /// group's commit; sealed on the signer's thread while the group goes on, except a lone
-    /// write's last receipt, which the writer signs at the commit (see `holds`); the envelope
-    /// (and the chain's new head) written by the commit. The chain's head is read once a
-    /// transaction, and then kept here. The row is inserted at its final size (a placeholder
-    /// as long as the envelope will be), so the seal overwrites it where it lies: grown from
-    /// nothing, each of a group's receipts moved cells across its pages again at the commit.
+    /// Inserted now, in parts and unsigned, so a row that cannot be stored fails this write
+    /// alone, not the group's commit; signed on the signer's thread while the group goes on,
+    /// except a lone write's last receipt, which the writer signs at the commit (see `holds`);
+    /// the signature (and the chain's new head) written by the commit. The chain's head is read
+    /// once a transaction, and then kept here. The row is inserted at its final size (a
+    /// placeholder signature as long as every signature), so the signature overwrites it where
+    /// it lies: grown from nothing, each of a group's receipts moved cells across its pages
+    /// again at the commit. Stored in parts, not as a whole envelope (`receipt_rows`): two to a
+    /// page for inputs up to about 1 KiB, and the signer does not encode the payload.
     async fn append_receipt(&mut self, notary: &Notary, rowid: i64, call: &Call) -> Result<()> {
         let Some(signer) = self.signer.clone() else {
             return Err(Error::Internal(
@@ -637,16 +639,19 @@ impl SqlTx for SqliteTx {
                 return Err(err);
             }
         };
-        let payload = std::mem::take(&mut receipt.payload);
-        let placeholder = " ".repeat(notary.sealed_len(payload.len()));
+        let unsigned = ReceiptForm::Parts {
+            keyid: notary.key_id(),
+            sig: receipt_rows::UNSIGNED,
+        };
         let inserted = self.execute_sql(
             receipt_rows::INSERT_RECEIPT,
-            params_from_iter(receipt.params(&placeholder)),
+            params_from_iter(receipt.params(unsigned)),
         );
         if let Err(err) = inserted {
             self.chain = head;
             return Err(err);
         }
+        let payload = std::mem::take(&mut receipt.payload);
         // The writer has another to sign: the one held before it goes to the signer.
         if let Some((_, before)) = self.sealing.last_mut() {
             signer.hand_over(before);

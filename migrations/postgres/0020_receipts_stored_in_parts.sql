@@ -1,0 +1,11 @@
+-- A receipt may be stored in parts (issue 19): its payload as text (`payload`), the signing
+-- key's id (`keyid`) and the signature (`sig`, base64), the parts of its DSSE envelope, which
+-- is built from them when it is served (`receipts::envelope`, the same bytes as sealed); such a
+-- row has an empty `envelope`. SQLite's writer stores receipts so from this version (its
+-- migration 0018: two receipts to a page where one envelope took a page of its own).
+--
+-- Postgres replicas still write the whole envelope, parts NULL: during a rolling update a
+-- replica of the version before shares the database and reads `envelope` alone. This version
+-- reads both forms, so a later one can write parts once no replica before this one is left
+-- (docs/data-lifecycle.md). Adding NULL columns copies nothing.
+ALTER TABLE receipts ADD COLUMN payload TEXT, ADD COLUMN keyid TEXT, ADD COLUMN sig TEXT;
