@@ -13,8 +13,9 @@
 //! text, the key's id and the signature, `envelope` empty; migrations sqlite 0018, postgres
 //! 0020), and served as the same envelope either way ([`receipt_from_row`]). SQLite's writer
 //! stores parts: without the payload's base64, two receipts share a page up to inputs of about
-//! 1 KiB (an envelope took a page of its own), and signing rewrites 88 bytes in place. Postgres still stores
-//! whole envelopes, which replicas of the version before read during a rolling update.
+//! 1 KiB (an envelope took a page of its own), and signing rewrites 88 bytes in place.
+//! Postgres still stores whole envelopes, which replicas of the version before read during a
+//! rolling update.
 
 use super::primitives::{Param, no_outcome};
 use super::rows::Columns;
