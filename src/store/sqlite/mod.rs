@@ -754,19 +754,13 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(in_parts, 6, "every receipt stored in parts");
-        let rows = sqlx::query(crate::store::receipt_rows::RECEIPTS_AFTER)
-            .bind(0_i64)
-            .bind(100_i64)
-            .fetch_all(reader(&store))
+        use crate::store::Receipts as _;
+        let envelopes: Vec<String> = store
+            .receipts_after(0, 100)
             .await
-            .unwrap();
-        let envelopes: Vec<String> = rows
-            .iter()
-            .map(|row| {
-                crate::store::receipt_rows::receipt_from_row(row)
-                    .unwrap()
-                    .envelope
-            })
+            .unwrap()
+            .into_iter()
+            .map(|receipt| receipt.envelope)
             .collect();
         let chain = crate::receipts::verify::chain(
             envelopes.iter().map(String::as_str),
