@@ -63,11 +63,12 @@ use crate::receipts::Notary;
 
 /// How many connections read the event log, beside the pool. They keep one plan per statement
 /// (`plan_cache_mode = force_generic_plan`): the log's read (`events after seq N`, a join of
-/// four tables) is read by every replica after every commit it learns of, and Postgres, left to
-/// choose, plans it anew for every N, since a plan made for an N near the end of the log looks
-/// cheaper than one made for any N. That planning was a tenth of Postgres's CPU at 8 agents;
-/// the one plan (the `seq` index, then each row's call, batch and outcome by key) is the one
-/// made for every N anyway.
+/// three tables and a subquery) is read by every replica after every commit it learns of, and
+/// Postgres, left to choose, plans it anew for every N, since a plan made for an N near the end
+/// of the log looks cheaper than one made for any N. That planning was a tenth of Postgres's CPU
+/// at 8 agents; the one plan (the `seq` index, then each row's call, batch and outcome by key)
+/// is the one made for every N anyway, whatever the statistics when it is made (the outcome is a
+/// subquery for that: `statements::call_columns`).
 const LOG_CONNECTIONS: u32 = 2;
 
 /// How many events one transaction of [`Store::sequence_events`] numbers at most.
