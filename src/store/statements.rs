@@ -18,13 +18,12 @@ use crate::domain::{AgentId, code};
 /// The columns `rows::call_from_row` reads, from `calls c` joined with its batch `b`.
 ///
 /// The call's Resolved event is a subquery, not a join: it runs once per row returned, through
-/// the `events_call` index, whatever the plan around it. As a `LEFT JOIN`, the event log's read
-/// on Postgres's log connections (one generic plan each, made at their first read,
-/// `store::postgres`) was planned as a scan of every Resolved event, held in memory, for each
-/// page whenever that first read came before the table had statistics (a broker restarted, or a
-/// log connection opened, on a young or fast-growing log): 2.3 ms for a page of 4 at 3,700
-/// events and growing with the log, against 0.14 ms as a subquery (`EXPLAIN ANALYZE`). SQLite
-/// plans both forms alike, through the index.
+/// the `events_call` index, whatever the plan around it. As a `LEFT JOIN`, a plan made before
+/// the tables had statistics (a young database before autovacuum's first `ANALYZE`, or one whose
+/// server runs without autovacuum) scanned every Resolved event into memory for each read; the
+/// log connections keep the plan of their first read (`store::postgres`) until statistics
+/// arrive: 2.3 ms for a page of 4 at 3,700 events and growing with the log, against 0.14 ms as
+/// a subquery (`EXPLAIN ANALYZE`, docs/benchmarks.md). SQLite plans both forms alike.
 macro_rules! call_columns {
     () => {
         concat!(
