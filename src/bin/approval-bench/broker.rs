@@ -77,6 +77,33 @@ fn stat_cpu(stat: &str) -> Option<(&str, f64)> {
     Some((name, (utime + stime) / CLOCK_TICKS))
 }
 
+/// User plus system CPU seconds of every process named `name` (its command name in `/proc`, at
+/// most 15 bytes), by pid; empty where none runs on this machine (a remote database).
+pub fn cpu_of_processes(name: &str) -> BTreeMap<u32, f64> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return BTreeMap::new();
+    };
+    entries
+        .filter_map(|entry| {
+            let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (comm, seconds) = stat_cpu(&stat)?;
+            (comm == name).then_some((pid, seconds))
+        })
+        .collect()
+}
+
+/// The CPU seconds processes used between two readings of [`cpu_of_processes`]: what each used
+/// since the first (all of it for a process started since); a process that exited meanwhile is
+/// missing from the second and counts for nothing. `None` where no such process was seen.
+pub fn cpu_between(start: &BTreeMap<u32, f64>, end: &BTreeMap<u32, f64>) -> Option<f64> {
+    (!end.is_empty()).then(|| {
+        end.iter()
+            .map(|(pid, seconds)| seconds - start.get(pid).copied().unwrap_or(0.0))
+            .sum()
+    })
+}
+
 /// What a broker thread does, by its name (at most 15 bytes in `/proc`).
 fn thread_kind(name: &str) -> &'static str {
     if name.starts_with("tokio-rt") || name.starts_with("tokio-runtime") {
@@ -133,5 +160,29 @@ mod tests {
     fn this_process_has_threads_with_cpu_time() {
         let kinds = cpu_by_thread("self").expect("/proc/self/task");
         assert!(!kinds.is_empty());
+    }
+
+    #[test]
+    fn processes_are_found_by_name_and_their_cpu_counted_between_two_readings() {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let (name, _) = stat_cpu(&stat).unwrap();
+        let me: u32 = std::process::id();
+        let start = cpu_of_processes(name);
+        assert!(start.contains_key(&me), "{name}: {start:?}");
+        // Burn CPU until /proc shows a tick more.
+        let mut end = cpu_of_processes(name);
+        while end[&me] <= start[&me] {
+            std::hint::black_box((0..100_000u64).sum::<u64>());
+            end = cpu_of_processes(name);
+        }
+        assert!(cpu_between(&start, &end).unwrap() > 0.0);
+        assert!(cpu_of_processes("no-such-proces").is_empty());
+        assert_eq!(cpu_between(&start, &BTreeMap::new()), None);
+        // A process started since counts whole; one that exited, not at all.
+        let started = BTreeMap::from([(1, 2.0), (7, 0.5)]);
+        assert_eq!(
+            cpu_between(&BTreeMap::from([(1, 1.5), (9, 4.0)]), &started),
+            Some(1.0)
+        );
     }
 }

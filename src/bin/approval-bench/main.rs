@@ -148,6 +148,9 @@ struct Args {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The command name of a Postgres server's processes (postmaster and backends) in `/proc`.
+const DATABASE_PROCESS: &str = "postgres";
+
 fn main() {
     // Before the runtime's threads, and before anything opens a database.
     if let Err(code) = approval_broker::store::sqlite_allocator::install() {
@@ -484,7 +487,12 @@ async fn measure(
     let cpu_start = pid.as_deref().and_then(broker::cpu_seconds);
     let threads_start = pid.as_deref().and_then(broker::cpu_by_thread);
     let own_cpu_start = broker::cpu_seconds(&self_pid);
+    // Postgres's processes, where it runs on this machine (it shares the cores with the rest).
+    let database_start =
+        (setup.backend == "postgres").then(|| broker::cpu_of_processes(DATABASE_PROCESS));
     tokio::time::sleep_until(config.measure_end.into()).await;
+    let database_cpu = database_start
+        .and_then(|start| broker::cpu_between(&start, &broker::cpu_of_processes(DATABASE_PROCESS)));
     let cpu_end = pid.as_deref().and_then(broker::cpu_seconds);
     let threads_end = pid.as_deref().and_then(broker::cpu_by_thread);
     let cpu_by_thread = threads_end.zip(threads_start).map(|(end, start)| {
@@ -519,6 +527,7 @@ async fn measure(
         cpu_end.zip(cpu_start).map(|(e, s)| e - s),
         cpu_total,
         own_cpu_end.zip(own_cpu_start).map(|(e, s)| e - s),
+        database_cpu,
         peak_rss_kib,
         drained_after,
     );
@@ -636,6 +645,9 @@ struct Report {
     broker_cpu_by_thread: Option<BTreeMap<&'static str, f64>>,
     broker_cpu_total: Option<f64>,
     bench_cpu: Option<f64>,
+    /// The CPU seconds of every `postgres` process on this machine in the window (`None`: on
+    /// SQLite, or Postgres runs elsewhere).
+    database_cpu: Option<f64>,
     peak_rss_kib: Option<u64>,
     drained_after: Duration,
     auto: Option<AutoApprove>,
@@ -643,6 +655,13 @@ struct Report {
 }
 
 impl Report {
+    /// Postgres's CPU per cycle measured in the window, in microseconds.
+    fn database_cpu_per_cycle_us(&self) -> Option<f64> {
+        self.database_cpu
+            .filter(|_| self.cycles_in_window > 0)
+            .map(|cpu| cpu * 1e6 / self.cycles_in_window as f64)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn compute(
         args: &Args,
@@ -656,6 +675,7 @@ impl Report {
         broker_cpu: Option<f64>,
         broker_cpu_total: Option<f64>,
         bench_cpu: Option<f64>,
+        database_cpu: Option<f64>,
         peak_rss_kib: Option<u64>,
         drained_after: Duration,
     ) -> Report {
@@ -725,6 +745,7 @@ impl Report {
             broker_cpu_by_thread,
             broker_cpu_total,
             bench_cpu,
+            database_cpu,
             peak_rss_kib,
             drained_after,
             auto: args.auto_approve,
@@ -863,6 +884,15 @@ impl Report {
             "bench CPU in the window           {:>12}  (same 2 cores: the load generator competes)",
             opt(self.bench_cpu, " s")
         );
+        if self.backend == "postgres" {
+            println!(
+                "Postgres CPU in the window        {:>12}  ({} per cycle; every `postgres` process of this machine)",
+                self.database_cpu
+                    .map_or("- (not on this machine)".into(), |c| format!("{c:.2} s")),
+                self.database_cpu_per_cycle_us()
+                    .map_or("-".into(), |us| format!("{us:.0} us")),
+            );
+        }
         println!(
             "broker peak RSS                   {:>12}",
             self.peak_rss_kib
@@ -940,6 +970,8 @@ impl Report {
             }),
             "broker_cpu_total_s": self.broker_cpu_total,
             "bench_cpu_s": self.bench_cpu,
+            "database_cpu_s": self.database_cpu,
+            "database_cpu_per_cycle_us": self.database_cpu_per_cycle_us(),
             "clock_ticks_assumed": broker::CLOCK_TICKS,
             "broker_peak_rss_kib": self.peak_rss_kib,
             "accounting": {
