@@ -77,6 +77,9 @@ fn stat_cpu(stat: &str) -> Option<(&str, f64)> {
     Some((name, (utime + stime) / CLOCK_TICKS))
 }
 
+/// The command name of a Postgres server's processes (postmaster and backends) in `/proc`.
+pub const DATABASE_PROCESS: &str = "postgres";
+
 /// User plus system CPU seconds of every process named `name` (its command name in `/proc`, at
 /// most 15 bytes), by pid; empty where none runs on this machine (a remote database).
 pub fn cpu_of_processes(name: &str) -> BTreeMap<u32, f64> {

@@ -148,9 +148,6 @@ struct Args {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// The command name of a Postgres server's processes (postmaster and backends) in `/proc`.
-const DATABASE_PROCESS: &str = "postgres";
-
 fn main() {
     // Before the runtime's threads, and before anything opens a database.
     if let Err(code) = approval_broker::store::sqlite_allocator::install() {
@@ -489,10 +486,11 @@ async fn measure(
     let own_cpu_start = broker::cpu_seconds(&self_pid);
     // Postgres's processes, where it runs on this machine (it shares the cores with the rest).
     let database_start =
-        (setup.backend == "postgres").then(|| broker::cpu_of_processes(DATABASE_PROCESS));
+        (setup.backend == "postgres").then(|| broker::cpu_of_processes(broker::DATABASE_PROCESS));
     tokio::time::sleep_until(config.measure_end.into()).await;
-    let database_cpu = database_start
-        .and_then(|start| broker::cpu_between(&start, &broker::cpu_of_processes(DATABASE_PROCESS)));
+    let database_cpu = database_start.and_then(|start| {
+        broker::cpu_between(&start, &broker::cpu_of_processes(broker::DATABASE_PROCESS))
+    });
     let cpu_end = pid.as_deref().and_then(broker::cpu_seconds);
     let threads_end = pid.as_deref().and_then(broker::cpu_by_thread);
     let cpu_by_thread = threads_end.zip(threads_start).map(|(end, start)| {
@@ -934,6 +932,15 @@ impl Report {
                 self.cycles_per_sec / raw.batched,
                 raw.batch_tasks
             );
+            if let (Some(per_write), Some(batched)) =
+                (raw.per_write_database_cpu_us, raw.batched_database_cpu_us)
+            {
+                println!(
+                    "  Postgres CPU per cycle          {per_write:.0} us per write, {batched:.0} us batched (the broker's: {})",
+                    self.database_cpu_per_cycle_us()
+                        .map_or("-".into(), |us| format!("{us:.0} us"))
+                );
+            }
         }
     }
 
@@ -997,6 +1004,8 @@ impl Report {
                 "batch_tasks": raw.batch_tasks,
                 "broker_ratio_to_per_write": self.cycles_per_sec / raw.per_write,
                 "broker_ratio_to_batched": self.cycles_per_sec / raw.batched,
+                "per_write_database_cpu_per_cycle_us": raw.per_write_database_cpu_us,
+                "batched_database_cpu_per_cycle_us": raw.batched_database_cpu_us,
             })),
         })
     }

@@ -38,6 +38,8 @@ use rusqlite::{Connection, params};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 
+use crate::broker;
+
 /// Cycles per transaction in the batched figure.
 const GROUP: u32 = 100;
 
@@ -114,6 +116,10 @@ pub struct StorageRates {
     pub batch_tasks: u32,
     /// How the writes reach the database.
     pub driver: &'static str,
+    /// Postgres: the CPU of its processes on this machine per cycle, in microseconds, in each
+    /// loop (`None` on SQLite, whose work is the loop's own, or when Postgres runs elsewhere).
+    pub per_write_database_cpu_us: Option<f64>,
+    pub batched_database_cpu_us: Option<f64>,
 }
 
 /// SQLite: a fresh file `raw.db` in `dir`, written by one thread over one connection with the
@@ -205,6 +211,8 @@ fn sqlite_rates(
         connections: 1,
         batch_tasks: 1,
         driver: "the broker's statements, rusqlite on one thread",
+        per_write_database_cpu_us: None,
+        batched_database_cpu_us: None,
     })
 }
 
@@ -324,8 +332,10 @@ pub async fn postgres(
         .await
         .map_err(|e| format!("raw Postgres migrations: {e}"))?;
     let receipt = receipt.as_ref();
-    let per_write = postgres_rate(&pool, concurrency, 1, run_for, input, receipt).await?;
-    let batched = postgres_rate(&pool, connections, GROUP, run_for, input, receipt).await?;
+    let (per_write, per_write_cpu) =
+        postgres_rate(&pool, concurrency, 1, run_for, input, receipt).await?;
+    let (batched, batched_cpu) =
+        postgres_rate(&pool, connections, GROUP, run_for, input, receipt).await?;
     pool.close().await;
     Ok(StorageRates {
         per_write,
@@ -335,10 +345,13 @@ pub async fn postgres(
         connections,
         batch_tasks: connections,
         driver: "the broker's statements, sqlx",
+        per_write_database_cpu_us: per_write_cpu,
+        batched_database_cpu_us: batched_cpu,
     })
 }
 
-/// `tasks` tasks doing cycles, `group` cycles per transaction, for `run_for`: cycles/s.
+/// `tasks` tasks doing cycles, `group` cycles per transaction, for `run_for`: cycles/s, and the
+/// CPU of Postgres's processes on this machine per cycle meanwhile, in microseconds.
 async fn postgres_rate(
     pool: &PgPool,
     tasks: u32,
@@ -346,11 +359,12 @@ async fn postgres_rate(
     run_for: Duration,
     input: &str,
     receipt: Option<&RawReceipt>,
-) -> Result<f64, String> {
+) -> Result<(f64, Option<f64>), String> {
     // Committed writes (a submit or a decide: half a cycle each), counted at each commit so a
     // short window with many tasks queued on few connections does not undercount.
     let writes = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    let database_start = broker::cpu_of_processes(broker::DATABASE_PROCESS);
     let started = Instant::now();
     let mut running = Vec::new();
     for task in 0..tasks {
@@ -374,13 +388,19 @@ async fn postgres_rate(
     tokio::time::sleep(run_for).await;
     let done = writes.load(Ordering::Relaxed) as f64 / 2.0;
     let elapsed = started.elapsed();
+    let database_cpu = broker::cpu_between(
+        &database_start,
+        &broker::cpu_of_processes(broker::DATABASE_PROCESS),
+    )
+    .filter(|_| done > 0.0)
+    .map(|cpu| cpu * 1e6 / done);
     stop.store(true, Ordering::Relaxed);
     for task in running {
         task.await
             .map_err(|e| format!("raw storage task: {e}"))?
             .map_err(|e| format!("raw storage: {e}"))?;
     }
-    Ok(done / elapsed.as_secs_f64())
+    Ok((done / elapsed.as_secs_f64(), database_cpu))
 }
 
 /// The same cycles on Postgres (whose broker numbers events after commit, in a sequencer
