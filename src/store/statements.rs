@@ -540,6 +540,8 @@ fn numbered(first: usize, n: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    use testkit::Schema;
+
     use super::*;
 
     /// Every statement above and its number of parameters (dynamic ones with a few values).
@@ -657,7 +659,7 @@ mod tests {
     )]
     async fn every_statement_prepares_on_postgres_with_its_parameters() {
         use sqlx::{Connection as _, Executor as _, SqlSafeStr as _, Statement as _};
-        let (mut conn, schema) = PostgresSchema::fresh().await;
+        let (_schema, mut conn) = migrated_schema("statements").await;
         let mut all = every_statement();
         all.extend([
             (INSERT_CALL_AND_EVENT.to_owned(), 14),
@@ -685,48 +687,22 @@ mod tests {
             }
         }
         conn.close().await.unwrap();
-        schema.drop().await;
         assert!(failed.is_empty(), "{failed:#?}");
     }
 
-    /// A fresh schema of the database `APPROVALS_TEST_POSTGRES_URL` names, migrated; dropped by
-    /// [`PostgresSchema::drop`].
-    struct PostgresSchema {
-        admin: sqlx::PgConnection,
-        name: String,
-    }
-
-    impl PostgresSchema {
-        /// The schema, and a connection whose search path is it.
-        async fn fresh() -> (sqlx::PgConnection, Self) {
-            use sqlx::{Connection as _, Executor as _};
-            let base = std::env::var("APPROVALS_TEST_POSTGRES_URL").expect("set at build time");
-            let name = format!("statements_{}", uuid::Uuid::new_v4().simple());
-            let mut admin = sqlx::PgConnection::connect(&base).await.unwrap();
-            admin
-                .execute(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
-                .await
-                .unwrap();
-            let sep = if base.contains('?') { '&' } else { '?' };
-            let url = format!("{base}{sep}options=-c%20search_path%3D{name}");
-            let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
-            sqlx::migrate!("./migrations/postgres")
-                .run(&mut conn)
-                .await
-                .unwrap();
-            (conn, Self { admin, name })
-        }
-
-        async fn drop(mut self) {
-            use sqlx::Executor as _;
-            self.admin
-                .execute(sqlx::AssertSqlSafe(format!(
-                    "DROP SCHEMA {} CASCADE",
-                    self.name
-                )))
-                .await
-                .unwrap();
-        }
+    /// A fresh schema of the test database (dropped with the returned [`Schema`], a failed
+    /// assertion's unwinding included), migrated, and a connection whose search path is it.
+    async fn migrated_schema(prefix: &str) -> (Schema, sqlx::PgConnection) {
+        use sqlx::Connection as _;
+        let schema = Schema::create(&testkit::postgres_url(), prefix)
+            .await
+            .unwrap();
+        let mut conn = sqlx::PgConnection::connect(&schema.url()).await.unwrap();
+        sqlx::migrate!("./migrations/postgres")
+            .run(&mut conn)
+            .await
+            .unwrap();
+        (schema, conn)
     }
 
     /// The event log's read, planned once for every page as the log's connections plan it
@@ -740,7 +716,7 @@ mod tests {
     )]
     async fn the_event_logs_read_on_postgres_finds_each_outcome_by_key_whatever_its_page() {
         use sqlx::{Connection as _, Executor as _, Row as _};
-        let (mut conn, schema) = PostgresSchema::fresh().await;
+        let (_schema, mut conn) = migrated_schema("event_log_plan").await;
         // 2,000 decided calls, each with its Requested and Resolved event, and no statistics yet,
         // as in a young database before autovacuum's first ANALYZE.
         conn.execute(sqlx::AssertSqlSafe(format!(
@@ -763,7 +739,7 @@ mod tests {
             .await
             .unwrap();
         // Young (no statistics), then analyzed: the plan is made anew for each. Failures are
-        // gathered, so that the schema is dropped before they are reported.
+        // gathered, so that one run shows every plan that scans.
         let mut failed = Vec::new();
         for analyze in ["", "ANALYZE"] {
             conn.execute(sqlx::AssertSqlSafe(format!(
@@ -790,7 +766,6 @@ mod tests {
             }
         }
         conn.close().await.unwrap();
-        schema.drop().await;
         assert!(failed.is_empty(), "{}", failed.join("\n\n"));
     }
 }

@@ -80,9 +80,31 @@ fn stat_cpu(stat: &str) -> Option<(&str, f64)> {
 /// The command name of a Postgres server's processes (postmaster and backends) in `/proc`.
 pub const DATABASE_PROCESS: &str = "postgres";
 
+/// The CPU of the processes of one name (Postgres's, say) from a first reading on.
+pub struct ProcessCpu {
+    name: &'static str,
+    start: BTreeMap<u32, f64>,
+}
+
+impl ProcessCpu {
+    /// Reads the CPU of every process named `name` now.
+    pub fn start(name: &'static str) -> Self {
+        Self {
+            name,
+            start: cpu_of_processes(name),
+        }
+    }
+
+    /// The CPU seconds they used since [`ProcessCpu::start`] (see [`cpu_between`]); `None`
+    /// where none runs on this machine.
+    pub fn used(&self) -> Option<f64> {
+        cpu_between(&self.start, &cpu_of_processes(self.name))
+    }
+}
+
 /// User plus system CPU seconds of every process named `name` (its command name in `/proc`, at
 /// most 15 bytes), by pid; empty where none runs on this machine (a remote database).
-pub fn cpu_of_processes(name: &str) -> BTreeMap<u32, f64> {
+fn cpu_of_processes(name: &str) -> BTreeMap<u32, f64> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return BTreeMap::new();
     };
@@ -99,7 +121,7 @@ pub fn cpu_of_processes(name: &str) -> BTreeMap<u32, f64> {
 /// The CPU seconds processes used between two readings of [`cpu_of_processes`]: what each used
 /// since the first (all of it for a process started since); a process that exited meanwhile is
 /// missing from the second and counts for nothing. `None` where no such process was seen.
-pub fn cpu_between(start: &BTreeMap<u32, f64>, end: &BTreeMap<u32, f64>) -> Option<f64> {
+fn cpu_between(start: &BTreeMap<u32, f64>, end: &BTreeMap<u32, f64>) -> Option<f64> {
     (!end.is_empty()).then(|| {
         end.iter()
             .map(|(pid, seconds)| seconds - start.get(pid).copied().unwrap_or(0.0))

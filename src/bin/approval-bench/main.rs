@@ -485,12 +485,10 @@ async fn measure(
     let threads_start = pid.as_deref().and_then(broker::cpu_by_thread);
     let own_cpu_start = broker::cpu_seconds(&self_pid);
     // Postgres's processes, where it runs on this machine (it shares the cores with the rest).
-    let database_start =
-        (setup.backend == "postgres").then(|| broker::cpu_of_processes(broker::DATABASE_PROCESS));
+    let database =
+        (setup.backend == "postgres").then(|| broker::ProcessCpu::start(broker::DATABASE_PROCESS));
     tokio::time::sleep_until(config.measure_end.into()).await;
-    let database_cpu = database_start.and_then(|start| {
-        broker::cpu_between(&start, &broker::cpu_of_processes(broker::DATABASE_PROCESS))
-    });
+    let database_cpu = database.and_then(|database| database.used());
     let cpu_end = pid.as_deref().and_then(broker::cpu_seconds);
     let threads_end = pid.as_deref().and_then(broker::cpu_by_thread);
     let cpu_by_thread = threads_end.zip(threads_start).map(|(end, start)| {

@@ -364,7 +364,7 @@ async fn postgres_rate(
     // short window with many tasks queued on few connections does not undercount.
     let writes = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let database_start = broker::cpu_of_processes(broker::DATABASE_PROCESS);
+    let database = broker::ProcessCpu::start(broker::DATABASE_PROCESS);
     let started = Instant::now();
     let mut running = Vec::new();
     for task in 0..tasks {
@@ -388,12 +388,10 @@ async fn postgres_rate(
     tokio::time::sleep(run_for).await;
     let done = writes.load(Ordering::Relaxed) as f64 / 2.0;
     let elapsed = started.elapsed();
-    let database_cpu = broker::cpu_between(
-        &database_start,
-        &broker::cpu_of_processes(broker::DATABASE_PROCESS),
-    )
-    .filter(|_| done > 0.0)
-    .map(|cpu| cpu * 1e6 / done);
+    let database_cpu = database
+        .used()
+        .filter(|_| done > 0.0)
+        .map(|cpu| cpu * 1e6 / done);
     stop.store(true, Ordering::Relaxed);
     for task in running {
         task.await
