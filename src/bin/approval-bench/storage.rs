@@ -120,6 +120,29 @@ pub struct StorageRates {
     /// loop (`None` on SQLite, whose work is the loop's own, or when Postgres runs elsewhere).
     pub per_write_database_cpu_us: Option<f64>,
     pub batched_database_cpu_us: Option<f64>,
+    /// All the CPU a cycle of each loop cost this machine, in microseconds: the loop's own (this
+    /// process's) and, on Postgres, the database's (`None` when Postgres runs elsewhere).
+    pub per_write_cpu_us: Option<f64>,
+    pub batched_cpu_us: Option<f64>,
+}
+
+/// What one loop measured: its cycles/s and the CPU it cost per cycle, in microseconds, in this
+/// process and in Postgres's processes on this machine.
+#[derive(Debug, Clone, Copy)]
+struct LoopRate {
+    cycles_per_s: f64,
+    own_cpu_us: Option<f64>,
+    database_cpu_us: Option<f64>,
+}
+
+/// This process's CPU seconds now (all its threads).
+fn own_cpu() -> Option<f64> {
+    broker::cpu_seconds("self")
+}
+
+/// CPU seconds `used` spread over `cycles`, in microseconds per cycle.
+fn per_cycle_us(used: Option<f64>, cycles: f64) -> Option<f64> {
+    used.filter(|_| cycles > 0.0).map(|cpu| cpu * 1e6 / cycles)
 }
 
 /// SQLite: a fresh file `raw.db` in `dir`, written by one thread over one connection with the
@@ -190,7 +213,8 @@ fn sqlite_rates(
             }
         })
     };
-    let mut rate = |group: u32| -> rusqlite::Result<f64> {
+    let mut rate = |group: u32| -> rusqlite::Result<LoopRate> {
+        let cpu_start = own_cpu();
         let started = Instant::now();
         let mut cycles = 0u64;
         while started.elapsed() < run_for {
@@ -198,14 +222,22 @@ fn sqlite_rates(
             sqlite_cycles(&mut conn, &prefix, group, input, receipt)?;
             cycles += u64::from(group);
         }
-        Ok(cycles as f64 / started.elapsed().as_secs_f64())
+        let elapsed = started.elapsed();
+        // The checkpointer's copies are in this process's CPU, as the broker's are in its own.
+        let used = own_cpu().zip(cpu_start).map(|(end, start)| end - start);
+        Ok(LoopRate {
+            cycles_per_s: cycles as f64 / elapsed.as_secs_f64(),
+            own_cpu_us: per_cycle_us(used, cycles as f64),
+            database_cpu_us: None,
+        })
     };
     let rates = (rate(1), rate(GROUP));
     writing.store(false, Ordering::Relaxed);
     let _ = checkpointing.join();
+    let (per_write, batched) = (rates.0?, rates.1?);
     Ok(StorageRates {
-        per_write: rates.0?,
-        batched: rates.1?,
+        per_write: per_write.cycles_per_s,
+        batched: batched.cycles_per_s,
         group: GROUP,
         concurrency: 1,
         connections: 1,
@@ -213,6 +245,9 @@ fn sqlite_rates(
         driver: "the broker's statements, rusqlite on one thread",
         per_write_database_cpu_us: None,
         batched_database_cpu_us: None,
+        // SQLite's work is the loop's own.
+        per_write_cpu_us: per_write.own_cpu_us,
+        batched_cpu_us: batched.own_cpu_us,
     })
 }
 
@@ -332,26 +367,32 @@ pub async fn postgres(
         .await
         .map_err(|e| format!("raw Postgres migrations: {e}"))?;
     let receipt = receipt.as_ref();
-    let (per_write, per_write_cpu) =
-        postgres_rate(&pool, concurrency, 1, run_for, input, receipt).await?;
-    let (batched, batched_cpu) =
-        postgres_rate(&pool, connections, GROUP, run_for, input, receipt).await?;
+    let per_write = postgres_rate(&pool, concurrency, 1, run_for, input, receipt).await?;
+    let batched = postgres_rate(&pool, connections, GROUP, run_for, input, receipt).await?;
     pool.close().await;
+    // The client's CPU and the database's, where the database runs on this machine.
+    let machine = |rate: LoopRate| {
+        rate.own_cpu_us
+            .zip(rate.database_cpu_us)
+            .map(|(own, database)| own + database)
+    };
     Ok(StorageRates {
-        per_write,
-        batched,
+        per_write: per_write.cycles_per_s,
+        batched: batched.cycles_per_s,
         group: GROUP,
         concurrency,
         connections,
         batch_tasks: connections,
         driver: "the broker's statements, sqlx",
-        per_write_database_cpu_us: per_write_cpu,
-        batched_database_cpu_us: batched_cpu,
+        per_write_database_cpu_us: per_write.database_cpu_us,
+        batched_database_cpu_us: batched.database_cpu_us,
+        per_write_cpu_us: machine(per_write),
+        batched_cpu_us: machine(batched),
     })
 }
 
 /// `tasks` tasks doing cycles, `group` cycles per transaction, for `run_for`: cycles/s, and the
-/// CPU of Postgres's processes on this machine per cycle meanwhile, in microseconds.
+/// CPU per cycle meanwhile of this process and of Postgres's processes on this machine.
 async fn postgres_rate(
     pool: &PgPool,
     tasks: u32,
@@ -359,12 +400,13 @@ async fn postgres_rate(
     run_for: Duration,
     input: &str,
     receipt: Option<&RawReceipt>,
-) -> Result<(f64, Option<f64>), String> {
+) -> Result<LoopRate, String> {
     // Committed writes (a submit or a decide: half a cycle each), counted at each commit so a
     // short window with many tasks queued on few connections does not undercount.
     let writes = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let database = broker::ProcessCpu::start(broker::DATABASE_PROCESS);
+    let own_start = own_cpu();
     let started = Instant::now();
     let mut running = Vec::new();
     for task in 0..tasks {
@@ -388,17 +430,22 @@ async fn postgres_rate(
     tokio::time::sleep(run_for).await;
     let done = writes.load(Ordering::Relaxed) as f64 / 2.0;
     let elapsed = started.elapsed();
-    let database_cpu = database
-        .used()
-        .filter(|_| done > 0.0)
-        .map(|cpu| cpu * 1e6 / done);
+    let database_cpu_us = per_cycle_us(database.used(), done);
+    let own_cpu_us = per_cycle_us(
+        own_cpu().zip(own_start).map(|(end, start)| end - start),
+        done,
+    );
     stop.store(true, Ordering::Relaxed);
     for task in running {
         task.await
             .map_err(|e| format!("raw storage task: {e}"))?
             .map_err(|e| format!("raw storage: {e}"))?;
     }
-    Ok((done / elapsed.as_secs_f64(), database_cpu))
+    Ok(LoopRate {
+        cycles_per_s: done / elapsed.as_secs_f64(),
+        own_cpu_us,
+        database_cpu_us,
+    })
 }
 
 /// The same cycles on Postgres (whose broker numbers events after commit, in a sequencer
@@ -519,6 +566,9 @@ mod tests {
             .await
             .expect("a raw run");
         assert!(rates.per_write > 0.0 && rates.batched > 0.0, "{rates:?}");
+        // Each loop's CPU per cycle is measured: the bench's ceiling is computed from it.
+        assert!(rates.per_write_cpu_us.is_some(), "{rates:?}");
+        assert!(rates.batched_cpu_us.is_some_and(|us| us > 0.0), "{rates:?}");
         let url = format!("sqlite://{}", dir.path().join("raw.db").display());
         let mut conn = sqlx::SqliteConnection::connect(&url).await.expect("open");
         let counts: (i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64) =
