@@ -45,7 +45,8 @@ const GROUP: u32 = 100;
 
 /// What the raw loop writes for each outcome's receipt, when the broker signs receipts: the
 /// broker's receipt for the bench's call (signed once, with a throwaway key) in the forms the
-/// broker stores, its parts (SQLite) and its envelope (Postgres), and its payload's digest.
+/// broker stores, its parts (SQLite) and its envelope (Postgres), and its payload's digest; and
+/// what signing it costs, which every broker pays per outcome and the loop does not.
 #[derive(Debug, Clone)]
 pub struct RawReceipt {
     payload: String,
@@ -53,7 +54,13 @@ pub struct RawReceipt {
     sig: String,
     envelope: String,
     digest: String,
+    /// CPU per signature of the payload, in microseconds (the fastest of [`SIGNING_ROUNDS`]).
+    pub signing_cpu_us: f64,
 }
+
+/// Rounds of [`SIGNATURES_PER_ROUND`] signatures timed for [`RawReceipt::signing_cpu_us`].
+const SIGNING_ROUNDS: usize = 5;
+const SIGNATURES_PER_ROUND: u32 = 100;
 
 impl RawReceipt {
     /// The receipt the broker would sign for the bench's call with `input`, approved as asked.
@@ -100,9 +107,25 @@ impl RawReceipt {
             sig: notary.sign(&payload),
             envelope: notary.seal(&payload),
             digest: sha256_hex(payload.as_bytes()),
+            signing_cpu_us: signing_cpu_us(&notary, &payload),
             payload,
         })
     }
+}
+
+/// The CPU one signature of `payload` takes, in microseconds: the fastest of a few rounds, timed
+/// by the clock, so a round whose thread was interrupted (or moved off its core) does not count
+/// and the figure errs low, as a floor should.
+fn signing_cpu_us(notary: &Notary, payload: &str) -> f64 {
+    (0..SIGNING_ROUNDS)
+        .map(|_| {
+            let started = Instant::now();
+            for _ in 0..SIGNATURES_PER_ROUND {
+                std::hint::black_box(notary.sign(std::hint::black_box(payload)));
+            }
+            started.elapsed().as_secs_f64() * 1e6 / f64::from(SIGNATURES_PER_ROUND)
+        })
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// Cycles per second, one transaction per write and `group` cycles per transaction.
@@ -124,6 +147,9 @@ pub struct StorageRates {
     /// process's) and, on Postgres, the database's (`None` when Postgres runs elsewhere).
     pub per_write_cpu_us: Option<f64>,
     pub batched_cpu_us: Option<f64>,
+    /// CPU per receipt signature, in microseconds: a cost of every outcome the loop does not
+    /// pay (`None`: receipts are off).
+    pub signing_cpu_us: Option<f64>,
 }
 
 /// What one loop measured: its cycles/s and the CPU it cost per cycle, in microseconds, in this
@@ -173,6 +199,7 @@ pub async fn sqlite(
         .map_err(|e| format!("raw SQLite migrations: {e}"))?;
     migrator.close().await;
 
+    let signing_cpu_us = receipt.as_ref().map(|r| r.signing_cpu_us);
     let (done, rates) = tokio::sync::oneshot::channel();
     let input = input.to_owned();
     std::thread::Builder::new()
@@ -181,10 +208,14 @@ pub async fn sqlite(
             let _ = done.send(sqlite_rates(path, run_for, &input, receipt.as_ref()));
         })
         .map_err(|e| format!("raw SQLite thread: {e}"))?;
-    rates
+    let rates = rates
         .await
         .map_err(|_| "the raw SQLite thread died".to_owned())?
-        .map_err(|e| format!("raw SQLite: {e}"))
+        .map_err(|e| format!("raw SQLite: {e}"))?;
+    Ok(StorageRates {
+        signing_cpu_us,
+        ..rates
+    })
 }
 
 /// Both SQLite figures, on the calling thread.
@@ -248,6 +279,7 @@ fn sqlite_rates(
         // SQLite's work is the loop's own.
         per_write_cpu_us: per_write.own_cpu_us,
         batched_cpu_us: batched.own_cpu_us,
+        signing_cpu_us: None,
     })
 }
 
@@ -388,6 +420,7 @@ pub async fn postgres(
         batched_database_cpu_us: batched.database_cpu_us,
         per_write_cpu_us: machine(per_write),
         batched_cpu_us: machine(batched),
+        signing_cpu_us: receipt.map(|r| r.signing_cpu_us),
     })
 }
 
@@ -566,9 +599,11 @@ mod tests {
             .await
             .expect("a raw run");
         assert!(rates.per_write > 0.0 && rates.batched > 0.0, "{rates:?}");
-        // Each loop's CPU per cycle is measured: the bench's ceiling is computed from it.
+        // Each loop's CPU per cycle is measured, and the signature's: the bench's ceiling is
+        // computed from them.
         assert!(rates.per_write_cpu_us.is_some(), "{rates:?}");
         assert!(rates.batched_cpu_us.is_some_and(|us| us > 0.0), "{rates:?}");
+        assert!(rates.signing_cpu_us.is_some_and(|us| us > 0.0), "{rates:?}");
         let url = format!("sqlite://{}", dir.path().join("raw.db").display());
         let mut conn = sqlx::SqliteConnection::connect(&url).await.expect("open");
         let counts: (i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64) =
