@@ -80,26 +80,61 @@ fn stat_cpu(stat: &str) -> Option<(&str, f64)> {
 /// The command name of a Postgres server's processes (postmaster and backends) in `/proc`.
 pub const DATABASE_PROCESS: &str = "postgres";
 
-/// The CPU of the processes of one name (Postgres's, say) from a first reading on.
+/// The CPU of some processes (Postgres's, say, or this one) from a first reading on.
 pub struct ProcessCpu {
-    name: &'static str,
+    whose: Whose,
     start: BTreeMap<u32, f64>,
+}
+
+/// Which processes a [`ProcessCpu`] reads.
+#[derive(Clone, Copy)]
+enum Whose {
+    /// Every process of this command name.
+    Named(&'static str),
+    /// This process (all its threads, those that exited included).
+    This,
+}
+
+impl Whose {
+    fn read(self) -> BTreeMap<u32, f64> {
+        match self {
+            Whose::Named(name) => cpu_of_processes(name),
+            Whose::This => cpu_seconds("self")
+                .map(|seconds| (std::process::id(), seconds))
+                .into_iter()
+                .collect(),
+        }
+    }
 }
 
 impl ProcessCpu {
     /// Reads the CPU of every process named `name` now.
     pub fn start(name: &'static str) -> Self {
+        Self::reading(Whose::Named(name))
+    }
+
+    /// Reads this process's CPU now.
+    pub fn this_process() -> Self {
+        Self::reading(Whose::This)
+    }
+
+    fn reading(whose: Whose) -> Self {
         Self {
-            name,
-            start: cpu_of_processes(name),
+            whose,
+            start: whose.read(),
         }
     }
 
-    /// The CPU seconds they used since [`ProcessCpu::start`] (see [`cpu_between`]); `None`
-    /// where none runs on this machine.
+    /// The CPU seconds they used since the first reading (see [`cpu_between`]); `None` where
+    /// none runs on this machine.
     pub fn used(&self) -> Option<f64> {
-        cpu_between(&self.start, &cpu_of_processes(self.name))
+        cpu_between(&self.start, &self.whose.read())
     }
+}
+
+/// CPU seconds `used` over `cycles` cycles, in microseconds per cycle (`None` without cycles).
+pub fn per_cycle_us(used: Option<f64>, cycles: f64) -> Option<f64> {
+    used.filter(|_| cycles > 0.0).map(|cpu| cpu * 1e6 / cycles)
 }
 
 /// User plus system CPU seconds of every process named `name` (its command name in `/proc`, at
