@@ -80,7 +80,7 @@ fn stat_cpu(stat: &str) -> Option<(&str, f64)> {
 /// The command name of a Postgres server's processes (postmaster and backends) in `/proc`.
 pub const DATABASE_PROCESS: &str = "postgres";
 
-/// The CPU of some processes (Postgres's, say, or this one) from a first reading on.
+/// The CPU of some processes (Postgres's, say, the broker, or this one) from a first reading on.
 pub struct ProcessCpu {
     whose: Whose,
     start: BTreeMap<u32, f64>,
@@ -91,16 +91,16 @@ pub struct ProcessCpu {
 enum Whose {
     /// Every process of this command name.
     Named(&'static str),
-    /// This process (all its threads, those that exited included).
-    This,
+    /// One process (all its threads, those that exited included).
+    Pid(u32),
 }
 
 impl Whose {
     fn read(self) -> BTreeMap<u32, f64> {
         match self {
             Whose::Named(name) => cpu_of_processes(name),
-            Whose::This => cpu_seconds("self")
-                .map(|seconds| (std::process::id(), seconds))
+            Whose::Pid(pid) => cpu_seconds(&pid.to_string())
+                .map(|seconds| (pid, seconds))
                 .into_iter()
                 .collect(),
         }
@@ -113,9 +113,14 @@ impl ProcessCpu {
         Self::reading(Whose::Named(name))
     }
 
+    /// Reads the CPU of process `pid` now.
+    pub fn of(pid: u32) -> Self {
+        Self::reading(Whose::Pid(pid))
+    }
+
     /// Reads this process's CPU now.
     pub fn this_process() -> Self {
-        Self::reading(Whose::This)
+        Self::of(std::process::id())
     }
 
     fn reading(whose: Whose) -> Self {

@@ -401,12 +401,12 @@ async fn measure(
     drain: Duration,
 ) -> Result<Measured, String> {
     // One replica's CPU is not the broker's: with several, none is reported.
-    let pid = setup
+    let broker_pid = setup
         .broker
         .as_ref()
         .filter(|_| setup.replicas.is_empty())
-        .and_then(|b| b.pid())
-        .map(|pid| pid.to_string());
+        .and_then(|b| b.pid());
+    let pid = broker_pid.map(|pid| pid.to_string());
     // Calls approved at submit need no approver.
     let approvers = if args.auto_approve.is_some() {
         0
@@ -482,7 +482,7 @@ async fn measure(
         schema.analyze().await?;
     }
     tokio::time::sleep_until(config.measure_start.into()).await;
-    let cpu_start = pid.as_deref().and_then(broker::cpu_seconds);
+    let broker_cpu = broker_pid.map(broker::ProcessCpu::of);
     let threads_start = pid.as_deref().and_then(broker::cpu_by_thread);
     let own_cpu = broker::ProcessCpu::this_process();
     // Postgres's processes, where it runs on this machine (it shares the cores with the rest).
@@ -490,7 +490,7 @@ async fn measure(
         (setup.backend == "postgres").then(|| broker::ProcessCpu::start(broker::DATABASE_PROCESS));
     tokio::time::sleep_until(config.measure_end.into()).await;
     let database_cpu = database.and_then(|database| database.used());
-    let cpu_end = pid.as_deref().and_then(broker::cpu_seconds);
+    let broker_cpu = broker_cpu.and_then(|cpu| cpu.used());
     let threads_end = pid.as_deref().and_then(broker::cpu_by_thread);
     let cpu_by_thread = threads_end.zip(threads_start).map(|(end, start)| {
         end.into_iter()
@@ -521,7 +521,7 @@ async fn measure(
         &shared,
         &records,
         duration,
-        cpu_end.zip(cpu_start).map(|(e, s)| e - s),
+        broker_cpu,
         cpu_total,
         bench_cpu,
         database_cpu,
@@ -1054,7 +1054,7 @@ impl Report {
 /// server at all. A broker measured beside this load generator stays below it; a goal above it
 /// cannot be shown met on the machine. The load generator's cost is the one measured at the
 /// broker's rate, on cores it shares: a cheaper client, or one on other cores, moves the figure.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 struct Ceiling {
     cores: usize,
     storage_us: f64,
