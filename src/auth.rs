@@ -18,7 +18,7 @@ use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
 use crate::domain::policy::group_name;
-use crate::domain::{AgentId, Call};
+use crate::domain::{AgentId, Call, Identity};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +65,10 @@ impl fmt::Display for Role {
 struct Entry {
     hash: [u8; 32],
     role: Role,
+    /// Its identity, canonical ([`Identity`]).
     identity: String,
+    /// The identity as the token file spells it (for errors).
+    typed: String,
     /// The approver groups it belongs to (`groups=a,b`), sorted.
     groups: Arc<[String]>,
 }
@@ -125,10 +128,24 @@ impl Tokens {
                 .strip_prefix("sha256:")
                 .and_then(decode_hex)
                 .ok_or_else(|| bad("the hash must be sha256: and 64 hex digits"))?;
-            if identity.len() > 256 || identity.chars().any(char::is_control) {
-                return Err(bad(
-                    "the identity must be at most 256 bytes, no control characters",
-                ));
+            // One canonical form (NFKC, case-folded): `Alice` and `alice` are one person, and
+            // two entries that spell one person two ways are refused, naming both, rather than
+            // counted as two approvers.
+            let typed = identity;
+            let identity = Identity::parse("identity", typed)
+                .map_err(|e| bad(&e.to_string()))?
+                .into_string();
+            if let Some(first) = tokens
+                .entries
+                .iter()
+                .position(|e| e.identity == identity && e.typed != typed)
+            {
+                return Err(bad(&format!(
+                    "the identity `{typed}` is the identity `{}` of entry {} written another \
+                     way (identities are compared in one form: Unicode NFKC, case-folded); \
+                     spell one person one way",
+                    tokens.entries[first].typed, tokens.lines[first]
+                )));
             }
             // One token, one role and identity: a second listing would make the role depend on
             // the order of lines, so it is refused rather than resolved.
@@ -143,7 +160,8 @@ impl Tokens {
             tokens.entries.push(Entry {
                 hash,
                 role,
-                identity: identity.to_owned(),
+                typed: typed.to_owned(),
+                identity,
                 groups: groups.into(),
             });
             tokens.lines.push(n + 1);
@@ -259,7 +277,7 @@ impl Caller {
             Caller::Anonymous if from_request.is_empty() => {
                 Err(Error::invalid("approver", "must name who decides"))
             }
-            Caller::Anonymous => Ok(from_request),
+            Caller::Anonymous => Ok(Identity::parse("approver", &from_request)?.into_string()),
         }
     }
 }
@@ -386,6 +404,41 @@ mod tests {
         );
         assert!(tokens.authenticate("s3cret ").is_none());
         assert!(tokens.authenticate("").is_none());
+    }
+
+    #[test]
+    fn one_person_spelt_two_ways_is_refused_naming_both_and_identities_are_canonical() {
+        let text = format!(
+            "approver alice {}\napprover bob {}\napprover Alice {}",
+            hash_token("a"),
+            hash_token("b"),
+            hash_token("c")
+        );
+        let err = Tokens::parse(&text, "tokens").unwrap_err().to_string();
+        assert!(err.starts_with("tokens: entry 3"), "{err}");
+        assert!(
+            err.contains("`Alice`") && err.contains("`alice` of entry 1"),
+            "{err}"
+        );
+        // Fullwidth letters are the same person too.
+        let text = format!(
+            "approver alice {}\napprover ａｌｉｃｅ {}",
+            hash_token("a"),
+            hash_token("c")
+        );
+        assert!(Tokens::parse(&text, "tokens").is_err());
+        // The same spelling on two tokens (a laptop and a phone) is one person with two tokens.
+        let text = format!(
+            "approver Alice {}\napprover Alice {}",
+            hash_token("a"),
+            hash_token("c")
+        );
+        let tokens = Tokens::parse(&text, "tokens").unwrap();
+        assert_eq!(tokens.authenticate("c").unwrap().identity, "alice");
+        // A comma would read as a list of people.
+        let text = format!("approver x,y {}", hash_token("a"));
+        let err = Tokens::parse(&text, "tokens").unwrap_err().to_string();
+        assert!(err.contains("comma"), "{err}");
     }
 
     #[test]

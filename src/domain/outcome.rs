@@ -95,6 +95,21 @@ impl DecidedBy {
     }
 }
 
+impl DecidedBy {
+    /// The people who decided, one identity each (identities hold no comma, so the stored
+    /// `approver:a,b` splits unambiguously); empty when no person did.
+    pub fn approvers(&self) -> Vec<String> {
+        match self {
+            DecidedBy::Approver(names) => names
+                .split(',')
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
 impl fmt::Display for DecidedBy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -169,6 +184,14 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// Who decides, as the gate counts people: the approver's canonical identity and groups.
+    pub fn person(&self) -> super::policy::Person {
+        super::policy::Person::new(
+            super::Identity::from_stored(&self.approver),
+            self.approver_groups.clone(),
+        )
+    }
+
     /// Checks a decision against the outcome that already stands: the same verdict, running
     /// the same input, is a harmless repeat (`Ok`); anything else is refused, naming the outcome
     /// that stands. `submitted` is the call's own input.
@@ -317,4 +340,8 @@ pub struct DecideReport {
     pub grant: Option<super::policy::Grant>,
     /// Pending calls the new grant decided at once.
     pub decided_by_grant: Vec<Call>,
+    /// Set when the new grant's authors could not decide calls like this one by themselves (a
+    /// grant made by the vote that completes a quorum names only the voters who chose its
+    /// scope): the grant is kept, and decides only the calls its authors could decide.
+    pub grant_note: Option<String>,
 }

@@ -12,8 +12,8 @@ use crate::domain::policy::{
 };
 use crate::domain::{
     AgentId, BatchId, CallId, CallKey, CallQuery, CancelScope, CancelTarget, Cursor,
-    DecidedByFilter, Decision, GrantQuery, MAX_BATCH_CALLS, NewBatch, NewCall, OnDeny, SessionId,
-    Status, Timestamp, ToolInput, ToolName, Verdict, refuse_invisible,
+    DecidedByFilter, Decision, GrantQuery, Identity, MAX_BATCH_CALLS, NewBatch, NewCall, OnDeny,
+    SessionId, Status, Timestamp, ToolInput, ToolName, Verdict, refuse_invisible,
 };
 use crate::error::{Error, Result};
 use crate::proto::v1 as pb;
@@ -130,9 +130,18 @@ fn new_call(
         workspace: name(&field("workspace"), spec.workspace, MAX_WORKSPACE_BYTES)?,
         supersede_key: optional_name(&field("supersede_key"), spec.supersede_key, 256)?,
         deadline,
-        requested_by: name(&field("requested_by"), spec.requested_by, 256)?,
+        requested_by: requested_by(&field("requested_by"), spec.requested_by)?,
         prejudged: Default::default(),
     })
+}
+
+/// The person a call acts for, in the one canonical form identities are compared in (see
+/// [`Identity`]); empty: nobody named.
+fn requested_by(field: &str, value: String) -> Result<String> {
+    if value.is_empty() {
+        return Ok(value);
+    }
+    Ok(Identity::parse(field, &value)?.into_string())
 }
 
 /// Optional one-line text: no control characters.

@@ -82,7 +82,7 @@ pub fn approval(a: &Approval) -> pb::ApprovalProgress {
                 approve: v.approve,
                 reason: v.reason.clone(),
                 at: Some(timestamp(Timestamp::from_micros(v.at))),
-                groups: v.groups.clone(),
+                groups: v.groups.clone().unwrap_or_default(),
             })
             .collect(),
         summary: a.progress(),
@@ -133,6 +133,7 @@ pub fn outcome(c: &Call) -> Option<pb::Outcome> {
         input_edited: o.input_edited,
         batch_id: c.batch_id.as_str().to_owned(),
         position: c.position,
+        decided_by_approvers: o.decided_by.approvers(),
     })
 }
 
@@ -267,6 +268,7 @@ pub fn decide_response(
         truncated: !(all_skipped && all_by_grant),
         // A vote that left the call pending: the call, with its votes so far.
         pending: report.call.outcome.is_none().then(|| call(&report.call)),
+        grant_note: report.grant_note.clone().unwrap_or_default(),
     }
 }
 
@@ -380,6 +382,11 @@ pub fn grant(g: &Grant, now: Timestamp) -> pb::Grant {
         source_call_id: spec.source.call_id.to_string(),
         reason: spec.reason.clone(),
         active: g.is_live(now),
+        authors: spec
+            .authors
+            .iter()
+            .map(|a| a.identity.as_str().to_owned())
+            .collect(),
     }
 }
 

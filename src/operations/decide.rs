@@ -15,7 +15,8 @@ use super::routing::{self, Voted};
 use super::ruling::{decide_by_ruling, skip_rest_of_batch};
 use super::tx::{PolicyTx, Resolved, Stored, WriteTx, batches_of, complete_batches};
 use crate::domain::policy::{
-    Effect, Grant, GrantScope, GrantSpec, Matcher, Prejudged, Remember, Scope, Subject,
+    Effect, Gate, Grant, GrantScope, GrantSpec, Matcher, Person, Prejudged, Remember, Scope,
+    Subject, Vote,
 };
 use crate::domain::{
     Call, CallKey, DecideReport, DecidedBy, Decision, OnDeny, Outcome, OutcomeKind, Timestamp,
@@ -58,7 +59,7 @@ pub async fn decide_in(
         return Err(key.not_found());
     };
     routing::check_approver(&call, decision)?;
-    let grant = decision
+    let mut grant = decision
         .remember
         .as_ref()
         .map(|remember| grant_spec(&call, decision, remember, now))
@@ -94,7 +95,14 @@ pub async fn decide_in(
             }
             if call.approval.is_some() {
                 match routing::vote(tx, rowid, decision, now).await? {
-                    Voted::Resolve(by) => outcome.decided_by = by,
+                    Voted::Resolve { by, votes } => {
+                        outcome.decided_by = by;
+                        if let (Some(spec), Some(remember)) = (&mut grant, &decision.remember)
+                            && !votes.is_empty()
+                        {
+                            spec.authors = authors_of(&votes, decision, remember);
+                        }
+                    }
                     Voted::Pending { call, repeated } => {
                         // Not complete: nothing is decided, skipped or remembered yet.
                         return Ok(DecideReport {
@@ -103,6 +111,7 @@ pub async fn decide_in(
                             skipped: Vec::new(),
                             grant: None,
                             decided_by_grant: Vec::new(),
+                            grant_note: None,
                         });
                     }
                 }
@@ -126,6 +135,7 @@ pub async fn decide_in(
             skipped: Vec::new(),
             grant: tx.grant_from_call(key).await?,
             decided_by_grant: Vec::new(),
+            grant_note: None,
         });
     };
 
@@ -139,8 +149,16 @@ pub async fn decide_in(
     }
     let mut created = None;
     let mut decided_by_grant = Vec::new();
+    let mut grant_note = None;
     if let Some(spec) = grant {
         let grant = tx.insert_grant(&spec).await?;
+        grant_note = Gate::of(&call).admits_grant(&spec).err().map(|why| {
+            format!(
+                "grant {} is kept, but cannot decide calls like this one: {why}; it decides \
+                 only the calls its authors could decide themselves",
+                grant.id
+            )
+        });
         let (decided, also_skipped) = decide_covered(
             tx,
             &grant,
@@ -174,6 +192,7 @@ pub async fn decide_in(
         skipped: Vec::with_capacity(skipped.len()),
         grant: created,
         decided_by_grant: Vec::with_capacity(decided_by_grant.len()),
+        grant_note,
     };
     for rowid in skipped {
         report.skipped.push(tx.load_call(rowid).await?);
@@ -262,11 +281,38 @@ fn grant_spec(
             Verdict::Deny => Effect::Deny,
         },
         created_by: DecidedBy::Approver(decision.approver.clone()).to_string(),
+        authors: match &call.approval {
+            // Predicted from the votes read so far; set from the votes counted under the
+            // call's lock once the vote completes the call.
+            Some(approval) => {
+                let mut votes: Vec<Vote> = approval.votes.clone();
+                votes.push(Vote::new(decision, now));
+                authors_of(&votes, decision, remember)
+            }
+            None => vec![decision.person()],
+        },
         created_at: now,
         expires_at: remember.expires_in.map(|d| now.saturating_add(d)),
         source: call.key.clone(),
         reason: decision.reason.clone(),
     })
+}
+
+/// A grant's authors, from the votes that decided its call: the voters who asked to remember
+/// the same thing as `remember` with the same verdict (a vote that remembers nothing, or
+/// something else, makes nobody an author of this grant).
+fn authors_of(votes: &[Vote], decision: &Decision, remember: &Remember) -> Vec<Person> {
+    let key = remember.key();
+    let mut authors: Vec<Person> = Vec::new();
+    for vote in votes {
+        if vote.verdict() == decision.verdict
+            && vote.remember.as_deref() == Some(key.as_str())
+            && !authors.iter().any(|a| a.identity.is(&vote.approver))
+        {
+            authors.push(vote.person());
+        }
+    }
+    authors
 }
 
 /// The pending calls (other than `except`) a grant about to be created covers, still before
@@ -284,8 +330,8 @@ async fn pending_covered_by(
     Ok(pending
         .into_iter()
         .filter(|p| p.rowid != except)
-        // A call with a requirement waits for the approvers it names, whatever a grant says.
-        .filter(|p| p.call.approval.is_none())
+        // The gate: the grant decides only what its authors could have decided themselves.
+        .filter(|p| Gate::of(&p.call).admits_grant(spec).is_ok())
         .filter(|p| p.call.deadline.is_none_or(|d| d > now))
         .filter(|p| {
             spec.covers(&Subject::of_call(&p.call).with_prejudged(prejudged.get(&p.call.key)))
@@ -314,11 +360,12 @@ async fn decide_covered(
         .live_grants(&grant.spec.agent, None, &[&grant.spec.tool], now)
         .await?;
     for Stored { rowid, call } in covered {
+        let requirement = call.approval.as_ref().map(|a| &a.requirement);
         if let Some((own, siblings)) = decide_by_ruling(
             tx,
             (rowid, &call, prejudged.get(&call.key)),
-            &rules,
-            &grants,
+            requirement,
+            (&rules, &grants),
             texts,
             now,
         )

@@ -1,11 +1,13 @@
 //! Explain, for every backend: reads what a submit reads (every rule, and the live grants of the
 //! call's agent and tool), through the same primitives, and asks the same pure function,
-//! [`evaluate`], so its answer is what a submit of the call would get now; and what the shadow
+//! [`evaluate_gated`] with the call's [`Gate`], so its answer is what a submit of the call would get now; and what the shadow
 //! rules would do, by [`shadow_verdicts`], as a submit records it.
 
 use super::routing::requirement_of;
 use super::tx::{PolicyTx, WriteTx};
-use crate::domain::policy::{Approval, Decider, Ruling, Subject, evaluate, shadow_verdicts};
+use crate::domain::policy::{
+    Approval, Decider, Gate, Ruling, Subject, evaluate_gated, shadow_verdicts,
+};
 use crate::domain::policy::{ExplainTarget, Explanation};
 use crate::domain::{Call, Timestamp};
 use crate::error::Result;
@@ -40,7 +42,28 @@ pub async fn explain(
     let grants = tx
         .live_grants(subject.agent, Some(subject.session), &[subject.tool], now)
         .await?;
-    let ruling = evaluate(&subject, &rules, &grants, now);
+    // Grants are judged by the gate, as at submit: a stored call's own requirement, or (for a
+    // call described inline) anyone alone, since Explain does not know `--default-approvers`.
+    let requirement = stored
+        .as_ref()
+        .and_then(|call| call.approval.as_ref().map(|a| &a.requirement));
+    let gate = match &stored {
+        Some(call) => Gate::with(call, requirement),
+        None => Gate::new("(described)", subject.agent, "", None),
+    };
+    let ruling = evaluate_gated(&subject, &rules, &grants, now, |grant| {
+        gate.admits_grant(&grant.spec).is_ok()
+    });
+    // Grants that cover the call but that the gate keeps from deciding it, and why.
+    let kept_out: Vec<String> = grants
+        .iter()
+        .filter(|g| g.is_live(now) && g.covers(&subject))
+        .filter_map(|g| {
+            gate.admits_grant(&g.spec)
+                .err()
+                .map(|why| format!("grant {} covers it but may not decide it: {why}", g.id))
+        })
+        .collect();
     let shadow = shadow_verdicts(&subject, &rules, &grants, now);
     let (effect, decided_by, rule, grant) = match ruling {
         Ruling::Decided { effect, by } => {
@@ -62,6 +85,12 @@ pub async fn explain(
         }),
     };
     let mut reason = ruling.explain();
+    if ruling.rule().is_none() {
+        for note in &kept_out {
+            reason.push_str("; ");
+            reason.push_str(note);
+        }
+    }
     if effect.is_none()
         && let Some(approval) = &approval
     {

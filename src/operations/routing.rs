@@ -11,10 +11,10 @@
 use std::collections::HashSet;
 
 use super::tx::WriteTx;
-use crate::domain::policy::{Approval, Approvers, Requirement, Rule, Ruling, Tally, Vote};
+use crate::domain::policy::{Approval, Approvers, Gate, Requirement, Rule, Ruling, Tally, Vote};
 use crate::domain::policy::{Prejudged, Subject, evaluate};
-use crate::domain::{Call, DecidedBy, Decision, Timestamp, Verdict};
-use crate::error::{Error, Result};
+use crate::domain::{Call, DecidedBy, Decision, Timestamp};
+use crate::error::Result;
 
 /// The requirement a call that `ruling` sends to people gets: its ask rule's approvers, else
 /// the default. `None` when the ruling decides the call, or nothing asks for one.
@@ -76,68 +76,18 @@ pub(super) async fn route_new_calls(
     Ok(routed)
 }
 
-/// Refuses a decision its approver may not make, before anything is read or written: approving
-/// a call they submitted (as its agent, or as the human it was `requested_by`), deciding a call
-/// whose requirement names groups they are not in, or editing the input of a call more than one
-/// approver must approve.
+/// Refuses a decision its approver may not make, before anything is read or written: the
+/// call's [`Gate`] judges it (no self-approval, groups, no edit where several must approve).
 pub fn check_approver(call: &Call, decision: &Decision) -> Result<()> {
-    let approver = decision.approver.as_str();
-    if decision.verdict == Verdict::Approve {
-        let submitted_as = if approver == call.key.agent.as_str() {
-            Some("its agent")
-        } else if !call.requested_by.is_empty() && approver == call.requested_by {
-            Some("the human it was requested by")
-        } else {
-            None
-        };
-        if let Some(role) = submitted_as {
-            return Err(Error::PermissionDenied(format!(
-                "`{approver}` submitted call `{}` ({role}) and may not approve it: no \
-                 self-approval; another approver must decide it",
-                call.key.call_id
-            )));
-        }
-    }
-    let Some(approval) = &call.approval else {
-        return Ok(());
-    };
-    let approvers = &approval.requirement.approvers;
-    if let Some(groups) = &decision.approver_groups
-        && !approvers.admits(groups)
-    {
-        let theirs = if groups.is_empty() {
-            "none".to_owned()
-        } else {
-            groups.join(", ")
-        };
-        return Err(Error::PermissionDenied(format!(
-            "`{approver}` may not decide call `{}`: {} lets only members of {} decide it \
-             (`{approver}`'s groups: {theirs})",
-            call.key.call_id,
-            approval.requirement.name(),
-            approvers.groups.join(", "),
-        )));
-    }
-    if decision.edited_input.is_some() && approvers.quorum > 1 {
-        return Err(Error::invalid(
-            "edited_input_json",
-            format!(
-                "call `{}` needs {} approvals ({}); each approves the input as submitted, so \
-                 none may edit it",
-                call.key.call_id,
-                approvers.quorum,
-                approval.requirement.name()
-            ),
-        ));
-    }
-    Ok(())
+    Gate::of(call).admit_decision(decision)
 }
 
 /// What a vote did.
 pub(super) enum Voted {
     /// The call is to be resolved (the vote completes it, or needs no count), naming these
-    /// deciders; or it was decided meanwhile, which resolving finds out.
-    Resolve(DecidedBy),
+    /// deciders; or it was decided meanwhile, which resolving finds out. `votes`: the votes of
+    /// the deciding verdict, in the order they were cast (empty: decided alone, no count).
+    Resolve { by: DecidedBy, votes: Vec<Vote> },
     /// The call stays pending, with the votes so far; `repeated`: this vote was recorded before.
     Pending { call: Box<Call>, repeated: bool },
 }
@@ -151,19 +101,14 @@ pub(super) async fn vote(
     now: Timestamp,
 ) -> Result<Voted> {
     let mut call = tx.load_call(rowid).await?;
-    let alone = || Voted::Resolve(DecidedBy::Approver(decision.approver.clone()));
+    let alone = || Voted::Resolve {
+        by: DecidedBy::Approver(decision.approver.clone()),
+        votes: Vec::new(),
+    };
     let (Some(approval), None) = (&mut call.approval, &call.outcome) else {
         return Ok(alone());
     };
-    let groups = decision.approver_groups.clone().unwrap_or_default();
-    let vote = Vote::new(
-        &decision.approver,
-        &groups,
-        decision.verdict,
-        &decision.reason,
-        now,
-    );
-    match approval.tally(vote)? {
+    match approval.tally(Vote::new(decision, now))? {
         Tally::Repeated => Ok(Voted::Pending {
             call: Box::new(call),
             repeated: true,
@@ -175,10 +120,19 @@ pub(super) async fn vote(
                 repeated: false,
             })
         }
-        Tally::Decides(_, approvers) => {
+        Tally::Decides(verdict, approvers) => {
             // Kept for the audit; the Resolved event announces it.
             tx.record_votes(rowid, approval, now, false).await?;
-            Ok(Voted::Resolve(DecidedBy::Approver(approvers.join(","))))
+            let votes = approval
+                .votes
+                .iter()
+                .filter(|v| v.verdict() == verdict)
+                .cloned()
+                .collect();
+            Ok(Voted::Resolve {
+                by: DecidedBy::Approver(approvers.join(",")),
+                votes,
+            })
         }
     }
 }

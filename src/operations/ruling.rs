@@ -1,26 +1,34 @@
 //! What a ruling of the rules and grants does to a call: decide it as a human decision would,
-//! with what that brings along (a denial skips the rest of a SKIP_REST batch). Shared by submit
+//! through the call's gate for grants, with what that brings along (a denial skips the rest of a SKIP_REST batch). Shared by submit
 //! (calls decided as they arrive, most of them stored decided) and decide (pending calls a new
 //! grant covers).
 
 use super::tx::{PolicyTx, Resolved, WriteTx};
-use crate::domain::policy::{Grant, Prejudged, Rule, Subject, evaluate};
+use crate::domain::policy::{Gate, Grant, Prejudged, Requirement, Rule, Subject, evaluate_gated};
 use crate::domain::{
     BatchId, Call, DecidedBy, OnDeny, Outcome, OutcomeKind, Timestamp, ToolResultTexts,
 };
 use crate::error::Result;
 
-/// The outcome the rules and grants give `call`, if they decide it. `prejudged`: what was judged
-/// of the call's input before the write was queued.
+/// The outcome the rules and grants give `call`, if they decide it: the rules as the operator
+/// wrote them, and only the grants the call's [`Gate`] admits under `requirement` (the one
+/// fixed on it at submit, before any grant was tried), so a grant decides only what its authors
+/// could have decided themselves. `prejudged`: what was judged of the call's input before the
+/// write was queued.
 pub(super) fn ruled_outcome(
     call: &Call,
+    requirement: Option<&Requirement>,
     prejudged: Option<&Prejudged>,
     (rules, grants): (&[Rule], &[Grant]),
     texts: &ToolResultTexts,
     now: Timestamp,
 ) -> Option<Outcome> {
     let subject = Subject::of_call(call).with_prejudged(prejudged);
-    evaluate(&subject, rules, grants, now).outcome(&call.input, texts, now)
+    let gate = Gate::with(call, requirement);
+    evaluate_gated(&subject, rules, grants, now, |grant| {
+        gate.admits_grant(&grant.spec).is_ok()
+    })
+    .outcome(&call.input, texts, now)
 }
 
 /// Decides a pending call if a rule or grant does, with what a human decision would bring
@@ -31,12 +39,13 @@ pub(super) fn ruled_outcome(
 pub(super) async fn decide_by_ruling(
     tx: &mut (impl WriteTx + PolicyTx),
     (rowid, call, prejudged): (i64, &Call, Option<&Prejudged>),
-    rules: &[Rule],
-    grants: &[Grant],
+    requirement: Option<&Requirement>,
+    (rules, grants): (&[Rule], &[Grant]),
     texts: &ToolResultTexts,
     now: Timestamp,
 ) -> Result<Option<(Resolved, Vec<Resolved>)>> {
-    let Some(outcome) = ruled_outcome(call, prejudged, (rules, grants), texts, now) else {
+    let policy = (rules, grants);
+    let Some(outcome) = ruled_outcome(call, requirement, prejudged, policy, texts, now) else {
         return Ok(None);
     };
     let Some(own) = tx.resolve(rowid, &outcome).await? else {

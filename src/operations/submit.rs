@@ -19,7 +19,7 @@ use super::routing::route_new_calls;
 use super::ruling::{brought_along, decide_by_ruling, ruled_outcome};
 use super::tx::{Placement, PolicyTx, Resolved, WriteTx, batches_of, complete_batches, tools_of};
 use crate::domain::policy::{
-    Grant, Prejudged, Rule, RuleMode, ShadowVerdict, Subject, shadow_verdicts,
+    Grant, Prejudged, Requirement, Rule, RuleMode, ShadowVerdict, Subject, shadow_verdicts,
 };
 use crate::domain::{
     BatchId, Call, CallId, CallKey, DecidedBy, NewBatch, NewCall, OnDeny, Outcome, OutcomeKind,
@@ -129,6 +129,14 @@ pub async fn submit_in(
         (rules, grants)
     };
 
+    // The requirement a new call gets unless an ask rule names another, fixed before any grant
+    // is tried: grants are tried only where no rule matches, so this is the requirement every
+    // grant is judged against at submit (the gate; see `ruled_outcome`).
+    let default_requirement = batch
+        .default_approvers
+        .as_ref()
+        .map(Requirement::default_of);
+    let requirement = default_requirement.as_ref();
     // Calls stored now, in position order: their row ids, and where their items are in the
     // report (which holds the calls themselves).
     let mut accepted: Vec<(i64, usize)> = Vec::new();
@@ -166,7 +174,8 @@ pub async fn submit_in(
                     .any(|later| later.supersede_key == call.supersede_key);
             let judged = (ruling && !superseded_later).then(|| {
                 let policy = (rules.as_slice(), grants.as_slice());
-                ruled_outcome(&stored, Some(&call.prejudged), policy, texts, now)
+                let prejudged = Some(&call.prejudged);
+                ruled_outcome(&stored, requirement, prejudged, policy, texts, now)
             });
             let decided = judged.as_ref().and_then(Option::as_ref);
             let at = Placement {
@@ -227,7 +236,7 @@ pub async fn submit_in(
     }
     let decided = decide_by_policy(
         tx,
-        (&rules, &grants),
+        (&rules, &grants, requirement),
         Arrived {
             accepted: &accepted_calls,
             prejudged: &prejudged,
@@ -363,7 +372,7 @@ struct Arrived<'a> {
 /// verdicts to `shadow`.
 async fn decide_by_policy(
     tx: &mut (impl WriteTx + PolicyTx),
-    (rules, grants): (&[Rule], &[Grant]),
+    (rules, grants, requirement): (&[Rule], &[Grant], Option<&Requirement>),
     Arrived {
         accepted,
         prejudged,
@@ -397,7 +406,7 @@ async fn decide_by_policy(
             Some(None) => None,
             None => {
                 let call = (rowid, call, prejudged.get(&rowid).copied());
-                decide_by_ruling(tx, call, rules, grants, texts, now).await?
+                decide_by_ruling(tx, call, requirement, (rules, grants), texts, now).await?
             }
         };
         if let Some((own, skipped)) = decided {

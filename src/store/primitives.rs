@@ -16,8 +16,8 @@ use super::rows::{Columns, call_from_row, grant_from_row, rule_from_row, stored}
 use super::statements::{self as sql, GrantsNamed};
 use crate::domain::escalation::Escalation;
 use crate::domain::policy::{
-    Approval, Grant, GrantScope, GrantSpec, Requirement, RevokeTarget, Rule, RuleId, RuleMode,
-    RuleSource, ShadowVerdict,
+    Approval, Grant, GrantScope, GrantSpec, Person, Requirement, RevokeTarget, Rule, RuleId,
+    RuleMode, RuleSource, ShadowVerdict,
 };
 use crate::domain::receipt::ChainLink;
 use crate::domain::{
@@ -740,6 +740,7 @@ impl<T: SqlTx> PolicyTx for T {
             GrantScope::Always => (None, None),
         };
         let matcher = spec.matcher.to_json().to_string();
+        let authors = Person::list_to_stored(&spec.authors);
         let params = [
             Param::Text(spec.agent.as_str()),
             Param::Int(spec.scope.scope().code()),
@@ -754,6 +755,7 @@ impl<T: SqlTx> PolicyTx for T {
             Param::Text(spec.source.session.as_str()),
             Param::Text(spec.source.call_id.as_str()),
             Param::Text(&spec.reason),
+            Param::Text(&authors),
         ];
         let id = first(
             self.rows(Run::write(sql::INSERT_GRANT, &params), id)

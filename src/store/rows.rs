@@ -127,8 +127,8 @@ impl Columns for NamedRow<'_, '_> {
 use crate::domain::Cursor;
 use crate::domain::escalation::{Escalation, Ladder};
 use crate::domain::policy::{
-    Approval, Approvers, Effect, Glob, Grant, GrantScope, GrantSpec, Matcher, Requirement, Rule,
-    RuleEffect, RuleId, RuleMode, RuleSource, RuleVerdict, Scope, ShadowVerdict,
+    Approval, Approvers, Effect, Glob, Grant, GrantScope, GrantSpec, Matcher, Person, Requirement,
+    Rule, RuleEffect, RuleId, RuleMode, RuleSource, RuleVerdict, Scope, ShadowVerdict,
 };
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Event, EventKind, Outcome, OutcomeKind,
@@ -304,6 +304,10 @@ pub fn grant_from_row(row: &(impl Columns + ?Sized)) -> Result<Grant> {
             tool: ToolName::from_stored(row.text("tool")?),
             matcher: stored_matcher(&row.text("matcher")?)?,
             effect,
+            authors: Person::list_from_stored(
+                row.opt_text("authors")?.as_deref(),
+                &row.text("created_by")?,
+            )?,
             created_by: row.text("created_by")?,
             created_at: Timestamp::from_micros(row.int("created_at")?),
             expires_at: time("expires_at")?,

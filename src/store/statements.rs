@@ -54,7 +54,7 @@ macro_rules! select_calls {
 macro_rules! grant_columns {
     () => {
         "id, agent, scope, session_id, workspace, tool, matcher, effect, created_by, created_at, \
-         expires_at, revoked_at, revoked_by, source_session, source_call, reason"
+         expires_at, revoked_at, revoked_by, source_session, source_call, reason, authors"
     };
 }
 
@@ -178,16 +178,16 @@ pub const FIND_CALL_LOCKING_BATCH: &str = select_calls!(
     "WHERE c.agent = $1 AND c.session_id = $2 AND c.call_id = $3 FOR NO KEY UPDATE OF b"
 );
 pub const LOAD_CALL: &str = select_calls!("WHERE c.id = $1");
-/// Postgres: an approval by approver `$4` of call (`$1`, `$2`, `$3`) in one statement (migration
-/// 0013's `approve_call`, given the outcome's time, decider, reason, edited input or NULL, and
-/// whether edited): its `call_row` (NULL: no such call) and `resolved_event` (NULL: nothing
-/// written), with the call's columns as the statement's snapshot holds them, taken before the
-/// function ran (NULL if the call was not committed then).
+/// Postgres: an approval of call (`$1`, `$2`, `$3`) that the gate admitted, in one statement
+/// (migration 0022's `approve_call`, given the outcome's time, decider, reason, edited input or
+/// NULL, and whether edited): its `call_row` (NULL: no such call) and `resolved_event` (NULL:
+/// nothing written), with the call's columns as the statement's snapshot holds them, taken
+/// before the function ran (NULL if the call was not committed then).
 pub const APPROVE_CALL: &str = concat!(
     "SELECT ",
     call_columns!(),
     ", a.call_row, a.resolved_event \
-     FROM approve_call($1, $2, $3, $4, $5, $6, $7, $8, $9) AS a \
+     FROM approve_call($1, $2, $3, $4, $5, $6, $7, $8) AS a \
      LEFT JOIN (calls c JOIN batches b ON b.batch_id = c.batch_id) ON c.id = a.call_row"
 );
 pub const CALLS_OF_BATCH: &str = select_calls!(
@@ -408,8 +408,8 @@ pub const DELETE_RULES_FROM: &str = "DELETE FROM rules WHERE source = $1";
 
 pub const INSERT_GRANT: &str = "INSERT INTO grants \
      (agent, scope, session_id, workspace, tool, matcher, effect, created_by, created_at, \
-     expires_at, source_session, source_call, reason) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING id";
+     expires_at, source_session, source_call, reason, authors) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING id";
 /// The latest grant the decision of call ($1, $2, $3) created.
 pub const GRANT_FROM_CALL: &str = select_grants!(
     "WHERE agent = $1 AND source_session = $2 AND source_call = $3 ORDER BY id DESC LIMIT 1"
@@ -589,7 +589,7 @@ mod tests {
             (RECORD_EVENT, 3),
             (DELETE_RULE, 1),
             (DELETE_RULES_FROM, 1),
-            (INSERT_GRANT, 13),
+            (INSERT_GRANT, 14),
             (GRANT_FROM_CALL, 3),
             (GRANT_BY_ID, 1),
             (ACTIVE_SESSION_GRANTS, 3),
@@ -671,7 +671,7 @@ mod tests {
             (RESOLVE_CALL_COMPLETING_AND_EVENT.to_owned(), 8),
             (COMPLETE_BATCH_AT_ID.to_owned(), 2),
             (FIND_CALL_LOCKING_BATCH.to_owned(), 3),
-            (APPROVE_CALL.to_owned(), 9),
+            (APPROVE_CALL.to_owned(), 8),
         ]);
         let mut failed = Vec::new();
         for (sql, n) in all {

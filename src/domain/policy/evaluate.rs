@@ -42,8 +42,21 @@ pub fn evaluate<'p>(
     grants: &'p [Grant],
     now: Timestamp,
 ) -> Ruling<'p> {
+    evaluate_gated(subject, rules, grants, now, |_| true)
+}
+
+/// [`evaluate`], with only the grants `admits` lets decide this call taking part: what submit,
+/// a new grant's pass over pending calls and Explain ask, with the call's
+/// [`Gate`](super::Gate) as `admits`, so a grant decides only what its authors could have.
+pub fn evaluate_gated<'p>(
+    subject: &Subject<'_>,
+    rules: &'p [Rule],
+    grants: &'p [Grant],
+    now: Timestamp,
+    admits: impl Fn(&Grant) -> bool,
+) -> Ruling<'p> {
     let enforced = rules.iter().filter(|rule| rule.mode == RuleMode::Enforce);
-    evaluate_as_enforced(subject, enforced, grants, now)
+    judge(subject, enforced, grants, now, admits)
 }
 
 /// [`evaluate`] with every one of `rules` enforced, whatever its mode: what a shadow rule or a
@@ -53,6 +66,17 @@ pub(super) fn evaluate_as_enforced<'p>(
     rules: impl Iterator<Item = &'p Rule>,
     grants: &'p [Grant],
     now: Timestamp,
+) -> Ruling<'p> {
+    judge(subject, rules, grants, now, |_| true)
+}
+
+/// The precedence itself, over the grants `admits`.
+fn judge<'p>(
+    subject: &Subject<'_>,
+    rules: impl Iterator<Item = &'p Rule>,
+    grants: &'p [Grant],
+    now: Timestamp,
+    admits: impl Fn(&Grant) -> bool,
 ) -> Ruling<'p> {
     let first_rule = rules
         .filter(|rule| rule.covers(subject))
@@ -72,7 +96,7 @@ pub(super) fn evaluate_as_enforced<'p>(
     }
     let first_grant = grants
         .iter()
-        .filter(|grant| grant.is_live(now) && grant.covers(subject))
+        .filter(|grant| grant.is_live(now) && grant.covers(subject) && admits(grant))
         .min_by_key(|grant| grant.precedence());
     match first_grant {
         Some(grant) => Ruling::Decided {
@@ -175,7 +199,8 @@ impl<'p> Ruling<'p> {
                 ),
                 _ => format!(
                     "allow rule `{}` (priority {}) matches ({} for tool {}); no deny rule, and no \
-                     ask rule of higher or equal priority, does",
+                     ask rule of higher or equal priority, does: the operator's rule decides, \
+                     not a person (no requirement's approvers are asked)",
                     rule.id, rule.priority, rule.matcher, rule.tool
                 ),
             },
@@ -193,10 +218,16 @@ impl<'p> Ruling<'p> {
                     Effect::Allow => "allow",
                     Effect::Deny => "deny",
                 };
+                let authors = spec
+                    .authors
+                    .iter()
+                    .map(|a| a.identity.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ");
                 format!(
-                    "{effect} grant {} ({scope}, agent `{}`, tool `{}`, {}; created by {}) \
-                     matches; no rule decides",
-                    grant.id, spec.agent, spec.tool, spec.matcher, spec.created_by
+                    "{effect} grant {} ({scope}, agent `{}`, tool `{}`, {}; made by {authors}) \
+                     matches, and its authors could decide the call themselves; no rule decides",
+                    grant.id, spec.agent, spec.tool, spec.matcher
                 )
             }
             Ruling::AskHuman { rule: Some(rule) } => format!(
@@ -243,6 +274,7 @@ mod tests {
                 matcher: Matcher::Any,
                 effect,
                 created_by: "approver:alice".into(),
+                authors: Vec::new(),
                 created_at: Timestamp::from_micros(0),
                 expires_at: None,
                 source: CallKey {

@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use super::{Matcher, Subject};
-use crate::domain::{AgentId, CallKey, SessionId, Timestamp, ToolName, code};
+use super::{Matcher, Person, Subject};
+use crate::domain::{AgentId, CallKey, SessionId, Timestamp, ToolName, Verdict, code};
 
 /// How long a decision is remembered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -64,6 +64,14 @@ impl Effect {
             _ => None,
         }
     }
+
+    /// The verdict a person deciding this way gives.
+    pub fn verdict(self) -> Verdict {
+        match self {
+            Effect::Allow => Verdict::Approve,
+            Effect::Deny => Verdict::Deny,
+        }
+    }
 }
 
 /// Where a grant applies, with the value its scope was taken from.
@@ -104,6 +112,21 @@ pub struct Remember {
     pub expires_in: Option<Duration>,
 }
 
+impl Remember {
+    /// What is asked to be remembered, as one comparable text (scope, matcher, expiry): two
+    /// votes asking for the same key ask for the same grant.
+    pub fn key(&self) -> String {
+        let matcher = self
+            .matcher
+            .as_ref()
+            .map_or_else(|| "exact".to_owned(), |m| m.to_json().to_string());
+        let expires = self
+            .expires_in
+            .map_or_else(|| "never".to_owned(), |d| d.as_micros().to_string());
+        format!("{}|{matcher}|{expires}", self.scope.code())
+    }
+}
+
 /// A grant as it is created.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GrantSpec {
@@ -112,8 +135,13 @@ pub struct GrantSpec {
     pub tool: ToolName,
     pub matcher: Matcher,
     pub effect: Effect,
-    /// Who decided, as recorded in outcomes: `approver:<identity>`.
+    /// Who decided, as recorded in outcomes: `approver:<identity>` (display only; see
+    /// `authors`).
     pub created_by: String,
+    /// The people whose decision it is, with their groups then: only the voters who chose this
+    /// scope. The gate lets it decide a call only where they could have decided it themselves
+    /// (see [`Gate::admits_grant`](super::Gate::admits_grant)).
+    pub authors: Vec<Person>,
     pub created_at: Timestamp,
     pub expires_at: Option<Timestamp>,
     /// The call whose decision created the grant.

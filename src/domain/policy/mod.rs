@@ -5,6 +5,7 @@
 
 mod evaluate;
 mod explain;
+mod gate;
 mod glob;
 mod grant;
 mod matcher;
@@ -14,8 +15,11 @@ mod rule;
 mod rule_replay;
 mod shadow;
 
-pub use evaluate::{Decider, Ruling, evaluate, rule_precedence, sort_by_precedence};
+pub use evaluate::{
+    Decider, Ruling, evaluate, evaluate_gated, rule_precedence, sort_by_precedence,
+};
 pub use explain::{ExplainTarget, Explanation};
+pub use gate::{Gate, Person, quorum_met};
 pub use glob::Glob;
 pub use grant::{
     Effect, Grant, GrantScope, GrantSpec, Remember, RevokeReport, RevokeTarget, Scope,

@@ -10,8 +10,9 @@ use std::fmt;
 
 use serde_json::{Value, json};
 
-use super::RuleId;
-use crate::domain::{Timestamp, Verdict};
+use super::gate::counted;
+use super::{Person, Remember, RuleId, quorum_met};
+use crate::domain::{Decision, Identity, Timestamp, Verdict};
 use crate::error::{Error, Result};
 
 /// At most this many groups in a requirement, and this many approvals or denials asked for.
@@ -257,28 +258,29 @@ impl Requirement {
 /// One approver's vote on a call that needs more than one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Vote {
+    /// The approver's canonical identity.
     pub approver: String,
-    /// The approver's groups when they voted (for distinct-group quorums and the audit).
-    pub groups: Vec<String>,
+    /// The approver's groups when they voted (for distinct-group quorums and the audit); `None`
+    /// while auth was off (groups not checked).
+    pub groups: Option<Vec<String>>,
     pub approve: bool,
     pub reason: String,
     pub at: i64,
+    /// What the approver asked to remember with the vote ([`Remember::key`]), if anything: the
+    /// grant the completing vote creates names as its authors only the voters who asked for
+    /// the same.
+    pub remember: Option<String>,
 }
 
 impl Vote {
-    pub fn new(
-        approver: &str,
-        groups: &[String],
-        verdict: Verdict,
-        reason: &str,
-        at: Timestamp,
-    ) -> Self {
+    pub fn new(decision: &Decision, at: Timestamp) -> Self {
         Self {
-            approver: approver.to_owned(),
-            groups: groups.to_vec(),
-            approve: verdict == Verdict::Approve,
-            reason: reason.to_owned(),
+            approver: Identity::from_stored(&decision.approver).into_string(),
+            groups: decision.approver_groups.clone(),
+            approve: decision.verdict == Verdict::Approve,
+            reason: decision.reason.clone(),
             at: at.as_micros(),
+            remember: decision.remember.as_ref().map(Remember::key),
         }
     }
 
@@ -288,6 +290,11 @@ impl Vote {
         } else {
             Verdict::Deny
         }
+    }
+
+    /// The voter, as the gate counts people.
+    pub fn person(&self) -> Person {
+        Person::new(Identity::from_stored(&self.approver), self.groups.clone())
     }
 }
 
@@ -322,19 +329,23 @@ impl Approval {
                 let text = |key: &str| v.get(key).and_then(Value::as_str).map(str::to_owned);
                 Ok(Vote {
                     approver: text("approver").ok_or_else(unreadable)?,
-                    groups: v
-                        .get("groups")
-                        .and_then(Value::as_array)
-                        .ok_or_else(unreadable)?
-                        .iter()
-                        .filter_map(|g| g.as_str().map(str::to_owned))
-                        .collect(),
+                    groups: match v.get("groups") {
+                        Some(Value::Array(groups)) => Some(
+                            groups
+                                .iter()
+                                .filter_map(|g| g.as_str().map(str::to_owned))
+                                .collect(),
+                        ),
+                        Some(Value::Null) => None,
+                        _ => return Err(unreadable()),
+                    },
                     approve: v
                         .get("approve")
                         .and_then(Value::as_bool)
                         .ok_or_else(unreadable)?,
                     reason: text("reason").unwrap_or_default(),
                     at: v.get("at").and_then(Value::as_i64).unwrap_or(0),
+                    remember: text("remember"),
                 })
             })
             .collect()
@@ -351,6 +362,7 @@ impl Approval {
                         "approve": v.approve,
                         "reason": v.reason,
                         "at": v.at,
+                        "remember": v.remember,
                     })
                 })
                 .collect(),
@@ -358,43 +370,23 @@ impl Approval {
         .to_string()
     }
 
-    /// How many of the votes approve, counted as the requirement counts them: distinct
-    /// approvers, and with `distinct_groups` at most one per group (the largest such
-    /// assignment of approvers to their groups).
+    /// The people who voted `verdict`, in the order they voted.
+    pub fn voters(&self, verdict: Verdict) -> Vec<Person> {
+        self.votes
+            .iter()
+            .filter(|v| v.verdict() == verdict)
+            .map(Vote::person)
+            .collect()
+    }
+
+    /// How many of the votes approve, counted as the gate counts them: distinct people, and
+    /// with `distinct_groups` at most one per group.
     pub fn approvals(&self) -> u32 {
-        let approving: Vec<&Vote> = self.votes.iter().filter(|v| v.approve).collect();
-        let approvers = &self.requirement.approvers;
-        if !approvers.distinct_groups {
-            return approving.len() as u32;
-        }
-        // A bipartite matching of approvers to the requirement's groups (a handful of each):
-        // Kuhn's augmenting paths.
-        let mut owner: Vec<Option<usize>> = vec![None; approvers.groups.len()];
-        fn assign(
-            voter: usize,
-            votes: &[&Vote],
-            groups: &[String],
-            owner: &mut [Option<usize>],
-            seen: &mut [bool],
-        ) -> bool {
-            for (g, group) in groups.iter().enumerate() {
-                if seen[g] || !votes[voter].groups.contains(group) {
-                    continue;
-                }
-                seen[g] = true;
-                if owner[g].is_none_or(|other| assign(other, votes, groups, owner, seen)) {
-                    owner[g] = Some(voter);
-                    return true;
-                }
-            }
-            false
-        }
-        (0..approving.len())
-            .filter(|&voter| {
-                let mut seen = vec![false; approvers.groups.len()];
-                assign(voter, &approving, &approvers.groups, &mut owner, &mut seen)
-            })
-            .count() as u32
+        counted(
+            &self.requirement.approvers,
+            Verdict::Approve,
+            &self.voters(Verdict::Approve),
+        )
     }
 
     pub fn denials(&self) -> u32 {
@@ -414,7 +406,8 @@ impl Approval {
     /// [`Tally::Repeated`]; the other verdict after a recorded vote is refused
     /// (FAILED_PRECONDITION naming the vote that stands).
     pub fn tally(&mut self, vote: Vote) -> Result<Tally> {
-        if let Some(earlier) = self.votes.iter().find(|v| v.approver == vote.approver) {
+        let person = vote.person();
+        if let Some(earlier) = self.votes.iter().find(|v| person.identity.is(&v.approver)) {
             if earlier.approve == vote.approve {
                 return Ok(Tally::Repeated);
             }
@@ -427,12 +420,8 @@ impl Approval {
         }
         let verdict = vote.verdict();
         self.votes.push(vote);
-        let approvers = &self.requirement.approvers;
-        let decided = match verdict {
-            Verdict::Approve => self.approvals() >= approvers.quorum,
-            Verdict::Deny => self.denials() >= approvers.denials_to_deny,
-        };
-        if !decided {
+        // The one count (the gate's): admission was asked before the vote was taken.
+        if !quorum_met(&self.requirement.approvers, verdict, &self.voters(verdict)) {
             return Ok(Tally::Recorded);
         }
         let by = self
@@ -462,8 +451,14 @@ mod tests {
     }
 
     fn vote(who: &str, groups: &[&str], verdict: Verdict) -> Vote {
-        let groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
-        Vote::new(who, &groups, verdict, "", Timestamp::from_micros(1))
+        Vote {
+            approver: who.to_owned(),
+            groups: Some(groups.iter().map(|g| g.to_string()).collect()),
+            approve: verdict == Verdict::Approve,
+            reason: String::new(),
+            at: 1,
+            remember: None,
+        }
     }
 
     #[test]

@@ -2,22 +2,25 @@
 //! nothing ([`decide::approves_only`]): they write the call's outcome and its Resolved event,
 //! nothing else. In a transaction of their own that is four round trips (BEGIN, the call read
 //! locking its batch, the write, COMMIT), each a wake-up of a Postgres backend and of the broker
-//! whatever the statement does; migration 0013's `approve_call` runs the same statements, under
+//! whatever the statement does; migration 0022's `approve_call` runs the same statements, under
 //! the same lock, as one autocommit statement.
 //!
-//! The function writes only what needs no other check of [`decide::decide_in`]: a pending call
-//! without a requirement or a ladder, before its deadline, that the approver did not submit.
-//! Anything else (no such call aside) it leaves untouched, and the decision goes through the
-//! whole transaction, which answers it exactly as before (a replay, a refusal, a vote). So do
-//! all decisions while receipts are on: a receipt is signed and chained in the outcome's
-//! transaction.
+//! Who may approve is judged by the one gate, in Rust, never in SQL: the call is read first
+//! (who submitted it and the requirement fixed on it never change after submit) and
+//! [`Gate::admit`] asked. The function then writes only what needs no other check of
+//! [`decide::decide_in`]: a pending call without a requirement or a ladder, before its
+//! deadline. Anything else (no such call aside) it leaves untouched, and the decision goes
+//! through the whole transaction, which answers it exactly as before (a replay, a refusal, a
+//! vote). So do all decisions while receipts are on: a receipt is signed and chained in the
+//! outcome's transaction.
 
 use std::time::Instant;
 
 use sqlx::Row;
 
 use super::PostgresStore;
-use crate::domain::{CallKey, DecideReport, DecidedBy, Decision, Timestamp, ToolInput};
+use crate::domain::policy::Gate;
+use crate::domain::{CallKey, DecideReport, DecidedBy, Decision, Timestamp, ToolInput, Verdict};
 use crate::error::Result;
 use crate::meters;
 use crate::operations::decide;
@@ -33,6 +36,24 @@ impl PostgresStore {
         decision: &Decision,
     ) -> Result<Option<DecideReport>> {
         let started = Instant::now();
+        let stored = sqlx::query(sql::FIND_CALL)
+            .bind(key.agent.as_str())
+            .bind(key.session.as_str())
+            .bind(key.call_id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(stored) = stored else {
+            return Err(key.not_found());
+        };
+        let stored = call_from_row(&stored)?;
+        if stored.outcome.is_some()
+            || Gate::of(&stored)
+                .admit(&decision.person(), Verdict::Approve)
+                .is_err()
+        {
+            // A replay or a refusal: the whole transaction answers it, naming why.
+            return Ok(None);
+        }
         let now = Timestamp::now();
         let decided_by = DecidedBy::Approver(decision.approver.clone()).to_string();
         let edited = decision.edited_input.as_ref().map(ToolInput::as_str);
@@ -40,7 +61,6 @@ impl PostgresStore {
             .bind(key.agent.as_str())
             .bind(key.session.as_str())
             .bind(key.call_id.as_str())
-            .bind(decision.approver.as_str())
             .bind(now.as_micros())
             .bind(&decided_by)
             .bind(&decision.reason)
@@ -72,6 +92,7 @@ impl PostgresStore {
             skipped: Vec::new(),
             grant: None,
             decided_by_grant: Vec::new(),
+            grant_note: None,
         }))
     }
 }
@@ -104,7 +125,7 @@ mod tests {
             .await
             .unwrap();
         let acting = NewCall {
-            requested_by: "carol".into(),
+            requested_by: "Carol".into(),
             ..call("acting", "t", "{}")
         };
         let late = NewCall {
@@ -161,6 +182,9 @@ mod tests {
         };
         assert!(at_once("own", &by(AGENT)).await.unwrap().is_none());
         assert!(at_once("acting", &by("carol")).await.unwrap().is_none());
+        // The gate compares canonical identities: `CAROL` is carol (the edge canonicalises
+        // every identity; a stored text from before is compared canonically too).
+        assert!(at_once("acting", &by("CAROL")).await.unwrap().is_none());
         // Past its deadline: refused by the transaction.
         tokio::time::sleep(Duration::from_millis(150)).await;
         assert!(at_once("late", &approve).await.unwrap().is_none());

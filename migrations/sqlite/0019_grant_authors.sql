@@ -1,0 +1,11 @@
+-- A grant's authors (issue 43): the people whose standing decision it is, with their approver
+-- groups when they decided, as JSON (`[{"identity": "alice", "groups": ["ops"]}]`, `groups`
+-- null while auth was off). The one gate (`domain::policy::gate`) lets a grant decide a call
+-- only where these people could have decided it themselves: enough distinct approvers from the
+-- required groups, none of them the call's requester. A grant made by the vote that completes a
+-- quorum names only the voters who chose its scope.
+--
+-- Grants stored before this keep NULL: their authors are read from `created_by`, with no
+-- groups known, so they decide no call whose requirement names groups. Nothing is copied; the
+-- migration takes no time on a large file.
+ALTER TABLE grants ADD COLUMN authors TEXT;
