@@ -1,10 +1,14 @@
-//! The MCP server the client sees. Every request is relayed to the real server unchanged,
-//! except `initialize`, which opens the connection to it with the client's parameters and
-//! answers with the server's, and `tools/call`, which is submitted to the broker first: only an
-//! APPROVED outcome is forwarded (with the approved, possibly edited, arguments), and every other
-//! outcome, a timeout, a broker that cannot be reached or a refusal, is answered with a tool
-//! result with `isError: true` whose text the model reads. A client's `notifications/cancelled`
-//! cancels the call at the broker (CANCELLED) or, once it runs, at the server.
+//! The MCP server the client sees, deny-by-default. Only what [`super::screen`] passed reaches
+//! it; of that, the requests known to be free of side effects (listing, reading, completion,
+//! logging level, subscriptions, `ping`) are relayed to the real server unchanged, `initialize`
+//! opens the connection to it with the client's parameters and answers with the server's, and
+//! `tools/call` is submitted to the broker first: only an APPROVED outcome is forwarded (the name
+//! and the approved, possibly edited, arguments, nothing else of the client's request), and every
+//! other outcome, a timeout, a broker that cannot be reached, a server that has exited or a
+//! refusal, is answered with a tool result with `isError: true` whose text the model reads. Every
+//! other request is refused with a JSON-RPC error, never relayed; every other notification is
+//! dropped. A client's `notifications/cancelled` cancels the call at the broker (CANCELLED) or,
+//! once it runs, at the server.
 //!
 //! It must never forward a `tools/call` the broker did not approve.
 
@@ -27,17 +31,21 @@ use rmcp::model::{
 // gateway does not speak; for the revisions it speaks they are ordinary requests to relay.
 #[allow(deprecated)]
 use rmcp::model::{SetLevelRequest, SetLevelRequestParams, SubscribeRequest, UnsubscribeRequest};
-use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext, ServiceError};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use tokio::sync::{OnceCell, watch};
 
 use super::approval::{self, NotSubmitted, ToolFacts, Verdict};
+use super::screen::{self, RequestRoute};
 use super::session::{ConnectionNames, SessionPolicy};
 use super::upstream::{ProgressRoutes, Relay, Upstream, UpstreamTarget, cancelled, relay_error};
 use crate::hook::review::{self, BrokerAddress, Review, ReviewError};
 
 /// The most `tools/list` pages read to learn a tool's annotations the client never listed.
 const MAX_TOOL_PAGES: usize = 20;
+/// How long the server has to answer the `ping` that shows it is still there before a call is
+/// submitted for approval.
+const PING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every connection of one gateway shares.
 #[derive(Debug, Clone)]
@@ -126,13 +134,18 @@ impl Gateway {
     }
 
     /// Sends `request` to the server and returns its answer; a client cancellation is passed on.
+    /// The client's `_meta` goes along with relayed reads; never with a tool call, whose approver
+    /// saw only its name and arguments (the SDK adds a progress token of its own either way).
     async fn forward(
         &self,
         request: ClientRequest,
         context: &RequestContext<RoleServer>,
     ) -> Result<ServerResult, McpError> {
         let upstream = self.upstream()?;
-        let options = PeerRequestOptions::no_options().with_meta(context.meta.clone());
+        let options = match &request {
+            ClientRequest::CallToolRequest(_) => PeerRequestOptions::no_options(),
+            _ => PeerRequestOptions::no_options().with_meta(context.meta.clone()),
+        };
         let handle = upstream
             .peer()
             .send_cancellable_request(request, options)
@@ -212,6 +225,34 @@ impl Gateway {
         None
     }
 
+    /// Why the server cannot run a tool now, if it cannot: it has exited (its connection is
+    /// closed), or it does not answer a `ping`. Asked before a call is submitted, so approvers
+    /// are never asked about a call that could not run. Any answer to the ping, an error
+    /// included, shows the server is there.
+    async fn server_gone(&self) -> Option<String> {
+        let upstream = self.upstream().ok()?;
+        let server = self.server_name();
+        let gone = |what: String| {
+            Some(format!(
+                "The MCP server `{server}` behind the approval gateway {what}, so the tool cannot                  run; the call was not submitted for approval and the tool was not run.                  Reconnect to the gateway (restart the MCP server in the client) and try again."
+            ))
+        };
+        let peer = upstream.peer();
+        if peer.is_transport_closed() {
+            return gone("has exited".to_owned());
+        }
+        let ping = ClientRequest::PingRequest(Default::default());
+        match tokio::time::timeout(PING_TIMEOUT, peer.send_request(ping)).await {
+            Ok(Ok(_) | Err(ServiceError::McpError(_))) => None,
+            Ok(Err(ServiceError::TransportClosed)) => gone("has exited".to_owned()),
+            Ok(Err(error)) => gone(format!("cannot be reached ({error})")),
+            Err(_) => gone(format!(
+                "did not answer a ping within {}",
+                humantime::format_duration(PING_TIMEOUT)
+            )),
+        }
+    }
+
     fn server_name(&self) -> String {
         self.upstream
             .get()
@@ -270,6 +311,37 @@ impl Gateway {
                 Verdict::Refuse(approval::refusal(&format!("{error} The tool was not run.")))
             }
         }
+    }
+}
+
+/// The error for a request of `method` the SDK could not type: unreadable params for a method
+/// the gateway serves, else a method it does not relay.
+fn refuse_untyped(method: &str) -> McpError {
+    match screen::request_route(method) {
+        Some(RequestRoute::Review) => McpError::invalid_params(
+            "The approval gateway refused this tools/call: its params do not have the types the \
+             MCP specification gives them. Nothing was sent to the MCP server or to approvers, \
+             and the tool was not run. Call it again with `name` (a string) and `arguments` (an \
+             object) only.",
+            None,
+        ),
+        Some(RequestRoute::Relay) => McpError::invalid_params(
+            format!(
+                "The approval gateway could not read this `{method}` request: its params do not \
+                 have the types the MCP specification gives them. Nothing was sent to the MCP \
+                 server."
+            ),
+            None,
+        ),
+        None => McpError::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            format!(
+                "The approval gateway does not relay `{method}`: it passes on only requests known \
+                 to have no side effects and `tools/call` after approval. Nothing was sent to the \
+                 MCP server."
+            ),
+            None,
+        ),
     }
 }
 
@@ -336,11 +408,26 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         self.upstream()?;
-        let call_id = self.names.call_id(&context.id.to_string());
+        // The screen refuses these before the SDK types them; they are checked again here so
+        // that this path stands on its own: the approver would not see them.
+        if params.input_responses.is_some() || params.request_state.is_some() {
+            return Err(McpError::invalid_params(
+                "The approval gateway refused this tools/call: `inputResponses` and \
+                 `requestState` belong to a protocol revision it does not speak. Nothing was sent \
+                 to the MCP server or to approvers, and the tool was not run.",
+                None,
+            ));
+        }
+        if let Some(text) = self.server_gone().await {
+            tracing::warn!(tool = %params.name, "{text}");
+            return Ok(CallToolResponse::Complete(approval::refusal(&text)));
+        }
+        let call_id = self.names.next_call_id(&context.id.to_string());
         match self.review(&params, call_id, &context).await {
             Verdict::Refuse(result) => Ok(CallToolResponse::Complete(result)),
             Verdict::Run(arguments) => {
-                let mut params = params;
+                // Only what the approver saw goes to the server: the name and the arguments.
+                let mut params = CallToolRequestParams::new(params.name);
                 params.arguments = Some(arguments);
                 let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
                 match self.forward(request, &context).await? {
@@ -492,18 +579,16 @@ impl ServerHandler for Gateway {
         self.forward(request, &context).await.map(drop)
     }
 
+    /// A request the SDK could not type as any method it knows. The screen refuses these before
+    /// they get here; this path refuses them too, and relays nothing: a `tools/call` the SDK
+    /// could not type would otherwise reach the server unreviewed.
     async fn on_custom_request(
         &self,
         request: CustomRequest,
-        context: RequestContext<RoleServer>,
+        _context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, McpError> {
-        match self
-            .forward(ClientRequest::CustomRequest(request), &context)
-            .await?
-        {
-            ServerResult::CustomResult(result) => Ok(result),
-            other => Err(unexpected(other)),
-        }
+        tracing::warn!(method = %request.method, "refused a request the MCP library could not type");
+        Err(refuse_untyped(&request.method))
     }
 
     async fn on_progress(
@@ -520,12 +605,17 @@ impl ServerHandler for Gateway {
         self.notify_upstream(notification.into(), context).await;
     }
 
+    /// A notification the SDK could not type. A notification can do anything a server makes it
+    /// do and cannot be answered, so it is dropped, never relayed.
     async fn on_custom_notification(
         &self,
         notification: CustomNotification,
-        context: NotificationContext<RoleServer>,
+        _context: NotificationContext<RoleServer>,
     ) {
-        self.notify_upstream(notification.into(), context).await;
+        tracing::warn!(
+            method = %notification.method,
+            "dropped a notification the MCP library could not type; it was not passed on"
+        );
     }
 
     /// The SDK sends the server its own `notifications/initialized` when it connects.

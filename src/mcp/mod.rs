@@ -5,7 +5,11 @@
 //! spawns, or a Streamable HTTP URL with `--upstream`).
 //!
 //! # Layout
-//! - [`gateway`]: the MCP server the client sees; relays everything, gates `tools/call`.
+//! - [`screen`]: what may reach the MCP library at all; deny-by-default, every refused request
+//!   answered with a JSON-RPC error.
+//! - [`stdio`]: the client's standard I/O as a transport that screens each line.
+//! - [`gateway`]: the MCP server the client sees; relays the requests known to be free of side
+//!   effects, gates `tools/call`, refuses the rest.
 //! - [`upstream`]: the connection to the real server, and what it sends back to the client.
 //! - [`approval`]: a tool call as a broker call (title, message, hints) and an outcome as a tool
 //!   result.
@@ -13,13 +17,16 @@
 //! - [`listen`]: serving the client, on standard I/O or over Streamable HTTP.
 //!
 //! Like the hook, the gateway fails closed: no failure, timeout or refusal ever runs a tool;
-//! each is a tool result with `isError: true` that names the problem. Standard output is the MCP
+//! each is a tool result with `isError: true`, or a JSON-RPC error for a request it cannot read,
+//! that names the problem. Standard output is the MCP
 //! channel in stdio mode, so nothing else may ever be written to it.
 
 pub mod approval;
 pub mod gateway;
 pub mod listen;
+pub mod screen;
 pub mod session;
+pub mod stdio;
 pub mod upstream;
 
 use std::net::SocketAddr;

@@ -1,8 +1,16 @@
 //! Which broker session a tool call goes into, and which call id it gets. A call is identified
 //! at the broker by (session, call id) and submitting the same pair again returns the stored
-//! call and its outcome, so two different tool calls must never share a pair: MCP request ids
-//! start again at 0 on every client connection, so a session that outlives a connection (given
-//! by flag or by the environment) gets call ids prefixed by the connection.
+//! call and its outcome, so two different tool calls must never share a pair. An MCP request id
+//! cannot be the call id: ids start again at 0 on every client connection, and a client may use
+//! an id again once its request was answered (JSON-RPC asks only that ids of requests still open
+//! differ), so a reused id would be handed the earlier call's APPROVED outcome and run the tool
+//! again with nobody asked. So every `tools/call` the connection receives gets the next number of
+//! the connection's own count, and a session that outlives a connection (given by flag or by the
+//! environment) also gets the connection's id in front. MCP never sends a request again to mean
+//! the same call (a Streamable HTTP client that lost its stream resumes it with `GET` and
+//! `Last-Event-ID`, which replays the answer without a new request), so no retry is lost.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use uuid::Uuid;
 
@@ -67,28 +75,35 @@ impl SessionPolicy {
             SessionPolicy::PerConnection => ConnectionNames {
                 session_id: format!("mcp-{connection}"),
                 call_prefix: None,
+                calls: AtomicU64::new(0),
             },
             SessionPolicy::Shared(session) => ConnectionNames {
                 session_id: session.clone(),
                 call_prefix: Some(connection),
+                calls: AtomicU64::new(0),
             },
         }
     }
 }
 
 /// The session and call ids of one client connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct ConnectionNames {
     pub session_id: String,
     call_prefix: Option<String>,
+    /// How many tool calls the connection has received.
+    calls: AtomicU64,
 }
 
 impl ConnectionNames {
-    /// The broker call id of the MCP request with this id (a number or a string, as sent).
-    pub fn call_id(&self, request_id: &str) -> String {
+    /// The broker call id of the next `tools/call`, whose MCP request id is `request_id` (a
+    /// number or a string, as sent): `N/ID`, the call's number on this connection (from 1) and
+    /// the request id, for people to read; the number alone keeps it unique.
+    pub fn next_call_id(&self, request_id: &str) -> String {
+        let number = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
         match &self.call_prefix {
-            None => request_id.to_owned(),
-            Some(prefix) => format!("{prefix}/{request_id}"),
+            None => format!("{number}/{request_id}"),
+            Some(prefix) => format!("{prefix}/{number}/{request_id}"),
         }
     }
 }
@@ -98,12 +113,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_session_per_connection_uses_the_request_id_as_the_call_id() {
+    fn a_session_per_connection_numbers_its_calls_and_shows_the_request_id() {
         let policy = SessionPolicy::from_flags(None, &SessionSource::Connection).unwrap();
         let (a, b) = (policy.connection(), policy.connection());
         assert_ne!(a.session_id, b.session_id);
         assert!(a.session_id.starts_with("mcp-"));
-        assert_eq!(a.call_id("7"), "7");
+        assert_eq!(a.next_call_id("7"), "1/7");
+        assert_eq!(a.next_call_id("8"), "2/8");
+    }
+
+    #[test]
+    fn a_request_id_used_again_is_a_new_call() {
+        let policy = SessionPolicy::from_flags(None, &SessionSource::Connection).unwrap();
+        let names = policy.connection();
+        let first = names.next_call_id("1");
+        let again = names.next_call_id("1");
+        assert_ne!(first, again);
     }
 
     #[test]
@@ -115,8 +140,9 @@ mod tests {
             (a.session_id.as_str(), b.session_id.as_str()),
             ("agent-1", "agent-1")
         );
-        assert_ne!(a.call_id("0"), b.call_id("0"));
-        assert!(a.call_id("0").ends_with("/0"));
+        let (first, second) = (a.next_call_id("0"), b.next_call_id("0"));
+        assert_ne!(first, second);
+        assert!(first.ends_with("/1/0"), "{first}");
     }
 
     #[test]
