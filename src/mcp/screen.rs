@@ -448,7 +448,6 @@ mod tests {
             ("_meta", json!(true)),
             ("_meta", json!(null)),
             ("_meta", json!([])),
-            ("_meta", json!({"progressToken": {}})),
             ("requestState", json!(1)),
             ("requestState", json!("state")),
             ("inputResponses", json!("x")),

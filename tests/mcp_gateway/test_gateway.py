@@ -229,13 +229,16 @@ async def test_a_call_nobody_decides_in_time_is_cancelled_and_not_run(broker: An
     assert not target.exists()
 
 
-async def test_a_session_per_connection_uses_the_mcp_request_id_as_the_call_id(broker: Any, files: Path) -> None:
+async def test_a_session_per_connection_numbers_its_calls_and_shows_the_mcp_request_id(broker: Any, files: Path) -> None:
     workspace = f"/ws/{uuid.uuid4().hex}"
     async with gateway(url_of(broker), filesystem(files), "--workspace", workspace) as client:
         call = asyncio.create_task(client.call_tool("list_allowed_directories", {}))
         pending = await pending_anywhere(broker.target, lambda c: c.workspace == workspace)
         assert pending.session_id.startswith("mcp-")
-        assert pending.call_id.isdigit()
+        # The call's number on this connection, then the MCP request id: a reused request id is
+        # a new call (test_deny_by_default.py).
+        number, request_id = pending.call_id.split("/")
+        assert number == "1" and request_id.isdigit(), pending.call_id
         await decide(broker.target, pending.session_id, [Decision(pending.call_id, approve=True)])
         assert not (await call).is_error
 
