@@ -664,6 +664,25 @@ mod tests {
     }
 
     #[test]
+    fn a_request_the_sdk_could_not_type_is_refused_never_relayed() {
+        use rmcp::model::ErrorCode;
+        let call = refuse_untyped("tools/call");
+        assert_eq!(call.code, ErrorCode::INVALID_PARAMS);
+        assert!(
+            call.message.contains("the tool was not run"),
+            "{}",
+            call.message
+        );
+        assert_eq!(
+            refuse_untyped("resources/read").code,
+            ErrorCode::INVALID_PARAMS
+        );
+        let unknown = refuse_untyped("x/y");
+        assert_eq!(unknown.code, ErrorCode::METHOD_NOT_FOUND);
+        assert!(unknown.message.contains("`x/y`"), "{}", unknown.message);
+    }
+
+    #[test]
     fn a_gateway_with_no_server_or_two_is_refused_naming_the_flags() {
         let none = settings(&["approval-broker", "mcp-gateway"]).unwrap_err();
         assert!(none.contains("--upstream"), "{none}");

@@ -394,15 +394,17 @@ async def test_the_attack_of_issue_43_writes_no_file(broker: Any, tmp_path: Path
     files = tmp_path / "files"
     files.mkdir()
     server = server_command("mcp-server-filesystem", str(files))
+    replies = []
     for broker_url in (f"http://{broker.target}", f"http://127.0.0.1:{free_port()}"):
         async with raw_gateway(transport, broker_url, server, tmp_path) as client:
             for n, extra in enumerate([{"requestState": 1}, {"inputResponses": "x"}, {"_meta": 1}]):
                 target = files / f"attack-{n}.txt"
-                reply = await client.request({"jsonrpc": "2.0", "id": 100 + n, "method": "tools/call", "params": {
-                    "name": "write_file", "arguments": {"path": str(target), "content": "pwned"}} | extra})
-                assert reply.get("error", {}).get("code") == INVALID_PARAMS, reply
-                assert "the tool was not run" in reply["error"]["message"], reply
-    assert list(files.iterdir()) == []
+                replies.append(await client.request({"jsonrpc": "2.0", "id": 100 + n, "method": "tools/call",
+                    "params": {"name": "write_file", "arguments": {"path": str(target), "content": "pwned"}} | extra}))
+    assert sorted(f.name for f in files.iterdir()) == [], "the server wrote files with no approval"
+    for reply in replies:
+        assert reply.get("error", {}).get("code") == INVALID_PARAMS, reply
+        assert "the tool was not run" in reply["error"]["message"], reply
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
