@@ -71,7 +71,7 @@ mod tests {
 
     #[test]
     fn numbers_are_canonical_doubles_and_what_is_stored_can_be_submitted_again() {
-        let text = r#"{ "id": 12345678901234567890123, "big": 1e15, "x": 1.10, "neg": -0 }"#;
+        let text = r#"{ "id": 12345678901234568000000, "big": 1e15, "x": 1.10, "neg": -0 }"#;
         let input = ToolInput::parse("input", text, 1024).unwrap();
         assert_eq!(
             input.as_str(),

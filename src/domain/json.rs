@@ -9,11 +9,24 @@
 //! Canonical (RFC 8785): object keys sorted by their UTF-16 code units; no white space; strings
 //! escaped as ECMAScript's `JSON.stringify` does (`\"`, `\\`, `\b \f \n \r \t`, other control
 //! characters as `\u00xx`, everything else as is); every number an IEEE-754 double printed as
-//! ECMAScript prints it. So `1`, `1.0` and `1e0` are one number, `1`, and an integer beyond
-//! 2^53 becomes the nearest double (`12345678901234567890` is `12345678901234567000`), as in
-//! any JavaScript client. A number beyond the range of a double is refused, not rounded to
-//! infinity; one too small for it becomes `0`, as in JavaScript.
+//! ECMAScript prints it. So `1`, `1.0` and `1e0` are one number, `1`.
+//!
+//! Exact (I-JSON, RFC 7493, 2.2): canonical form must never change the number a client wrote,
+//! or the tool runs with another id or amount than the one the approver was asked about. So a
+//! number is refused, naming its path, unless
+//! - it is an integer (however spelt: `1.0`, `1e3`) whose canonical text is that same integer:
+//!   `9007199254740993` (2^53 + 1, whose nearest double is 2^53) and `18446744073709551616`
+//!   (2^64, a double, but printed `18446744073709552000`) are refused, `12345678901234567000`
+//!   is not; or
+//! - it has a fraction, at most 17 significant digits (a double's precision: `0.1` and
+//!   `0.10000000000000001` are one double, printed `0.1`, the convention every JSON reader
+//!   follows) and a normal double's magnitude, or else a canonical text that says the same
+//!   decimal as written. `3.141592653589793238` (more digits than a double holds), `1e-400`
+//!   (which would become `0`) and `1.5e-320` (a subnormal double holds fewer digits) are
+//!   refused. A number beyond the range of a double (`1e400`) is refused too.
 
+use std::borrow::Cow;
+use std::cell::{Cell, RefCell};
 use std::fmt::{self, Write};
 
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
@@ -23,13 +36,165 @@ use crate::error::{Error, Result};
 
 /// Parses `text` as JSON, refusing duplicate keys; the error names `field` and, for a
 /// duplicate, the key's path in the document.
+/// A number canonical form would change (see the module's doc) is refused naming its path.
 pub fn parse(field: &str, text: &str) -> Result<Value> {
     let mut deserializer = serde_json::Deserializer::from_str(text);
-    let value = Strict { at: &Path::Root }
-        .deserialize(&mut deserializer)
-        .and_then(|value| deserializer.end().map(|()| value))
-        .map_err(|e| Error::invalid(field, format!("is not valid JSON: {e}")))?;
+    let numbers = Numbers {
+        text: text.as_bytes(),
+        at: Cell::new(0),
+        inexact: RefCell::new(None),
+    };
+    let value = Strict {
+        at: &Path::Root,
+        numbers: &numbers,
+    }
+    .deserialize(&mut deserializer)
+    .and_then(|value| deserializer.end().map(|()| value))
+    .map_err(|e| match numbers.inexact.take() {
+        Some(reason) => Error::invalid(field, reason),
+        None => Error::invalid(field, format!("is not valid JSON: {e}")),
+    })?;
     Ok(value)
+}
+
+/// The numbers of the text being parsed, in the order the parser meets them, so that each one
+/// the parser reads as a double or an integer is judged by what was written: serde_json (without
+/// `arbitrary_precision`) keeps only the value.
+struct Numbers<'t> {
+    text: &'t [u8],
+    /// Where the next number is looked for: after the last one met.
+    at: Cell<usize>,
+    /// Why the number that stopped the parse is refused.
+    inexact: RefCell<Option<String>>,
+}
+
+impl<'t> Numbers<'t> {
+    /// The text of the next number: the parser has just read it, so everything between the
+    /// last one and it is strings (skipped whole, as they may hold digits) and punctuation.
+    fn next(&self) -> &'t str {
+        let bytes = self.text;
+        let mut at = self.at.get();
+        while at < bytes.len() {
+            match bytes[at] {
+                b'"' => {
+                    at += 1;
+                    while at < bytes.len() && bytes[at] != b'"' {
+                        at += if bytes[at] == b'\\' { 2 } else { 1 };
+                    }
+                    at += 1;
+                }
+                b'-' | b'0'..=b'9' => break,
+                _ => at += 1,
+            }
+        }
+        let start = at.min(bytes.len());
+        while at < bytes.len()
+            && matches!(bytes[at], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+        {
+            at += 1;
+        }
+        self.at.set(at);
+        // Only ASCII bytes were taken, so this is whole characters.
+        std::str::from_utf8(&bytes[start..at.min(bytes.len())]).unwrap_or_default()
+    }
+
+    /// `n` as parsed from the next number in the text, if canonical form keeps what was written
+    /// (see the module's doc); else why not, and the parse stops.
+    fn exact<E: de::Error>(&self, n: Number, at: &Path<'_>) -> std::result::Result<Value, E> {
+        let written = self.next();
+        // Most numbers are small integers, which a double holds and canonical form prints as
+        // written: no second look.
+        let digits = written.trim_start_matches('-');
+        if digits.len() <= 15 && digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Ok(Value::Number(n));
+        }
+        let mut canonical = String::new();
+        write_number(&n, &mut canonical);
+        let (sent, kept) = (Decimal::of(written), Decimal::of(&canonical));
+        let normal = n.as_f64().is_some_and(f64::is_normal);
+        if sent == kept || (!sent.is_integer() && sent.digits.len() <= 17 && normal) {
+            return Ok(Value::Number(n));
+        }
+        let shown = if written.len() > 40 {
+            format!("{}... ({} characters)", &written[..32], written.len())
+        } else {
+            written.to_owned()
+        };
+        let place = match at {
+            Path::Root => String::new(),
+            at => format!(" at `{at}`"),
+        };
+        *self.inexact.borrow_mut() = Some(format!(
+            "the number {shown}{place} cannot be held exactly by a double: canonical JSON \
+             (RFC 8785) would make it {canonical}, so it is refused rather than changed \
+             (I-JSON, RFC 7493); send it as a string"
+        ));
+        Err(E::custom("inexact number"))
+    }
+}
+
+/// A number's exact decimal value, `digits` x 10^`exponent`, written one way only: no leading
+/// or trailing zero in `digits` (none at all for zero, whose sign does not count).
+#[derive(Debug, PartialEq, Eq)]
+struct Decimal<'t> {
+    negative: bool,
+    digits: Cow<'t, str>,
+    exponent: i64,
+}
+
+impl<'t> Decimal<'t> {
+    /// The value of JSON number text (`-?int(.frac)?([eE][+-]?exp)?`, already checked by the
+    /// parser). An exponent too large to matter saturates: its number is refused either way.
+    fn of(text: &'t str) -> Self {
+        let (negative, text) = match text.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, text),
+        };
+        let (mantissa, exponent) = match text.find(['e', 'E']) {
+            Some(e) => (&text[..e], &text[e + 1..]),
+            None => (text, "0"),
+        };
+        let (exponent_negative, exponent) = match exponent.as_bytes().first() {
+            Some(b'-') => (true, &exponent[1..]),
+            Some(b'+') => (false, &exponent[1..]),
+            _ => (false, exponent),
+        };
+        let magnitude = exponent.bytes().fold(0i64, |e, b| {
+            (e * 10 + i64::from(b - b'0')).min(1_000_000_000_000)
+        });
+        let mut exponent = if exponent_negative {
+            -magnitude
+        } else {
+            magnitude
+        };
+        let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+        exponent -= fraction.len() as i64;
+        let digits: Cow<'t, str> = if fraction.is_empty() {
+            Cow::Borrowed(whole)
+        } else {
+            Cow::Owned(format!("{whole}{fraction}"))
+        };
+        let leading = digits.len() - digits.trim_start_matches('0').len();
+        let trailing = digits.len() - digits.trim_end_matches('0').len();
+        let digits = if leading == digits.len() {
+            Cow::Borrowed("")
+        } else {
+            exponent += trailing as i64;
+            match digits {
+                Cow::Borrowed(d) => Cow::Borrowed(&d[leading..d.len() - trailing]),
+                Cow::Owned(d) => Cow::Owned(d[leading..d.len() - trailing].to_owned()),
+            }
+        };
+        Self {
+            negative: negative && !digits.is_empty(),
+            exponent: if digits.is_empty() { 0 } else { exponent },
+            digits,
+        }
+    }
+
+    fn is_integer(&self) -> bool {
+        self.exponent >= 0
+    }
 }
 
 /// The canonical (RFC 8785) text of `value`.
@@ -301,9 +466,11 @@ impl fmt::Display for Path<'_> {
     }
 }
 
-/// A value at `at`, built like serde_json's own but refusing a key named twice.
+/// A value at `at`, built like serde_json's own but refusing a key named twice and a number
+/// canonical form would change.
 struct Strict<'a> {
     at: &'a Path<'a>,
+    numbers: &'a Numbers<'a>,
 }
 
 impl<'de> DeserializeSeed<'de> for Strict<'_> {
@@ -328,18 +495,17 @@ impl<'de> Visitor<'de> for Strict<'_> {
         Ok(Value::Bool(v))
     }
 
-    fn visit_i64<E>(self, v: i64) -> std::result::Result<Value, E> {
-        Ok(Value::Number(v.into()))
+    fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<Value, E> {
+        self.numbers.exact(v.into(), self.at)
     }
 
-    fn visit_u64<E>(self, v: u64) -> std::result::Result<Value, E> {
-        Ok(Value::Number(v.into()))
+    fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<Value, E> {
+        self.numbers.exact(v.into(), self.at)
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<Value, E> {
-        Number::from_f64(v)
-            .map(Value::Number)
-            .ok_or_else(|| E::custom("number out of range"))
+        let n = Number::from_f64(v).ok_or_else(|| E::custom("number out of range"))?;
+        self.numbers.exact(n, self.at)
     }
 
     fn visit_str<E>(self, v: &str) -> std::result::Result<Value, E> {
@@ -358,6 +524,7 @@ impl<'de> Visitor<'de> for Strict<'_> {
         let mut list = Vec::new();
         while let Some(value) = seq.next_element_seed(Strict {
             at: &Path::Index(self.at, list.len()),
+            numbers: self.numbers,
         })? {
             list.push(value);
         }
@@ -375,6 +542,7 @@ impl<'de> Visitor<'de> for Strict<'_> {
             }
             let value = map.next_value_seed(Strict {
                 at: &Path::Key(self.at, &key),
+                numbers: self.numbers,
             })?;
             object.insert(key, value);
         }
@@ -604,37 +772,136 @@ mod tests {
             r#"{"n":100000000000000000000}"#
         );
         assert_eq!(canonical_text(r#"{"n":1.5e-7}"#), r#"{"n":1.5e-7}"#);
-        assert_eq!(
-            canonical_text(r#"{"n":-9007199254740993}"#),
-            r#"{"n":-9007199254740992}"#
-        );
     }
 
-    /// JavaScript reads an integer beyond 2^53 as the nearest double, and so does the broker.
-    #[test]
-    fn integers_beyond_two_to_the_53_become_the_nearest_double() {
-        assert_eq!(
-            canonical_text(r#"{"n":9007199254740993}"#),
-            r#"{"n":9007199254740992}"#
-        );
-        assert_eq!(
-            canonical_text(r#"{"n":12345678901234567890}"#),
-            r#"{"n":12345678901234567000}"#
-        );
-        assert_eq!(
-            canonical_text(r#"{"n":123456789012345678901234567890}"#),
-            r#"{"n":1.2345678901234568e+29}"#
-        );
+    /// The reason `text` is refused, which must be for a number.
+    fn refused(text: &str) -> String {
+        let err = parse("calls[0].input_json", text).unwrap_err().to_string();
+        assert!(err.starts_with("calls[0].input_json: the number "), "{err}");
+        err
     }
 
+    /// I-JSON (RFC 7493, 2.2): an integer canonical form would print as another integer is
+    /// refused, naming its path, never rounded: the tool would run with another id.
     #[test]
-    fn numbers_beyond_a_double_are_refused() {
-        for text in [r#"{"n":1e309}"#, r#"{"n":-1e400}"#] {
-            let err = parse("input_json", text).unwrap_err().to_string();
-            assert!(err.starts_with("input_json: "), "{err}");
-            assert!(err.contains("out of range"), "{err}");
+    fn integers_canonical_form_would_change_are_refused_naming_their_path() {
+        let err = refused(r#"{"order":{"id":18446744073709551617}}"#);
+        assert_eq!(
+            err,
+            "calls[0].input_json: the number 18446744073709551617 at `order.id` cannot be held \
+             exactly by a double: canonical JSON (RFC 8785) would make it 18446744073709552000, \
+             so it is refused rather than changed (I-JSON, RFC 7493); send it as a string"
+        );
+        let err = refused(r#"{"a":[1,{"n":9007199254740993}]}"#);
+        assert!(err.contains("9007199254740993 at `a[1].n`"), "{err}");
+        assert!(err.contains("would make it 9007199254740992"), "{err}");
+        for text in [
+            r#"{"n":-9007199254740993}"#,
+            r#"{"n":123456789012345678901234567890}"#,
+            r#"{"n":12345678901234567890}"#,
+            // 2^64 is a double, but canonical form prints it `18446744073709552000`, which an
+            // exact reader (Python) takes for another integer.
+            r#"{"n":18446744073709551616}"#,
+            // Integers however spelt.
+            r#"{"n":9007199254740993.0}"#,
+            r#"{"n":9.007199254740993e15}"#,
+            r#"{"n":1.8446744073709551617E19}"#,
+            r#"{"n":123456789012345678901234567890e-5}"#,
+            r#"{"n":-1e400}"#,
+        ] {
+            let err = parse("input", text).unwrap_err().to_string();
+            assert!(err.starts_with("input: "), "{text}: {err}");
+            assert!(
+                !err.contains("input: is not valid JSON: the"),
+                "{text}: {err}"
+            );
         }
-        assert_eq!(canonical_text(r#"{"n":1e-400}"#), r#"{"n":0}"#);
+        // A number that is not in a document still says what it is.
+        assert!(refused("9007199254740993").contains("9007199254740993 cannot be held"));
+        // A very long number is not echoed whole.
+        let long = format!(r#"{{"n":{}}}"#, "9".repeat(5000));
+        assert!(parse("input", &long).unwrap_err().to_string().len() < 400);
+    }
+
+    #[test]
+    fn integers_whose_canonical_text_says_them_are_kept() {
+        for (sent, kept) in [
+            ("9007199254740992", "9007199254740992"),
+            ("-9007199254740992", "-9007199254740992"),
+            ("12345678901234567000", "12345678901234567000"),
+            ("1.2345678901234567e19", "12345678901234567000"),
+            ("1e21", "1e+21"),
+            ("100000000000000000000.000", "100000000000000000000"),
+            ("1E300", "1e+300"),
+            ("123456789012345", "123456789012345"),
+            ("-0", "0"),
+            ("0e999999999999999999999", "0"),
+            ("-0.000e-5", "0"),
+        ] {
+            assert_eq!(
+                canonical_text(&format!(r#"{{"n":{sent}}}"#)),
+                format!(r#"{{"n":{kept}}}"#),
+                "{sent}"
+            );
+        }
+    }
+
+    /// A fraction is held to a double's precision, 17 significant digits: within it, texts of
+    /// one double are one number (`0.10000000000000001` is how `%.17g` writes `0.1`); beyond
+    /// it, or where the double would lose it (zero, subnormal), refused.
+    #[test]
+    fn fractions_are_kept_to_a_doubles_precision_and_refused_beyond() {
+        for (sent, kept) in [
+            ("0.1", "0.1"),
+            ("0.10000000000000001", "0.1"),
+            ("1424953923781206.3", "1424953923781206.2"),
+            ("3.141592653589793", "3.141592653589793"),
+            ("3.1415926535897931", "3.141592653589793"),
+            ("5.6843418860808015E-14", "5.684341886080802e-14"),
+            ("2.2250738585072014e-308", "2.2250738585072014e-308"),
+            ("5e-324", "5e-324"),
+            ("1.5e-7", "1.5e-7"),
+            ("0.30000000000000004", "0.30000000000000004"),
+        ] {
+            assert_eq!(
+                canonical_text(&format!(r#"{{"n":{sent}}}"#)),
+                format!(r#"{{"n":{kept}}}"#),
+                "{sent}"
+            );
+        }
+        for (sent, would_be) in [
+            ("3.141592653589793238462643383279", "3.141592653589793"),
+            ("0.100000000000000000001", "0.1"),
+            ("1e-400", "0"),
+            ("-1e-400", "0"),
+            ("1.5e-320", "1.5e-320"),
+            ("1.2345e-320", "1.2347e-320"),
+        ] {
+            let err = parse("input", &format!(r#"{{"n":{sent}}}"#));
+            match err {
+                Ok(value) => assert_eq!(
+                    canonical(&value),
+                    format!(r#"{{"n":{sent}}}"#),
+                    "{sent}: kept only if said exactly"
+                ),
+                Err(err) => {
+                    let err = err.to_string();
+                    assert!(err.contains(&format!("the number {sent} at `n`")), "{err}");
+                    assert!(err.contains(&format!("make it {would_be},")), "{err}");
+                }
+            }
+        }
+        assert!(parse("input", r#"{"n":1.2345e-320}"#).is_err());
+        assert!(parse("input", r#"{"n":1e-400}"#).is_err());
+    }
+
+    /// Digits in strings, keys included, are not numbers: the numbers are found in order.
+    #[test]
+    fn numbers_are_told_apart_from_digits_in_strings() {
+        let text = r#"{"9007199254740993":"9007199254740993","s":"\"1e-400\\","n":[1.5,9007199254740992]}"#;
+        parse("input", text).unwrap();
+        let text = r#"{"a":"\"9\"","b":[0.5,"x",9007199254740993]}"#;
+        assert!(refused(text).contains("at `b[2]`"));
     }
 
     /// RFC 8785, 3.2.3: keys sorted by UTF-16 code units, not by UTF-8 bytes or code points

@@ -29,6 +29,7 @@ mod idempotency;
 mod inbox;
 mod limits;
 mod lookalikes;
+mod numbers;
 mod policy_cache;
 mod receipts;
 mod recovery;
