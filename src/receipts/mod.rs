@@ -9,12 +9,18 @@
 //! - [`signer`]: a thread that signs beside SQLite's writer, so the writer only builds payloads.
 //! - [`verify`]: the offline checks of one receipt or an exported chain
 //!   (`approval-broker verify`), shared by the broker when it reports a receipt's status.
+//! - [`trust`]: the keys a verifier trusts, several across key rotations, each with the time
+//!   it was valid if known.
+//! - [`database`]: `verify --database`, the chain read from a database and every call's stored
+//!   state compared with the receipt that attests it.
 //!
-//! Never here: deciding anything about a call, or reading the database.
+//! Never here: deciding anything about a call, or writing the database.
 
 pub mod command;
+pub mod database;
 mod key;
 pub mod signer;
+pub mod trust;
 pub mod verify;
 
 use base64::Engine as _;

@@ -10,7 +10,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::Value;
 
-use super::{PublicKey, pae};
+use super::pae;
+use super::trust::{Keys, TrustedKey};
 use crate::domain::json;
 use crate::domain::receipt::{PAYLOAD_TYPE, PREDICATE_TYPE, STATEMENT_TYPE, sha256_hex};
 
@@ -23,11 +24,24 @@ pub struct Verified {
     pub digest: String,
     pub subject: String,
     pub outcome: String,
+    /// The id of the key whose signature verified.
+    pub key_id: String,
 }
 
 /// What a verified chain covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChainSummary {
+    pub receipts: usize,
+    pub first: u64,
+    pub last: u64,
+    /// The keys that signed it, in the order each first signed.
+    pub keys: Vec<KeyUse>,
+}
+
+/// How much of a chain one key signed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyUse {
+    pub key_id: String,
     pub receipts: usize,
     pub first: u64,
     pub last: u64,
@@ -44,8 +58,13 @@ pub fn names_batch(envelope: &str, batch_id: &str) -> bool {
     statement.is_some_and(|s| s["predicate"]["call"]["batchId"].as_str() == Some(batch_id))
 }
 
-/// Checks one DSSE envelope (JSON text) against `key`; the error says what failed.
-pub fn receipt(envelope: &str, key: &PublicKey) -> Result<Verified, String> {
+/// Checks one DSSE envelope (JSON text) against `keys`; the error says what failed.
+pub fn receipt(envelope: &str, keys: &impl Keys) -> Result<Verified, String> {
+    statement(envelope, keys).map(|(verified, _)| verified)
+}
+
+/// [`receipt`], and the statement it verified.
+pub fn statement(envelope: &str, keys: &impl Keys) -> Result<(Verified, Value), String> {
     let envelope: Value =
         serde_json::from_str(envelope).map_err(|e| format!("the envelope is not JSON: {e}"))?;
     let payload_type = envelope["payloadType"].as_str().unwrap_or_default();
@@ -65,25 +84,66 @@ pub fn receipt(envelope: &str, key: &PublicKey) -> Result<Verified, String> {
     if signatures.is_empty() {
         return Err("the envelope has no signature".into());
     }
-    let message = pae(PAYLOAD_TYPE, &payload);
-    let signed = signatures.iter().any(|s| {
-        s["sig"]
-            .as_str()
-            .and_then(|sig| BASE64.decode(sig).ok())
-            .is_some_and(|sig| key.verifies(&message, &sig))
-    });
-    if !signed {
-        return Err(format!(
-            "the signature does not verify with key {}",
-            key.key_id()
-        ));
-    }
+    let signer = signed_by(&signatures, &pae(PAYLOAD_TYPE, &payload), keys)?;
     let text = std::str::from_utf8(&payload).map_err(|_| "the payload is not UTF-8")?;
     let statement = json::parse("payload", text).map_err(|e| e.to_string())?;
     if json::canonical(&statement) != text {
         return Err("the payload is not canonical JSON (RFC 8785)".into());
     }
-    statement_says(&statement, &payload)
+    let mut verified = statement_says(&statement, &payload)?;
+    // A key signs only while it is current: a retired key (perhaps lost since) cannot vouch
+    // for what was decided after it was retired.
+    let decided_at = statement["predicate"]["times"]["decidedAt"].as_str();
+    if let Some(why) = signer.refuses(decided_at) {
+        return Err(why);
+    }
+    verified.key_id = signer.key_id;
+    Ok((verified, statement))
+}
+
+/// The trusted key one of `signatures` verifies `message` with: the key each signature names
+/// (`keyid`), or, for a signature naming none the verifier knows, any trusted key (DSSE leaves
+/// `keyid` unauthenticated, so it only says which key to try first).
+fn signed_by(signatures: &[Value], message: &[u8], keys: &impl Keys) -> Result<TrustedKey, String> {
+    let mut named = Vec::new();
+    for signature in signatures {
+        let Some(sig) = signature["sig"]
+            .as_str()
+            .and_then(|sig| BASE64.decode(sig).ok())
+        else {
+            continue;
+        };
+        let key_id = signature["keyid"].as_str().unwrap_or_default();
+        let candidates = match keys.by_id(key_id) {
+            Some(key) => vec![key],
+            None => {
+                named.push(key_id.to_owned());
+                keys.all()
+            }
+        };
+        if let Some(key) = candidates
+            .into_iter()
+            .find(|k| k.key.verifies(message, &sig))
+        {
+            return Ok(key);
+        }
+        if let Some(key) = keys.by_id(key_id) {
+            return Err(format!(
+                "the signature does not verify with key {}",
+                key.key_id
+            ));
+        }
+    }
+    let given: Vec<String> = keys.all().into_iter().map(|k| k.key_id).collect();
+    Err(format!(
+        "the signature does not verify with key {}: the receipt names key {}, which is not \
+         among those given",
+        given.join(" or "),
+        match named.as_slice() {
+            [] => "none".to_owned(),
+            ids => ids.join(", "),
+        }
+    ))
 }
 
 /// The checks of a signed statement's content.
@@ -142,22 +202,41 @@ fn statement_says(statement: &Value, payload: &[u8]) -> Result<Verified, String>
         digest: sha256_hex(payload),
         subject: name,
         outcome: predicate["outcome"].as_str().unwrap_or_default().to_owned(),
+        key_id: String::new(),
     })
 }
 
 /// Checks receipts given in chain order: each one, and that each links to the one before it
 /// (its sequence the next, its `previous` that receipt's payload digest), so a receipt removed,
-/// added or moved fails. A chain starting at sequence 1 is the broker's whole history.
+/// added or moved fails. A chain starting at sequence 1 is the broker's whole history. Each
+/// receipt is checked with the key it names, so a chain signed across key rotations verifies
+/// with the keys of its time.
 pub fn chain<'a>(
     envelopes: impl IntoIterator<Item = &'a str>,
-    key: &PublicKey,
+    keys: &impl Keys,
 ) -> Result<ChainSummary, String> {
-    let mut before: Option<Verified> = None;
-    let mut summary: Option<ChainSummary> = None;
-    for (i, envelope) in envelopes.into_iter().enumerate() {
-        let at = i + 1;
-        let this = receipt(envelope, key).map_err(|e| format!("receipt {at}: {e}"))?;
-        if let Some(before) = &before {
+    let mut check = ChainCheck::default();
+    for envelope in envelopes {
+        check.next(envelope, keys)?;
+    }
+    check.summary().ok_or_else(|| "no receipt to verify".into())
+}
+
+/// A chain checked a receipt at a time, as it is read (a page at a time from a database).
+#[derive(Debug, Default)]
+pub struct ChainCheck {
+    before: Option<Verified>,
+    summary: Option<ChainSummary>,
+}
+
+impl ChainCheck {
+    /// Checks the next receipt of the chain; the error names it by its place in what was read
+    /// (`receipt 3`).
+    pub fn next(&mut self, envelope: &str, keys: &impl Keys) -> Result<(Verified, Value), String> {
+        let at = self.summary.as_ref().map_or(0, |s| s.receipts) + 1;
+        let (this, statement) =
+            statement(envelope, keys).map_err(|e| format!("receipt {at}: {e}"))?;
+        if let Some(before) = &self.before {
             if this.sequence != before.sequence + 1 {
                 return Err(format!(
                     "receipt {at}: sequence {} follows {}: a receipt is missing or out of order",
@@ -172,16 +251,34 @@ pub fn chain<'a>(
                 ));
             }
         }
-        let summary = summary.get_or_insert(ChainSummary {
+        let summary = self.summary.get_or_insert(ChainSummary {
             receipts: 0,
             first: this.sequence,
             last: this.sequence,
+            keys: Vec::new(),
         });
         summary.receipts += 1;
         summary.last = this.sequence;
-        before = Some(this);
+        match summary.keys.iter_mut().find(|k| k.key_id == this.key_id) {
+            Some(used) => {
+                used.receipts += 1;
+                used.last = this.sequence;
+            }
+            None => summary.keys.push(KeyUse {
+                key_id: this.key_id.clone(),
+                receipts: 1,
+                first: this.sequence,
+                last: this.sequence,
+            }),
+        }
+        self.before = Some(this.clone());
+        Ok((this, statement))
     }
-    summary.ok_or_else(|| "no receipt to verify".into())
+
+    /// What was checked so far; `None` before the first receipt.
+    pub fn summary(&self) -> Option<ChainSummary> {
+        self.summary.clone()
+    }
 }
 
 /// The envelopes in `text`: one JSON document or JSON Lines, each an envelope, a `Receipt` (its
@@ -234,6 +331,7 @@ mod tests {
         Timestamp, ToolInput, ToolName,
     };
     use crate::receipts::Notary;
+    use crate::receipts::trust::KeySet;
 
     fn decided(call_id: &str, kind: OutcomeKind) -> Call {
         let input = ToolInput::from_stored(r#"{"command":"ls -la","cwd":"/tmp"}"#.into());
@@ -431,6 +529,91 @@ mod tests {
         let forged = notary.seal(&json::canonical(&statement));
         let relinked = chain([&r[0], &forged, &r[2]].map(String::as_str), key).unwrap_err();
         assert!(relinked.contains("receipt 2: chain.previous"), "{relinked}");
+    }
+
+    /// Three receipts signed by the first key, then three by the second (a rotation), in one
+    /// chain.
+    fn rotated_chain(old: &Notary, new: &Notary) -> Vec<String> {
+        let mut head = None;
+        let mut out = Vec::new();
+        for (i, notary) in [old, old, old, new, new, new].into_iter().enumerate() {
+            let link = ChainLink::after(head.take());
+            let payload = payload(&decided(&format!("c{i}"), OutcomeKind::Denied), &link).unwrap();
+            head = Some((link.sequence, sha256_hex(payload.as_bytes())));
+            out.push(notary.seal(&payload));
+        }
+        out
+    }
+
+    #[test]
+    fn a_chain_signed_across_a_key_rotation_verifies_with_both_keys_each_receipt_with_its_own() {
+        let (old, new) = (notary(), Notary::from_seed(&[43; 32]).unwrap());
+        let r = rotated_chain(&old, &new);
+        let both = KeySet::from_values(&[new.public_key().to_base64(), old.public_key().to_pem()])
+            .unwrap();
+        let summary = chain(r.iter().map(String::as_str), &both).unwrap();
+        assert_eq!((summary.receipts, summary.first, summary.last), (6, 1, 6));
+        let used: Vec<_> = summary
+            .keys
+            .iter()
+            .map(|k| (k.key_id.as_str(), k.receipts, k.first, k.last))
+            .collect();
+        assert_eq!(
+            used,
+            [(old.key_id(), 3, 1, 3), (new.key_id(), 3, 4, 6)],
+            "each receipt checked with the key it names"
+        );
+        // Either key alone fails where the other signed, naming the key the receipt names.
+        let err = chain(r.iter().map(String::as_str), old.public_key()).unwrap_err();
+        assert!(
+            err.starts_with("receipt 4: the signature does not verify"),
+            "{err}"
+        );
+        assert!(err.contains(new.key_id()), "{err}");
+        let err = chain(r.iter().map(String::as_str), new.public_key()).unwrap_err();
+        assert!(err.starts_with("receipt 1: "), "{err}");
+        // A receipt naming one key but signed by the other fails: the id only says which key.
+        let mut envelope: Value = serde_json::from_str(&r[0]).unwrap();
+        envelope["signatures"][0]["keyid"] = new.key_id().into();
+        let err = receipt(&envelope.to_string(), &both).unwrap_err();
+        assert_eq!(
+            err,
+            format!("the signature does not verify with key {}", new.key_id())
+        );
+        // A signature naming no key the verifier knows is tried with every key.
+        envelope["signatures"][0]["keyid"] = "".into();
+        assert_eq!(
+            receipt(&envelope.to_string(), &both).unwrap().key_id,
+            old.key_id()
+        );
+    }
+
+    /// `decided` is decided at 2023-11-14T22:14:10Z: a key whose window ends before then (it
+    /// was retired, and may have been lost since) does not vouch for it.
+    #[test]
+    fn a_key_verifies_only_receipts_decided_within_its_validity_window() {
+        let (old, new) = (notary(), Notary::from_seed(&[43; 32]).unwrap());
+        let r = rotated_chain(&old, &new);
+        let keys = |old_until: &str| {
+            let mut set = KeySet::default();
+            set.read(&format!(
+                "{} until={old_until}\n{} from={old_until}\n",
+                old.public_key().to_base64(),
+                new.public_key().to_base64()
+            ))
+            .unwrap();
+            set
+        };
+        let err = chain(r.iter().map(String::as_str), &keys("2023-11-14T22:00:00Z")).unwrap_err();
+        assert!(
+            err.starts_with(
+                "receipt 1: decided at 2023-11-14T22:14:10.000000Z but signed with key"
+            ) && err.contains("valid until 2023-11-14T22:00:00Z"),
+            "{err}"
+        );
+        let err = chain(r.iter().map(String::as_str), &keys("2023-11-15T00:00:00Z")).unwrap_err();
+        assert!(err.starts_with("receipt 4: decided at"), "{err}");
+        assert!(err.contains("valid from 2023-11-15T00:00:00Z"), "{err}");
     }
 
     #[test]
