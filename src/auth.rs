@@ -18,7 +18,7 @@ use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
 use crate::domain::policy::group_name;
-use crate::domain::{AgentId, Call, Identity};
+use crate::domain::{AgentId, Identity, Viewer};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -311,24 +311,25 @@ impl Caller {
         }
     }
 
-    /// Whether this caller sees every call, whichever groups may decide it: an auditor or an
-    /// admin, or anyone while auth is off.
-    pub fn sees_every_call(&self) -> bool {
+    /// Who this caller is as a reader of calls (see [`Viewer`], whose [`Call::visible_to`] is
+    /// the one visibility rule): an admin or an auditor sees every call, as does anyone while
+    /// auth is off; an agent its own; an approver the calls its groups may decide.
+    ///
+    /// [`Call::visible_to`]: crate::domain::Call::visible_to
+    pub fn viewer(&self) -> Viewer {
         match self {
-            Caller::Anonymous => true,
-            Caller::Authenticated { role, .. } => matches!(role, Role::Auditor | Role::Admin),
-        }
-    }
-
-    /// Whether `call` is shown to this caller (`ListPending`, `Subscribe`): a call whose
-    /// requirement names groups only to their members, unless the caller sees every call.
-    pub fn may_see(&self, call: &Call) -> bool {
-        match (self, &call.approval) {
-            (_, None) => true,
-            (Caller::Authenticated { groups, .. }, Some(approval)) if !self.sees_every_call() => {
-                approval.requirement.approvers.admits(groups)
-            }
-            _ => true,
+            Caller::Anonymous => Viewer::Operator,
+            Caller::Authenticated {
+                role,
+                identity,
+                groups,
+            } => match role {
+                Role::Admin | Role::Auditor => Viewer::Operator,
+                Role::Approver => Viewer::Approver {
+                    groups: groups.to_vec(),
+                },
+                Role::Agent => Viewer::Agent(AgentId::from_stored(identity.to_string())),
+            },
         }
     }
 }
@@ -498,7 +499,7 @@ mod tests {
             identity: Arc::from("eve"),
             groups: Arc::from(Vec::new()),
         };
-        assert!(auditor.sees_every_call());
+        assert_eq!(auditor.viewer(), Viewer::Operator);
         let err = auditor.approver(String::new()).unwrap_err();
         assert_eq!(err.code(), tonic::Code::PermissionDenied);
     }

@@ -1,8 +1,13 @@
 //! Signed receipts through the facade: a call's receipt or a page of the chain, each checked
 //! against this broker's key as it is read, so a UI can show whether what it shows still
 //! verifies. Receipts are written by the store with their outcomes; nothing here writes.
+//!
+//! A receipt holds its call's content (input included), so it is read as the call is: only by a
+//! reader its call is [`visible_to`](crate::domain::Call::visible_to), NOT_FOUND for any other
+//! exactly as for an unknown call. The chain (`receipts_after`) only verifies whole, each link
+//! naming the one before, so it is served whole to readers who see every call and to no one else.
 
-use crate::domain::{CallKey, Status};
+use crate::domain::{CallKey, Status, Viewer};
 use crate::error::{Error, Result};
 use crate::receipts::{PublicKey, verify};
 use crate::store::StoredReceipt;
@@ -24,13 +29,15 @@ impl Broker {
 
     /// The receipt of a decided call: of the call stored under the id now, or, once retention
     /// pruned it, of the last call decided under the id (an id may be used again after its call
-    /// was pruned, and receipts are never pruned). NOT_FOUND for an unknown call;
-    /// FAILED_PRECONDITION for a pending one, or one decided while receipts were off.
-    pub async fn receipt(&self, key: &CallKey) -> Result<CheckedReceipt> {
+    /// was pruned, and receipts are never pruned). NOT_FOUND for an unknown call and for one
+    /// `viewer` may not see, alike; FAILED_PRECONDITION for a pending one, or one decided while
+    /// receipts were off. A pruned call's receipt can no longer be judged (its requirement went
+    /// with it), so only a reader who sees every call is given it.
+    pub async fn receipt(&self, key: &CallKey, viewer: &Viewer) -> Result<CheckedReceipt> {
         // The call first: decided after this read, its receipt is among those read next.
-        let call = match self.call(key).await {
+        let call = match self.visible_call(key, viewer).await {
             Ok(call) => Some(call),
-            Err(Error::NotFound(_)) => None,
+            Err(Error::NotFound(_)) if viewer.sees_every_call() => None,
             Err(e) => return Err(e),
         };
         let receipts = self.store.receipts_of(key).await?;
@@ -56,8 +63,22 @@ impl Broker {
         }))
     }
 
-    /// At most `limit` receipts after sequence `after`, in chain order.
-    pub async fn receipts_after(&self, after: u64, limit: u32) -> Result<Vec<CheckedReceipt>> {
+    /// At most `limit` receipts after sequence `after`, in chain order, for a reader who sees
+    /// every call; PERMISSION_DENIED for any other (a chain with links left out does not
+    /// verify, and the refusal is of the reader's role, saying nothing of any call).
+    pub async fn receipts_after(
+        &self,
+        after: u64,
+        limit: u32,
+        viewer: &Viewer,
+    ) -> Result<Vec<CheckedReceipt>> {
+        if !viewer.sees_every_call() {
+            return Err(Error::PermissionDenied(
+                "the receipt chain is exported only to readers who see every call (admin, \
+                 auditor)"
+                    .into(),
+            ));
+        }
         let stored = self.store.receipts_after(after, limit).await?;
         Ok(stored.into_iter().map(|s| self.checked(s)).collect())
     }

@@ -19,6 +19,7 @@ mod outcome;
 pub mod policy;
 pub mod receipt;
 mod time;
+mod visibility;
 pub mod webhook;
 
 pub use batch::{MAX_BATCH_CALLS, NewBatch, OnDeny, SubmitItem, SubmitReport, SubmitResult};
@@ -34,3 +35,4 @@ pub use outcome::{
     DecideReport, DecidedBy, Decision, Outcome, OutcomeKind, ToolResultTexts, Verdict,
 };
 pub use time::{MAX_DEADLINE_AHEAD, PROTO_TIMESTAMP_SECONDS, Timestamp};
+pub use visibility::Viewer;

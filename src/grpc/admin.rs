@@ -1,5 +1,8 @@
 //! AdminService: the operators' audit view of every call and outcome, and the grants and
-//! policy rules that decide calls without a human.
+//! policy rules that decide calls without a human. Its reads of calls ask the caller's
+//! [`Viewer`](crate::domain::Viewer) as every read does; an admin (the only role admitted here)
+//! sees every call, so they leave nothing out today, and would if the service ever admitted
+//! another role.
 
 use std::sync::Arc;
 
@@ -11,6 +14,7 @@ use super::{paging, parse, render, shadow_messages};
 use crate::auth::Caller;
 use crate::broker::{BackupName, Broker};
 use crate::domain::Timestamp;
+use crate::domain::policy::ExplainTarget;
 use crate::proto::v1 as pb;
 
 pub struct AdminApi {
@@ -29,6 +33,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::ListCallsRequest>,
     ) -> Result<Response<pb::ListCallsResponse>, Status> {
+        let viewer = Caller::of(&request).viewer();
         let req = request.into_inner();
         let mut query = parse::filter(
             "",
@@ -48,7 +53,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
             &self.broker,
             &query,
             self.broker.limits().max_reply_bytes,
-            |_| true,
+            |c| c.visible_to(&viewer),
         )
         .await?;
         Ok(Response::new(pb::ListCallsResponse {
@@ -61,9 +66,10 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::GetCallRequest>,
     ) -> Result<Response<pb::Call>, Status> {
+        let viewer = Caller::of(&request).viewer();
         let req = request.into_inner();
         let key = parse::call_key(req.agent, req.session_id, req.call_id)?;
-        let (call, shadow) = self.broker.audited_call(&key).await?;
+        let (call, shadow) = self.broker.audited_call(&key, &viewer).await?;
         Ok(Response::new(pb::Call {
             shadow_verdicts: shadow_messages::shadow_verdicts(&shadow),
             ..render::call(&call)
@@ -151,7 +157,11 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::ExplainRequest>,
     ) -> Result<Response<pb::ExplainResponse>, Status> {
+        let viewer = Caller::of(&request).viewer();
         let target = parse::explain(request.into_inner(), self.broker.limits().max_input_bytes)?;
+        if let ExplainTarget::Stored(key) = &target {
+            self.broker.require_visible(key, &viewer).await?;
+        }
         let explanation = self.broker.explain(&target).await?;
         let reply = render::explanation(&explanation, Timestamp::now());
         Ok(Response::new(oversize::fit_explanation(
@@ -259,6 +269,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::ExportReceiptsRequest>,
     ) -> Result<Response<pb::ExportReceiptsResponse>, Status> {
+        let viewer = Caller::of(&request).viewer();
         let req = request.into_inner();
         let page_size = parse::receipts_page_size(req.page_size)?;
         let key = self.broker.receipt_key().as_ref().map(render::receipt_key);
@@ -268,7 +279,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         }
         let receipts = self
             .broker
-            .receipts_after(req.after_sequence, page_size)
+            .receipts_after(req.after_sequence, page_size, &viewer)
             .await?;
         let (receipts, complete) = room.fill(receipts.iter().map(render::receipt));
         if receipts.is_empty() && !complete {

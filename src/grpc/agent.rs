@@ -127,11 +127,15 @@ impl pb::agent_service_server::AgentService for AgentApi {
         &self,
         request: Request<pb::GetOutcomesRequest>,
     ) -> Result<Response<pb::GetOutcomesResponse>, Status> {
-        let agent = Caller::of(&request).agent()?;
+        let caller = Caller::of(&request);
+        let agent = caller.agent()?;
         let req = request.into_inner();
         let session = parse::session("session_id", req.session_id)?;
         let ids = parse::call_ids("call_ids", req.call_ids, false)?;
-        let found = self.broker.calls_by_id(&agent, &session, &ids).await?;
+        let found = self
+            .broker
+            .visible_calls_by_id(&agent, &session, &ids, &caller.viewer())
+            .await?;
         let states = ids.iter().zip(found).map(|(id, call)| pb::CallState {
             call_id: id.to_string(),
             state: Some(match call {

@@ -1,6 +1,12 @@
 //! ApproverService: what approver UIs watch (`Subscribe`), page through (`ListPending`) and
 //! decide (`Decide`).
 //!
+//! Every call these return is one the caller may see ([`Call::visible_to`], asked of the
+//! caller's [`Viewer`]): the others are left out of snapshots, live events, pages and replies,
+//! and `GetReceipt` answers NOT_FOUND for them exactly as for an unknown call.
+//!
+//! [`Call::visible_to`]: crate::domain::Call::visible_to
+//!
 //! A subscriber's stream has a bounded queue. Catch-up (snapshot pages, events after a cursor)
 //! waits for the client; a live event that finds the queue full ends the stream with
 //! RESOURCE_EXHAUSTED naming the last sequence number queued, so the UI resumes from there:
@@ -19,7 +25,7 @@ use super::queue::{self, Full};
 use super::{StreamOver, paging, parse, render};
 use crate::auth::Caller;
 use crate::broker::Broker;
-use crate::domain::{CallQuery, EventKind, Status as CallStatus};
+use crate::domain::{CallQuery, EventKind, Status as CallStatus, Viewer};
 use crate::error::{Error, Result};
 use crate::events::Feed;
 use crate::meters;
@@ -68,7 +74,7 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         let (out, rx) = queue::channel(self.broker.limits().subscriber_buffer, slot);
         let subscriber = Subscriber {
             broker: Arc::clone(&self.broker),
-            viewer: caller,
+            viewer: caller.viewer(),
             filter,
             out,
             last_queued: req.after_seq.unwrap_or(latest),
@@ -87,7 +93,12 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         // With auth on, the token says who decides; the request cannot.
         decision.approver = caller.approver(decision.approver)?;
         decision.approver_groups = caller.groups();
-        let report = self.broker.decide(&key, &decision).await?;
+        let mut report = self.broker.decide(&key, &decision).await?;
+        // The siblings a denial skipped, and the calls a new grant decided, are told only as
+        // far as this approver may see them.
+        let viewer = caller.viewer();
+        report.skipped.retain(|c| c.visible_to(&viewer));
+        report.decided_by_grant.retain(|c| c.visible_to(&viewer));
         Ok(Response::new(render::decide_response(
             &report,
             crate::domain::Timestamp::now(),
@@ -99,13 +110,13 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         &self,
         request: Request<pb::ListPendingRequest>,
     ) -> Result<Response<pb::ListPendingResponse>, Status> {
-        let caller = Caller::of(&request);
+        let viewer = Caller::of(&request).viewer();
         let req = request.into_inner();
         let mut query = parse::filter("filter.", req.filter)?;
         parse::page(&mut query, req.page_size, &req.page_token)?;
         query.statuses = vec![CallStatus::Pending];
         let limit = self.broker.limits().max_reply_bytes;
-        let page = paging::calls(&self.broker, &query, limit, |c| caller.may_see(c)).await?;
+        let page = paging::calls(&self.broker, &query, limit, |c| c.visible_to(&viewer)).await?;
         Ok(Response::new(pb::ListPendingResponse {
             calls: page.items,
             next_page_token: parse::page_token(page.next),
@@ -116,9 +127,10 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         &self,
         request: Request<pb::GetReceiptRequest>,
     ) -> Result<Response<pb::GetReceiptResponse>, Status> {
+        let viewer = Caller::of(&request).viewer();
         let req = request.into_inner();
         let key = parse::call_key(req.agent, req.session_id, req.call_id)?;
-        let receipt = self.broker.receipt(&key).await?;
+        let receipt = self.broker.receipt(&key, &viewer).await?;
         Ok(Response::new(pb::GetReceiptResponse {
             receipt: Some(render::receipt(&receipt)),
             key: self.broker.receipt_key().as_ref().map(render::receipt_key),
@@ -128,8 +140,9 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
 
 struct Subscriber {
     broker: Arc<Broker>,
-    /// Who subscribed: calls they may not see (their groups may not decide them) are left out.
-    viewer: Caller,
+    /// Who subscribed: calls they may not see (their groups may not decide them) are left out
+    /// of the snapshot and the events alike.
+    viewer: Viewer,
     filter: CallQuery,
     out: queue::Sender<pb::ApproverEvent>,
     /// The sequence number of the last event queued for the client.
@@ -159,7 +172,7 @@ impl Subscriber {
                 Err(err) => return self.fail(err.into()),
             };
             let viewer = self.viewer.clone();
-            for call in page.calls.iter().filter(|c| viewer.may_see(c)) {
+            for call in page.calls.iter().filter(|c| c.visible_to(&viewer)) {
                 pending += 1;
                 self.queue(seq, E::Snapshot(render::call(call))).await?;
             }
@@ -191,7 +204,7 @@ impl Subscriber {
                 Err(err) => return self.fail(err.into()),
             };
             let event = &delivery.event;
-            if !self.filter.matches(&event.call) || !self.viewer.may_see(&event.call) {
+            if !self.filter.matches(&event.call) || !event.call.visible_to(&self.viewer) {
                 continue;
             }
             let item = match event.kind {

@@ -48,4 +48,5 @@ mod tls;
 mod traces;
 mod undecodable;
 mod validation;
+mod visibility;
 mod webhooks;
