@@ -439,6 +439,17 @@ fn is_input(text: &str, max: usize) -> bool {
     text.len() <= max
         && serde_json::from_str::<Value>(text)
             .is_ok_and(|v| v.is_object() && json::canonical(&v).len() <= max)
+        && numbers_kept(text)
+}
+
+/// Whether canonical form keeps every number of `text` as written (else the broker refuses it,
+/// I-JSON: `9007199254740993` would become `9007199254740992`). Which numbers those are is
+/// `json::parse`'s rule, modelled and tested in src/domain/json.rs; here it is taken as given.
+fn numbers_kept(text: &str) -> bool {
+    json::parse("input_json", text)
+        .map_err(|e| e.to_string())
+        .err()
+        .is_none_or(|e| !e.contains("cannot be held exactly by a double"))
 }
 
 /// A timestamp's microseconds, if it is valid: nanos in 0..1e9, and the whole seconds in
@@ -634,6 +645,11 @@ proptest! {
     ) {
         let limit = usize::MAX;
         let a = render(&value, seed_a);
+        if !numbers_kept(&value.to_string()) {
+            // A number canonical form would change is refused, whatever the spelling.
+            prop_assert_eq!(canonical(&a, limit), None, "{}", show(&a));
+            return Ok(());
+        }
         let b = render(&value, seed_b);
         let canon_a = canonical(&a, limit);
         prop_assert!(canon_a.is_some(), "an object was refused: {}", show(&a));
@@ -970,9 +986,9 @@ proptest! {
             prop_assert_eq!(canonical(&canon, canon.len()), Some(canon.clone()), "{}", show(&text));
         } else {
             // Refused only because the canonical form is longer than the limit, or a number is
-            // beyond the range of a double.
+            // beyond the range of a double or would be changed by canonical form.
             let canon = serde_json::from_str::<Value>(&text).map(|v| json::canonical(&v));
-            prop_assert!(canon.as_ref().is_err() || canon.as_ref().is_ok_and(|c| c.len() > limit), "{} refused; canonical {:?}", show(&text), canon.map(|c| show(&c)));
+            prop_assert!(canon.as_ref().is_err() || canon.as_ref().is_ok_and(|c| c.len() > limit) || !numbers_kept(&text), "{} refused; canonical {:?}", show(&text), canon.map(|c| show(&c)));
         }
     }
 }
