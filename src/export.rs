@@ -3,6 +3,10 @@
 //! from the database directly, so it works while the broker runs and without its tokens.
 //! Inputs are left out unless `--inputs` asks for them: they may hold secrets, and the audit
 //! of who decided what rarely needs them.
+//!
+//! It is an operator's read (whoever can open the database file sees every call), so it asks no
+//! visibility question: the readers `Call::visible_to` limits are those who come through the
+//! API with a token.
 
 use std::io::Write;
 use std::path::PathBuf;

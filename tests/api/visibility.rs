@@ -2,7 +2,7 @@
 //! call's content asks one question (`Call::visible_to`), and an approver outside the groups of
 //! an ops-only call gets from each read exactly what an unknown id gets (the same status, the
 //! same message with the ids it sent), while an approver inside the group, an auditor and an
-//! admin read it. The reads: GetReceipt, ListPending, Subscribe (snapshot, live events and a
+//! admin read it. A receipt whose call was pruned is served only to readers who see every call. The reads: GetReceipt, ListPending, Subscribe (snapshot, live events and a
 //! resume), Decide's reply about a batch's siblings, GetOutcomes, and the admin's ListCalls,
 //! GetCall, Explain and ExportReceipts.
 
@@ -182,6 +182,48 @@ async fn a_hidden_calls_receipt_is_not_found_as_an_unknown_calls_is(app: TestApp
     assert_eq!(pending.code(), Code::FailedPrecondition);
 }
 
+/// Keeps decided calls for a second, pruning often.
+fn with_groups_retaining_a_second(config: &mut Config) {
+    with_groups(config);
+    config.lifecycle.retain_decided = Some(std::time::Duration::from_secs(1));
+    config.lifecycle.prune_every = std::time::Duration::from_millis(100);
+}
+
+async fn a_pruned_calls_receipt_is_served_only_to_readers_who_see_every_call(app: TestApp) {
+    ops_only_rule(&app).await;
+    submit_as_bot(&app, vec![call("d1", "deploy", "{}")]).await;
+    decide_as(&app, ALICE, "d1", pb::Decision::Approve)
+        .await
+        .unwrap();
+    assert!(receipt_as(&app, ALICE, "d1").await.is_ok());
+    // The log's last event is never pruned: another call moves it past d1's.
+    AgentServiceClient::with_interceptor(app.channel.clone(), bearer(BOT))
+        .submit(pb::SubmitRequest {
+            batch: Some(batch("other", vec![call("x", "shell", "{}")])),
+        })
+        .await
+        .expect("submit");
+    let mut root = admin_as(&app.channel, ROOT);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while root.get_call(key("d1")).await.is_ok() {
+        assert!(tokio::time::Instant::now() < deadline, "d1 was not pruned");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Its requirement went with it: nobody can tell any more whether an approver may see it,
+    // so no approver is shown it, and each is told what an unknown id gets.
+    for token in [ALICE, DAVE] {
+        let unknown = receipt_as(&app, token, "nope").await.unwrap_err();
+        let pruned = receipt_as(&app, token, "d1").await.unwrap_err();
+        as_if_unknown(&pruned, &unknown, "d1");
+    }
+    let kept = receipt_as(&app, EVE, "d1")
+        .await
+        .expect("an auditor reads every receipt")
+        .receipt
+        .unwrap();
+    assert!(kept.verified);
+}
+
 async fn lists_and_streams_leave_out_what_the_reader_may_not_see(app: TestApp) {
     ops_only_rule(&app).await;
     submit_as_bot(&app, vec![call("d1", "deploy", "{}")]).await;
@@ -346,5 +388,7 @@ backend_tests!(
     lists_and_streams_leave_out_what_the_reader_may_not_see => super::with_groups,
     a_denials_reply_names_only_the_skipped_siblings_the_approver_may_see => super::with_groups,
     an_agent_reads_only_its_own_calls_outcomes => super::with_groups,
+    a_pruned_calls_receipt_is_served_only_to_readers_who_see_every_call
+        => super::with_groups_retaining_a_second,
     operators_read_every_call_and_approvers_are_refused_the_admin_reads_by_role_alone => super::with_groups,
 );
