@@ -18,7 +18,9 @@
 use std::collections::HashSet;
 
 use approval_broker::Error;
-use approval_broker::domain::{AgentId, OnDeny, Timestamp, ToolInput, Verdict, invisible, json};
+use approval_broker::domain::{
+    AgentId, Identity, OnDeny, Timestamp, ToolInput, Verdict, invisible, json,
+};
 use approval_broker::domain::{CallQuery, CancelScope, Cursor};
 use approval_broker::grpc::parse;
 use approval_broker::proto::v1 as pb;
@@ -426,6 +428,19 @@ fn is_name(value: &str, max: usize) -> bool {
     is_line(value, max) && is_visible(value)
 }
 
+fn is_requester(value: &str) -> bool {
+    value.is_empty() || Identity::parse("requested_by", value).is_ok()
+}
+
+fn requester(value: &str) -> String {
+    if value.is_empty() {
+        return String::new();
+    }
+    Identity::parse("requested_by", value)
+        .expect("a valid identity")
+        .into_string()
+}
+
 fn is_line(value: &str, max: usize) -> bool {
     value.len() <= max && !value.chars().any(char::is_control)
 }
@@ -490,11 +505,8 @@ fn call_fault(call: &pb::CallSpec, max_input: usize) -> Option<&'static str> {
             "supersede_key",
             is_name(&call.supersede_key, MAX_SUPERSEDE_KEY),
         ),
-        // At most 256 bytes, as a supersede key.
-        (
-            "requested_by",
-            is_name(&call.requested_by, MAX_SUPERSEDE_KEY),
-        ),
+        // Empty, or an identity (its own rules and unit tests are `domain::identity`'s).
+        ("requested_by", is_requester(&call.requested_by)),
     ]
     .into_iter()
     .find(|(_, ok)| !ok)
@@ -614,7 +626,8 @@ proptest! {
                     prop_assert_eq!(&call.title, &sent.title);
                     prop_assert_eq!(&call.message, &sent.message);
                     prop_assert_eq!(&call.workspace, &sent.workspace);
-                    prop_assert_eq!(&call.requested_by, &sent.requested_by);
+                    // The person named, in the one canonical form identities are compared in.
+                    prop_assert_eq!(&call.requested_by, &requester(&sent.requested_by));
                     prop_assert_eq!(call.supersede_key.as_deref().unwrap_or(""), sent.supersede_key.as_str());
                     prop_assert_eq!(call.deadline.map(Timestamp::as_micros), sent.deadline.as_ref().and_then(micros));
                 }

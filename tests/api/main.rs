@@ -23,6 +23,7 @@ mod drain;
 mod escalation;
 mod explain;
 mod export;
+mod governance;
 mod grants;
 mod group_commit;
 mod idempotency;
