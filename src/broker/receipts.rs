@@ -9,6 +9,7 @@
 
 use crate::domain::{CallKey, Status, Viewer};
 use crate::error::{Error, Result};
+use crate::receipts::trust::{KeySet, TrustedKey};
 use crate::receipts::{PublicKey, verify};
 use crate::store::StoredReceipt;
 
@@ -81,6 +82,14 @@ impl Broker {
         }
         let stored = self.store.receipts_after(after, limit).await?;
         Ok(stored.into_iter().map(|s| self.checked(s)).collect())
+    }
+
+    /// Every key this broker's receipts verify with: the current one first (with the time it
+    /// started signing, if known), then the retired ones it was given. Empty when it signs none.
+    pub fn receipt_keys(&self) -> Vec<TrustedKey> {
+        self.receipt_key
+            .map(|key| KeySet::from(key).keys().to_vec())
+            .unwrap_or_default()
     }
 
     fn checked(&self, stored: StoredReceipt) -> CheckedReceipt {

@@ -168,6 +168,34 @@ impl pb::agent_service_server::AgentService for AgentApi {
             )),
         }))
     }
+
+    /// The receipt of one of the caller's own calls: the key is the caller's agent whatever the
+    /// request says, so another agent's call answers NOT_FOUND exactly as an unknown one.
+    async fn get_receipt(
+        &self,
+        request: Request<pb::GetReceiptRequest>,
+    ) -> Result<Response<pb::GetReceiptResponse>, Status> {
+        let caller = Caller::of(&request);
+        let agent = caller.agent()?;
+        let req = request.into_inner();
+        let mut key = parse::call_key(String::new(), req.session_id, req.call_id)?;
+        key.agent = agent;
+        let receipt = self.broker.receipt(&key, &caller.viewer()).await?;
+        Ok(Response::new(pb::GetReceiptResponse {
+            receipt: Some(render::receipt(&receipt)),
+            key: self.broker.receipt_key().as_ref().map(render::receipt_key),
+        }))
+    }
+
+    async fn list_receipt_keys(
+        &self,
+        _request: Request<pb::ListReceiptKeysRequest>,
+    ) -> Result<Response<pb::ListReceiptKeysResponse>, Status> {
+        Ok(Response::new(render::receipt_keys(
+            &self.broker.receipt_keys(),
+            self.broker.receipt_key().as_ref(),
+        )))
+    }
 }
 
 struct AgentConnection {

@@ -136,6 +136,16 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
             key: self.broker.receipt_key().as_ref().map(render::receipt_key),
         }))
     }
+
+    async fn list_receipt_keys(
+        &self,
+        _request: Request<pb::ListReceiptKeysRequest>,
+    ) -> Result<Response<pb::ListReceiptKeysResponse>, Status> {
+        Ok(Response::new(render::receipt_keys(
+            &self.broker.receipt_keys(),
+            self.broker.receipt_key().as_ref(),
+        )))
+    }
 }
 
 struct Subscriber {

@@ -442,6 +442,25 @@ pub fn receipt(checked: &crate::broker::CheckedReceipt) -> pb::Receipt {
     }
 }
 
+/// The keys receipts verify with, the current one (`current`) first, each with its validity.
+pub fn receipt_keys(
+    keys: &[crate::receipts::trust::TrustedKey],
+    current: Option<&crate::receipts::PublicKey>,
+) -> pb::ListReceiptKeysResponse {
+    let at = |t: Option<std::time::SystemTime>| t.map(prost_types::Timestamp::from);
+    pb::ListReceiptKeysResponse {
+        keys: keys
+            .iter()
+            .map(|k| pb::ReceiptKeyValidity {
+                key: Some(receipt_key(&k.key)),
+                valid_from: at(k.from),
+                valid_until: at(k.until),
+                current: current == Some(&k.key),
+            })
+            .collect(),
+    }
+}
+
 /// The key receipts verify with, in each form a verifier may want.
 pub fn receipt_key(key: &crate::receipts::PublicKey) -> pb::ReceiptKey {
     pb::ReceiptKey {
