@@ -33,7 +33,8 @@ async def main(args):
     async with Broker(args.target, token=args.token) as broker:
         outcomes = await broker.review(session, MODEL_TURN, timeout=args.timeout)
     for position, (call, outcome) in enumerate(zip(MODEL_TURN, outcomes), start=1):
-        # A real agent runs the tool here, with the input the approver let through.
+        # A real agent runs the tool here, with the input the approver let through (the client
+        # returns APPROVED only once the broker's signed receipt for it has verified).
         handed = f"would run {call.tool} {outcome.input_json}" if outcome.approved else f"tool result: {outcome.tool_result}"
         print(f"[{position}/{len(outcomes)}] {call.call_id} {call.tool}: {outcome.status.value}: {handed}")
     kinds = [outcome.status.value for outcome in outcomes]

@@ -8,6 +8,7 @@
 - `sync`: `SyncBroker`, the same for code without an event loop.
 - `models`: `ToolCall` in, `Outcome` out, `Status`, `OnDeny`.
 - `errors`: what can go wrong; every error means "no outcome: run nothing".
+- `receipts`: the check of an APPROVED outcome's signed receipt, before it runs.
 - `anthropic`, `openai`: the LLM message formats: tool calls in, tool results out.
 - `claude_agent_sdk`, `openai_agents`: the agent SDKs' approval hooks.
 - `proto`: the generated `approvals.v1` modules, for approver UIs and admin scripts.
@@ -17,6 +18,7 @@
 from .client import DEFAULT_TARGET, Broker, Submitted
 from .errors import AuthenticationError, BrokerError, BrokerUnavailable, PermissionDenied, RequestRefused, ReviewTimeout
 from .models import Ack, OnDeny, Outcome, Status, ToolCall
+from .receipts import ReceiptRejected, TrustedKey, verify_approval
 from .sync import SyncBroker
 
 __all__ = [
@@ -29,10 +31,13 @@ __all__ = [
     "OnDeny",
     "Outcome",
     "PermissionDenied",
+    "ReceiptRejected",
     "RequestRefused",
     "ReviewTimeout",
     "Status",
     "Submitted",
     "SyncBroker",
     "ToolCall",
+    "TrustedKey",
+    "verify_approval",
 ]

@@ -7,14 +7,22 @@ and cancel that had no answer (safe: calls are idempotent by session and call id
 `resume` for every session with calls still waiting, so outcomes decided meanwhile still arrive.
 If the broker stays unreachable for `unavailable_timeout` seconds, everything waiting fails with
 `BrokerUnavailable`: the client never invents an outcome.
+
+Before an APPROVED outcome reaches the caller, the client fetches its signed receipt
+(`AgentService.GetReceipt`) and checks it with a key it trusts (`receipts.verify_approval`): the
+keys given as `trusted_receipt_keys`, or else those `ListReceiptKeys` serves, read once. An
+outcome whose receipt does not prove it becomes `UNVERIFIED`: not approved, with a tool result
+saying why.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
+from datetime import timezone
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -25,6 +33,7 @@ import grpc.aio
 from ._pb.approvals.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 from .errors import AuthenticationError, BrokerError, BrokerUnavailable, PermissionDenied, RequestRefused, ReviewTimeout
 from .models import Ack, OnDeny, Outcome, ToolCall
+from .receipts import KeySource, ReceiptRejected, TrustedKey, trusted_keys, verify_approval
 
 log = logging.getLogger("approval_broker")
 
@@ -76,6 +85,13 @@ class Broker:
     when absent), `certificate_chain` and `private_key` (PEM, for mutual TLS). `token` is sent as
     `authorization: Bearer <token>` (role `agent`).
 
+    `trusted_receipt_keys`: the public keys (base64 of the raw 32 bytes, as the broker logs them,
+    or `PUBLIC KEY` PEMs) an APPROVED outcome's signed receipt must verify with before the client
+    returns it to run. Without them, the client reads the broker's keys once, at first use, from
+    `AgentService.ListReceiptKeys` (which trusts the broker at that moment; configured keys do
+    not). `verify_receipts=False` turns the check off: only for a broker running
+    `--receipts off`, which signs nothing (a warning is logged).
+
     `unavailable_timeout`: how long (seconds) the client keeps trying to reach the broker, at
     the first connect and after the stream breaks, before whatever is waiting fails with
     `BrokerUnavailable`. `rpc_timeout` bounds each unary call (`outcomes`, `cancel`).
@@ -95,6 +111,8 @@ class Broker:
         unavailable_timeout: float = 30.0,
         rpc_timeout: float = 10.0,
         channel_options: Sequence[tuple[str, Any]] = (),
+        trusted_receipt_keys: Iterable[KeySource | TrustedKey] | None = None,
+        verify_receipts: bool = True,
     ) -> None:
         address, scheme_tls = _split_target(target)
         use_tls = tls if tls is not None else bool(scheme_tls or root_certificates or certificate_chain or private_key)
@@ -121,6 +139,20 @@ class Broker:
         self._pending: dict[str, _Pending] = {}
         self._waiters: dict[Key, list[asyncio.Future[Outcome]]] = {}
         self._closed = False
+        self.verify_receipts = verify_receipts
+        configured = None if trusted_receipt_keys is None else trusted_keys(trusted_receipt_keys)
+        if not verify_receipts:
+            if configured:
+                raise ValueError("trusted_receipt_keys were given, but verify_receipts=False turns the check off")
+            log.warning(
+                "receipt verification is off (verify_receipts=False): APPROVED outcomes are run on the broker's "
+                "word alone, unsigned; only for a broker running `--receipts off`"
+            )
+        elif configured is not None and not configured:
+            raise ValueError("trusted_receipt_keys is empty: give at least one key, or leave it out to read the broker's")
+        self._configured_keys = configured
+        self._broker_keys: dict[str, TrustedKey] | None = None
+        self._keys_lock = asyncio.Lock()
         # How many times the stream was (re)opened; tests and logs read it.
         self.connects = 0
 
@@ -173,19 +205,21 @@ class Broker:
         Returns one `Outcome` per call, in the calls' order. Submitting calls that were submitted
         before (same session and call ids, same tool and input) is safe: the broker returns the
         stored calls and, once decided, their outcomes. A call the broker refuses on its own
-        gets status `REFUSED`. Raises `ReviewTimeout` when `timeout` seconds pass first,
+        gets status `REFUSED`; an APPROVED outcome whose signed receipt does not prove it,
+        `UNVERIFIED`. Raises `ReviewTimeout` when `timeout` seconds pass first,
         `BrokerUnavailable` when the broker cannot be reached (see the class), `RequestRefused`
         when the whole batch is refused.
         """
         calls = list(calls)
         keys = [(session_id, call.call_id) for call in calls]
+        tools = {call.call_id: call.tool for call in calls}
         futures = [self._wait_for(key) for key in keys]
         try:
-            submitted = await self._submit(session_id, calls, on_deny, supersede_pending)
+            submitted = await self._submit(session_id, calls, on_deny, supersede_pending, check=False)
             for ack, future in zip(submitted.acks, futures):
                 if ack.kind == "error" and not future.done():
                     future.set_result(Outcome.refused(session_id, ack.call_id, ack.error_code, ack.error_message))
-            return await self._gather(keys, futures, timeout)
+            return await self._checked(await self._gather_checked(keys, futures, timeout, tools), tools)
         finally:
             self._forget(keys, futures)
 
@@ -199,7 +233,7 @@ class Broker:
     ) -> Submitted:
         """Submits a batch and returns the acknowledgements without waiting for decisions;
         `wait` gets the outcomes later (also from another process)."""
-        return await self._submit(session_id, list(calls), on_deny, supersede_pending)
+        return await self._submit(session_id, list(calls), on_deny, supersede_pending, check=True)
 
     async def wait(self, session_id: str, call_ids: Sequence[str], *, timeout: float | None = None) -> list[Outcome]:
         """Waits for the outcomes of calls submitted earlier (by this or another client), in the
@@ -213,7 +247,7 @@ class Broker:
             )
             if reply.resumed.unknown_call_ids:
                 raise BrokerError(f"session {session_id!r} holds no call {', '.join(reply.resumed.unknown_call_ids)}")
-            return await self._gather(keys, futures, timeout)
+            return await self._checked(await self._gather_checked(keys, futures, timeout, None), None)
         finally:
             self._forget(keys, futures)
 
@@ -237,7 +271,7 @@ class Broker:
             target.whole_session = True
         reply = await self._request(agent_pb2.AgentRequest(cancel=target), resend=True)
         result = reply.cancelled
-        return [Outcome.from_proto(o) for o in (*result.cancelled, *result.already_decided)]
+        return await self._checked([Outcome.from_proto(o) for o in (*result.cancelled, *result.already_decided)], None)
 
     async def outcomes(self, session_id: str, call_ids: Sequence[str]) -> list[Outcome | None]:
         """Looks the calls up now (GetOutcomes): each one's outcome, or None while it is pending.
@@ -253,11 +287,107 @@ class Broker:
         unknown = [state.call_id for state in reply.calls if state.WhichOneof("state") == "unknown"]
         if unknown:
             raise BrokerError(f"session {session_id!r} holds no call {', '.join(unknown)}")
-        return [Outcome.from_proto(s.outcome) if s.WhichOneof("state") == "outcome" else None for s in reply.calls]
+        found = [Outcome.from_proto(s.outcome) for s in reply.calls if s.WhichOneof("state") == "outcome"]
+        checked = iter(await self._checked(found, None))
+        return [next(checked) if s.WhichOneof("state") == "outcome" else None for s in reply.calls]
+
+    # --- receipts ------------------------------------------------------------------------------
+
+    async def receipt_keys(self) -> dict[str, TrustedKey]:
+        """The keys receipts must verify with, by key id: the configured ones, or the broker's
+        (`ListReceiptKeys`), read once. Raises `ReceiptRejected` when there are none."""
+        if self._configured_keys is not None:
+            return self._configured_keys
+        async with self._keys_lock:
+            if self._broker_keys is None:
+                try:
+                    reply = await self._agent_stub().ListReceiptKeys(
+                        types_pb2.ListReceiptKeysRequest(), metadata=self._metadata, timeout=self.rpc_timeout
+                    )
+                except grpc.aio.AioRpcError as e:
+                    raise ReceiptRejected(
+                        f"the broker's receipt keys could not be read ({e.code().name}: {e.details()})"
+                    ) from None
+                keys: list[TrustedKey] = []
+                for k in reply.keys:
+                    try:
+                        keys.append(
+                            TrustedKey.of(
+                                k.key.public_key,
+                                valid_from=k.valid_from.ToDatetime(tzinfo=timezone.utc) if k.HasField("valid_from") else None,
+                                valid_until=k.valid_until.ToDatetime(tzinfo=timezone.utc) if k.HasField("valid_until") else None,
+                            )
+                        )
+                    except ValueError as e:
+                        log.warning("the broker serves a receipt key this client cannot read (%s); ignored", e)
+                if not keys:
+                    raise ReceiptRejected(
+                        "the broker signs no receipts (`--receipts off`?) and this client was given no key to trust"
+                    )
+                self._broker_keys = trusted_keys(keys)
+                log.info(
+                    "verifying receipts with the broker's keys %s (read once from ListReceiptKeys)",
+                    ", ".join(k[:16] for k in self._broker_keys),
+                )
+            return self._broker_keys
+
+    async def _checked(self, outcomes: list[Outcome], tools: dict[str, str] | None) -> list[Outcome]:
+        """Each APPROVED outcome checked against its signed receipt (or made `UNVERIFIED`)."""
+        if not self.verify_receipts or not any(o.approved for o in outcomes):
+            return outcomes
+        return list(
+            await asyncio.gather(
+                *(self._check(o, None if tools is None else tools.get(o.call_id)) if o.approved else _same(o) for o in outcomes)
+            )
+        )
+
+    async def _check(self, outcome: Outcome, tool: str | None) -> Outcome:
+        try:
+            keys = await self.receipt_keys()
+            try:
+                reply = await self._agent_stub().GetReceipt(
+                    types_pb2.GetReceiptRequest(session_id=outcome.session_id, call_id=outcome.call_id),
+                    metadata=self._metadata,
+                    timeout=self.rpc_timeout,
+                )
+            except grpc.aio.AioRpcError as e:
+                raise ReceiptRejected(_receipt_error(e)) from None
+            if not reply.HasField("receipt") or not reply.receipt.envelope:
+                raise ReceiptRejected("the broker sent no receipt for it")
+            # The reply's own key (`reply.key`) and `verified` are the broker's word: not used.
+            to_run = verify_approval(
+                reply.receipt.envelope,
+                keys,
+                session_id=outcome.session_id,
+                call_id=outcome.call_id,
+                input_json=outcome.input_json,
+                tool=tool,
+                batch_id=outcome.batch_id or None,
+            )
+        except ReceiptRejected as e:
+            log.warning(
+                "not running call %s/%s: the broker said APPROVED, but %s",
+                outcome.session_id, outcome.call_id, e.reason,
+            )
+            return outcome.unverified(e.reason)
+        return dataclasses.replace(outcome, input_json=to_run, receipt_sequence=reply.receipt.sequence)
+
+    async def _gather_checked(
+        self, keys: list[Key], futures: list[asyncio.Future[Outcome]], timeout: float | None, tools: dict[str, str] | None
+    ) -> list[Outcome]:
+        """`_gather`, with the outcomes a `ReviewTimeout` carries checked too."""
+        try:
+            return await self._gather(keys, futures, timeout)
+        except ReviewTimeout as e:
+            decided = [o for o in e.decided.values() if isinstance(o, Outcome)]
+            e.decided = {o.call_id: o for o in await self._checked(decided, tools)}
+            raise
 
     # --- requests and waiters ------------------------------------------------------------------
 
-    async def _submit(self, session_id: str, calls: list[ToolCall], on_deny: OnDeny, supersede: bool) -> Submitted:
+    async def _submit(
+        self, session_id: str, calls: list[ToolCall], on_deny: OnDeny, supersede: bool, *, check: bool
+    ) -> Submitted:
         batch = types_pb2.BatchSpec(
             session_id=session_id,
             calls=[call.to_proto() for call in calls],
@@ -265,11 +395,14 @@ class Broker:
             supersede_pending=supersede,
         )
         reply = (await self._request(agent_pb2.AgentRequest(submit=batch), resend=True)).submitted
+        outcomes = [Outcome.from_proto(o) for o in reply.outcomes]
+        if check:
+            outcomes = await self._checked(outcomes, {call.call_id: call.tool for call in calls})
         return Submitted(
             session_id=reply.session_id,
             batch_id=reply.batch_id,
             acks=[Ack.from_proto(ack) for ack in reply.acks],
-            outcomes=[Outcome.from_proto(o) for o in reply.outcomes],
+            outcomes=outcomes,
         )
 
     async def _request(self, request: agent_pb2.AgentRequest, *, resend: bool) -> agent_pb2.AgentResponse:
@@ -450,6 +583,23 @@ class Broker:
             for future in self._waiters.get((session_id, call_id), []):
                 if not future.done():
                     future.set_exception(BrokerError(f"the broker does not hold call {session_id}/{call_id}"))
+
+
+async def _same(outcome: Outcome) -> Outcome:
+    return outcome
+
+
+def _receipt_error(e: grpc.aio.AioRpcError) -> str:
+    code, details = e.code(), e.details() or ""
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return f"the broker has no receipt for it: {details}"
+    if code == grpc.StatusCode.NOT_FOUND:
+        return f"the broker has no receipt for it (NOT_FOUND: {details})"
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return "the broker does not serve receipts to agents (AgentService.GetReceipt): upgrade it"
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return f"the broker could not be reached for its receipt ({code.name})"
+    return f"its receipt could not be read ({code.name}: {details})"
 
 
 def _error_from_status(e: grpc.aio.AioRpcError) -> BrokerError:

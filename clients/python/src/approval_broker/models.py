@@ -12,11 +12,15 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from ._pb.approvals.v1 import types_pb2
+from .receipts import UNVERIFIED_TEXT
 
 
 class Status(str, enum.Enum):
     """The terminal state of a call: the broker's six outcomes, plus `REFUSED` for a call the
-    broker would not store (a bad field, or its id already used with another tool or input)."""
+    broker would not store (a bad field, or its id already used with another tool or input), and
+    `UNVERIFIED` for an outcome the broker sent as APPROVED whose signed receipt did not prove it
+    (no receipt, a key the client does not trust, a bad signature, another outcome or input in
+    the receipt...): the client does not run it."""
 
     APPROVED = "APPROVED"
     DENIED = "DENIED"
@@ -25,6 +29,7 @@ class Status(str, enum.Enum):
     EXPIRED = "EXPIRED"
     CANCELLED = "CANCELLED"
     REFUSED = "REFUSED"
+    UNVERIFIED = "UNVERIFIED"
 
 
 class OnDeny(enum.IntEnum):
@@ -88,6 +93,9 @@ class Outcome:
     batch_id: str = ""
     position: int = 0
     decided_at: datetime | None = None
+    # For an APPROVED outcome the client checked: the sequence of the signed receipt that
+    # proved it (None when the check is off).
+    receipt_sequence: int | None = None
 
     @property
     def approved(self) -> bool:
@@ -124,6 +132,21 @@ class Outcome:
             decided_by="broker",
             reason=f"code {code}: {message}",
             tool_result=f"{REFUSED_TEXT} Reason: {message}",
+        )
+
+
+    def unverified(self, reason: str) -> Outcome:
+        """This outcome, not approved: its receipt did not prove it (`reason` says why)."""
+        return Outcome(
+            session_id=self.session_id,
+            call_id=self.call_id,
+            status=Status.UNVERIFIED,
+            decided_by=self.decided_by,
+            reason=reason,
+            tool_result=UNVERIFIED_TEXT.format(reason=reason),
+            batch_id=self.batch_id,
+            position=self.position,
+            decided_at=self.decided_at,
         )
 
 
