@@ -155,7 +155,7 @@ def check_signature(envelope_json: str | bytes, keys: Mapping[str, TrustedKey]) 
         key_id = signature.get("keyid")
         key = keys.get(key_id) if isinstance(key_id, str) else None
         if key is None:
-            named.append(str(key_id)[:16] if key_id else "no key")
+            named.append(f"key {str(key_id)[:16]}…" if key_id else "no key id")
             continue
         try:
             sig = base64.b64decode(str(signature.get("sig", "")), validate=True)
@@ -166,7 +166,7 @@ def check_signature(envelope_json: str | bytes, keys: Mapping[str, TrustedKey]) 
         break
     if signed_by is None:
         raise ReceiptRejected(
-            f"its receipt is signed with key {', '.join(named)}…, which is not a key this client trusts"
+            f"its receipt is signed with {', '.join(named) or 'no key'}, which is not a key this client trusts"
         )
     try:
         statement = json.loads(payload)
