@@ -91,6 +91,18 @@ pub struct ReceiptsSettings {
         env = "APPROVALS_RECEIPT_KEY"
     )]
     pub key: Option<PathBuf>,
+
+    /// A file of the public keys this broker signed receipts with before its current one (key
+    /// rotation), in the format `verify --key` reads: PEM blocks or base64 lines, each line
+    /// optionally with `from=` and `until=` (RFC 3339). Served by `ListReceiptKeys` with their
+    /// validity, and used to report whether older receipts verify. A line naming the current
+    /// key gives the time it started signing (`from=`).
+    #[arg(
+        id = "receipt_retired_keys",
+        long = "receipt-retired-keys",
+        env = "APPROVALS_RECEIPT_RETIRED_KEYS"
+    )]
+    pub retired_keys: Option<PathBuf>,
 }
 
 /// See [`ReceiptsSettings::mode`].

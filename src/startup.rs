@@ -59,6 +59,10 @@ pub async fn run(
     )?
     .map(Arc::new);
     let public_key = notary.as_ref().map(|n| *n.public_key());
+    let retired_keys = match &config.receipts.retired_keys {
+        Some(path) => receipts::trust::KeySet::from_file("--receipt-retired-keys", path)?,
+        None => receipts::trust::KeySet::default(),
+    };
     let storage = StorageHealth::new();
     let store: Arc<dyn store::Store> = Arc::new(Watched::new(
         store::open(&database, config.texts.resolve(), notary).await?,
@@ -97,7 +101,8 @@ pub async fn run(
     let mut broker = Broker::new(store, bus, sweeper, config.limits(), stopping)
         .with_webhooks(Arc::clone(&dispatcher))
         .with_default_escalation(default_escalation)
-        .with_receipt_key(public_key);
+        .with_receipt_key(public_key)
+        .with_retired_receipt_keys(&retired_keys);
     if let Some(dir) = backup_dir(&config, &database) {
         broker = broker.with_backup_dir(dir);
     }

@@ -30,6 +30,7 @@ use crate::events::EventBus;
 use crate::expiry::DeadlineSweeper;
 use crate::meters::{self, StreamKind};
 use crate::receipts::PublicKey;
+use crate::receipts::trust::KeySet;
 use crate::store::Store;
 use crate::stream_slots::{StreamSlot, StreamSlots};
 use crate::telemetry;
@@ -87,6 +88,9 @@ pub struct Broker {
     backup_dir: Option<std::path::PathBuf>,
     /// The key this broker's receipts verify with; `None` when receipts are off.
     receipt_key: Option<PublicKey>,
+    /// Every key its receipts verify with: the current one first, then the retired ones
+    /// (`--receipt-retired-keys`), each with its window. Empty when receipts are off.
+    receipt_keys: KeySet,
 }
 
 impl Broker {
@@ -119,6 +123,7 @@ impl Broker {
             default_escalation: None,
             backup_dir: None,
             receipt_key: None,
+            receipt_keys: KeySet::default(),
         }
     }
 
@@ -137,6 +142,15 @@ impl Broker {
     /// The broker whose outcomes are signed by the key `public` verifies (see `receipts`).
     pub fn with_receipt_key(mut self, public: Option<PublicKey>) -> Self {
         self.receipt_key = public;
+        self.receipt_keys = KeySet::of_broker(public, &KeySet::default());
+        self
+    }
+
+    /// The broker that also knows the keys it signed with before (`--receipt-retired-keys`):
+    /// served with their windows, and checked against when it reports a receipt's status. Set
+    /// after [`Broker::with_receipt_key`].
+    pub fn with_retired_receipt_keys(mut self, retired: &KeySet) -> Self {
+        self.receipt_keys = KeySet::of_broker(self.receipt_key, retired);
         self
     }
 

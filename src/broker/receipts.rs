@@ -9,7 +9,7 @@
 
 use crate::domain::{CallKey, Status, Viewer};
 use crate::error::{Error, Result};
-use crate::receipts::trust::{KeySet, TrustedKey};
+use crate::receipts::trust::TrustedKey;
 use crate::receipts::{PublicKey, verify};
 use crate::store::StoredReceipt;
 
@@ -86,16 +86,15 @@ impl Broker {
 
     /// Every key this broker's receipts verify with: the current one first (with the time it
     /// started signing, if known), then the retired ones it was given. Empty when it signs none.
-    pub fn receipt_keys(&self) -> Vec<TrustedKey> {
-        self.receipt_key
-            .map(|key| KeySet::from(key).keys().to_vec())
-            .unwrap_or_default()
+    pub fn receipt_keys(&self) -> &[TrustedKey] {
+        self.receipt_keys.keys()
     }
 
     fn checked(&self, stored: StoredReceipt) -> CheckedReceipt {
-        let verified = self
-            .receipt_key
-            .is_some_and(|key| verify::receipt(&stored.envelope, &key).is_ok());
+        // Checked with the key it names among the current and retired ones, within its window:
+        // a receipt signed before a rotation still verifies.
+        let verified = self.receipt_key.is_some()
+            && verify::receipt(&stored.envelope, &self.receipt_keys).is_ok();
         CheckedReceipt { stored, verified }
     }
 }

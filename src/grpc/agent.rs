@@ -192,7 +192,7 @@ impl pb::agent_service_server::AgentService for AgentApi {
         _request: Request<pb::ListReceiptKeysRequest>,
     ) -> Result<Response<pb::ListReceiptKeysResponse>, Status> {
         Ok(Response::new(render::receipt_keys(
-            &self.broker.receipt_keys(),
+            self.broker.receipt_keys(),
             self.broker.receipt_key().as_ref(),
         )))
     }

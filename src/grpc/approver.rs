@@ -142,7 +142,7 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         _request: Request<pb::ListReceiptKeysRequest>,
     ) -> Result<Response<pb::ListReceiptKeysResponse>, Status> {
         Ok(Response::new(render::receipt_keys(
-            &self.broker.receipt_keys(),
+            self.broker.receipt_keys(),
             self.broker.receipt_key().as_ref(),
         )))
     }

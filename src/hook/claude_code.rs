@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
+use super::receipt_check::{ReceiptCheck, ReceiptCheckArgs, Unverified};
 use super::review::{BrokerAddress, Review, ReviewError, one_line, review};
 use crate::proto::v1 as pb;
 
@@ -58,6 +59,9 @@ pub struct ClaudeCodeArgs {
     /// Default: the hook input's `cwd`.
     #[arg(long, env = "APPROVALS_HOOK_WORKSPACE")]
     pub workspace: Option<String>,
+
+    #[command(flatten)]
+    pub receipts: ReceiptCheckArgs,
 }
 
 /// What a hook answers when the broker gave no outcome. Neither runs the tool unasked.
@@ -377,12 +381,41 @@ pub async fn run(args: &ClaudeCodeArgs) -> ExitCode {
     }
 }
 
-/// What the broker's review of `input` calls for; every path but APPROVED fails closed.
+/// What the broker's review of `input` calls for; every path but APPROVED fails closed, and an
+/// APPROVED outcome allows only once its signed receipt says the same of this call and this
+/// input ([`ReceiptCheck`]).
 pub async fn answer(args: &ClaudeCodeArgs, input: &HookInput) -> Answer {
     let broker = args.broker.clone();
+    // The trusted keys are settled before the call is submitted: an approver is never asked
+    // about a call whose approval could not be checked.
+    let check = match ReceiptCheck::new(&args.receipts, &broker) {
+        Ok(check) => check,
+        Err(problem) => return Answer::fail_closed(FailClosed::Deny, &format!("{problem}.")),
+    };
+    if check.is_off() {
+        warn("--no-receipt-check: the APPROVED outcome is not checked against its signed receipt");
+    }
+    if let Err(unverified) = check.keys().await {
+        return unverified_answer(&unverified);
+    }
     let call = input.call(args.workspace.as_deref());
+    let call_id = call.call_id.clone();
     match review(&broker, &input.session_id, call, args.timeout).await {
-        Ok(Review::Decided(outcome)) => Answer::from_outcome(&outcome),
+        Ok(Review::Decided(outcome)) => {
+            let answer = Answer::from_outcome(&outcome);
+            let Answer::Allow { updated_input, .. } = &answer else {
+                return answer;
+            };
+            // What Claude Code runs: the approver's edit, else the model's own input.
+            let runs = Value::Object(updated_input.clone().unwrap_or(input.tool_input.clone()));
+            match check
+                .approve(&input.session_id, &call_id, &outcome, &runs)
+                .await
+            {
+                Ok(()) => answer,
+                Err(unverified) => unverified_answer(&unverified),
+            }
+        }
         Ok(Review::TimedOut { .. }) => Answer::fail_closed(
             args.on_timeout,
             &format!(
@@ -396,6 +429,14 @@ pub async fn answer(args: &ClaudeCodeArgs, input: &HookInput) -> Answer {
         Err(error @ ReviewError::Refused(_)) => {
             Answer::fail_closed(FailClosed::Deny, &error.to_string())
         }
+    }
+}
+
+/// Denies, saying why the outcome could not be verified, to the model and to the user.
+fn unverified_answer(unverified: &Unverified) -> Answer {
+    Answer::Deny {
+        reason: unverified.to_string(),
+        system_message: Some(unverified.to_string()),
     }
 }
 

@@ -4,6 +4,7 @@
 //! format. A hook must fail closed: no failure, timeout or malformed input ever answers "allow".
 
 pub mod claude_code;
+pub mod receipt_check;
 pub mod review;
 
 use std::process::ExitCode;

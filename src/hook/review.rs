@@ -124,6 +124,52 @@ pub async fn cancel(
     Ok(client.cancel(session_id, call_id, reason).await)
 }
 
+/// The signed receipt of the caller's own call `call_id` in `session_id`
+/// (`AgentService.GetReceipt`); the error says why there is none, for the model to read.
+pub async fn receipt(
+    broker: &BrokerAddress,
+    session_id: &str,
+    call_id: &str,
+) -> Result<pb::GetReceiptResponse, String> {
+    let client = Client::connect(broker)
+        .await
+        .map_err(|e| format!("its receipt could not be fetched: {e}"))?;
+    let request = client.request(pb::GetReceiptRequest {
+        session_id: session_id.into(),
+        call_id: call_id.into(),
+        agent: String::new(),
+    });
+    match client.agent.clone().get_receipt(request).await {
+        Ok(response) => Ok(response.into_inner()),
+        Err(status) => Err(match status.code() {
+            Code::NotFound | Code::FailedPrecondition => {
+                format!("the broker has no receipt for it: {}", status.message())
+            }
+            Code::Unimplemented => {
+                "the broker does not serve receipts to agents (AgentService.GetReceipt)".into()
+            }
+            code => format!(
+                "its receipt could not be fetched ({code:?}: {})",
+                status.message()
+            ),
+        }),
+    }
+}
+
+/// The keys the broker says its receipts verify with (`AgentService.ListReceiptKeys`): what an
+/// executor given no key of its own trusts, read once when it starts.
+pub async fn receipt_keys(broker: &BrokerAddress) -> Result<pb::ListReceiptKeysResponse, String> {
+    let client = Client::connect(broker).await.map_err(|e| e.to_string())?;
+    let request = client.request(pb::ListReceiptKeysRequest {});
+    client
+        .agent
+        .clone()
+        .list_receipt_keys(request)
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|status| client.unreachable(&status).to_string())
+}
+
 /// The outcome a submit already carries (a duplicate of a decided call, or a call a rule or a
 /// grant decided at once); `None` while the call is pending.
 fn decided_at_submit(

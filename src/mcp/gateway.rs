@@ -39,6 +39,7 @@ use super::approval::{self, NotSubmitted, ToolFacts, Verdict};
 use super::screen::{self, RequestRoute};
 use super::session::{ConnectionNames, SessionPolicy};
 use super::upstream::{ProgressRoutes, Relay, Upstream, UpstreamTarget, cancelled, relay_error};
+use crate::hook::receipt_check::ReceiptCheck;
 use crate::hook::review::{self, BrokerAddress, Review, ReviewError};
 
 /// The most `tools/list` pages read to learn a tool's annotations the client never listed.
@@ -55,6 +56,8 @@ pub struct Settings {
     pub workspace: Option<String>,
     pub timeout: Duration,
     pub upstream: UpstreamTarget,
+    /// What every APPROVED outcome is checked against before its tool runs.
+    pub receipts: Arc<ReceiptCheck>,
 }
 
 impl Settings {
@@ -77,6 +80,7 @@ impl Settings {
             workspace: args.workspace.clone(),
             timeout: args.timeout,
             upstream,
+            receipts: Arc::new(ReceiptCheck::new(&args.receipts, &args.broker)?),
         })
     }
 }
@@ -282,6 +286,11 @@ impl Gateway {
             Err(NotSubmitted(text)) => return Verdict::Refuse(approval::refusal(&text)),
         };
         let settings = &self.settings;
+        // No call is submitted before the keys its approval will be checked with are known.
+        if let Err(unverified) = settings.receipts.keys().await {
+            tracing::warn!(call_id, %unverified, "no trusted receipt key; not submitted");
+            return Verdict::Refuse(approval::refusal(&unverified.to_string()));
+        }
         let session_id = &self.names.session_id;
         let _counted = UnderReview::start(&self.reviews);
         let reviewed = tokio::select! {
@@ -294,7 +303,25 @@ impl Gateway {
             }
         };
         match reviewed {
-            Ok(Review::Decided(outcome)) => approval::verdict(&outcome),
+            Ok(Review::Decided(outcome)) => match approval::verdict(&outcome) {
+                Verdict::Run(arguments) => {
+                    // The approved input as the outcome gives it (the hints included, as the
+                    // receipt records it); the arguments are that input less the hints.
+                    let runs = serde_json::from_str(&outcome.input_json).unwrap_or_default();
+                    match settings
+                        .receipts
+                        .approve(session_id, &call_id, &outcome, &runs)
+                        .await
+                    {
+                        Ok(()) => Verdict::Run(arguments),
+                        Err(unverified) => {
+                            tracing::warn!(call_id, %unverified, "an APPROVED outcome did not check");
+                            Verdict::Refuse(approval::refusal(&unverified.to_string()))
+                        }
+                    }
+                }
+                refused => refused,
+            },
             Ok(Review::TimedOut { cancelled }) => {
                 let what = if cancelled {
                     "it was cancelled at the approval broker"

@@ -76,6 +76,9 @@ pub struct McpGatewayArgs {
     /// spoken to over its standard I/O. Its standard error is the gateway's.
     #[arg(last = true, value_name = "SERVER COMMAND")]
     pub server: Vec<String>,
+
+    #[command(flatten)]
+    pub receipts: crate::hook::receipt_check::ReceiptCheckArgs,
 }
 
 /// Runs the gateway until the client disconnects (stdio) or SIGINT/SIGTERM (HTTP).
@@ -91,6 +94,11 @@ pub async fn run(args: &McpGatewayArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The broker's keys, when none is given, are read now (and, if the broker cannot be
+    // reached yet, before the first call is submitted), never from an outcome.
+    if let Err(unverified) = settings.receipts.keys().await {
+        tracing::warn!(%unverified, "the broker's receipt keys could not be read at start");
+    }
     let result = match args.listen {
         None => listen::serve_stdio(settings).await,
         Some(address) => listen::serve_http(settings, address).await,

@@ -24,7 +24,8 @@ pub struct TrustedKey {
 }
 
 impl TrustedKey {
-    fn new(key: PublicKey) -> Self {
+    /// A key trusted whenever it signed (no window).
+    pub fn new(key: PublicKey) -> Self {
         Self {
             key_id: key.key_id(),
             key,
@@ -138,7 +139,45 @@ impl KeySet {
         Ok(())
     }
 
-    fn add(&mut self, key: TrustedKey) -> Result<()> {
+    /// The keys a broker serves (`ListReceiptKeys`) and checks its receipts with: `current`
+    /// first, then the `retired` ones, newest first (by `until`, then `from`; those with no
+    /// window last). The current key's `from` is the one a line of `retired` naming it gives,
+    /// else the latest `until` of the retired keys (it took over then), else unknown. `None`
+    /// current: no receipts are signed, and no key is served.
+    pub fn of_broker(current: Option<PublicKey>, retired: &KeySet) -> Self {
+        let Some(current) = current else {
+            return Self::default();
+        };
+        let named = retired.by_id(&current.key_id());
+        let mut older: Vec<TrustedKey> = retired
+            .keys
+            .iter()
+            .filter(|k| k.key != current)
+            .cloned()
+            .collect();
+        older.sort_by(|a, b| (b.until, b.from).cmp(&(a.until, a.from)));
+        let mut head = TrustedKey::new(current);
+        head.from = named
+            .and_then(|k| k.from)
+            .or_else(|| older.iter().filter_map(|k| k.until).max());
+        let mut keys = vec![head];
+        keys.extend(older);
+        Self { keys }
+    }
+
+    /// Reads a key file (`--receipt-retired-keys`): the format of the module's doc, possibly
+    /// naming no key at all (a broker that never rotated).
+    pub fn from_file(setting: &str, path: &std::path::Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::invalid(setting, format!("cannot read {}: {e}", path.display())))?;
+        let mut set = Self::default();
+        set.read(&text)
+            .map_err(|e| Error::invalid(setting, format!("{}: {e}", path.display())))?;
+        Ok(set)
+    }
+
+    /// Adds one key; the same key twice is one key, unless its windows differ.
+    pub fn add(&mut self, key: TrustedKey) -> Result<()> {
         match self.keys.iter().find(|k| k.key_id == key.key_id) {
             None => self.keys.push(key),
             // The same key named twice (a file and the broker's reply, say) is one key, unless
