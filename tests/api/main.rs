@@ -21,6 +21,7 @@ mod deadlines;
 mod decisions;
 mod drain;
 mod escalation;
+mod executor_receipts;
 mod explain;
 mod export;
 mod governance;
