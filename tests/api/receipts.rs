@@ -534,7 +534,11 @@ async fn a_chain_signed_across_a_key_rotation_verifies_in_one_run_with_the_old_a
         })
         .collect();
     let (old, new) = (the_key().key_id(), the_new_key().key_id());
-    assert_eq!(key_ids, [old.clone(), old.clone(), new.clone()], "each receipt names its key");
+    assert_eq!(
+        key_ids,
+        [old.clone(), old.clone(), new.clone()],
+        "each receipt names its key"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
