@@ -9,6 +9,10 @@
 //! name things, refuse them; free text (title, message, input) may need them (Arabic and Hebrew
 //! text uses marks), so it keeps them, and what approvers are shown lists them (see
 //! `grpc::render`), so a UI can warn or show the text revealed.
+//!
+//! The inbox page badges them where they stand with this same list: `web/src/invisible.ts` is
+//! written from [`listed`] by this file's test `the_inbox_page_uses_the_brokers_list`, which
+//! fails when the two differ.
 
 use std::fmt::Write;
 
@@ -101,6 +105,65 @@ pub fn reveal(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every listed character as inclusive ranges of code points, in order.
+    fn listed_ranges() -> Vec<(u32, u32)> {
+        let mut ranges: Vec<(u32, u32)> = Vec::new();
+        for c in (FIRST as u32..=char::MAX as u32).filter_map(char::from_u32) {
+            if !listed(c) {
+                continue;
+            }
+            let c = c as u32;
+            match ranges.last_mut() {
+                Some((_, end)) if *end + 1 == c => *end = c,
+                _ => ranges.push((c, c)),
+            }
+        }
+        ranges
+    }
+
+    /// The inbox page's copy of the list (`web/src/invisible.ts`), as the broker's list writes it.
+    fn inbox_module() -> String {
+        let mut class = String::new();
+        for (start, end) in listed_ranges() {
+            if start == end {
+                write!(class, "\\u{{{start:X}}}").expect("a String");
+            } else {
+                write!(class, "\\u{{{start:X}}}-\\u{{{end:X}}}").expect("a String");
+            }
+        }
+        format!(
+            "// Generated from the broker's list (src/domain/invisible.rs): do not edit.\n\
+         // Its test `the_inbox_page_uses_the_brokers_list` fails when this file differs; write it\n\
+         // again with `UPDATE_INBOX_LIST=1 cargo test --lib the_inbox_page_uses_the_brokers_list`.\n\
+         \n\
+         /** One character the broker counts as hiding itself (astral ones too: the `u` flag). */\n\
+         export const INVISIBLE = /[{class}]/u;\n"
+        )
+    }
+
+    /// The page's list is this list: the file it imports is what [`inbox_module`] writes.
+    #[test]
+    fn the_inbox_page_uses_the_brokers_list() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/web/src/invisible.ts");
+        let wanted = inbox_module();
+        if std::env::var_os("UPDATE_INBOX_LIST").is_some() {
+            std::fs::write(path, &wanted).expect("web/src/invisible.ts is writable");
+        }
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == wanted,
+            "web/src/invisible.ts differs from the broker's list: run \
+             `UPDATE_INBOX_LIST=1 cargo test --lib the_inbox_page_uses_the_brokers_list`, then \
+             rebuild web/ (npm run build) and commit both"
+        );
+        let ranges = listed_ranges();
+        assert!(ranges.contains(&(0xE0000, 0xE0FFF)), "tags: {ranges:x?}");
+        assert!(
+            ranges.contains(&(0x2028, 0x202E)),
+            "separators: {ranges:x?}"
+        );
+    }
 
     #[test]
     fn bidi_zero_width_and_format_characters_are_invisible_letters_are_not() {

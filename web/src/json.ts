@@ -1,12 +1,13 @@
 // Shows a call's input as a person must see it: pretty-printed and highlighted, long strings
-// folded (never cut: the whole text is one click away), and every character that changes how
-// text looks without showing itself (bidirectional controls, zero-width and other invisible
-// format characters) written out as a visible `U+202E` badge. Builds DOM nodes only (never
-// HTML text), so nothing in an input can become markup.
+// folded (never cut: the whole text is one click away, and the length is shown), and every
+// character that changes how text looks without showing itself (bidirectional controls,
+// zero-width and other invisible format characters, tag characters, line and paragraph
+// separators) written out as a visible `U+202E` badge where it stands. The list is the broker's
+// own (./invisible, generated from src/domain/invisible.rs). Builds DOM nodes only (never HTML
+// text), so nothing in an input can become markup.
+import { INVISIBLE } from "./invisible";
 
-/** Characters that hide themselves; the broker's `hidden_characters` lists the same classes. */
-const HIDDEN =
-  /[\u00AD\u034F\u061C\u115F\u1160\u17B4\u17B5\u180B-\u180F\u200B-\u200F\u202A-\u202E\u2060-\u206F\u3164\uFE00-\uFE0F\uFEFF\uFFA0\uFFF0-\uFFFB]/g;
+const HIDDEN = new RegExp(INVISIBLE.source, "gu");
 
 const FOLD_AT = 160;
 
@@ -41,18 +42,22 @@ function span(cls: string, ...children: (Node | string)[]): HTMLSpanElement {
   return s;
 }
 
-function stringNode(value: string): Node {
-  const quoted = JSON.stringify(value);
-  if (value.length <= FOLD_AT) return span("j-str", ...revealed(quoted));
+/** Folds `text` after its first `at` characters (code points, so no pair is cut in two): a
+ * closed `<details class="fold">` whose summary says how many more there are, and how many in
+ * all. `show` turns text into nodes (the JSON view quotes it; a command is shown as is). */
+export function foldable(text: string, at: number, show: (text: string, whole: boolean) => Node): Node {
+  const chars = Array.from(text);
+  if (chars.length <= at) return show(text, true);
   const fold = document.createElement("details");
   fold.className = "fold";
   const summary = document.createElement("summary");
-  summary.append(
-    span("j-str", ...revealed(JSON.stringify(value.slice(0, FOLD_AT)).slice(0, -1))),
-    span("j-more", ` … ${value.length - FOLD_AT} more characters`),
-  );
-  fold.append(summary, span("j-str", ...revealed(quoted)));
+  summary.append(show(chars.slice(0, at).join(""), false), span("j-more", ` … ${chars.length - at} more characters (${chars.length} in all; folded)`));
+  fold.append(summary, show(text, true));
   return fold;
+}
+
+function stringNode(value: string): Node {
+  return foldable(value, FOLD_AT, (text, whole) => span("j-str", ...revealed(whole ? JSON.stringify(text) : JSON.stringify(text).slice(0, -1))));
 }
 
 function valueNode(value: unknown, indent: string): Node[] {
@@ -96,6 +101,14 @@ export function jsonView(json: string): HTMLPreElement {
   } catch {
     pre.append(...revealed(json));
   }
+  return pre;
+}
+
+/** A `<pre>` showing a parsed JSON value highlighted. */
+export function valueView(value: unknown): HTMLPreElement {
+  const pre = document.createElement("pre");
+  pre.className = "json";
+  pre.append(...valueNode(value, ""));
   return pre;
 }
 

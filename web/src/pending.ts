@@ -1,7 +1,9 @@
 // The pending calls, grouped by session and batch (newest batch first), each a card a person
-// can approve, deny with a reason, edit then approve, or open; a whole batch in one action. A
-// call another UI (or a rule, a grant, the deadline) decided turns into its outcome with who
-// decided it; a decision this page loses to another shows the outcome that stands, not an error.
+// can approve, deny with a reason, edit then approve, or open; a whole batch in one action. Each
+// card shows what would run (./input) above the agent's title, and an input partly folded away
+// is unfolded by a first Approve, never approved unseen. A call another UI (or a rule, a grant,
+// the deadline) decided turns into its outcome with who decided it; a decision this page loses
+// to another shows the outcome that stands, not an error.
 import { create } from "@bufbuild/protobuf";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import { type Api, ConnectError, Code, describeError, isPermissionDenied } from "./api";
@@ -9,7 +11,8 @@ import { approvalText, grantPreview, span, statusName } from "./describe";
 import { h } from "./dom";
 import { Decision, type DecideResponse } from "./gen/approvals/v1/approver_pb";
 import { type Call, InputMatcherSchema, type Outcome, Scope } from "./gen/approvals/v1/types_pb";
-import { jsonView, parseEdit, pretty, revealed } from "./json";
+import { inputView, type InputView, mcpView, prose } from "./input";
+import { parseEdit, pretty, revealed } from "./json";
 import { callKey, type Live } from "./live";
 
 /** How long a decided call stays on screen as its outcome. */
@@ -27,9 +30,14 @@ interface Card {
   call: Call;
   outcome: HTMLElement;
   decided: boolean;
+  /** What would run, shown on the card. */
+  input: InputView;
   refresh(): void;
-  /** Approves as the card's own Approve button does (with its Remember choice). */
+  /** Approves as the card's own Approve button does (with its Remember choice); an input
+   * still partly folded is unfolded instead, and a second Approve approves. */
   approve(): void;
+  /** Unfolds the input, saying why nothing was approved yet. */
+  reveal(): void;
 }
 
 const FILTER_FIELDS: (keyof Filters)[] = ["agent", "session", "tool", "workspace"];
@@ -156,6 +164,12 @@ export class PendingView {
   }
 
   private async decideAll(calls: Call[], decision: Decision, reason: string): Promise<void> {
+    if (decision === Decision.APPROVE) {
+      // Nothing is approved unseen: a first Approve all unfolds what is folded, a second approves.
+      const folded = calls.map((c) => this.cards.get(callKey(c))).filter((card) => card && !card.decided && card.input.folded());
+      for (const card of folded) card!.reveal();
+      if (folded.length > 0) return;
+    }
     for (const call of calls) {
       const card = this.cards.get(callKey(call));
       if (card && !card.decided) await this.decide(card, { decision, reason });
@@ -167,10 +181,8 @@ export class PendingView {
     const label = `${call.tool} call ${call.callId}`;
     const titleId = `t-${Math.random().toString(36).slice(2)}`;
     const hiddenIn = call.hiddenCharacters.map((hc) => `${hc.field} hides ${hc.count} invisible character(s): ${hc.codePoints.join(", ")}`);
-    const shown = (field: string, text: string) => {
-      const hc = call.hiddenCharacters.find((x) => x.field === field);
-      return hc && hc.revealed !== "" ? [hc.revealed] : revealed(text);
-    };
+    const input = inputView(call, label);
+    const unfolded = h("p", { class: "warn", role: "status", hidden: true }, "The input was folded: it is shown in full now. Read it, then Approve again.");
     const age = h("span", { class: "age" });
     const deadline = h("span", { class: "deadline" });
     const outcome = h("p", { class: "outcome", role: "status" });
@@ -224,7 +236,6 @@ export class PendingView {
     const detail = h(
       "div",
       { class: "detail", hidden: true },
-      jsonView(call.inputJson),
       h("button", { type: "button", "aria-label": `Explain what would decide ${label}`, onClick: () => void this.explain(call, explain) }, "Explain"),
       explain,
     );
@@ -263,14 +274,17 @@ export class PendingView {
     const el = h(
       "article",
       { class: "card", tabindex: "-1", "aria-labelledby": titleId, "data-call": call.callId, "data-session": call.sessionId },
+      input.el,
+      mcpView(call),
       h(
         "header",
         {},
-        h("h4", { id: titleId }, h("code", { class: "tool" }, call.tool), " ", call.title ? shown("title", call.title) : h("span", { class: "meta" }, call.callId)),
+        h("h4", { id: titleId }, h("code", { class: "tool" }, call.tool), " ", call.title ? h("span", { class: "title" }, revealed(call.title)) : h("span", { class: "meta" }, call.callId)),
         h("p", { class: "meta" }, `${call.callId} · agent ${call.agent}`, call.workspace ? ` · workspace ${call.workspace}` : "", " · ", age, deadline),
       ),
-      call.message ? h("p", { class: "message" }, shown("message", call.message)) : null,
+      call.message ? h("p", { class: "message" }, prose(call.message)) : null,
       hiddenIn.length > 0 ? h("p", { class: "warn", role: "note" }, "Hidden characters: ", hiddenIn.join("; ")) : null,
+      unfolded,
       approvals,
       actions,
       denyForm,
@@ -283,7 +297,15 @@ export class PendingView {
       call,
       outcome,
       decided: false,
-      approve: () => void this.decide(card, { decision: Decision.APPROVE, ...remembered() }),
+      input,
+      approve: () => {
+        if (input.folded()) card.reveal();
+        else void this.decide(card, { decision: Decision.APPROVE, ...remembered() });
+      },
+      reveal: () => {
+        input.unfold();
+        unfolded.hidden = false;
+      },
       refresh: () => {
         // Votes arrive as approvalRecorded events, which replace the pending call.
         approvals.textContent = approvalText(this.live.pending.get(key) ?? call);

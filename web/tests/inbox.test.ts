@@ -3,7 +3,7 @@
 // one promise of issue 15; the submit-to-visible time is measured and printed, not asserted.
 import assert from "node:assert/strict";
 import { after, afterEach, before, describe, test } from "node:test";
-import type { Browser, BrowserContext, Page } from "playwright-core";
+import type { Browser, BrowserContext, Locator, Page } from "playwright-core";
 import { Decision } from "../src/gen/approvals/v1/approver_pb";
 import { CallStatus, Effect, type Outcome } from "../src/gen/approvals/v1/types_pb";
 import { Broker, grpcClients, launchChromium, TOKENS } from "./harness";
@@ -47,11 +47,11 @@ function unique(prefix: string): string {
   return `${prefix}-${seq}`;
 }
 
-async function submit(session: string, calls: { id: string; tool?: string; input?: string; title?: string }[]) {
+async function submit(session: string, calls: { id: string; tool?: string; input?: string; title?: string; message?: string }[]) {
   return clients.agent.submit({
     batch: {
       sessionId: session,
-      calls: calls.map((c) => ({ callId: c.id, tool: c.tool ?? "shell", inputJson: c.input ?? '{"command":"ls"}', title: c.title ?? "" })),
+      calls: calls.map((c) => ({ callId: c.id, tool: c.tool ?? "shell", inputJson: c.input ?? '{"command":"ls"}', title: c.title ?? "", message: c.message ?? "" })),
     },
   });
 }
@@ -389,4 +389,123 @@ describe("the approval inbox in Chromium", () => {
         `of which submit -> acknowledged (committed): median ${median(acks)} ms`,
     );
   });
+});
+
+// Issue 44: the title is the agent's claim, the input is the fact. Every card shows what would
+// run, above the title, badged where invisible characters stand, and nothing folded is approved
+// unseen.
+describe("a pending card shows what would run", () => {
+  /** Whether `first` comes before `second` in the page. */
+  const above = async (first: Locator, second: Locator) =>
+    first.evaluate((a, b) => Boolean(a.compareDocumentPosition(b) & Node.DOCUMENT_POSITION_FOLLOWING), await second.elementHandle());
+
+  test("a shell call shows its command, monospaced, above the agent's title; one without a title shows it too", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-command");
+    await submit(session, [
+      { id: "c1", tool: "run_shell", input: '{"command":"rm -rf build"}', title: "Delete the build directory" },
+      { id: "toolu_A2", tool: "shell", input: '{"command":"rm -rf ~/.cache","timeout":60}' },
+    ]);
+    const c1 = card(page, session, "c1");
+    const command = c1.locator("pre.command");
+    assert.equal(await command.textContent(), "rm -rf build");
+    assert.match(await command.evaluate((el) => getComputedStyle(el).fontFamily), /mono/);
+    assert.ok(await above(command, c1.getByRole("heading", { name: /Delete the build directory/ })), "the command is above the title");
+    const c2 = card(page, session, "toolu_A2");
+    assert.equal(await c2.locator("pre.command").textContent(), "rm -rf ~/.cache");
+    await c2.locator(".input pre.json").getByText('"timeout": 60').waitFor();
+    assert.equal(await c2.locator(".input").isVisible(), true, "shown without opening Details");
+  });
+
+  test("another tool's input is its canonical JSON, a long value folded with its length; the first Approve unfolds it, the second approves", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-fold");
+    await submit(session, [{ id: "w1", tool: "write_file", input: JSON.stringify({ path: "notes.txt", content: `${"x".repeat(490)}rm -rf ~` }), title: "Save notes" }]);
+    const c = card(page, session, "w1");
+    const input = c.locator(".input pre.json");
+    await input.getByText('"path": "notes.txt"').waitFor();
+    await input.getByText("338 more characters (498 in all; folded)").waitFor();
+    assert.equal(await input.getByText("rm -rf ~").isVisible(), false, "the tail is folded away");
+
+    await c.getByRole("button", { name: "Approve write_file call w1" }).click();
+    await c.getByText("The input was folded: it is shown in full now. Read it, then Approve again.").waitFor();
+    assert.equal(await input.getByText(/rm -rf ~/).isVisible(), true, "the whole value is shown");
+    assert.equal(await isPending(session, "w1"), true, "the first Approve sent nothing");
+
+    await c.getByRole("button", { name: "Approve write_file call w1" }).click();
+    assert.equal((await outcomeOf(session, "w1")).status, CallStatus.APPROVED);
+  });
+
+  test("Approve all on a batch with a folded input unfolds it first, then approves", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-fold-batch");
+    await submit(session, [{ id: "b1" }, { id: "b2", tool: "write_file", input: JSON.stringify({ content: "y".repeat(300) }) }]);
+    const b2 = card(page, session, "b2");
+    await b2.waitFor();
+    const approveAll = page.locator(".batch", { has: b2 }).getByRole("button", { name: /^Approve all 2 pending calls of batch/ });
+    await approveAll.click();
+    await b2.getByText("The input was folded: it is shown in full now.", { exact: false }).waitFor();
+    assert.equal(await isPending(session, "b1"), true);
+    assert.equal(await isPending(session, "b2"), true);
+    await approveAll.click();
+    assert.equal((await outcomeOf(session, "b1")).status, CallStatus.APPROVED);
+    assert.equal((await outcomeOf(session, "b2")).status, CallStatus.APPROVED);
+  });
+
+  test("an MCP call shows its server and tool as fields and the tool's hints as flags, its message without raw backticks", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-mcp");
+    // What the MCP gateway submits (src/mcp/approval.rs, call_spec).
+    await submit(session, [
+      {
+        id: "m1",
+        tool: "delete_file",
+        input: JSON.stringify({ path: "/srv/a.txt", _mcp_hints: { destructiveHint: true, openWorldHint: false, readOnlyHint: false } }),
+        title: "Delete File: /srv/a.txt",
+        message:
+          "An MCP client asks to run the tool `delete_file` of the server `files`.\n\nThe server describes it: Deletes a file.\n\n" +
+          "The server declares `destructiveHint: true`, `openWorldHint: false`, `readOnlyHint: false` (hints it gives about itself, not checked by anyone; also in the input as `_mcp_hints`, which is not passed to the tool).",
+      },
+    ]);
+    const c = card(page, session, "m1");
+    assert.equal(await c.locator(".mcp code.mcp-server").textContent(), "files");
+    assert.equal(await c.locator(".mcp code.mcp-tool").textContent(), "delete_file");
+    const destructive = c.locator('.flag[data-hint="destructiveHint"]');
+    assert.equal(await destructive.textContent(), "destructive");
+    assert.match((await destructive.getAttribute("class")) ?? "", /risky/);
+    assert.equal(await c.locator('.flag[data-hint="openWorldHint"]').textContent(), "closed world");
+    const message = c.locator("p.message");
+    assert.equal((await message.textContent())?.includes("`"), false, "no raw backticks");
+    assert.equal(await message.locator("code", { hasText: "files" }).count(), 1);
+  });
+
+  // One class of the broker's list each (src/domain/invisible.rs): the badge stands where the
+  // character does, in the input on the card.
+  const classes: [string, string, string[]][] = [
+    ["a bidirectional override", "rm -rf \u202Epmt/", ["U+202E"]],
+    ["a zero-width space", "read\u200B_file", ["U+200B"]],
+    ["tag characters (U+E0000-U+E007F)", "ok\u{E0001}\u{E0069}\u{E0067}\u{E007F}", ["U+E0001", "U+E0069", "U+E0067", "U+E007F"]],
+    ["line and paragraph separators", "one\u2028two\u2029three", ["U+2028", "U+2029"]],
+    ["other invisible format characters (soft hyphen, variation selector, Arabic number sign, musical format)", "a\u00ADb\uFE0Fc\u0600d\u{1D173}e", ["U+00AD", "U+FE0F", "U+0600", "U+1D173"]],
+  ];
+  for (const [name, text, codes] of classes) {
+    test(`${name} in an input is badged where it stands, in JSON and in a command`, async () => {
+      const page = await openInbox(TOKENS.alice);
+      const session = unique("s-invisible");
+      await submit(session, [
+        { id: "j1", tool: "write_file", input: JSON.stringify({ text }) },
+        { id: "s1", tool: "shell", input: JSON.stringify({ command: `echo ${text}` }) },
+      ]);
+      const json = card(page, session, "j1").locator(".input pre.json");
+      await json.waitFor();
+      assert.deepEqual(await json.locator("mark.hidden-char").allTextContents(), codes);
+      // Where it stands: the text around each badge is the text around the character.
+      const shown = await json.locator(".j-str").textContent();
+      let expected = JSON.stringify(text);
+      for (const ch of Array.from(text)) if (codes.includes(`U+${ch.codePointAt(0)!.toString(16).toUpperCase().padStart(4, "0")}`)) expected = expected.replace(ch, `U+${ch.codePointAt(0)!.toString(16).toUpperCase().padStart(4, "0")}`);
+      assert.equal(shown, expected);
+      const command = card(page, session, "s1").locator("pre.command");
+      assert.deepEqual(await command.locator("mark.hidden-char").allTextContents(), codes);
+    });
+  }
 });
