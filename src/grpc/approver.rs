@@ -36,6 +36,12 @@ use crate::proto::v1::approver_event::Event as E;
 /// ended (it fell behind, or the broker is shutting down): resume with `after_seq` set to it.
 pub const LAST_SEQ_TRAILER: &str = "approvals-last-seq";
 
+/// The header every subscription opens with, at once, before any event: the log's last sequence
+/// number when it began. Every matching event up to it comes first; a client that resumed at or
+/// after it is caught up already, and knows so without waiting for an event that, on a quiet
+/// broker, may not come for a long time.
+pub const LATEST_SEQ_HEADER: &str = "approvals-latest-seq";
+
 pub struct ApproverApi {
     broker: Arc<Broker>,
 }
@@ -80,7 +86,9 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
             last_queued: req.after_seq.unwrap_or(latest),
         };
         tokio::spawn(subscriber.run(req.after_seq.is_none()).in_current_span());
-        Ok(Response::new(rx))
+        let mut response = Response::new(rx);
+        response.metadata_mut().insert(LATEST_SEQ_HEADER, latest.into());
+        Ok(response)
     }
 
     async fn decide(

@@ -1,13 +1,18 @@
 // The live list of pending calls: Subscribe's snapshot, then live events; after any break (the
 // broker restarted, the network dropped, the stream fell behind) it resubscribes after the last
 // sequence number it applied, so no event is applied twice and none is missed. It must never
-// drop a call it has not seen resolved, nor show one twice.
+// drop a call it has not seen resolved, nor show one twice. A resume is live as soon as the
+// broker's `approvals-latest-seq` header arrives (sent at once: the events up to it follow),
+// not on the first event, which on a quiet broker may not come for minutes.
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { ApproverEvent } from "./gen/approvals/v1/approver_pb";
 import type { Call, Outcome } from "./gen/approvals/v1/types_pb";
 import { type Api, Code, ConnectError, isAuthFailure } from "./api";
 
 export type LinkState = "connecting" | "live" | "reconnecting";
+
+/** The header the broker opens every subscription with (proto/approvals/v1/approver.proto). */
+const LATEST_SEQ_HEADER = "approvals-latest-seq";
 
 export interface Decided {
   call: Call | undefined;
@@ -61,15 +66,24 @@ export class Live {
       this.awayCount = 0;
       try {
         const request = resuming ? { afterSeq: this.lastSeq } : {};
-        const stream = this.api.approver.subscribe(request, { signal: this.stopped.signal });
         let opened = false;
+        const open = () => {
+          if (opened) return;
+          opened = true;
+          first = false;
+          delay = 200;
+          this.on.state("live");
+        };
+        const stream = this.api.approver.subscribe(request, {
+          signal: this.stopped.signal,
+          // A fresh subscription is live once its snapshot starts arriving; a resume, once the
+          // broker says where the log is (what came after this page's cursor follows at once).
+          onHeader: (header) => {
+            if (resuming && header.has(LATEST_SEQ_HEADER)) open();
+          },
+        });
         for await (const event of stream) {
-          if (!opened) {
-            opened = true;
-            first = false;
-            delay = 200;
-            this.on.state("live");
-          }
+          open();
           this.apply(event, resuming);
         }
       } catch (error) {

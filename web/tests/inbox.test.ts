@@ -509,3 +509,16 @@ describe("a pending card shows what would run", () => {
     });
   }
 });
+
+describe("the inbox says how things stand", () => {
+  test("after a broker restart with nothing new, the page is live again at once, without waiting for an event", async () => {
+    const page = await openInbox(TOKENS.alice);
+    await broker.kill();
+    await page.locator("#connection", { hasText: "reconnecting" }).waitFor();
+    await broker.start();
+    clients = grpcClients(broker);
+    // Nothing is submitted or decided: the resume has nothing to replay. The page retries
+    // within 3 s; once the stream is open it must say so.
+    await page.locator("#connection", { hasText: /^live$/ }).waitFor({ timeout: 10_000 });
+  });
+});
