@@ -115,7 +115,9 @@ export class PendingView {
     }
     for (const [key, call] of this.live.pending) if (!this.cards.has(key)) this.cards.set(key, this.card(call));
     const groups = this.groups();
-    const layoutKey = JSON.stringify(groups.map((g) => g.batches.map((b) => b.calls.map(callKey))));
+    // Which calls are still pending is part of the layout: a batch's header counts them and
+    // offers Approve all only while more than one is left.
+    const layoutKey = JSON.stringify(groups.map((g) => g.batches.map((b) => b.calls.map((c) => [callKey(c), this.live.pending.has(callKey(c))]))));
     for (const card of this.cards.values()) card.refresh();
     if (layoutKey === this.layoutKey) return;
     this.layoutKey = layoutKey;
@@ -151,7 +153,7 @@ export class PendingView {
     const header = h(
       "div",
       { class: "batch-head" },
-      h("span", {}, `Batch …${batchId.slice(-8)} · ${calls[0]?.batchSize ?? calls.length} call(s), ${pending.length} pending`),
+      h("span", { class: "batch-count" }, `Batch …${batchId.slice(-8)} · ${calls[0]?.batchSize ?? calls.length} call(s), ${pending.length > 0 ? `${pending.length} pending` : "all decided"}`),
       pending.length > 1
         ? [
             h("button", { type: "button", class: "approve", "aria-label": `Approve all ${pending.length} pending calls of batch ${batchId}`, onClick: () => void this.decideAll(pending, Decision.APPROVE, "") }, "Approve all"),

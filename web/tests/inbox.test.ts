@@ -522,3 +522,25 @@ describe("the inbox says how things stand", () => {
     await page.locator("#connection", { hasText: /^live$/ }).waitFor({ timeout: 10_000 });
   });
 });
+
+describe("batch headers follow their calls", () => {
+  test("deciding two of three updates the header: 1 pending, and no Approve all", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-header");
+    await submit(session, [{ id: "h1" }, { id: "h2" }, { id: "h3" }]);
+    const batch = page.locator(".batch", { has: card(page, session, "h3") });
+    await batch.locator(".batch-head").getByText("3 call(s), 3 pending").waitFor();
+    assert.equal(await batch.getByRole("button", { name: /^Approve all 3 pending calls/ }).count(), 1);
+    // One decided elsewhere, one on this page.
+    await clients.approver.decide({ sessionId: session, callId: "h1", agent: "agent-a", decision: Decision.APPROVE });
+    await card(page, session, "h1").getByText("APPROVED by approver:bob").waitFor();
+    await batch.locator(".batch-head").getByText("3 call(s), 2 pending").waitFor();
+    await card(page, session, "h2").getByRole("button", { name: "Approve shell call h2" }).click();
+    await card(page, session, "h2").getByText("APPROVED by approver:alice").waitFor();
+    await batch.locator(".batch-head").getByText("3 call(s), 1 pending").waitFor();
+    assert.equal(await batch.getByRole("button", { name: /^Approve all/ }).count(), 0, "nothing to approve all");
+    assert.equal(await batch.getByRole("button", { name: /^Deny all/ }).count(), 0);
+    await clients.approver.decide({ sessionId: session, callId: "h3", agent: "agent-a", decision: Decision.DENY, reason: "no" });
+    await batch.locator(".batch-head").getByText("3 call(s), all decided").waitFor();
+  });
+});
