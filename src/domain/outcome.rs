@@ -175,6 +175,9 @@ pub struct Decision {
     /// The approver groups of the approver's token; `None` while auth is off (groups are then
     /// not checked).
     pub approver_groups: Option<Vec<String>>,
+    /// Who decides, as visibility knows them: a call they may not see is NOT_FOUND to them, word
+    /// for word as an unknown call, never a refusal that says it exists.
+    pub viewer: super::Viewer,
     /// Remember this decision as a grant (a scope other than ONCE).
     pub remember: Option<super::policy::Remember>,
     /// For a remembered decision: the matchers that may decide the pending calls its grant
@@ -184,6 +187,22 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// This decision with an "edit" that is the submitted input itself (canonically equal:
+    /// `{"b":[1.0],"a":1}` for `{"a":1,"b":[1]}`) read as no edit at all: nothing else runs, so
+    /// the outcome and its receipt say the input ran as submitted. Every path that decides a
+    /// call reads the decision through this, once the call is found.
+    pub fn against(&self, submitted: &ToolInput) -> std::borrow::Cow<'_, Decision> {
+        match &self.edited_input {
+            Some(edited) if edited.is_stored_as(submitted) || submitted.is_stored_as(edited) => {
+                std::borrow::Cow::Owned(Decision {
+                    edited_input: None,
+                    ..self.clone()
+                })
+            }
+            _ => std::borrow::Cow::Borrowed(self),
+        }
+    }
+
     /// Who decides, as the gate counts people: the approver's canonical identity and groups.
     pub fn person(&self) -> super::policy::Person {
         super::policy::Person::new(

@@ -87,7 +87,9 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         };
         tokio::spawn(subscriber.run(req.after_seq.is_none()).in_current_span());
         let mut response = Response::new(rx);
-        response.metadata_mut().insert(LATEST_SEQ_HEADER, latest.into());
+        response
+            .metadata_mut()
+            .insert(LATEST_SEQ_HEADER, latest.into());
         Ok(response)
     }
 
@@ -101,10 +103,11 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         // With auth on, the token says who decides; the request cannot.
         decision.approver = caller.approver(decision.approver)?;
         decision.approver_groups = caller.groups();
+        let viewer = caller.viewer();
+        decision.viewer = viewer.clone();
         let mut report = self.broker.decide(&key, &decision).await?;
         // The siblings a denial skipped, and the calls a new grant decided, are told only as
         // far as this approver may see them.
-        let viewer = caller.viewer();
         report.skipped.retain(|c| c.visible_to(&viewer));
         report.decided_by_grant.retain(|c| c.visible_to(&viewer));
         Ok(Response::new(render::decide_response(

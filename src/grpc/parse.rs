@@ -331,6 +331,7 @@ pub fn decide(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey
             approver,
             // The token's, set by the service (see `auth::Caller::groups`).
             approver_groups: None,
+            viewer: crate::domain::Viewer::Operator,
             remember,
             prejudged: Default::default(),
         },

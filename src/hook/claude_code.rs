@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-use super::receipt_check::{ReceiptCheck, ReceiptCheckArgs, Unverified};
+use super::receipt_check::{NoKeys, ReceiptCheck, ReceiptCheckArgs, Unverified};
 use super::review::{BrokerAddress, Review, ReviewError, one_line, review};
 use crate::proto::v1 as pb;
 
@@ -395,8 +395,12 @@ pub async fn answer(args: &ClaudeCodeArgs, input: &HookInput) -> Answer {
     if check.is_off() {
         warn("--no-receipt-check: the APPROVED outcome is not checked against its signed receipt");
     }
-    if let Err(unverified) = check.keys().await {
-        return unverified_answer(&unverified);
+    match check.keys().await {
+        Ok(_) => {}
+        Err(NoKeys::Unreachable(error)) => {
+            return Answer::fail_closed(args.on_unreachable, &error.to_string());
+        }
+        Err(NoKeys::Unverified(unverified)) => return unverified_answer(&unverified),
     }
     let call = input.call(args.workspace.as_deref());
     let call_id = call.call_id.clone();

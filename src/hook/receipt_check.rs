@@ -52,6 +52,27 @@ pub struct ReceiptCheckArgs {
 #[error("The broker's outcome for this call could not be verified ({0}): the tool was not run.")]
 pub struct Unverified(pub String);
 
+/// Why the trusted keys are not known: the broker could not be reached to read them (answered
+/// as any unreachable broker is), or what it served cannot be trusted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum NoKeys {
+    #[error("{0}")]
+    Unreachable(review::ReviewError),
+    #[error("{0}")]
+    Unverified(Unverified),
+}
+
+impl From<NoKeys> for Unverified {
+    fn from(no_keys: NoKeys) -> Unverified {
+        match no_keys {
+            NoKeys::Unverified(unverified) => unverified,
+            NoKeys::Unreachable(error) => Unverified(format!(
+                "the broker's receipt keys could not be read: {error}"
+            )),
+        }
+    }
+}
+
 /// Where the trusted keys come from.
 #[derive(Debug)]
 enum Source {
@@ -103,16 +124,16 @@ impl ReceiptCheck {
 
     /// The trusted keys, reading the broker's the first time they are needed and never again
     /// (a failed read is tried again at the next call: no key was trusted from it).
-    pub async fn keys(&self) -> Result<Option<&KeySet>, Unverified> {
+    pub async fn keys(&self) -> Result<Option<&KeySet>, NoKeys> {
         if self.is_off() {
             return Ok(None);
         }
         self.keys
             .get_or_try_init(|| async {
-                let listed = review::receipt_keys(&self.broker).await.map_err(|e| {
-                    Unverified(format!("the broker's receipt keys could not be read: {e}"))
-                })?;
-                broker_keys(&listed)
+                let listed = review::receipt_keys(&self.broker)
+                    .await
+                    .map_err(NoKeys::Unreachable)?;
+                broker_keys(&listed).map_err(NoKeys::Unverified)
             })
             .await
             .map(Some)
@@ -128,7 +149,7 @@ impl ReceiptCheck {
         outcome: &pb::Outcome,
         runs: &Value,
     ) -> Result<(), Unverified> {
-        let Some(keys) = self.keys().await? else {
+        let Some(keys) = self.keys().await.map_err(Unverified::from)? else {
             return Ok(());
         };
         let response = review::receipt(&self.broker, session_id, call_id)

@@ -158,8 +158,10 @@ pub async fn receipt(
 
 /// The keys the broker says its receipts verify with (`AgentService.ListReceiptKeys`): what an
 /// executor given no key of its own trusts, read once when it starts.
-pub async fn receipt_keys(broker: &BrokerAddress) -> Result<pb::ListReceiptKeysResponse, String> {
-    let client = Client::connect(broker).await.map_err(|e| e.to_string())?;
+pub async fn receipt_keys(
+    broker: &BrokerAddress,
+) -> Result<pb::ListReceiptKeysResponse, ReviewError> {
+    let client = Client::connect(broker).await?;
     let request = client.request(pb::ListReceiptKeysRequest {});
     client
         .agent
@@ -167,7 +169,7 @@ pub async fn receipt_keys(broker: &BrokerAddress) -> Result<pb::ListReceiptKeysR
         .list_receipt_keys(request)
         .await
         .map(tonic::Response::into_inner)
-        .map_err(|status| client.unreachable(&status).to_string())
+        .map_err(|status| client.unreachable(&status))
 }
 
 /// The outcome a submit already carries (a duplicate of a decided call, or a call a rule or a

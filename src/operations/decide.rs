@@ -58,6 +58,11 @@ pub async fn decide_in(
     let Some(Stored { rowid, call }) = found else {
         return Err(key.not_found());
     };
+    let decision = &*decision.against(&call.input);
+    // A call this approver may not see does not exist for them: the answer an unknown call gets.
+    if !call.visible_to(&decision.viewer) {
+        return Err(key.not_found());
+    }
     routing::check_approver(&call, decision)?;
     let mut grant = decision
         .remember

@@ -8,8 +8,6 @@
 //! replicas) racing the last approval against a denial have one winner: whichever takes the
 //! lock second reads the first one's vote or outcome.
 
-use std::collections::HashSet;
-
 use super::tx::WriteTx;
 use crate::domain::policy::{Approval, Approvers, Gate, Requirement, Rule, Ruling, Tally, Vote};
 use crate::domain::policy::{Prejudged, Subject, evaluate};
@@ -33,28 +31,23 @@ pub fn requirement_of(ruling: &Ruling<'_>, default: Option<&Approvers>) -> Optio
     }
 }
 
-/// Fixes on each call just stored, and still pending, the requirement that applies to it now
-/// (who it acts for is stored with the call itself). `decided`: the row ids this submit
-/// resolved. Returns the approvals fixed, by row id, so the reply shows them.
+/// Fixes on each call just stored the requirement that applies to it now (who it acts for is
+/// stored with the call itself): on the calls still pending, and on those a grant decided at
+/// submit or the batch resolved (skipped, superseded), so that every call of a group-scoped
+/// requirement stays hidden from readers outside its groups however it was decided. A call a
+/// rule decided has none: the rule, the operator's policy, decided it. Returns the approvals
+/// fixed, by row id, so the reply shows them.
 pub(super) async fn route_new_calls(
     tx: &mut impl WriteTx,
     accepted: &[(i64, &Call, Option<&Prejudged>)],
-    decided: &HashSet<i64>,
     (rules, default): (&[Rule], Option<&Approvers>),
     now: Timestamp,
 ) -> Result<Vec<(i64, Approval)>> {
     let mut routed = Vec::new();
-    let pending: Vec<_> = accepted
-        .iter()
-        .filter(|(rowid, ..)| !decided.contains(rowid))
-        .collect();
-    if pending.is_empty() {
-        return Ok(routed);
-    }
     let asks_for_approvers = default.is_some() || rules.iter().any(|r| r.approvers.is_some());
-    for &&(rowid, call, prejudged) in &pending {
-        // A call still pending was decided by no rule and no grant, so the rules alone name
-        // the ask rule (if any) that sent it here: grants are tried only when no rule matches.
+    for &(rowid, call, prejudged) in accepted {
+        // The rules alone name the ask rule (if any) that sends a call to people, or the rule
+        // that decided it: grants are tried only when no rule matches.
         let requirement = if asks_for_approvers {
             let subject = Subject::of_call(call).with_prejudged(prejudged);
             requirement_of(&evaluate(&subject, rules, &[], now), default)

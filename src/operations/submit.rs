@@ -11,7 +11,7 @@
 //! [`Prejudged`]): the transaction looks the results up, so it does not hold the writer while
 //! globs run.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use super::escalate::start_escalations;
@@ -252,14 +252,13 @@ pub async fn submit_in(
     let escalations =
         start_escalations(tx, batch, &accepted_calls, &rules, &prejudged, &resolved).await?;
     let routed = {
-        let decided: HashSet<i64> = resolved.iter().map(|r| r.rowid).collect();
         let calls: Vec<_> = accepted_calls
             .iter()
             .map(|&(rowid, call)| (rowid, call, prejudged.get(&rowid).copied()))
             .collect();
         // The rules this submit already read (kept or not, they are the transaction's view).
         let policy = (rules.as_slice(), batch.default_approvers.as_ref());
-        route_new_calls(tx, &calls, &decided, policy, now).await?
+        route_new_calls(tx, &calls, policy, now).await?
     };
     // The reply shows the ladder of the calls that wait for people, and who may decide them.
     let item_of = |rowid: i64| accepted.iter().find(|(r, _)| *r == rowid).map(|&(_, i)| i);

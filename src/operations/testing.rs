@@ -179,6 +179,7 @@ pub fn decision(verdict: Verdict, reason: &str) -> Decision {
         edited_input: None,
         approver: "approver".into(),
         approver_groups: None,
+        viewer: crate::domain::Viewer::Operator,
         remember: None,
         prejudged: Default::default(),
     }

@@ -155,7 +155,7 @@ impl KeySet {
             .filter(|k| k.key != current)
             .cloned()
             .collect();
-        older.sort_by(|a, b| (b.until, b.from).cmp(&(a.until, a.from)));
+        older.sort_by_key(|k| std::cmp::Reverse((k.until, k.from)));
         let mut head = TrustedKey::new(current);
         head.from = named
             .and_then(|k| k.from)

@@ -4,6 +4,9 @@
 //! Postgres two replicas taking turns; after every step, every outcome must be justified: an
 //! APPROVED call by distinct people (or a rule, or a grant whose authors) who satisfy the
 //! requirement the model says was fixed at its submit, none of them its requester or agent.
+//! Some approvals edit the input. A call hidden from the person who decides it or reads its
+//! receipt answers word for word what an unknown call answers; and every few steps each decided
+//! call's signed receipt must say what the stored call says (outcome, who, what runs).
 //!
 //! The seed is printed; replay or lengthen a run with
 //! `GOVERNANCE_SEED=<seed> GOVERNANCE_STEPS=2000 cargo test --test api governance -- --nocapture`.
@@ -17,6 +20,7 @@ use approval_broker::proto::v1 as pb;
 use tonic::transport::Channel;
 
 use crate::helpers::*;
+use crate::receipts::{statement, with_key};
 use crate::routing::{admin_as, approver_as, bearer};
 
 const BOT: &str = "gov-bot";
@@ -52,6 +56,7 @@ enum Requires {
 /// Every call no ask rule names approvers for needs two people.
 fn governed(config: &mut Config) {
     tokens(config);
+    with_key(config);
     config.policy.default_approvers = Some(Approvers {
         quorum: 2,
         ..Approvers::default()
@@ -61,6 +66,7 @@ fn governed(config: &mut Config) {
 /// Every call no ask rule names approvers for needs one member of ops.
 fn governed_by_ops(config: &mut Config) {
     tokens(config);
+    with_key(config);
     config.policy.default_approvers = Some(Approvers {
         groups: vec!["ops".into()],
         ..Approvers::default()
@@ -81,6 +87,30 @@ fn tokens(config: &mut Config) {
         lines.push(format!("approver {who} {}{groups}", hash_token(token)));
     }
     config.auth.tokens = Some(lines.join("\n"));
+}
+
+/// Whether the model says the approver `who` may see a call of `tool`: a call whose requirement
+/// names groups only by their members; one a rule decided (no requirement) by anyone.
+fn visible(tool: &str, default: Requires, who: &str) -> bool {
+    let theirs = PEOPLE
+        .iter()
+        .find(|(_, person, _)| *person == who)
+        .map_or(&[][..], |(_, _, groups)| *groups);
+    required(tool, default)
+        .is_none_or(|(groups, _)| groups.is_empty() || groups.iter().any(|g| theirs.contains(g)))
+}
+
+/// The answer to `answer` with the unknown call id `unknown` read as `id`: what a hidden call
+/// must answer, word for word.
+fn as_unknown<T>(
+    answer: Result<T, &tonic::Status>,
+    unknown: &str,
+    id: &str,
+) -> (tonic::Code, String) {
+    match answer {
+        Ok(_) => (tonic::Code::Ok, String::new()),
+        Err(status) => (status.code(), status.message().replace(unknown, id)),
+    }
 }
 
 /// What the model says a call of `tool` requires: groups (empty: anyone) and a quorum; `None`
@@ -235,14 +265,36 @@ async fn run(replicas: &[&TestApp], default: Requires) {
                     kind: Some(pb::input_matcher::Kind::Any(pb::AnyInput {})),
                 });
             }
+            let edits = approve && rng.below(6) == 0;
+            if edits {
+                request.edited_input_json = format!(r#"{{"n":{},"edited":true}}"#, rng.below(3));
+            }
+            let unknown = format!("unknown-{id}");
+            let unknown_request = pb::DecideRequest {
+                call_id: unknown.clone(),
+                ..request.clone()
+            };
             let answer = approver_as(&app.channel, token).decide(request).await;
+            if !visible(calls[&id].tool, default, who) {
+                let told = as_unknown(answer.as_ref().map(|_| ()), &unknown, &id);
+                let unknown_answer = approver_as(&app.channel, token)
+                    .decide(unknown_request)
+                    .await;
+                let expected = as_unknown(unknown_answer.as_ref().map(|_| ()), &unknown, &id);
+                assert_eq!(
+                    told, expected,
+                    "seed {seed}, step {step}: {who} deciding hidden call {id} is told more \
+                     than an unknown call's answer"
+                );
+            }
             let answer = match answer {
                 Ok(_) => "ok".to_owned(),
                 Err(status) => format!("{:?}", status.code()),
             };
             format!(
-                "{who} {} {id} {scope:?}: {answer}",
-                if approve { "approves" } else { "denies" }
+                "{who} {}{} {id} {scope:?}: {answer}",
+                if approve { "approves" } else { "denies" },
+                if edits { " (edited)" } else { "" }
             )
         } else {
             let grants = grants_of(app).await;
@@ -262,7 +314,51 @@ async fn run(replicas: &[&TestApp], default: Requires) {
         check(replicas[0], &calls, default)
             .await
             .unwrap_or_else(|broken| panic!("seed {seed}, step {step} ({what}): {broken}"));
+        // A receipt read by someone the call is hidden from, beside an unknown call's.
+        let mut ids: Vec<&String> = calls.keys().collect();
+        ids.sort();
+        let id = (*rng.pick(&ids)).clone();
+        let (token, who, _) = *rng.pick(&PEOPLE);
+        let read = |call_id: String| {
+            let mut client = approver_as(&app.channel, token);
+            async move {
+                client
+                    .get_receipt(pb::GetReceiptRequest {
+                        session_id: "s".into(),
+                        call_id,
+                        agent: "bot".into(),
+                    })
+                    .await
+            }
+        };
+        let unknown = format!("unknown-{id}");
+        let told = as_unknown(read(id.clone()).await.as_ref().map(|_| ()), &unknown, &id);
+        if visible(calls[&id].tool, default, who) {
+            assert_ne!(
+                told.0,
+                tonic::Code::PermissionDenied,
+                "seed {seed}, step {step}: {who} may read {id}'s receipt: {told:?}"
+            );
+        } else {
+            let expected = as_unknown(
+                read(unknown.clone()).await.as_ref().map(|_| ()),
+                &unknown,
+                &id,
+            );
+            assert_eq!(
+                told, expected,
+                "seed {seed}, step {step}: {who} reading hidden call {id}'s receipt"
+            );
+        }
+        if step % 50 == 49 {
+            receipts_match(replicas[0])
+                .await
+                .unwrap_or_else(|broken| panic!("seed {seed}, step {step}: {broken}"));
+        }
     }
+    receipts_match(replicas[0])
+        .await
+        .unwrap_or_else(|broken| panic!("seed {seed}, at the end: {broken}"));
     // What the run exercised, so a run that decided nothing through grants is seen as such.
     let mut tally: HashMap<String, usize> = HashMap::new();
     for call in all_calls(&replicas[0].channel).await {
@@ -285,6 +381,75 @@ async fn run(replicas: &[&TestApp], default: Requires) {
             "seed {seed}: no call was approved by a grant, so grants went untested: {tally:?}"
         );
     }
+}
+
+/// Every decided call's signed receipt says what the stored call says: the outcome, who
+/// decided, the input asked for and, when an approval edited it, the input that runs.
+async fn receipts_match(app: &TestApp) -> Result<(), String> {
+    let mut reader = approver_as(&app.channel, "gov-bob");
+    for call in all_calls(&app.channel).await {
+        let Some(outcome) = &call.outcome else {
+            continue;
+        };
+        let id = &call.call_id;
+        let reply = reader
+            .get_receipt(pb::GetReceiptRequest {
+                session_id: call.session_id.clone(),
+                call_id: id.clone(),
+                agent: call.agent.clone(),
+            })
+            .await
+            .map_err(|status| format!("call {id}: no receipt: {status:?}"))?
+            .into_inner();
+        let receipt = reply.receipt.ok_or(format!("call {id}: no receipt"))?;
+        if !receipt.verified {
+            return Err(format!("call {id}: its receipt does not verify"));
+        }
+        let said = statement(&receipt.envelope);
+        let predicate = &said["predicate"];
+        let status = pb::CallStatus::try_from(outcome.status).expect("a status");
+        let stored = format!("{status:?}").to_uppercase();
+        let input: serde_json::Value =
+            serde_json::from_str(&call.input_json).map_err(|e| format!("call {id}: {e}"))?;
+        let mismatch = if predicate["outcome"] != stored.as_str() {
+            Some(format!(
+                "outcome {} where {stored} is stored",
+                predicate["outcome"]
+            ))
+        } else if predicate["decidedBy"] != outcome.decided_by.as_str() {
+            Some(format!(
+                "decided by {} where {} is stored",
+                predicate["decidedBy"], outcome.decided_by
+            ))
+        } else if predicate["input"] != input {
+            Some(format!(
+                "input {} where {input} is stored",
+                predicate["input"]
+            ))
+        } else if status == pb::CallStatus::Approved {
+            let runs = &predicate["runs"];
+            let edited = runs["edited"].as_bool() == Some(true);
+            if edited != outcome.input_edited {
+                Some(format!(
+                    "edited {edited} where {} is stored",
+                    outcome.input_edited
+                ))
+            } else if edited {
+                let approved: serde_json::Value = serde_json::from_str(&outcome.input_json)
+                    .map_err(|e| format!("call {id}: {e}"))?;
+                (runs["input"] != approved)
+                    .then(|| format!("runs {} where {approved} was approved", runs["input"]))
+            } else {
+                None
+            }
+        } else {
+            None
+        };
+        if let Some(mismatch) = mismatch {
+            return Err(format!("call {id}'s receipt: {mismatch}"));
+        }
+    }
+    Ok(())
 }
 
 async fn grants_of(app: &TestApp) -> Vec<pb::Grant> {

@@ -24,7 +24,7 @@ fn the_key() -> PublicKey {
 }
 
 /// Signs receipts with [`SEED`], from a key file that outlives the test's broker.
-fn with_key(config: &mut Config) {
+pub(crate) fn with_key(config: &mut Config) {
     let path = tempfile::NamedTempFile::new()
         .unwrap()
         .into_temp_path()
@@ -69,7 +69,7 @@ async fn export(app: &TestApp) -> Vec<pb::Receipt> {
     }
 }
 
-fn statement(envelope: &str) -> Value {
+pub(crate) fn statement(envelope: &str) -> Value {
     let envelope: Value = serde_json::from_str(envelope).unwrap();
     let payload = BASE64
         .decode(envelope["payload"].as_str().unwrap())
@@ -673,7 +673,46 @@ fn with_key_retaining_a_second(config: &mut Config) {
     config.lifecycle.prune_every = Duration::from_millis(100);
 }
 
+/// An "edit" whose canonical form is the submitted input is no edit: the outcome says the input
+/// ran as submitted, and the receipt names it by its digest only (`runs.input` appears only when
+/// something else runs). A real edit is still one.
+async fn an_edit_equal_to_the_submitted_input_is_no_edit(app: TestApp) {
+    submit(
+        &app,
+        batch(
+            "s",
+            vec![
+                call("same", "t", r#"{"a":1,"b":[1]}"#),
+                call("other", "t", r#"{"a":1,"b":[1]}"#),
+            ],
+        ),
+    )
+    .await;
+    for (id, edit, edited) in [
+        ("same", r#"{"b":[1.0],"a":1}"#, false),
+        ("other", r#"{"b":[2],"a":1}"#, true),
+    ] {
+        let request = pb::DecideRequest {
+            edited_input_json: edit.into(),
+            ..decide_request("s", id, pb::Decision::Approve, "")
+        };
+        let outcome = app
+            .approver()
+            .decide(request)
+            .await
+            .expect("decide")
+            .into_inner()
+            .outcome
+            .expect("decided");
+        assert_eq!(outcome.input_edited, edited, "{id}");
+        let runs = &statement_of(&app, "s", id).await["predicate"]["runs"];
+        assert_eq!(runs["edited"], edited, "{id}: {runs}");
+        assert_eq!(runs.get("input").is_some(), edited, "{id}: {runs}");
+    }
+}
+
 backend_tests! {
+    an_edit_equal_to_the_submitted_input_is_no_edit => super::with_key,
     a_call_id_reused_after_its_call_was_pruned_gets_a_receipt_of_its_own
         => super::with_key_retaining_a_second,
     outcomes_decided_all_at_once_each_get_a_receipt_in_one_chain => super::with_key,

@@ -156,21 +156,20 @@ fn summary(call: &pb::Call) -> String {
     call.approval.as_ref().expect("an approval").summary.clone()
 }
 
-async fn an_approver_outside_the_rules_groups_cannot_decide_and_is_told_which_rule(app: TestApp) {
+async fn an_approver_outside_the_rules_groups_cannot_decide_a_call_they_cannot_know_of(
+    app: TestApp,
+) {
     two_person_rule(&app).await;
     submit_as_bot(&app, vec![call("d1", "deploy", "{}")]).await;
     for verdict in [pb::Decision::Approve, pb::Decision::Deny] {
+        // Word for word what an unknown call answers: nothing says d1 exists.
         let refused = decide_as(&app, DAVE, "d1", verdict).await.unwrap_err();
+        let unknown = decide_as(&app, DAVE, "d9", verdict).await.unwrap_err();
+        assert_eq!(refused.code(), Code::NotFound, "{}", refused.message());
         assert_eq!(
-            refused.code(),
-            Code::PermissionDenied,
-            "{}",
-            refused.message()
-        );
-        assert!(
-            refused.message().contains("rule `two-person`"),
-            "{}",
-            refused.message()
+            refused.message(),
+            unknown.message().replace("d9", "d1"),
+            "a hidden call reads as an unknown one"
         );
     }
     // An auditor sees it but decides nothing.
@@ -408,7 +407,8 @@ async fn a_pending_call_keeps_the_requirement_it_was_submitted_under(app: TestAp
     let refused = decide_as(&app, DAVE, "d1", pb::Decision::Approve)
         .await
         .unwrap_err();
-    assert_eq!(refused.code(), Code::PermissionDenied);
+    // Dave is outside the rule's groups, fixed on d1 at submit: d1 stays hidden from him.
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
     // A call submitted now needs nobody in particular.
     submit_as_bot(&app, vec![call("d2", "deploy", "{}")]).await;
     let alone = decide_as(&app, DAVE, "d2", pb::Decision::Approve)
@@ -618,7 +618,7 @@ fn a_default_of_two_without_auth(config: &mut Config) {
 }
 
 backend_tests!(
-    an_approver_outside_the_rules_groups_cannot_decide_and_is_told_which_rule => super::with_groups,
+    an_approver_outside_the_rules_groups_cannot_decide_a_call_they_cannot_know_of => super::with_groups,
     two_distinct_approvals_approve_a_two_person_call_and_the_first_is_an_event_that_survives_a_restart => super::with_groups,
     any_single_denial_denies_a_call_that_needs_two_approvals => super::with_groups,
     neither_the_agent_nor_the_human_it_acts_for_can_approve_its_call => super::with_groups,

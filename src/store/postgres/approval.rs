@@ -46,12 +46,14 @@ impl PostgresStore {
             return Err(key.not_found());
         };
         let stored = call_from_row(&stored)?;
+        let decision = &*decision.against(&stored.input);
         if stored.outcome.is_some()
+            || !stored.visible_to(&decision.viewer)
             || Gate::of(&stored)
                 .admit(&decision.person(), Verdict::Approve)
                 .is_err()
         {
-            // A replay or a refusal: the whole transaction answers it, naming why.
+            // A replay, a hidden call or a refusal: the whole transaction answers it.
             return Ok(None);
         }
         let now = Timestamp::now();
