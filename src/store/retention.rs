@@ -43,11 +43,13 @@ impl<T: SqlTx> PruneTx for T {
             })
             .await?;
         let (latest, delivered) = bounds.into_iter().next().unwrap_or((None, None));
-        // The last event stays: Postgres numbers new events after the highest one left.
-        let below_latest = latest.unwrap_or(0).saturating_sub(1);
+        // Even the last event may go: both backends number new events after the pruned
+        // horizon, which the same transaction raises past it (SQLite's AUTOINCREMENT never
+        // reuses a number either). A quiet broker prunes on time.
+        let latest = latest.unwrap_or(0);
         let bound = match delivered {
-            Some(cursor) => below_latest.min(cursor),
-            None => below_latest,
+            Some(cursor) => latest.min(cursor),
+            None => latest,
         };
         Ok(bound.max(0) as u64)
     }

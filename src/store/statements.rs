@@ -156,7 +156,10 @@ pub const NEXT_DEADLINE: &str = concat!(
     pending!(),
     " AND deadline IS NOT NULL"
 );
-pub const LATEST_SEQ: &str = "SELECT MAX(seq) AS seq FROM events";
+/// The last sequence number given: the log's last event, or the pruned horizon when retention
+/// took every event up to it (numbering continues after both).
+pub const LATEST_SEQ: &str = "SELECT MAX(seq) AS seq FROM (SELECT MAX(seq) AS seq FROM events \
+     UNION ALL SELECT pruned_through AS seq FROM retention) AS heads";
 
 /// Events after sequence number `$1`, with their calls, oldest first, at most `$2` of them; each
 /// row with the retention horizon (`pruned_through`) in the same snapshot, so a reader checks
@@ -437,8 +440,9 @@ pub const PRUNE_CANDIDATES: &str = concat!(
     " AND decided_at < $1 AND (decided_at > $2 OR (decided_at = $2 AND id > $3)) \
      ORDER BY decided_at, id LIMIT $4"
 );
-/// How far pruning may reach into the log: the last event (kept, so numbering never restarts
-/// below it) and the lowest webhook cursor (events an endpoint has not delivered are kept).
+/// How far pruning may reach into the log: up to its last event (numbering continues after the
+/// pruned horizon, raised in the same transaction, so even the last may go) and the lowest
+/// webhook cursor (events an endpoint has not delivered are kept).
 pub const PRUNE_BOUND: &str = "SELECT (SELECT MAX(seq) FROM events) AS latest, \
      (SELECT MIN(cursor) FROM webhooks) AS delivered";
 /// The last sequence number of batch `$1`'s events, if the whole batch may be pruned: every

@@ -1,7 +1,8 @@
 //! Retention (`--retain-decided`): batches decided longer ago than the setting are pruned with
 //! their events, while pending calls, grants and rules stay; a subscriber resuming below what was
 //! pruned is refused with OUT_OF_RANGE naming the oldest resume point still served, and one at or
-//! above it is served without a gap; events a webhook endpoint has not delivered are kept.
+//! above it is served without a gap; events a webhook endpoint has not delivered are kept; and a
+//! quiet broker prunes on time, the log's last event included (numbering continues after it).
 
 use std::time::Duration;
 
@@ -146,7 +147,32 @@ async fn events_a_webhook_endpoint_has_not_delivered_are_kept_until_it_is_delete
     until_pruned(&app, "s", "after").await;
 }
 
+/// A quiet broker prunes on time: the batch that holds the log's last event goes too, with
+/// nothing submitted after it, and numbering continues after it (also across a restart).
+async fn a_quiet_broker_prunes_the_last_decided_batch_on_time_and_numbering_continues(
+    app: TestApp,
+) {
+    // Events 1 and 2: `last` requested and decided, and then nothing else happens.
+    submit(&app, batch("s", vec![call("last", "t", "{}")])).await;
+    deny(&app, "s", "last", "no").await;
+    until_pruned(&app, "s", "last").await;
+
+    let app = app.restart().await;
+    let mut resumed = Subscription::open(&app, pb::CallFilter::default(), Some(2)).await;
+    submit(&app, batch("s", vec![call("next", "t", "{}")])).await;
+    let event = resumed.next().await;
+    assert_eq!(
+        event.seq, 3,
+        "numbering continues after the pruned last event"
+    );
+    match event.event {
+        Some(pb::approver_event::Event::Requested(call)) => assert_eq!(call.call_id, "next"),
+        other => panic!("expected next's request, got {other:?}"),
+    }
+}
+
 backend_tests!(
+    a_quiet_broker_prunes_the_last_decided_batch_on_time_and_numbering_continues => super::retain_a_second,
     decided_calls_past_retention_are_pruned_and_pending_calls_grants_and_rules_are_kept => super::retain_a_second,
     a_subscriber_resuming_below_the_pruned_horizon_is_refused_and_one_above_it_is_served => super::retain_a_second,
     events_a_webhook_endpoint_has_not_delivered_are_kept_until_it_is_deleted => super::retain_a_second,

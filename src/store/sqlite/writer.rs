@@ -700,13 +700,18 @@ mod tests {
     use super::*;
     use crate::store::rows::Columns as _;
 
-    /// A writer on a new database file `a.db` holding one table, `events`.
+    /// A writer on a new database file `a.db` holding the tables its start reads: `events`,
+    /// and `retention` with the pruned horizon.
     fn writer_on_a_new_file() -> (tempfile::TempDir, WriteConnection) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.db");
         Connection::open(&path)
             .unwrap()
-            .execute_batch("CREATE TABLE events (seq INTEGER PRIMARY KEY)")
+            .execute_batch(
+                "CREATE TABLE events (seq INTEGER PRIMARY KEY); \
+                 CREATE TABLE retention (pruned_through INTEGER NOT NULL); \
+                 INSERT INTO retention VALUES (0);",
+            )
             .unwrap();
         let writer = WriteConnection::open(&path, Synchronous::Full, None).unwrap();
         (dir, writer)
