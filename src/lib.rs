@@ -62,6 +62,7 @@ pub mod inbox;
 pub mod mcp;
 pub mod meters;
 pub mod operations;
+pub mod private_files;
 pub mod proto;
 pub mod receipts;
 pub mod retention;

@@ -15,7 +15,7 @@ use tonic_web::GrpcWebLayer;
 
 use crate::auth::{Gate, Role};
 use crate::broker::Broker;
-use crate::config::{Config, ServeSettings};
+use crate::config::{Config, MetricsListen, ServeSettings};
 use crate::connections;
 use crate::error::{Error, Result, StorageFault};
 use crate::events::EventBus;
@@ -193,14 +193,34 @@ pub async fn run(
         .http2_keepalive_timeout(Some(config.connections.keepalive_timeout));
     let tls = tls_acceptor(&config.serve)?;
 
-    let local = listener.local_addr().ok();
+    let grpc = listener.local_addr().map_or_else(
+        |_| config.serve.listen.to_string(),
+        |a| openable(a).to_string(),
+    );
+    let scheme = if config.serve.tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let inbox = if config.serve.inbox {
+        format!("{scheme}://{grpc}/")
+    } else {
+        "off".to_owned()
+    };
+    let metrics = match config.telemetry.metrics_listen {
+        MetricsListen::On(address) => format!("http://{}/metrics", openable(address)),
+        MetricsListen::Off => "off".to_owned(),
+    };
+    let state = database.describe();
     tracing::info!(
-        address = ?local,
-        inbox = config.serve.inbox,
+        grpc = %grpc,
+        inbox = %inbox,
+        metrics = %metrics,
+        database = %state,
         backend = database.backend(),
         tls = config.serve.tls_cert.is_some(),
         mutual_tls = config.serve.tls_client_ca.is_some(),
-        "approval broker serving"
+        "approval broker serving: inbox {inbox}, gRPC {grpc}, metrics {metrics}, state in {state}"
     );
 
     let (draining, drain_started) = tokio::sync::oneshot::channel::<()>();
@@ -359,4 +379,18 @@ pub async fn migrate(config: &Config) -> Result<()> {
     store::open(&database, config.texts.resolve(), None).await?;
     tracing::info!(backend = database.backend(), "migrations applied");
     Ok(())
+}
+
+/// `address` as a person opens it: an unspecified listen address (`0.0.0.0`, `::`) is reached
+/// on this machine as localhost.
+fn openable(address: std::net::SocketAddr) -> std::net::SocketAddr {
+    if address.ip().is_unspecified() {
+        let localhost = match address {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        };
+        std::net::SocketAddr::new(localhost, address.port())
+    } else {
+        address
+    }
 }

@@ -60,7 +60,7 @@ pub fn outcomes_written<'a>(calls: impl IntoIterator<Item = &'a Call>) {
             agent = %call.key.agent,
             tool = %call.tool,
             outcome = crate::meters::kind_label(outcome.kind),
-            decided_by = %crate::traces::decided_by(&outcome.decided_by),
+            decided_by = %outcome.decided_by,
             "outcome"
         );
     }

@@ -28,7 +28,7 @@ use tonic::codegen::http;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-use crate::domain::{Call, CallKey, DecidedBy};
+use crate::domain::{Call, CallKey};
 use crate::error::{Error, Result};
 
 /// Whether traces are exported (set once, by [`exporter`]).
@@ -193,21 +193,9 @@ pub fn record_outcome(span: &Span, call: &Call) {
     span.record("approvals.outcome", crate::meters::kind_label(outcome.kind));
     span.record(
         "approvals.decided_by",
-        tracing::field::display(decided_by(&outcome.decided_by)),
+        // Who decided, word for word as the API says it (`policy:<rule>`, `grant:<id>`, ...).
+        tracing::field::display(&outcome.decided_by),
     );
-}
-
-/// Who decided, as the logs and the `approvals.decided_by` attribute say it: the approver's
-/// identity, the grant or rule id, or `agent`, `deadline`, `broker`.
-pub fn decided_by(by: &DecidedBy) -> String {
-    match by {
-        DecidedBy::Approver(who) => format!("approver:{who}"),
-        DecidedBy::Grant(id) => format!("grant:{id}"),
-        DecidedBy::Policy(id) => format!("rule:{id}"),
-        DecidedBy::Agent => "agent".into(),
-        DecidedBy::Deadline => "deadline".into(),
-        DecidedBy::Broker => "broker".into(),
-    }
 }
 
 /// A span for sending `call`'s outcome to its agent, a child of the call's span: the end of

@@ -109,14 +109,12 @@ fn load_or_create(path: &Path) -> Result<Notary> {
     // `openssl pkey -pubout` derives the public key from the file.
     let mut pkcs8 = PKCS8_V1_PREFIX.to_vec();
     pkcs8.extend_from_slice(&seed);
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let written = options.open(path).and_then(|mut file| {
-        file.write_all(pem("PRIVATE KEY", &pkcs8).as_bytes())?;
-        file.sync_all()
-    });
+    let written = crate::private_files::new_private_file()
+        .open(path)
+        .and_then(|mut file| {
+            file.write_all(pem("PRIVATE KEY", &pkcs8).as_bytes())?;
+            file.sync_all()
+        });
     written
         .map_err(|e| Error::invalid(KEY_FIELD, format!("cannot create {}: {e}", path.display())))?;
     tracing::info!(path = %path.display(), "generated the receipt signing key");

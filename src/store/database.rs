@@ -66,6 +66,18 @@ impl Database {
         }
     }
 
+    /// Where the state is, for a person reading the start log: the SQLite file's full path, or
+    /// the Postgres URL with its password masked.
+    pub fn describe(&self) -> String {
+        match self {
+            Database::Sqlite { path, .. } => std::path::absolute(path)
+                .unwrap_or_else(|_| path.clone())
+                .display()
+                .to_string(),
+            Database::Postgres { url, .. } => masked_password(url),
+        }
+    }
+
     /// `sqlite` or `postgres`, for logs.
     pub fn backend(&self) -> &'static str {
         match self {
@@ -75,9 +87,47 @@ impl Database {
     }
 }
 
+/// `url` with the password of its user-info (`scheme://user:password@host`) replaced by `***`.
+fn masked_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((user_info, host)) => {
+            let user = user_info.split(':').next().unwrap_or("");
+            let password = if user_info.contains(':') { ":***" } else { "" };
+            format!("{scheme}://{user}{password}@{host}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_start_log_names_the_database_without_its_password() {
+        let pg = |url: &str| {
+            Database::parse(url, Synchronous::default(), 1)
+                .unwrap()
+                .describe()
+        };
+        assert_eq!(
+            pg("postgres://app:s3cret@db:5432/approvals?sslmode=require"),
+            "postgres://app:***@db:5432/approvals?sslmode=require"
+        );
+        assert_eq!(
+            pg("postgres://app@db/approvals"),
+            "postgres://app@db/approvals"
+        );
+        assert_eq!(pg("postgresql://db/approvals"), "postgresql://db/approvals");
+        let file = Database::sqlite_file("approvals.db").describe();
+        assert!(Path::new(&file).is_absolute(), "{file}");
+        assert!(file.ends_with("/approvals.db"), "{file}");
+    }
 
     fn parse(url: &str) -> Result<Database> {
         Database::parse(url, Synchronous::Normal, 7)

@@ -526,3 +526,102 @@ async fn a_corrupt_sqlite_page_is_unavailable_and_health_stays_not_serving() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(health_of(&app.channel, "").await, ServingStatus::NotServing);
 }
+
+/// The files a SQLite broker keeps its state in (the database, its WAL and shared memory, its
+/// lock, its receipt key, and every backup) are readable by the broker's user alone, whatever the
+/// umask; the start log says plainly where the inbox, gRPC, metrics and the state are.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_file_holding_the_state_is_private_and_the_start_log_says_where_things_are() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("dir");
+    let database = dir.path().join("state.db");
+    let url = format!("sqlite://{}", database.display());
+    let broker = start_broker(&url, &[], &[]).await;
+    let channel = broker.channel();
+    try_submit(&channel, batch("s", vec![call("c", "t", "{}")]))
+        .await
+        .expect("submit");
+    pb::admin_service_client::AdminServiceClient::new(channel)
+        .backup(pb::BackupRequest {
+            name: "copy.db".into(),
+        })
+        .await
+        .expect("backup");
+    let mut files: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("list")
+        .map(|entry| entry.expect("entry").path())
+        .collect();
+    files.sort();
+    let names: Vec<_> = files
+        .iter()
+        .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    for expected in [
+        "state.db",
+        "state.db-wal",
+        "state.db-shm",
+        "state.db.lock",
+        "state.db.receipt-key.pem",
+        "copy.db",
+    ] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} in {names:?}"
+        );
+    }
+    // The quick start runs in a checkout: none of these may be committed by `git add -A`.
+    let ignored = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/.gitignore"))
+        .expect(".gitignore");
+    for name in &names {
+        let covered =
+            ignored
+                .lines()
+                .map(str::trim)
+                .any(|pattern| match pattern.strip_prefix('*') {
+                    Some(suffix) => !suffix.contains(['*', '/']) && name.ends_with(suffix),
+                    None => pattern == name,
+                });
+        assert!(covered, ".gitignore does not cover {name}: {ignored}");
+    }
+    for file in &files {
+        let mode = std::fs::metadata(file).expect("mode").permissions().mode() & 0o777;
+        assert_eq!(mode & 0o077, 0, "{} is {mode:o}", file.display());
+    }
+
+    let log = broker.log_text();
+    let address = broker.address();
+    let port = address.rsplit(':').next().expect("a port");
+    assert!(
+        log.contains(&format!("inbox http://127.0.0.1:{port}/")),
+        "the inbox URL: {log}"
+    );
+    assert!(log.contains(&format!("gRPC 127.0.0.1:{port}")), "{log}");
+    assert!(
+        log.contains(&format!("state in {}", database.display())),
+        "{log}"
+    );
+    assert!(!log.contains("address=Some("), "{log}");
+    assert!(
+        !log.contains("chmod 600"),
+        "no warning for its own files: {log}"
+    );
+}
+
+/// A database file others may read is named at start, with the command that fixes it.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_file_others_may_read_is_warned_about_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("dir");
+    let database = dir.path().join("shared.db");
+    std::fs::write(&database, b"").expect("create");
+    std::fs::set_permissions(&database, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let url = format!("sqlite://{}", database.display());
+    let broker = start_broker(&url, &[], &[]).await;
+    let log = broker.log_text();
+    assert!(
+        log.contains(&format!("chmod 600 {}", database.display())) && log.contains("644"),
+        "{log}"
+    );
+}

@@ -42,6 +42,9 @@ fn copy_into(from: &Path, to: &Path) -> Result<()> {
     let to = to
         .to_str()
         .ok_or_else(|| Error::invalid("name", "the backup path is not valid UTF-8"))?;
+    // Created private first: VACUUM INTO writes into an empty file as it finds it.
+    crate::private_files::create_private_if_missing(Path::new(to))
+        .map_err(|e| Error::Internal(format!("cannot create the backup {to}: {e}")))?;
     conn.execute("VACUUM INTO ?1", [to])?;
     Ok(())
 }

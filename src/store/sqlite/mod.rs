@@ -89,6 +89,21 @@ impl SqliteStore {
         texts: ToolResultTexts,
         notary: Option<Arc<Notary>>,
     ) -> Result<Self> {
+        let companions = ["-wal", "-shm", ".lock", ".receipt-key.pem"].map(|suffix| {
+            let mut name = path.as_os_str().to_owned();
+            name.push(suffix);
+            PathBuf::from(name)
+        });
+        crate::private_files::warn_if_shared(
+            std::iter::once(path).chain(companions.iter().map(PathBuf::as_path)),
+        );
+        // SQLite gives the WAL and shared-memory files the database file's mode.
+        crate::private_files::create_private_if_missing(path).map_err(|e| {
+            Error::invalid(
+                "DATABASE_URL",
+                format!("cannot create {}: {e}", path.display()),
+            )
+        })?;
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -149,11 +164,7 @@ impl ProcessLock {
     pub fn claim(database: &Path) -> Result<Self> {
         let database = database.display();
         let path = format!("{database}.lock");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
+        let file = crate::private_files::open_private_lock_file(Path::new(&path))
             .map_err(|e| Error::invalid("DATABASE_URL", format!("cannot open {path}: {e}")))?;
         match file.try_lock() {
             Ok(()) => Ok(Self { _file: file }),
