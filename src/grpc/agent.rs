@@ -510,6 +510,10 @@ async fn completed_batch<'a>(broker: &Broker, event: &'a Event) -> Result<Cow<'a
     Ok(Cow::Owned(broker.batch_calls(&event.call.batch_id).await?))
 }
 
+/// How long a `WatchOutcomes` of named calls waits for those the session does not hold yet to
+/// be submitted (documented on `CaughtUp.unknown_call_ids`).
+pub const UNSUBMITTED_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// One `WatchOutcomes` stream.
 struct OutcomeWatch {
     broker: Arc<Broker>,
@@ -560,8 +564,10 @@ impl OutcomeWatch {
             }
         }
         let (pending, unknown) = replay.finish();
-        // Named calls the session does not hold are said so, and not waited for: the watch
-        // ends once every named call it holds is decided.
+        // Named calls the session does not hold yet are said so, and waited for a bounded time:
+        // an agent may well open its watch before it submits (the feed starts at `seq`, so a
+        // submit after it is never missed). The watch ends once every named call it holds is
+        // decided and the others were not submitted within the grace.
         let caught_up = pb::CaughtUp {
             unknown_call_ids: unknown.iter().map(ToString::to_string).collect(),
         };
@@ -569,7 +575,10 @@ impl OutcomeWatch {
             return;
         }
         let mut waiting_for: HashSet<CallId> = pending.into_iter().collect();
-        if named && waiting_for.is_empty() {
+        let mut unsubmitted: HashSet<CallId> = unknown.into_iter().collect();
+        let grace = tokio::time::sleep(UNSUBMITTED_GRACE);
+        tokio::pin!(grace);
+        if named && waiting_for.is_empty() && unsubmitted.is_empty() {
             return;
         }
         let mut feed = self
@@ -579,6 +588,13 @@ impl OutcomeWatch {
         loop {
             let delivery = tokio::select! {
                 delivery = feed.next() => delivery,
+                () = &mut grace, if !unsubmitted.is_empty() => {
+                    unsubmitted.clear();
+                    if waiting_for.is_empty() {
+                        return;
+                    }
+                    continue;
+                }
                 _ = self.out.closed() => return,
                 _ = self.broker.stopping() => {
                     let _ = self.out.send(Err(Status::unavailable(
@@ -595,14 +611,20 @@ impl OutcomeWatch {
                 }
             };
             let call = &event.call;
-            if event.kind != EventKind::Resolved
-                || call.key.agent != self.agent
+            if call.key.agent != self.agent
                 || call.key.session != self.session
                 || self
                     .wanted
                     .as_ref()
                     .is_some_and(|w| !w.contains(&call.key.call_id))
             {
+                continue;
+            }
+            // A named call submitted after the watch began: waited for like the others now.
+            if unsubmitted.remove(&call.key.call_id) {
+                waiting_for.insert(call.key.call_id.clone());
+            }
+            if event.kind != EventKind::Resolved {
                 continue;
             }
             if let Some(outcome) = render::outcome(call)
@@ -630,7 +652,7 @@ impl OutcomeWatch {
                 }
             }
             waiting_for.remove(&call.key.call_id);
-            if named && waiting_for.is_empty() {
+            if named && waiting_for.is_empty() && unsubmitted.is_empty() {
                 return;
             }
         }

@@ -131,7 +131,7 @@ async fn watch_outcomes_replays_every_outcome_of_a_session_of_several_pages_once
     }
 }
 
-async fn watch_outcomes_naming_calls_the_session_does_not_hold_says_so_and_does_not_wait_for_them(
+async fn watch_outcomes_naming_calls_the_session_does_not_hold_says_so_and_waits_a_bounded_time(
     app: TestApp,
 ) {
     submit(
@@ -141,7 +141,9 @@ async fn watch_outcomes_naming_calls_the_session_does_not_hold_says_so_and_does_
     .await;
     approve(&app, "s", "a").await;
 
-    // Only unknown ids: the marker names them and the watch ends.
+    // Only unknown ids, never submitted: the marker names them, and the watch ends once the
+    // grace for submitting them is over, not before.
+    let opened = std::time::Instant::now();
     let mut stream = watch(&app, "s", &["ghost", "phantom"]).await;
     match next_watched(&mut stream).await {
         Some(Watched::CaughtUp(caught_up)) => {
@@ -151,10 +153,15 @@ async fn watch_outcomes_naming_calls_the_session_does_not_hold_says_so_and_does_
     }
     assert!(
         next_watched(&mut stream).await.is_none(),
-        "nothing to wait for"
+        "nothing more to wait for"
+    );
+    assert!(
+        opened.elapsed() >= approval_broker::grpc::agent::UNSUBMITTED_GRACE,
+        "it waited for them to be submitted"
     );
 
-    // A decided call, a pending one and an unknown one: the watch ends once `b` is decided.
+    // A decided call, a pending one and an unknown one: the watch ends once `b` is decided and
+    // the grace for `ghost` is over.
     let mut stream = watch(&app, "s", &["a", "b", "ghost"]).await;
     match next_watched(&mut stream).await {
         Some(Watched::Outcome(o)) => assert_eq!(o.call_id, "a"),
@@ -179,8 +186,53 @@ async fn watch_outcomes_naming_calls_the_session_does_not_hold_says_so_and_does_
     );
 }
 
+/// The natural order for an agent: open the watch, then submit. The calls named before they
+/// existed are waited for, their outcomes delivered (decided at submit by a rule, or later by a
+/// person), and the watch ends once each is decided.
+async fn a_watch_opened_before_its_calls_are_submitted_gets_their_outcomes(app: TestApp) {
+    create_rule(&app, rule("reads", "read", pb::Effect::Allow, 0, None)).await;
+    let mut stream = watch(&app, "later", &["x", "y"]).await;
+    match next_watched(&mut stream).await {
+        Some(Watched::CaughtUp(caught_up)) => assert_eq!(caught_up.unknown_call_ids, ["x", "y"]),
+        other => panic!("expected caught-up naming x and y, got {other:?}"),
+    }
+    submit(
+        &app,
+        batch(
+            "later",
+            vec![call("x", "read", "{}"), call("y", "shell", "{}")],
+        ),
+    )
+    .await;
+    match next_watched(&mut stream).await {
+        Some(Watched::Outcome(o)) => {
+            assert_eq!(
+                (o.call_id.as_str(), o.decided_by.as_str()),
+                ("x", "policy:reads")
+            )
+        }
+        other => panic!("expected x's outcome, got {other:?}"),
+    }
+    // Decided after the grace for unsubmitted calls is over: y was submitted, so it is waited for.
+    tokio::time::sleep(approval_broker::grpc::agent::UNSUBMITTED_GRACE).await;
+    approve(&app, "later", "y").await;
+    match next_watched(&mut stream).await {
+        Some(Watched::Outcome(o)) => assert_eq!(o.call_id, "y"),
+        other => panic!("expected y's outcome, got {other:?}"),
+    }
+    assert!(matches!(
+        next_watched(&mut stream).await,
+        Some(Watched::BatchComplete(_))
+    ));
+    assert!(
+        next_watched(&mut stream).await.is_none(),
+        "both named calls are decided"
+    );
+}
+
 backend_tests! {
     a_resume_replays_every_outcome_of_a_session_of_several_pages_once_in_order,
     watch_outcomes_replays_every_outcome_of_a_session_of_several_pages_once_in_order,
-    watch_outcomes_naming_calls_the_session_does_not_hold_says_so_and_does_not_wait_for_them,
+    watch_outcomes_naming_calls_the_session_does_not_hold_says_so_and_waits_a_bounded_time,
+    a_watch_opened_before_its_calls_are_submitted_gets_their_outcomes,
 }
