@@ -3,10 +3,11 @@
 //! committed in `web/dist/`) is embedded in the binary; it talks to the same `ApproverService`
 //! and `AdminService` through gRPC-Web, with the same bearer tokens, so there is one API.
 //!
-//! This layer answers only `GET`/`HEAD` of the page's own few files; every other request goes
-//! on, untouched, to gRPC. It must never serve anything from the file system, never answer for
-//! another path, and never relax what gRPC requires (the page holds no secret: the token is
-//! typed by the person and sent on each call, as any client's).
+//! This layer answers only `GET`/`HEAD` of the page's own few files (and `/favicon.ico`, which
+//! browsers ask for on every load, with an empty 204 rather than gRPC's 400); every other
+//! request goes on, untouched, to gRPC. It must never serve anything from the file system,
+//! never answer for another path, and never relax what gRPC requires (the page holds no secret:
+//! the token is typed by the person and sent on each call, as any client's).
 //!
 //! While authentication is off (no tokens: the laptop default), anyone who reaches the port may
 //! decide calls, and a web site could reach it from the person's own browser by DNS rebinding
@@ -57,6 +58,20 @@ const ASSETS: [Asset; 3] = [
 const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
      style-src 'self'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; \
      form-action 'none'; frame-ancestors 'none'";
+
+/// What browsers ask for by themselves on every page load; the page has no icon.
+const FAVICON: &str = "/favicon.ico";
+
+/// `204 No Content` for [`FAVICON`]: nothing to show, and nothing wrong.
+fn no_icon() -> Response<Body> {
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::NO_CONTENT;
+    response.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("max-age=86400"),
+    );
+    response
+}
 
 fn asset(path: &str) -> Option<&'static Asset> {
     let path = if path == "/index.html" { "/" } else { path };
@@ -191,6 +206,12 @@ where
             let response = serve(asset, method);
             return Box::pin(std::future::ready(Ok(response)));
         }
+        if self.page.serve
+            && (method == Method::GET || method == Method::HEAD)
+            && request.uri().path() == FAVICON
+        {
+            return Box::pin(std::future::ready(Ok(no_icon())));
+        }
         Box::pin(self.inner.call(request))
     }
 }
@@ -218,6 +239,13 @@ mod tests {
         ] {
             assert!(asset(other).is_none(), "{other}");
         }
+    }
+
+    #[test]
+    fn the_favicon_browsers_ask_for_is_an_empty_204_not_a_grpc_400() {
+        let response = no_icon();
+        assert_eq!(response.status(), StatusCode::NO_CONTENT);
+        assert!(asset(FAVICON).is_none(), "no file is served for it");
     }
 
     #[test]

@@ -53,6 +53,17 @@ export function connect(session: Session): Api {
   };
 }
 
+/** Whether the broker wants a token: it refuses a call made without one. When it cannot be
+ * asked (it is down), the page asks for one, which works either way. */
+export async function tokensRequired(): Promise<boolean> {
+  try {
+    await connect({ token: "", approverName: "" }).approver.listPending({ pageSize: 1 });
+    return false;
+  } catch {
+    return true;
+  }
+}
+
 /** The broker refused the token itself (not a call made with it). */
 export function isAuthFailure(error: unknown): boolean {
   return error instanceof ConnectError && error.code === Code.Unauthenticated;

@@ -1,7 +1,8 @@
 // The approval inbox page: sign in with a token (kept in this tab's sessionStorage), then the
-// live pending list, history, grants and rules, with keyboard shortcuts and notifications.
+// live pending list, history, grants and rules, with keyboard shortcuts and notifications. A
+// broker without tokens asks for none: the page asks it first, and then only for a name.
 import "./style.css";
-import { type Api, connect, describeError, forgetSession, isAuthFailure, type Session, saveSession, savedSession } from "./api";
+import { type Api, connect, describeError, forgetSession, isAuthFailure, type Session, saveSession, savedSession, tokensRequired } from "./api";
 import { GrantsView, HistoryView, RulesView } from "./admin";
 import { $, h } from "./dom";
 import type { Call } from "./gen/approvals/v1/types_pb";
@@ -10,12 +11,16 @@ import { PendingView } from "./pending";
 
 const TITLE = "Approval inbox";
 
-function signIn(error?: string): void {
+function signIn(error?: string, withToken = true): void {
   const form = $("sign-in") as HTMLFormElement;
   form.hidden = false;
   $("sign-out").hidden = true;
   $("sign-in-error").textContent = error ?? "";
-  (document.getElementById("token") as HTMLInputElement).focus();
+  // Without tokens the broker takes anyone's word for who decides: ask only for the name.
+  $("token-label").hidden = !withToken;
+  $("sign-in-with-token").hidden = !withToken;
+  $("sign-in-without-token").hidden = withToken;
+  (document.getElementById(withToken ? "token" : "approver-name") as HTMLInputElement).focus();
   form.onsubmit = (event) => {
     event.preventDefault();
     const session: Session = {
@@ -140,4 +145,4 @@ function open(session: Session): void {
 
 const session = savedSession();
 if (session) open(session);
-else signIn();
+else void tokensRequired().then((required) => signIn(undefined, required));

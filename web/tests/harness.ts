@@ -49,6 +49,9 @@ export class Broker {
   readonly dir = mkdtempSync(join(tmpdir(), "inbox-test-"));
   port = 0;
 
+  /** `tokens: false` runs the broker without tokens (authentication off, the laptop default). */
+  constructor(private readonly options: { tokens: boolean } = { tokens: true }) {}
+
   get url(): string {
     return `http://127.0.0.1:${this.port}`;
   }
@@ -59,7 +62,10 @@ export class Broker {
     this.process = spawn(
       BROKER,
       ["--listen", `127.0.0.1:${this.port}`, "--metrics-listen", "off", "--database-url", `sqlite://${join(this.dir, "approvals.db")}`],
-      { env: { PATH: process.env.PATH ?? "", APPROVALS_TOKENS: TOKEN_LINES, RUST_LOG: "info" }, stdio: ["ignore", log, log] },
+      {
+        env: { PATH: process.env.PATH ?? "", RUST_LOG: "info", ...(this.options.tokens ? { APPROVALS_TOKENS: TOKEN_LINES } : {}) },
+        stdio: ["ignore", log, log],
+      },
     );
     const started = Date.now();
     for (;;) {
@@ -95,9 +101,14 @@ export class Broker {
 
 function bearer(token: string): Interceptor {
   return (next) => (request) => {
-    request.header.set("authorization", `Bearer ${token}`);
+    if (token !== "") request.header.set("authorization", `Bearer ${token}`);
     return next(request);
   };
+}
+
+/** An agent of a broker without tokens (it sends none). */
+export function anonymousAgent(broker: Broker) {
+  return createClient(AgentService, createGrpcTransport({ baseUrl: broker.url, interceptors: [bearer("")] }));
 }
 
 /** gRPC clients (HTTP/2, as any agent or tool speaks to the broker). */

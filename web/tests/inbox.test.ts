@@ -6,7 +6,7 @@ import { after, afterEach, before, describe, test } from "node:test";
 import type { Browser, BrowserContext, Locator, Page } from "playwright-core";
 import { Decision } from "../src/gen/approvals/v1/approver_pb";
 import { CallStatus, Effect, type Outcome } from "../src/gen/approvals/v1/types_pb";
-import { Broker, grpcClients, launchChromium, TOKENS } from "./harness";
+import { anonymousAgent, Broker, grpcClients, launchChromium, TOKENS } from "./harness";
 
 let broker: Broker;
 let browser: Browser;
@@ -542,5 +542,54 @@ describe("batch headers follow their calls", () => {
     assert.equal(await batch.getByRole("button", { name: /^Deny all/ }).count(), 0);
     await clients.approver.decide({ sessionId: session, callId: "h3", agent: "agent-a", decision: Decision.DENY, reason: "no" });
     await batch.locator(".batch-head").getByText("3 call(s), all decided").waitFor();
+  });
+});
+
+describe("a first visit without surprises", () => {
+  test("on a broker without tokens, sign-in asks only for a name, and decisions are recorded under it", async () => {
+    const open = new Broker({ tokens: false });
+    await open.start();
+    try {
+      const context = await browser.newContext();
+      contexts.push(context);
+      const page = await context.newPage();
+      await page.goto(`${open.url}/`);
+      await page.getByText("This broker runs without tokens").waitFor();
+      assert.equal(await page.getByLabel("Token", { exact: true }).isVisible(), false, "no token asked for");
+      await page.getByLabel(/Your name/).fill("carol");
+      await page.getByRole("button", { name: "Open the inbox" }).click();
+      await page.locator("#connection", { hasText: "live" }).waitFor();
+      await anonymousAgent(open).submit({ batch: { sessionId: "s-open", calls: [{ callId: "c1", tool: "shell", inputJson: '{"command":"ls"}' }] } });
+      await card(page, "s-open", "c1").getByRole("button", { name: "Approve shell call c1" }).click();
+      await card(page, "s-open", "c1").getByText("APPROVED by approver:carol").waitFor();
+    } finally {
+      await open.stop();
+    }
+  });
+
+  test("a broker with tokens still asks for one", async () => {
+    const context = await browser.newContext();
+    contexts.push(context);
+    const page = await context.newPage();
+    await page.goto(`${broker.url}/`);
+    await page.getByText("Enter an approver (or admin) token").waitFor();
+    assert.equal(await page.getByLabel("Token", { exact: true }).isVisible(), true);
+  });
+
+  test("/favicon.ico answers 204, not a gRPC 400, and loading the page asks for nothing that fails", async () => {
+    const icon = await fetch(`${broker.url}/favicon.ico`);
+    assert.equal(icon.status, 204);
+    const context = await browser.newContext();
+    contexts.push(context);
+    const page = await context.newPage();
+    const failed: string[] = [];
+    page.on("response", (r) => {
+      if (r.status() >= 400) failed.push(`${r.status()} ${r.url()}`);
+    });
+    await page.goto(`${broker.url}/`);
+    await page.getByLabel("Token", { exact: true }).fill(TOKENS.alice);
+    await page.getByRole("button", { name: "Open the inbox" }).click();
+    await page.locator("#connection", { hasText: "live" }).waitFor();
+    assert.deepEqual(failed, []);
   });
 });
