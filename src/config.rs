@@ -453,6 +453,23 @@ pub struct WebhookSettings {
         env = "APPROVALS_WEBHOOKS_INBOX_URL"
     )]
     pub inbox_url: Option<String>,
+
+    /// Internal receivers webhooks may reach, comma-separated: networks (`10.1.0.0/16`,
+    /// `127.0.0.1`, `fd00::/8`) and host names (`hooks.internal`). Without them, delivery
+    /// refuses loopback, link-local, private, shared, unique-local and unspecified addresses,
+    /// checked after DNS on the address it connects to.
+    #[arg(
+        id = "webhook_allow_hosts",
+        long = "webhook-allow-hosts",
+        env = "APPROVALS_WEBHOOK_ALLOW_HOSTS",
+        value_delimiter = ',',
+        value_parser = parse_allowed_host
+    )]
+    pub allow_hosts: Vec<crate::webhooks::egress::AllowedHost>,
+}
+
+fn parse_allowed_host(text: &str) -> Result<crate::webhooks::egress::AllowedHost, String> {
+    text.parse()
 }
 
 /// How long decided calls are kept, and where backups go.
@@ -696,9 +713,22 @@ impl Config {
         let text = std::fs::read_to_string(path).map_err(|e| {
             crate::Error::invalid(setting, format!("cannot read {}: {e}", path.display()))
         })?;
-        crate::domain::webhook::parse_webhooks_file(&text)
-            .map(Some)
-            .map_err(|e| crate::Error::invalid(setting, format!("{}: {e}", path.display())))
+        let hooks = crate::domain::webhook::parse_webhooks_file(&text)
+            .map_err(|e| crate::Error::invalid(setting, format!("{}: {e}", path.display())))?;
+        let egress = self.webhook_egress();
+        for (i, hook) in hooks.iter().enumerate() {
+            egress.check_url(&hook.url).map_err(|reason| {
+                crate::Error::invalid(
+                    setting,
+                    format!("{}: webhooks[{i}].url: {reason}", path.display()),
+                )
+            })?;
+        }
+        Ok(Some(hooks))
+    }
+
+    fn webhook_egress(&self) -> crate::webhooks::egress::EgressPolicy {
+        crate::webhooks::egress::EgressPolicy::new(self.webhooks.allow_hosts.clone())
     }
 
     pub fn webhook_delivery(&self) -> crate::webhooks::DeliverySettings {
@@ -709,6 +739,7 @@ impl Config {
             timeout: self.webhooks.timeout,
             lease: self.webhooks.lease,
             inbox_url: self.webhooks.inbox_url.clone(),
+            egress: std::sync::Arc::new(self.webhook_egress()),
         }
     }
 }
@@ -813,5 +844,39 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("--listen"), "{err}");
+    }
+
+    #[test]
+    fn a_webhooks_file_aimed_inward_stops_the_broker_unless_the_allow_list_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("webhooks.json");
+        std::fs::write(
+            &file,
+            r#"{"webhooks": [{"id": "ops", "url": "http://169.254.169.254/latest",
+                "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}]}"#,
+        )
+        .unwrap();
+        let path = file.to_str().unwrap();
+        let config = Config::try_parse_from(["approval-broker", "--webhooks-file", path]).unwrap();
+        let err = config.webhooks_file().unwrap_err().to_string();
+        assert!(
+            err.contains("webhooks[0].url") && err.contains("link-local"),
+            "{err}"
+        );
+        let config = Config::try_parse_from([
+            "approval-broker",
+            "--webhooks-file",
+            path,
+            "--webhook-allow-hosts",
+            "10.0.0.0/8,169.254.169.254",
+        ])
+        .unwrap();
+        assert_eq!(config.webhooks.allow_hosts.len(), 2);
+        assert_eq!(config.webhooks_file().unwrap().unwrap().len(), 1);
+        let err =
+            Config::try_parse_from(["approval-broker", "--webhook-allow-hosts", "10.0.0.0/40"])
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("--webhook-allow-hosts"), "{err}");
     }
 }

@@ -65,7 +65,9 @@ impl fmt::Display for WebhookId {
     }
 }
 
-/// An endpoint's URL: absolute `http://` or `https://`, with a host.
+/// An endpoint's URL: absolute `http://` or `https://`, with a host, and no user-info
+/// (`user:password@`): it would be sent in the `Host` header and shown by `ListWebhooks`;
+/// the signing secret is what authenticates the broker to a receiver.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebhookUrl(String);
 
@@ -86,6 +88,14 @@ impl WebhookUrl {
         }
         if uri.host().is_none_or(str::is_empty) {
             return Err(Error::invalid(field, "has no host"));
+        }
+        if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+            return Err(Error::invalid(
+                field,
+                "must not hold a user name or password (`user:password@`): they would be sent \
+                 in the clear and shown by ListWebhooks; the receiver authenticates the broker \
+                 by the signing secret (`secret`), which is stored and shown masked",
+            ));
         }
         Ok(Self(value.to_owned()))
     }
@@ -263,7 +273,8 @@ pub struct Webhook {
     /// How many requests may be in flight to it at once (each for a different call).
     pub max_in_flight: u32,
     pub state: WebhookState,
-    /// The last delivery failure, kept after later successes for the operator to read.
+    /// The last delivery failure, until a later delivery succeeds (then empty): the status
+    /// and a fixed reason, or the connection's error, never what the endpoint answered.
     pub last_error: String,
     /// Failures since the last success; at `--webhook-pause-after` the endpoint is paused.
     pub consecutive_failures: u32,
@@ -275,6 +286,18 @@ pub struct Webhook {
 }
 
 impl Webhook {
+    /// Whether `other` is this endpoint with the same settings (where and how to deliver, and
+    /// whether to), whatever delivery recorded since (cursor, failures, last error).
+    pub fn same_settings(&self, other: &Webhook) -> bool {
+        self.id == other.id
+            && self.url == other.url
+            && self.secret == other.secret
+            && self.filter == other.filter
+            && self.format == other.format
+            && self.max_in_flight == other.max_in_flight
+            && self.state == other.state
+    }
+
     /// Whether this endpoint receives `event`: its filter admits it, or it is a fired escalation
     /// step that names this endpoint (whatever the filter says: the ladder sent it here).
     pub fn wants(&self, event: &Event) -> bool {
@@ -491,6 +514,27 @@ mod tests {
             assert!(WebhookUrl::parse("url", bad).is_err(), "{bad}");
         }
         assert!(WebhookUrl::parse("url", "https://hooks.example.com/a?b=c").is_ok());
+    }
+
+    #[test]
+    fn urls_holding_a_user_name_or_password_are_refused_naming_the_field() {
+        for bad in [
+            "http://user:pw@hooks.example.com/",
+            "https://user@hooks.example.com/a",
+            "https://:pw@hooks.example.com:8443/",
+        ] {
+            let err = WebhookUrl::parse("url", bad).unwrap_err().to_string();
+            assert!(
+                err.contains("url") && err.contains("password"),
+                "{bad}: {err}"
+            );
+            assert!(
+                !err.contains("pw"),
+                "the refusal repeats no credential: {err}"
+            );
+        }
+        // `@` in the path or query is not user-info.
+        assert!(WebhookUrl::parse("url", "https://hooks.example.com/a@b?c=d@e").is_ok());
     }
 
     #[test]

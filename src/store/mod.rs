@@ -240,8 +240,9 @@ pub trait Webhooks: Backend {
     /// Gives a lease up (at shutdown), so another process need not wait for it to run out.
     async fn release_webhook(&self, id: &WebhookId, owner: &str) -> Result<()>;
 
-    /// Records that every event up to `cursor` was delivered: the cursor moves (never back)
-    /// and the run of failures ends. Whether `owner` still held the lease.
+    /// Records that every event up to `cursor` was delivered: the cursor moves (never back),
+    /// the run of failures ends and the last error is cleared. Whether `owner` still held the
+    /// lease.
     async fn record_delivered(&self, id: &WebhookId, owner: &str, cursor: u64) -> Result<bool>;
 
     /// Records a failed attempt; pauses the endpoint (with the error as the reason) when this

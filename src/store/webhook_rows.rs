@@ -64,10 +64,11 @@ pub const TAKE_WEBHOOK_LEASE: &str =
 pub const RELEASE_WEBHOOK: &str = "UPDATE webhooks SET lease_owner = NULL, lease_until = NULL \
      WHERE id = $1 AND lease_owner = $2";
 
-/// Bound: cursor, id, owner.
+/// Bound: cursor, id, owner. A delivery that succeeded ends the run of failures and clears the
+/// last error, so `ListWebhooks` shows none for an endpoint that works again.
 pub const RECORD_DELIVERED: &str = "UPDATE webhooks \
-     SET cursor = CASE WHEN cursor < $1 THEN $1 ELSE cursor END, consecutive_failures = 0 \
-     WHERE id = $2 AND lease_owner = $3";
+     SET cursor = CASE WHEN cursor < $1 THEN $1 ELSE cursor END, consecutive_failures = 0, \
+     last_error = '' WHERE id = $2 AND lease_owner = $3";
 
 /// Bound: error, pause after, pause reason, id, owner.
 pub const RECORD_FAILURE: &str = "UPDATE webhooks SET last_error = $1, \

@@ -7,8 +7,10 @@
 //! batch ends before the next begins; different calls go in parallel, up to the endpoint's
 //! `max_in_flight`. A failed attempt is recorded (the endpoint's last error and its run of
 //! failures, which pauses it at `pause_after`), and only what was not delivered is retried,
-//! after an exponential backoff with jitter. The task ends when the endpoint is paused or
-//! deleted, or when this process lost its lease.
+//! after an exponential backoff with jitter. The backoff is waited out: only a new URL for the
+//! endpoint ends it early (new events, and the dispatcher's rescans, do not), and the lease is
+//! renewed meanwhile, so a five-minute wait does not hand the endpoint to another replica. The
+//! task ends when the endpoint is paused or deleted, or when this process lost its lease.
 //!
 //! The cursor is a durable write, so it is stored at most once per [`CURSOR_EVERY`] while events
 //! flow, and within that time once they stop: storing it after every batch made each endpoint
@@ -23,12 +25,12 @@ use bytes::Bytes;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
-use super::http::{Client, Message};
+use super::http::{Connect, Message, Transport};
 use super::{DeliverySettings, Dispatcher, payload, signature};
 use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookId, WebhookState};
 use crate::domain::{CallKey, Event, Timestamp};
 use crate::events::Feed;
-use crate::store::Store;
+use crate::store::Webhooks;
 
 /// The most events one batch holds.
 const BATCH: usize = 256;
@@ -37,14 +39,17 @@ const BATCH: usize = 256;
 const CURSOR_EVERY: Duration = Duration::from_millis(250);
 
 pub(super) struct Delivery {
-    store: Arc<dyn Store>,
+    store: Arc<dyn Webhooks>,
     settings: DeliverySettings,
     owner: String,
     id: WebhookId,
     hook: Webhook,
     config: watch::Receiver<Option<Webhook>>,
-    client: Arc<Client>,
+    connect: Connect,
+    client: Arc<dyn Transport>,
     feed: Feed,
+    /// Failed attempts in a row, as last recorded: the next backoff's length.
+    failures: u32,
     leased_until: Timestamp,
     /// The last event delivered whose cursor is not stored yet, and when it last was.
     unrecorded: Option<u64>,
@@ -84,8 +89,10 @@ impl Delivery {
             settings: dispatcher.settings.clone(),
             owner: dispatcher.owner.clone(),
             id: hook.id.clone(),
-            client: Arc::new(Client::new(&hook.url, dispatcher.settings.timeout)?),
+            client: (dispatcher.connect)(&hook.url)?,
+            connect: Arc::clone(&dispatcher.connect),
             feed: dispatcher.bus.feed_after(hook.cursor),
+            failures: hook.consecutive_failures,
             hook,
             config,
             leased_until,
@@ -198,8 +205,8 @@ impl Delivery {
         match &*self.config.borrow_and_update() {
             Some(hook) if hook.state == WebhookState::Active => {
                 if hook.url != self.hook.url {
-                    match Client::new(&hook.url, self.settings.timeout) {
-                        Ok(client) => self.client = Arc::new(client),
+                    match (self.connect)(&hook.url) {
+                        Ok(client) => self.client = client,
                         Err(_) => return Err(Stop::Inactive),
                     }
                 }
@@ -240,7 +247,6 @@ impl Delivery {
 
     /// Delivers every event of `pending`, retrying what failed, until all are delivered.
     async fn deliver_batch(&mut self, mut pending: Vec<Arc<Event>>) -> Result<(), Stop> {
-        let mut failures = self.hook.consecutive_failures;
         while !pending.is_empty() {
             if self.config.has_changed().unwrap_or(true) {
                 self.take_config()?;
@@ -266,28 +272,47 @@ impl Delivery {
             {
                 Ok(None) => return Err(Stop::LeaseLost),
                 Ok(Some(hook)) => {
-                    failures = hook.consecutive_failures;
+                    self.failures = hook.consecutive_failures;
                     if let WebhookState::Paused { reason } = &hook.state {
                         tracing::warn!(webhook = %self.id, %reason, "webhook paused");
                         return Err(Stop::Inactive);
                     }
                 }
                 Err(err) => {
-                    failures += 1;
+                    self.failures += 1;
                     tracing::warn!(webhook = %self.id, error = %err, "cannot record the failure");
                 }
             }
-            let wait = backoff(&self.settings, failures);
+            let retry_at = tokio::time::Instant::now() + backoff(&self.settings, self.failures);
+            self.wait_to_retry(retry_at).await?;
+        }
+        // Delivered: the run of failures ended (the store hears it with the cursor).
+        self.failures = 0;
+        Ok(())
+    }
+
+    /// Waits until `retry_at`, renewing the lease when it is due. The endpoint's changes are
+    /// taken as they come; only a new URL (another receiver, worth a try at once) ends the wait
+    /// early, and a pause or a deletion stops the task.
+    async fn wait_to_retry(&mut self, retry_at: tokio::time::Instant) -> Result<(), Stop> {
+        loop {
+            // At least a second between renewals, should the store keep failing them.
+            let renewal = self.until_renewal().max(Duration::from_secs(1));
             tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
+                _ = tokio::time::sleep_until(retry_at) => return Ok(()),
+                _ = tokio::time::sleep(renewal) => self.renew_lease().await?,
                 changed = self.config.changed() => {
                     if changed.is_err() {
                         return Err(Stop::Inactive);
                     }
+                    let url = self.hook.url.clone();
+                    self.take_config()?;
+                    if self.hook.url != url {
+                        return Ok(());
+                    }
                 }
             }
         }
-        Ok(())
     }
 
     /// One attempt at each pending event: a lane per call (its events in order, stopping at

@@ -2,10 +2,17 @@
 //! against the Mozilla roots for `https://`). Connections are kept per endpoint and reused while
 //! the server keeps them open. Every request ends within the timeout; nothing here retries
 //! (delivery decides that) or follows redirects (a redirect is a failure the operator sees).
+//!
+//! Each new connection resolves the host, checks the answers against the egress policy and
+//! connects to the address it checked, never to a name again. What an endpoint answers is read
+//! (to keep the connection reusable) and dropped: a failure says the status and a fixed reason,
+//! never the body, which the receiver chose and an operator's screen would show.
 
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::client::conn::http1::{self, SendRequest};
@@ -17,6 +24,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto};
 
+use super::egress::EgressPolicy;
 use crate::domain::webhook::WebhookUrl;
 
 /// The most of a response body read (then discarded): enough to keep a connection reusable.
@@ -41,11 +49,23 @@ enum Exchange {
     NotSent(String),
 }
 
+/// Where delivery sends an endpoint's messages: its HTTP [`Client`] (in unit tests, a fake
+/// receiver, so a paused clock can run an hour of retries).
+#[async_trait]
+pub trait Transport: Send + Sync {
+    /// POSTs `message`; `Ok` on a 2xx answer, else why not, for the operator.
+    async fn post(&self, message: &Message) -> Result<(), String>;
+}
+
+/// Makes the transport for an endpoint's URL.
+pub type Connect = Arc<dyn Fn(&WebhookUrl) -> Result<Arc<dyn Transport>, String> + Send + Sync>;
+
 /// The HTTP client of one endpoint.
 pub struct Client {
     url: Uri,
     tls: TlsConnector,
     timeout: Duration,
+    egress: Arc<EgressPolicy>,
     idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
 }
 
@@ -69,7 +89,11 @@ fn tls() -> TlsConnector {
 }
 
 impl Client {
-    pub fn new(url: &WebhookUrl, timeout: Duration) -> Result<Self, String> {
+    pub fn new(
+        url: &WebhookUrl,
+        timeout: Duration,
+        egress: Arc<EgressPolicy>,
+    ) -> Result<Self, String> {
         let url: Uri = url
             .as_str()
             .parse()
@@ -78,17 +102,9 @@ impl Client {
             url,
             tls: tls(),
             timeout,
+            egress,
             idle: Mutex::new(Vec::new()),
         })
-    }
-
-    /// POSTs `message`; `Ok` on a 2xx answer, else why not (for the operator: the status and
-    /// the start of the answer, or the connection error).
-    pub async fn post(&self, message: &Message) -> Result<(), String> {
-        match tokio::time::timeout(self.timeout, self.send(message)).await {
-            Ok(result) => result,
-            Err(_) => Err(format!("no answer within {:?}", self.timeout)),
-        }
     }
 
     async fn send(&self, message: &Message) -> Result<(), String> {
@@ -108,7 +124,13 @@ impl Client {
     }
 
     async fn exchange(&self, mut sender: SendRequest<Full<Bytes>>, message: &Message) -> Exchange {
-        let authority = self.url.authority().map(|a| a.as_str()).unwrap_or_default();
+        // Host and port only: user-info is refused when a URL is set, and never sent if an older
+        // stored one holds it.
+        let authority = self
+            .url
+            .authority()
+            .and_then(|a| a.as_str().rsplit('@').next())
+            .unwrap_or_default();
         let path = self.url.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         let request = Request::post(path)
             .header(HOST, authority)
@@ -145,13 +167,7 @@ impl Client {
         if body.is_ok() && keep_alive {
             self.keep(sender);
         }
-        if status.is_success() {
-            return Exchange::Answered(Ok(()));
-        }
-        let said = body
-            .map(|b| String::from_utf8_lossy(&b[..b.len().min(200)]).into_owned())
-            .unwrap_or_default();
-        Exchange::Answered(Err(format!("HTTP {status}: {}", said.trim())))
+        Exchange::Answered(answered(status))
     }
 
     fn reuse(&self) -> Option<SendRequest<Full<Bytes>>> {
@@ -176,9 +192,10 @@ impl Client {
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let https = self.url.scheme_str() == Some("https");
         let port = self.url.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let tcp = TcpStream::connect((host, port))
+        let address = self.checked_address(host, port).await?;
+        let tcp = TcpStream::connect(address)
             .await
-            .map_err(|e| format!("cannot connect to {host}:{port}: {e}"))?;
+            .map_err(|e| format!("cannot connect to {host}:{port} ({address}): {e}"))?;
         let _ = tcp.set_nodelay(true);
         if https {
             let name = ServerName::try_from(host.to_owned())
@@ -195,6 +212,47 @@ impl Client {
     }
 }
 
+impl Client {
+    /// The one address of `host` delivery connects to: resolved once, checked by the egress
+    /// policy, and then used as is (a second lookup could answer otherwise).
+    async fn checked_address(&self, host: &str, port: u16) -> Result<SocketAddr, String> {
+        let resolved: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
+            .await
+            .map_err(|e| format!("cannot resolve {host}: {e}"))?
+            .collect();
+        self.egress.pick(host, &resolved)
+    }
+}
+
+#[async_trait]
+impl Transport for Client {
+    async fn post(&self, message: &Message) -> Result<(), String> {
+        match tokio::time::timeout(self.timeout, self.send(message)).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("no answer within {:?}", self.timeout)),
+        }
+    }
+}
+
+/// What an answer's status means for delivery: 2xx delivered; anything else a failure saying
+/// the status and a fixed reason. The body and the reason phrase are the receiver's words and
+/// are never repeated (`last_error` and `SendTestEvent.error` are shown to operators).
+fn answered(status: hyper::StatusCode) -> Result<(), String> {
+    if status.is_success() {
+        return Ok(());
+    }
+    let why = if status.is_redirection() {
+        "redirects are not followed"
+    } else {
+        "the endpoint did not accept the event (its answer is not shown)"
+    };
+    let shown = match status.canonical_reason() {
+        Some(name) => format!("{} {name}", status.as_u16()),
+        None => status.as_u16().to_string(),
+    };
+    Err(format!("HTTP {shown}: {why}"))
+}
+
 async fn handshake<S>(stream: S) -> Result<SendRequest<Full<Bytes>>, String>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
@@ -207,4 +265,72 @@ where
         let _ = connection.await;
     });
     Ok(sender)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::webhooks::egress::AllowedHost;
+
+    fn client(url: &str, allowed: &[&str]) -> Client {
+        let policy = EgressPolicy::new(
+            allowed
+                .iter()
+                .map(|a| a.parse::<AllowedHost>().unwrap())
+                .collect(),
+        );
+        let url = WebhookUrl::parse("url", url).unwrap();
+        Client::new(&url, Duration::from_secs(2), Arc::new(policy)).unwrap()
+    }
+
+    fn message() -> Message {
+        Message {
+            id: "evt_1".into(),
+            timestamp: 0,
+            signature: "v1,x".into(),
+            content_type: "application/json",
+            body: Bytes::from_static(b"{}"),
+        }
+    }
+
+    /// `localhost` passes no check made on the URL's text; the resolved address is what the
+    /// policy judges, and a refused one is never connected to.
+    #[tokio::test]
+    async fn a_name_resolving_to_loopback_is_refused_after_resolution_and_never_connected() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let name = format!("http://localhost:{port}/hook");
+
+        let error = client(&name, &[]).post(&message()).await.unwrap_err();
+        assert!(
+            error.contains("egress policy") && error.contains("loopback"),
+            "{error}"
+        );
+        let connected = tokio::time::timeout(Duration::from_millis(200), listener.accept()).await;
+        assert!(connected.is_err(), "a refused address was connected to");
+
+        // Allowed by network: the loopback address it resolved to is the one connected to.
+        let allowed = client(&name, &["127.0.0.0/8"]);
+        assert_eq!(
+            allowed.checked_address("localhost", port).await,
+            Ok(SocketAddr::from(([127, 0, 0, 1], port)))
+        );
+    }
+
+    #[test]
+    fn a_failure_says_the_status_and_a_fixed_reason() {
+        assert_eq!(answered(hyper::StatusCode::NO_CONTENT), Ok(()));
+        assert_eq!(
+            answered(hyper::StatusCode::INTERNAL_SERVER_ERROR),
+            Err(
+                "HTTP 500 Internal Server Error: the endpoint did not accept the event \
+                 (its answer is not shown)"
+                    .into()
+            )
+        );
+        let redirect = answered(hyper::StatusCode::FOUND).unwrap_err();
+        assert!(redirect.contains("302") && redirect.contains("not followed"));
+        let odd = answered(hyper::StatusCode::from_u16(599).unwrap()).unwrap_err();
+        assert!(odd.starts_with("HTTP 599: "), "{odd}");
+    }
 }

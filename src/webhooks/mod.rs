@@ -10,12 +10,15 @@
 //!   created, paused, resumed and deleted (on any replica), and sends test events;
 //! - `delivery`: one endpoint's delivery task (batches, retries, backoff, pausing);
 //! - `payload`: the bodies (CloudEvents, Slack); `signature`: Standard Webhooks signing;
-//! - `http`: the HTTP client.
+//! - `http`: the HTTP client; `egress`: which addresses it may connect to.
 
 mod delivery;
+pub mod egress;
 mod http;
 pub mod payload;
 pub mod signature;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -27,13 +30,17 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::domain::Timestamp;
-use crate::domain::webhook::{PayloadFormat, Webhook, WebhookId, WebhookState};
-use crate::error::Result;
+use crate::domain::webhook::{PayloadFormat, Webhook, WebhookId, WebhookState, WebhookUrl};
+use crate::error::{Error, Result};
 use crate::events::EventBus;
-use crate::store::Store;
+use crate::store::Webhooks;
+
+use self::egress::EgressPolicy;
+use self::http::{Client, Connect, Transport};
 
 /// How often the dispatcher reads the endpoints (to notice other replicas' changes and leases
-/// that ran out); local changes wake it at once.
+/// that ran out); local changes wake it at once. A read hands a delivery task its endpoint only
+/// when a setting changed, so it never cuts a retry's backoff short.
 const SCAN_EVERY: Duration = Duration::from_secs(1);
 
 /// How delivery behaves (`--webhook-*` settings).
@@ -51,6 +58,8 @@ pub struct DeliverySettings {
     pub lease: Duration,
     /// The inbox's base URL, for the links in Slack messages.
     pub inbox_url: Option<String>,
+    /// Which addresses delivery may connect to (`--webhook-allow-hosts` widens it).
+    pub egress: Arc<EgressPolicy>,
 }
 
 impl Default for DeliverySettings {
@@ -62,6 +71,7 @@ impl Default for DeliverySettings {
             timeout: Duration::from_secs(10),
             lease: Duration::from_secs(15),
             inbox_url: None,
+            egress: Arc::default(),
         }
     }
 }
@@ -75,9 +85,11 @@ pub struct TestEvent {
 
 /// Starts and stops the delivery tasks of this process.
 pub struct Dispatcher {
-    store: Arc<dyn Store>,
+    store: Arc<dyn Webhooks>,
     bus: Arc<EventBus>,
     settings: DeliverySettings,
+    /// Makes an endpoint's transport: its HTTP client under the egress policy.
+    connect: Connect,
     /// This process's name in leases.
     owner: String,
     changed: Notify,
@@ -105,15 +117,43 @@ impl Drop for Dispatcher {
 }
 
 impl Dispatcher {
-    pub fn new(store: Arc<dyn Store>, bus: Arc<EventBus>, settings: DeliverySettings) -> Arc<Self> {
+    pub fn new(
+        store: Arc<dyn Webhooks>,
+        bus: Arc<EventBus>,
+        settings: DeliverySettings,
+    ) -> Arc<Self> {
+        let (timeout, egress) = (settings.timeout, Arc::clone(&settings.egress));
+        let connect: Connect = Arc::new(move |url: &WebhookUrl| {
+            Ok(Arc::new(Client::new(url, timeout, Arc::clone(&egress))?) as Arc<dyn Transport>)
+        });
+        Self::with_transport(store, bus, settings, connect)
+    }
+
+    /// A dispatcher whose endpoints are reached through `connect` (a test's fake receiver).
+    fn with_transport(
+        store: Arc<dyn Webhooks>,
+        bus: Arc<EventBus>,
+        settings: DeliverySettings,
+        connect: Connect,
+    ) -> Arc<Self> {
         Arc::new(Self {
             store,
             bus,
             settings,
+            connect,
             owner: uuid::Uuid::new_v4().simple().to_string(),
             changed: Notify::new(),
             workers: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Refuses a URL the egress policy refuses before any lookup (a literal internal address,
+    /// `localhost`), naming `field`; names are checked again on each connection.
+    pub fn check_url(&self, field: &str, url: &WebhookUrl) -> Result<()> {
+        self.settings
+            .egress
+            .check_url(url)
+            .map_err(|reason| Error::invalid(field, reason))
     }
 
     /// Tells the dispatcher that an endpoint was created, changed or deleted here.
@@ -134,8 +174,10 @@ impl Dispatcher {
         }
     }
 
-    /// Hands every running task its endpoint as stored now (`None`: deleted), and starts a
-    /// task for each active endpoint without one whose lease this process gets.
+    /// Hands every running task its endpoint as stored now (`None`: deleted) if a setting of
+    /// it changed, and starts a task for each active endpoint without one whose lease this
+    /// process gets. What delivery itself changes (cursor, failures, last error) wakes no task:
+    /// a task waiting out a retry's backoff must not be woken every second.
     async fn scan(self: &Arc<Self>) -> Result<()> {
         let hooks = self.store.webhooks().await?;
         let candidates: Vec<Webhook> = {
@@ -143,7 +185,17 @@ impl Dispatcher {
             workers.retain(|_, worker| !worker.task.is_finished());
             for (id, worker) in workers.iter() {
                 let stored = hooks.iter().find(|h| &h.id == id).cloned();
-                worker.config.send_replace(stored);
+                worker.config.send_if_modified(|current| {
+                    let same = match (current.as_ref(), stored.as_ref()) {
+                        (Some(current), Some(stored)) => current.same_settings(stored),
+                        (None, None) => true,
+                        _ => false,
+                    };
+                    if !same {
+                        *current = stored;
+                    }
+                    !same
+                });
             }
             hooks
                 .into_iter()
@@ -219,7 +271,7 @@ impl Dispatcher {
         };
         let body = serde_json::to_vec(&body).expect("JSON values always serialise");
         let message = delivery::sign(hook, id.clone(), Bytes::from(body));
-        let delivered = match http::Client::new(&hook.url, self.settings.timeout) {
+        let delivered = match (self.connect)(&hook.url) {
             Ok(client) => client.post(&message).await,
             Err(error) => Err(error),
         };

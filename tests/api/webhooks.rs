@@ -3,7 +3,9 @@
 //! the `standardwebhooks` library from PyPI), as CloudEvents or Slack messages, at least once
 //! and in order per call, also when the receiver was down, when the broker was killed
 //! mid-delivery, and with two Postgres replicas (each event delivered by one of them). The
-//! receiver serves the escalation tests too.
+//! receiver serves the escalation tests too. It listens on loopback, which the egress policy
+//! refuses by default: the tests name it in the allow-list (`--webhook-allow-hosts`), as an
+//! operator names an internal receiver; one test checks the refusals without it.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,6 +26,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tonic::Code;
 
+use approval_broker::config::Config;
 use approval_broker::proto::v1 as pb;
 
 use crate::helpers::{
@@ -354,7 +357,16 @@ fn assert_duplicates_are_identical(received: &[Received]) {
     }
 }
 
-fn fast_retries(config: &mut approval_broker::config::Config) {
+/// The receivers of these tests, on loopback, named in the allow-list.
+pub(crate) fn allow_loopback(config: &mut Config) {
+    config.webhooks.allow_hosts = vec![
+        "127.0.0.0/8".parse().expect("a network"),
+        "::1".parse().expect("an address"),
+    ];
+}
+
+fn fast_retries(config: &mut Config) {
+    allow_loopback(config);
     config.webhooks.retry_min = Duration::from_millis(20);
     config.webhooks.retry_max = Duration::from_millis(200);
 }
@@ -362,20 +374,28 @@ fn fast_retries(config: &mut approval_broker::config::Config) {
 // --- the tests ---------------------------------------------------------------------------------
 
 backend_tests!(
-    events_arrive_as_signed_cloudevents_in_order_per_call,
+    events_arrive_as_signed_cloudevents_in_order_per_call => super::allow_loopback,
     a_receiver_down_for_a_while_gets_everything_once_it_is_back => super::fast_retries,
     an_endpoint_that_keeps_failing_is_paused_with_its_last_error_and_resumes => |c: &mut approval_broker::config::Config| {
         super::fast_retries(c);
         c.webhooks.pause_after = 3;
     },
-    filters_admit_only_the_events_they_name,
+    filters_admit_only_the_events_they_name => super::allow_loopback,
     slack_messages_have_the_documented_shape_and_link_to_the_call_in_the_inbox => |c: &mut approval_broker::config::Config| {
+        super::allow_loopback(c);
         c.webhooks.inbox_url = Some("https://approvals.example.com/inbox/".into());
     },
-    webhook_administration_refuses_what_it_cannot_do_and_names_the_field,
-    a_test_event_is_signed_and_reports_whether_it_arrived,
-    no_more_requests_are_in_flight_to_an_endpoint_than_it_allows,
-    endpoints_from_the_webhooks_file_are_loaded_at_start_and_keep_their_cursor,
+    webhook_administration_refuses_what_it_cannot_do_and_names_the_field => super::allow_loopback,
+    a_test_event_is_signed_and_reports_whether_it_arrived => super::allow_loopback,
+    no_more_requests_are_in_flight_to_an_endpoint_than_it_allows => super::allow_loopback,
+    endpoints_from_the_webhooks_file_are_loaded_at_start_and_keep_their_cursor => super::allow_loopback,
+    webhooks_aimed_inward_are_refused_for_each_address_class_unless_allowed,
+    a_url_with_a_user_name_or_password_is_refused_naming_the_field => super::allow_loopback,
+    a_refusing_receivers_answer_is_never_echoed_only_its_status => |c: &mut approval_broker::config::Config| {
+        super::fast_retries(c);
+        c.webhooks.pause_after = 3;
+    },
+    list_webhooks_clears_the_last_error_once_a_later_delivery_succeeds => super::fast_retries,
 );
 
 async fn events_arrive_as_signed_cloudevents_in_order_per_call(app: TestApp) {
@@ -481,11 +501,10 @@ async fn a_receiver_down_for_a_while_gets_everything_once_it_is_back(app: TestAp
     }
     assert_in_order_per_call(&received);
     assert_duplicates_are_identical(&received);
-    let hook = wait_until_listed(&app, "ops", "recovered", |h| h.consecutive_failures == 0).await;
-    assert!(
-        !hook.last_error.is_empty(),
-        "the last error stays for the operator"
-    );
+    wait_until_listed(&app, "ops", "recovered", |h| {
+        h.consecutive_failures == 0 && h.last_error.is_empty()
+    })
+    .await;
 }
 
 async fn an_endpoint_that_keeps_failing_is_paused_with_its_last_error_and_resumes(app: TestApp) {
@@ -783,7 +802,10 @@ async fn endpoints_from_the_webhooks_file_are_loaded_at_start_and_keep_their_cur
     )
     .unwrap();
     let app = app
-        .restart_with(|c| c.webhooks.file = Some(file.clone()))
+        .restart_with(|c| {
+            allow_loopback(c);
+            c.webhooks.file = Some(file.clone());
+        })
         .await;
     let hook = listed(&app, "from-file").await;
     assert!(hook.from_file);
@@ -796,7 +818,10 @@ async fn endpoints_from_the_webhooks_file_are_loaded_at_start_and_keep_their_cur
 
     // Started again with the same file: the endpoint keeps its cursor, so nothing is sent twice.
     let app = app
-        .restart_with(|c| c.webhooks.file = Some(file.clone()))
+        .restart_with(|c| {
+            allow_loopback(c);
+            c.webhooks.file = Some(file.clone());
+        })
         .await;
     assert_eq!(listed(&app, "from-file").await.cursor, cursor);
     submit(&app, batch("file", vec![call("c2", "shell", "{}")])).await;
@@ -850,6 +875,8 @@ async fn delivery_resumes_after_the_broker_is_killed_mid_delivery() {
     let args = [
         "--webhooks-file",
         file.to_str().unwrap(),
+        "--webhook-allow-hosts",
+        "127.0.0.1",
         "--webhook-retry-min",
         "50ms",
         "--webhook-retry-max",
@@ -905,8 +932,8 @@ async fn delivery_resumes_after_the_broker_is_killed_mid_delivery() {
 )]
 async fn two_postgres_replicas_deliver_each_event_once() {
     let receiver = Receiver::start().await;
-    let first = helpers::spawn_app_on(helpers::Backend::postgres(), |_| {}).await;
-    let second = first.replica(|_| {}).await;
+    let first = helpers::spawn_app_on(helpers::Backend::postgres(), allow_loopback).await;
+    let second = first.replica(allow_loopback).await;
     create(&first, create_request(&receiver.url())).await;
     for i in 0..10 {
         let app = if i % 2 == 0 { &first } else { &second };
@@ -934,4 +961,182 @@ async fn two_postgres_replicas_deliver_each_event_once() {
         first_arrivals(&received_after)
     );
     assert_in_order_per_call(&received);
+}
+
+async fn webhooks_aimed_inward_are_refused_for_each_address_class_unless_allowed(app: TestApp) {
+    let mut admin = app.admin();
+    for (url, class) in [
+        ("http://127.0.0.1:8080/h", "loopback"),
+        ("http://127.1.2.3/h", "loopback"),
+        ("http://[::1]:8080/h", "loopback"),
+        ("http://localhost:8080/h", "loopback"),
+        ("http://0.0.0.0:8080/h", "unspecified"),
+        ("http://[::]/h", "unspecified"),
+        ("http://169.254.169.254/latest/meta-data/", "link-local"),
+        ("http://[fe80::1]/h", "link-local"),
+        ("http://10.0.0.1/h", "private"),
+        ("http://172.16.0.1/h", "private"),
+        ("http://172.31.255.254/h", "private"),
+        ("http://192.168.1.1/h", "private"),
+        ("http://[fc00::1]/h", "unique-local"),
+        ("http://[fd12:3456::1]/h", "unique-local"),
+        ("http://100.64.0.1/h", "shared"),
+        ("http://[::ffff:127.0.0.1]/h", "loopback"),
+        ("http://[::ffff:a9fe:a9fe]/h", "link-local"),
+        ("http://[::ffff:10.0.0.1]/h", "private"),
+    ] {
+        let refused = admin.create_webhook(create_request(url)).await;
+        let message = refused
+            .as_ref()
+            .err()
+            .map(|s| s.message().to_owned())
+            .unwrap_or_default();
+        helpers::assert_status(refused, Code::InvalidArgument, "url");
+        assert!(
+            message.contains(class) && message.contains("--webhook-allow-hosts"),
+            "{url}: {message}"
+        );
+    }
+    // A name is judged on what it resolves to, when delivering; nothing is sent here, as no
+    // event is committed. An update is held to the same rule as a creation.
+    create(&app, create_request("https://hooks.example.com/approvals")).await;
+    let moved = admin
+        .update_webhook(pb::UpdateWebhookRequest {
+            id: "ops".into(),
+            url: Some("http://169.254.169.254/latest/meta-data/".into()),
+            ..Default::default()
+        })
+        .await;
+    helpers::assert_status(moved, Code::InvalidArgument, "url");
+    assert_eq!(
+        listed(&app, "ops").await.url,
+        "https://hooks.example.com/approvals"
+    );
+    admin
+        .delete_webhook(pb::DeleteWebhookRequest { id: "ops".into() })
+        .await
+        .expect("delete");
+
+    // The receivers an operator names are allowed, and only those.
+    let app = app
+        .restart_with(|c| {
+            c.webhooks.allow_hosts = vec![
+                "127.0.0.1".parse().unwrap(),
+                "fd00::/8".parse().unwrap(),
+                "localhost".parse().unwrap(),
+            ]
+        })
+        .await;
+    let mut admin = app.admin();
+    for (id, url) in [
+        ("loop", "http://127.0.0.1:9/h"),
+        ("ula", "http://[fd00::1]:9/h"),
+        ("named", "http://localhost:9/h"),
+    ] {
+        create(
+            &app,
+            pb::CreateWebhookRequest {
+                id: id.into(),
+                ..create_request(url)
+            },
+        )
+        .await;
+    }
+    for url in [
+        "http://127.0.0.2/h",
+        "http://10.0.0.1/h",
+        "http://[fc00::1]/h",
+    ] {
+        helpers::assert_status(
+            admin.create_webhook(create_request(url)).await,
+            Code::InvalidArgument,
+            "url",
+        );
+    }
+}
+
+async fn a_url_with_a_user_name_or_password_is_refused_naming_the_field(app: TestApp) {
+    let mut admin = app.admin();
+    for url in [
+        "http://user:pw@127.0.0.1:9/h",
+        "https://user@hooks.example.com/h",
+        "https://:pw@hooks.example.com/h",
+    ] {
+        let refused = admin.create_webhook(create_request(url)).await;
+        let message = refused
+            .as_ref()
+            .err()
+            .map(|s| s.message().to_owned())
+            .unwrap_or_default();
+        helpers::assert_status(refused, Code::InvalidArgument, "url");
+        assert!(
+            message.contains("user name or password") && message.contains("secret"),
+            "{message}"
+        );
+        assert!(
+            !message.contains("pw"),
+            "the credential is not repeated: {message}"
+        );
+    }
+    create(&app, create_request("http://127.0.0.1:9/h")).await;
+    let changed = admin
+        .update_webhook(pb::UpdateWebhookRequest {
+            id: "ops".into(),
+            url: Some("http://user:pw@127.0.0.1:9/h".into()),
+            ..Default::default()
+        })
+        .await;
+    helpers::assert_status(changed, Code::InvalidArgument, "url");
+    assert_eq!(listed(&app, "ops").await.url, "http://127.0.0.1:9/h");
+}
+
+/// What a receiver answers is its own: a test event's error, the last error and the pause
+/// reason say the status and a fixed reason, never the body (which would put whatever the
+/// receiver chose on an operator's screen).
+async fn a_refusing_receivers_answer_is_never_echoed_only_its_status(app: TestApp) {
+    let receiver = Receiver::start().await;
+    receiver.set_answer(Answer::Fail);
+    create(&app, create_request(&receiver.url())).await;
+    let reply = app
+        .admin()
+        .send_test_event(pb::SendTestEventRequest { id: "ops".into() })
+        .await
+        .expect("SendTestEvent")
+        .into_inner();
+    assert!(!reply.delivered);
+    assert!(
+        reply.error.starts_with("HTTP 500 Internal Server Error: "),
+        "{}",
+        reply.error
+    );
+    assert!(!reply.error.contains("receiver says no"), "{}", reply.error);
+
+    submit(&app, batch("echo", vec![call("c1", "shell", "{}")])).await;
+    let paused = wait_until_listed(&app, "ops", "paused", |h| h.paused).await;
+    for shown in [&paused.last_error, &paused.paused_reason] {
+        assert!(shown.contains("HTTP 500"), "{shown}");
+        assert!(!shown.contains("receiver says no"), "{shown}");
+    }
+}
+
+async fn list_webhooks_clears_the_last_error_once_a_later_delivery_succeeds(app: TestApp) {
+    let receiver = Receiver::start().await;
+    receiver.set_answer(Answer::Fail);
+    create(&app, create_request(&receiver.url())).await;
+    submit(&app, batch("later", vec![call("c1", "shell", "{}")])).await;
+    let failing = wait_until_listed(&app, "ops", "failed", |h| !h.last_error.is_empty()).await;
+    assert!(
+        failing.last_error.contains("HTTP 500"),
+        "{}",
+        failing.last_error
+    );
+
+    receiver.set_answer(Answer::Ok);
+    receiver.wait_for_ids(PATIENCE, 1).await;
+    let recovered = wait_until_listed(&app, "ops", "cleared its last error", |h| {
+        h.last_error.is_empty()
+    })
+    .await;
+    assert_eq!(recovered.consecutive_failures, 0);
+    assert!(!recovered.paused);
 }

@@ -291,6 +291,14 @@ async fn setup(args: &Args) -> Result<Setup, String> {
         let pending = args.scale_pending + 2 * scale::PROBE_CALLS as u64;
         broker_args.push(format!("--max-pending-per-agent={pending}"));
     }
+    // `--webhooks` receivers listen on loopback, which delivery refuses unless allowed.
+    if args.webhooks > 0
+        && !broker_args
+            .iter()
+            .any(|a| a.starts_with("--webhook-allow-hosts"))
+    {
+        broker_args.push("--webhook-allow-hosts=127.0.0.1".into());
+    }
     let broker = Launch::new(broker::binary()?, &url)
         .log(dir.0.join("broker.log"))
         .args(&broker_args)
