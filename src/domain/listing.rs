@@ -23,6 +23,8 @@ pub struct CallQuery {
     /// Continue after this cursor.
     pub after: Option<Cursor>,
     pub limit: u32,
+    /// Newest first (descending row ids; a history view), instead of oldest first.
+    pub newest_first: bool,
 }
 
 /// Who or what decided the calls a listing wants.

@@ -48,6 +48,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         query.created_after = parse::time_bound("created_after", req.created_after)?;
         query.created_before = parse::time_bound("created_before", req.created_before)?;
         query.decided_by = parse::decided_by("decided_by", req.decided_by)?;
+        query.newest_first = req.newest_first;
         parse::page(&mut query, req.page_size, &req.page_token)?;
         let page = paging::calls(
             &self.broker,

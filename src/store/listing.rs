@@ -4,9 +4,9 @@
 //! by id.
 //!
 //! A listing is a keyset page: the filters, then the rows after the cursor's row id, in row-id
-//! order, one more than the page so the caller can tell whether more follow (`rows::page`). It
-//! must never page by `OFFSET` (a page would cost every row before it) nor order by anything but
-//! the row id the cursors hold.
+//! order (ascending, or descending for a newest-first listing of calls), one more than the page
+//! so the caller can tell whether more follow (`rows::page`). It must never page by `OFFSET` (a
+//! page would cost every row before it) nor order by anything but the row id the cursors hold.
 
 use sqlx::{Database, Encode, Postgres, QueryBuilder, Sqlite, Type};
 
@@ -70,15 +70,21 @@ where
         self
     }
 
-    /// The rows after `after`, in row-id order, `limit` and one more.
-    fn page(mut self, after: Option<Cursor>, limit: u32) -> QueryBuilder<DB> {
+    /// The rows after `after`, in row-id order (descending when `newest_first`), `limit` and
+    /// one more.
+    fn page(mut self, after: Option<Cursor>, limit: u32, newest_first: bool) -> QueryBuilder<DB> {
+        let (beyond, order) = if newest_first {
+            ("<", "DESC")
+        } else {
+            (">", "ASC")
+        };
         if let Some(Cursor(after)) = after {
             self.query
-                .push(format_args!(" AND {} > ", self.id))
+                .push(format_args!(" AND {} {beyond} ", self.id))
                 .push_bind(after);
         }
         self.query
-            .push(format_args!(" ORDER BY {} LIMIT ", self.id))
+            .push(format_args!(" ORDER BY {} {order} LIMIT ", self.id))
             .push_bind(i64::from(limit) + 1);
         self.query
     }
@@ -123,7 +129,7 @@ where
             }
             None => {}
         }
-        listing.page(q.after, q.limit)
+        listing.page(q.after, q.limit, q.newest_first)
     }
 
     /// The listing of grants `q` asks for.
@@ -145,7 +151,7 @@ where
                 .push_bind(now)
                 .push(")");
         }
-        listing.page(q.after, q.limit)
+        listing.page(q.after, q.limit, false)
     }
 
     /// The calls of a session named by id (in no particular order; the caller orders them).

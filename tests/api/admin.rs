@@ -171,6 +171,44 @@ async fn paging_visits_every_call_exactly_once_in_order(app: TestApp) {
     assert_eq!(seen, sorted, "oldest first");
 }
 
+/// A history view reads the most recent calls first, page after page, each call once.
+async fn newest_first_lists_the_latest_calls_first_and_pages_on_in_that_order(app: TestApp) {
+    for b in 0..5 {
+        let calls = (0..2)
+            .map(|i| call(&format!("b{b}c{i}"), "t", "{}"))
+            .collect();
+        submit(&app, batch("s", calls)).await;
+    }
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = app
+            .admin()
+            .list_calls(pb::ListCallsRequest {
+                newest_first: true,
+                page_size: 3,
+                page_token: token,
+                ..Default::default()
+            })
+            .await
+            .expect("page")
+            .into_inner();
+        assert!(page.calls.len() <= 3);
+        seen.extend(page.calls.into_iter().map(|c| c.call_id));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    let mut oldest_first: Vec<String> = (0..5)
+        .flat_map(|b| (0..2).map(move |i| format!("b{b}c{i}")))
+        .collect();
+    oldest_first.reverse();
+    assert_eq!(seen, oldest_first, "newest first, each call once");
+    let default = list(&app, pb::ListCallsRequest::default()).await;
+    assert_eq!(default.first().map(|c| c.call_id.as_str()), Some("b0c0"));
+}
+
 async fn get_call_returns_the_call_with_its_outcome_or_not_found(app: TestApp) {
     submit(
         &app,
@@ -212,5 +250,6 @@ async fn get_call_returns_the_call_with_its_outcome_or_not_found(app: TestApp) {
 backend_tests! {
     list_calls_filters_by_session_tool_status_and_time,
     paging_visits_every_call_exactly_once_in_order,
+    newest_first_lists_the_latest_calls_first_and_pages_on_in_that_order,
     get_call_returns_the_call_with_its_outcome_or_not_found,
 }

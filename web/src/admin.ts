@@ -1,11 +1,15 @@
-// The audit and policy views: history of decided calls (searchable, paged), grants (what each
-// covers, when it expires, revoke) and rules (list, create, delete, Explain). They use
+// The audit and policy views: history of decided calls (newest first, each with its title,
+// what it ran and its outcome told apart at a glance; filtered by tool, session, agent,
+// outcome and decider; paged), grants (what each covers, when it expires, revoke) and rules
+// (list, create, delete, Explain). They use
 // AdminService, so they need an admin token; with an approver's token they say so and nothing
 // else breaks.
 import { create } from "@bufbuild/protobuf";
 import { type Api, describeError, isPermissionDenied } from "./api";
 import { effectName, grantText, matcherText, ruleText, statusName, when } from "./describe";
 import { h } from "./dom";
+import { inputView } from "./input";
+import { jsonView, revealed } from "./json";
 import { receiptButton } from "./receipt";
 import {
   CallStatus,
@@ -23,6 +27,16 @@ const DECIDED = [
   CallStatus.EXPIRED,
   CallStatus.CANCELLED,
 ];
+
+/** How each outcome reads in the history, with a sign as well as a colour. */
+const OUTCOME_SIGNS: Partial<Record<CallStatus, string>> = {
+  [CallStatus.APPROVED]: "✓",
+  [CallStatus.DENIED]: "✗",
+  [CallStatus.EXPIRED]: "⏱",
+  [CallStatus.SKIPPED]: "↷",
+  [CallStatus.SUPERSEDED]: "↷",
+  [CallStatus.CANCELLED]: "⊘",
+};
 
 function failure(error: unknown): HTMLElement {
   return h("p", { class: "error", role: "alert" }, isPermissionDenied(error) ? "This view needs an admin token." : describeError(error));
@@ -78,21 +92,34 @@ export class HistoryView {
         statuses: status ? [Number(status) as CallStatus] : DECIDED,
         pageSize: 25,
         pageToken: this.pages[this.pages.length - 1],
+        newestFirst: true,
       });
-      const rows = page.calls.map((c) =>
-        h(
+      const rows = page.calls.map((c) => {
+        const name = statusName(c.status);
+        return h(
           "li",
-          { class: `row status-${statusName(c.status).toLowerCase()}` },
-          h("strong", {}, statusName(c.status)),
-          " ",
-          h("code", {}, c.tool),
-          ` ${c.sessionId} / ${c.callId} · by ${c.outcome?.decidedBy ?? "?"}`,
-          c.outcome?.reason ? ` · reason: ${c.outcome.reason}` : "",
-          c.outcome?.inputEdited ? " · edited" : "",
-          h("span", { class: "meta" }, ` · ${when(c.outcome?.decidedAt)}`),
-          receiptButton(this.api, c.agent, c.sessionId, c.callId),
-        ),
-      );
+          { class: `row history-row status-${name.toLowerCase()}`, "data-session": c.sessionId, "data-call": c.callId },
+          h(
+            "p",
+            { class: "history-head" },
+            h("strong", { class: `outcome-badge status-${name.toLowerCase()}` }, `${OUTCOME_SIGNS[c.status] ?? ""} ${name}`.trim()),
+            " ",
+            h("code", {}, c.tool),
+            c.title ? [" ", h("span", { class: "title" }, revealed(c.title))] : null,
+          ),
+          inputView(c, `${c.tool} call ${c.callId}`).el,
+          c.outcome?.inputEdited ? [h("p", { class: "meta" }, "approved with an edited input, which ran:"), jsonView(c.outcome.inputJson)] : null,
+          h(
+            "p",
+            { class: "history-meta" },
+            `${c.sessionId} / ${c.callId} · by ${c.outcome?.decidedBy ?? "?"}`,
+            c.outcome?.reason ? ` · reason: ${c.outcome.reason}` : "",
+            c.outcome?.inputEdited ? " · edited" : "",
+            h("span", { class: "meta" }, ` · ${when(c.outcome?.decidedAt)}`),
+            receiptButton(this.api, c.agent, c.sessionId, c.callId),
+          ),
+        );
+      });
       const nav = h(
         "div",
         { class: "pager" },

@@ -593,3 +593,54 @@ describe("a first visit without surprises", () => {
     assert.deepEqual(failed, []);
   });
 });
+
+describe("history shows what was decided", () => {
+  test("newest first, each call's title and input, outcomes told apart; filters by tool, session, outcome and decider", async () => {
+    const tool = `hist_shell_${Date.now()}`;
+    const session = unique("s-hist");
+    const other = unique("s-hist-other");
+    // One call per batch, in order: h1 oldest, h3 newest.
+    await submit(session, [{ id: "h1", tool, input: '{"command":"echo one"}', title: "First" }]);
+    await submit(session, [{ id: "h2", tool, input: '{"command":"rm -rf /tmp/two"}', title: "Second" }]);
+    await submit(other, [{ id: "h3", tool, input: '{"command":"echo three"}', title: "Third" }]);
+    await clients.approver.decide({ sessionId: session, callId: "h1", agent: "agent-a", decision: Decision.APPROVE });
+    await clients.approver.decide({ sessionId: session, callId: "h2", agent: "agent-a", decision: Decision.DENY, reason: "not /tmp" });
+    await clients.adminApprover.decide({ sessionId: other, callId: "h3", agent: "agent-a", decision: Decision.APPROVE });
+
+    const page = await openInbox(TOKENS.alice);
+    await page.getByRole("tab", { name: "History" }).click();
+    const history = page.locator("#history");
+    const search = async (fields: { tool?: string; session?: string; decidedBy?: string; outcome?: string }) => {
+      await history.getByLabel("tool", { exact: true }).fill(fields.tool ?? tool);
+      await history.getByLabel("session", { exact: true }).fill(fields.session ?? "");
+      await history.getByLabel(/^decided by/).fill(fields.decidedBy ?? "");
+      await history.getByLabel("Outcome").selectOption({ label: fields.outcome ?? "any outcome" });
+      await history.getByRole("button", { name: "Search" }).click();
+    };
+    const shown = () => history.locator("li.history-row").evaluateAll((rows) => rows.map((r) => (r as HTMLElement).dataset.call));
+    const waitShown = async (want: string[]) => {
+      for (let i = 0; i < 100 && JSON.stringify(await shown()) !== JSON.stringify(want); i++) await page.waitForTimeout(50);
+      assert.deepEqual(await shown(), want);
+    };
+
+    await search({});
+    await waitShown(["h3", "h2", "h1"]);
+    const row = (id: string) => history.locator(`li.history-row[data-call="${id}"]`);
+    assert.equal(await row("h2").locator(".title").textContent(), "Second");
+    assert.equal(await row("h2").locator("pre.command").textContent(), "rm -rf /tmp/two");
+    assert.equal(await row("h2").locator(".outcome-badge").textContent(), "✗ DENIED");
+    assert.equal(await row("h1").locator(".outcome-badge").textContent(), "✓ APPROVED");
+    const colour = (id: string) => row(id).locator(".outcome-badge").evaluate((el) => getComputedStyle(el).backgroundColor);
+    assert.notEqual(await colour("h1"), await colour("h2"), "approved and denied differ in colour");
+    await row("h2").getByText("by approver:bob · reason: not /tmp").waitFor();
+
+    await search({ session: other });
+    await waitShown(["h3"]);
+    await search({ outcome: "DENIED" });
+    await waitShown(["h2"]);
+    await search({ decidedBy: "approver:alice" });
+    await waitShown(["h3"]);
+    await search({ decidedBy: "approver:bob", outcome: "APPROVED" });
+    await waitShown(["h1"]);
+  });
+});
