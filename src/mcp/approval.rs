@@ -232,6 +232,27 @@ mod tests {
         assert!(call.message.contains("not checked"), "{}", call.message);
     }
 
+    /// The inbox reads the server and tool from this sentence (web/src/input.ts, `MCP_MESSAGE`)
+    /// and shows them as fields: reword one, reword the other.
+    #[test]
+    fn the_message_opens_with_the_sentence_the_inbox_reads_the_server_and_tool_from() {
+        let call = call_spec("1".into(), "files", "delete_file", None, None, None).unwrap();
+        assert!(
+            call.message.starts_with(
+                "An MCP client asks to run the tool `delete_file` of the server `files`."
+            ),
+            "{}",
+            call.message
+        );
+        let page = include_str!("../../web/src/input.ts");
+        assert!(
+            page.contains(
+                "/^An MCP client asks to run the tool `([^`]*)` of the server `([^`]*)`\\./"
+            ),
+            "web/src/input.ts reads another sentence"
+        );
+    }
+
     #[test]
     fn a_tool_without_hints_gets_no_hints_key() {
         let call = call_spec("1".into(), "s", "echo", None, None, Some("/repo")).unwrap();

@@ -23,7 +23,9 @@ const COMMAND_KEYS = ["command", "cmd", "script"];
 
 /** The input key the MCP gateway puts the tool's annotations under (src/mcp/approval.rs). */
 const HINTS_KEY = "_mcp_hints";
-/** The first sentence of the gateway's message. */
+/** The first sentence of the gateway's message; src/mcp/approval.rs's test
+ * `the_message_opens_with_the_sentence_the_inbox_reads_the_server_and_tool_from` checks that
+ * both still say the same. */
 const MCP_MESSAGE = /^An MCP client asks to run the tool `([^`]*)` of the server `([^`]*)`\./;
 
 export interface InputView {
