@@ -34,7 +34,6 @@ async function main(): Promise<void> {
     await page.getByRole("button", { name: "Open the inbox" }).click();
     await page.locator("#connection", { hasText: "live" }).waitFor();
     await page.locator('article[data-call="call_7"]').waitFor();
-    await page.getByRole("button", { name: "Details of mcp__github__create_issue call call_7" }).click();
     await page.getByLabel("Remember the decision on shell call toolu_02").selectOption({ label: "This session" });
     const path = `${DOCS}/inbox-${name}.png`;
     await page.screenshot({ path, fullPage: name === "desktop" });
