@@ -1,6 +1,6 @@
 //! Client connections, before gRPC sees them: the broker accepts TCP itself so that no client
 //! can hold a file descriptor for nothing. A connection beyond `--max-connections` is closed at
-//! once; one that has not finished its TLS handshake and sent its first bytes (the HTTP/2
+//! once, and no one peer address may hold all the places (`peers`); one that has not finished its TLS handshake and sent its first bytes (the HTTP/2
 //! client preface, or the start of an HTTP/1.1 request) within `--handshake-timeout` is closed;
 //! and every admitted HTTP/2 connection goes to tonic inside the
 //! [`FloodGuard`](flood::FloodGuard), which ends PING and SETTINGS floods. TLS is done here,
@@ -14,6 +14,7 @@
 //! Nothing here may stall the accept loop: each handshake runs in a task of its own.
 
 pub mod flood;
+pub mod peers;
 
 use std::io;
 use std::pin::Pin;
@@ -31,6 +32,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use crate::meters;
 use flood::FloodGuard;
+use peers::{Held, Peers};
 
 /// What every HTTP/2 client sends first (RFC 9113 §3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -67,6 +69,7 @@ pub fn admit(
     let (ready, incoming) = mpsc::channel(64);
     let admission = Arc::new(Admission {
         slots: Arc::new(Semaphore::new(limits.max_connections)),
+        peers: Peers::new(limits.max_connections),
         limits,
         tls,
     });
@@ -77,6 +80,8 @@ pub fn admit(
 struct Admission {
     limits: ConnectionLimits,
     slots: Arc<Semaphore>,
+    /// Who holds the places: no one address takes them all (see `peers`).
+    peers: Arc<Peers>,
     tls: Option<TlsAcceptor>,
 }
 
@@ -86,11 +91,12 @@ async fn accept(
     ready: mpsc::Sender<io::Result<Connection>>,
 ) {
     let mut refusals = Refusals::default();
+    let mut peer_refusals = Refusals::default();
     loop {
-        let tcp = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             _ = ready.closed() => return,
             accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => tcp,
+                Ok((tcp, peer)) => (tcp, peer.ip()),
                 Err(e) => {
                     // Out of file descriptors, usually: wait for some to close rather than spin.
                     tracing::warn!(error = %e, "cannot accept a connection");
@@ -99,11 +105,26 @@ async fn accept(
                 }
             },
         };
-        let Some(permit) = admission.take_slot() else {
+        let Some(held) = admission.peers.join(peer) else {
             drop(tcp);
             meters::connection_refused();
-            refusals.note(admission.limits.max_connections);
+            peer_refusals.note_peer(peer, peers::per_peer_cap(admission.limits.max_connections));
             continue;
+        };
+        // Every place taken: a newcomer from a less busy address takes one of the busiest's,
+        // whose place comes free once its closed connection ends; anyone else is refused.
+        let permit = match admission.take_slot() {
+            Some(permit) => Some(permit),
+            None if admission.peers.make_room_for(peer) => {
+                meters::connection_closed("room_for_another_peer");
+                None
+            }
+            None => {
+                drop((tcp, held));
+                meters::connection_refused();
+                refusals.note(admission.limits.max_connections);
+                continue;
+            }
         };
         // Nagle off: a reply is a small write that must leave at once, not wait up to 40 ms for
         // the peer's delayed ACK.
@@ -112,7 +133,14 @@ async fn accept(
         let ready = ready.clone();
         tokio::spawn(async move {
             let timeout = admission.limits.handshake_timeout;
-            match tokio::time::timeout(timeout, admission.handshake(tcp, permit)).await {
+            let admitted = async {
+                let slot = match permit {
+                    Some(slot) => slot,
+                    None => admission.slot_coming_free().await,
+                };
+                admission.handshake(tcp, slot, held).await
+            };
+            match tokio::time::timeout(timeout, admitted).await {
                 Ok(Ok(connection)) => {
                     let _ = ready.send(Ok(connection)).await;
                 }
@@ -133,18 +161,31 @@ async fn accept(
 impl Admission {
     fn take_slot(&self) -> Option<Slot> {
         let permit = Arc::clone(&self.slots).try_acquire_owned().ok()?;
+        Some(self.slot(permit))
+    }
+
+    /// The next place given back (the one a closed connection frees, or any other).
+    async fn slot_coming_free(&self) -> Slot {
+        let permit = Arc::clone(&self.slots)
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        self.slot(permit)
+    }
+
+    fn slot(&self, permit: OwnedSemaphorePermit) -> Slot {
         let slot = Slot {
             permit: Some(permit),
             slots: Arc::clone(&self.slots),
             max: self.limits.max_connections,
         };
         slot.count();
-        Some(slot)
+        slot
     }
 
     /// TLS, if configured, then the HTTP/2 client preface (or, with HTTP/1.1 admitted, the first
     /// bytes that show a connection is not HTTP/2).
-    async fn handshake(&self, tcp: TcpStream, slot: Slot) -> io::Result<Connection> {
+    async fn handshake(&self, tcp: TcpStream, slot: Slot, held: Held) -> io::Result<Connection> {
         let info = TcpConnectInfo {
             local_addr: tcp.local_addr().ok(),
             remote_addr: tcp.peer_addr().ok(),
@@ -156,6 +197,7 @@ impl Admission {
         let mut io = ClientIo {
             transport,
             info,
+            held,
             _slot: slot,
         };
         let first = read_first_bytes(&mut io, self.limits.http1).await?;
@@ -274,17 +316,39 @@ struct Refusals {
 }
 
 impl Refusals {
-    fn note(&mut self, max: usize) {
+    /// Says (at most every ten seconds) that `peer` was refused for holding its share.
+    fn note_peer(&mut self, peer: std::net::IpAddr, per_peer: usize) {
+        if self.due() {
+            tracing::warn!(
+                %peer,
+                refused = self.since_last_log,
+                per_peer,
+                "refusing connections from one address: it holds three quarters of \
+                 --max-connections"
+            );
+            self.logged();
+        }
+    }
+
+    fn due(&mut self) -> bool {
         const EVERY: Duration = Duration::from_secs(10);
         self.since_last_log += 1;
-        if self.last_log.is_none_or(|at| at.elapsed() >= EVERY) {
+        self.last_log.is_none_or(|at| at.elapsed() >= EVERY)
+    }
+
+    fn logged(&mut self) {
+        self.since_last_log = 0;
+        self.last_log = Some(Instant::now());
+    }
+
+    fn note(&mut self, max: usize) {
+        if self.due() {
             tracing::warn!(
                 refused = self.since_last_log,
                 max_connections = max,
                 "refusing client connections: --max-connections are open"
             );
-            self.since_last_log = 0;
-            self.last_log = Some(Instant::now());
+            self.logged();
         }
     }
 }
@@ -293,6 +357,8 @@ impl Refusals {
 pub struct ClientIo {
     transport: Transport,
     info: TcpConnectInfo,
+    /// Its peer's hold on the place; closed from outside to make room for another peer.
+    held: Held,
     _slot: Slot,
 }
 
@@ -411,7 +477,11 @@ impl AsyncRead for ClientIo {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().transport {
+        let this = self.get_mut();
+        if let Poll::Ready(closed) = this.held.closer().poll_closed(cx) {
+            return Poll::Ready(Err(closed));
+        }
+        match &mut this.transport {
             Transport::Plain(io) => Pin::new(io).poll_read(cx, buf),
             Transport::Tls(io) => Pin::new(io).poll_read(cx, buf),
         }

@@ -348,3 +348,98 @@ async fn past_the_reflection_stream_cap_a_new_reflection_stream_is_refused() {
         "a reflection stream can open once a place is free"
     );
 }
+
+/// A connection from `source` (an address of the loopback network, 127.0.0.0/8) that speaks
+/// HTTP/2's opening and then idles, as a greedy peer's sockets do; `None` if the broker closed it
+/// at once instead of answering with its SETTINGS.
+async fn idle_connection_from(source: &str, address: SocketAddr) -> Option<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(format!("{source}:0").parse().expect("source address"))
+        .expect("bind the source address");
+    let mut stream = socket.connect(address).await.expect("connect");
+    let mut opening = PREFACE.to_vec();
+    opening.extend(frame(SETTINGS, 0, 0, &[]));
+    if stream.write_all(&opening).await.is_err() {
+        return None;
+    }
+    let mut first = [0u8; 9];
+    match tokio::time::timeout(PATIENCE, stream.read(&mut first)).await {
+        Ok(Ok(n)) if n > 0 => Some(stream),
+        _ => None,
+    }
+}
+
+/// Health checks on new connections from 127.0.0.1, each of which must be answered.
+async fn health_checks_get_through(address: SocketAddr, times: usize) {
+    for n in 0..times {
+        health_check(new_channel(address))
+            .await
+            .unwrap_or_else(|e| panic!("health check {n} on a new connection refused: {e:?}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_greedy_address_holds_at_most_three_quarters_of_the_places_and_others_get_in() {
+    let app = spawn_app_on(Backend::Sqlite, |config| {
+        config.connections.max_connections = 8;
+        config.connections.handshake_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..10 {
+        if let Some(socket) = idle_connection_from("127.0.0.2", app.address).await {
+            held.push(socket);
+        }
+    }
+    assert_eq!(
+        held.len(),
+        6,
+        "three quarters of 8 places, the rest closed at once"
+    );
+    health_checks_get_through(app.address, 5).await;
+    // Closing one gives the greedy address one place back, not more.
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut again = 0;
+    for _ in 0..3 {
+        if let Some(socket) = idle_connection_from("127.0.0.2", app.address).await {
+            held.push(socket);
+            again += 1;
+        }
+    }
+    assert_eq!(again, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_greedy_addresses_filling_every_place_cannot_keep_a_health_check_out() {
+    let app = spawn_app_on(Backend::Sqlite, |config| {
+        config.connections.max_connections = 8;
+        config.connections.handshake_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let greedy = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
+    let mut held = Vec::new();
+    for round in 0..4 {
+        for source in greedy {
+            if let Some(socket) = idle_connection_from(source, app.address).await {
+                held.push((round, source, socket));
+            }
+        }
+    }
+    // However the greedy addresses share the places, a new address gets one, again and again.
+    health_checks_get_through(app.address, 5).await;
+    let mut open = 0;
+    for (_, _, socket) in &mut held {
+        let mut byte = [0u8; 1];
+        // A connection closed to make room reads its end at once; an open one has nothing.
+        let read = tokio::time::timeout(Duration::from_millis(50), socket.read(&mut byte)).await;
+        if read.is_err() {
+            open += 1;
+        }
+    }
+    assert!(
+        open < 8,
+        "the greedy addresses no longer hold every place ({open} open)"
+    );
+}
