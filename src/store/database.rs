@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 use super::Synchronous;
 use crate::error::{Error, Result};
 
+/// How errors name the database setting: by the flag and the variable a person sets it with,
+/// whichever command (the broker, `migrate`, `export`, `verify --database`) was given it.
+pub const DATABASE_URL_SETTING: &str = "--database-url (DATABASE_URL)";
+
 /// The database the broker runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Database {
@@ -48,7 +52,7 @@ impl Database {
         let path = path.split('?').next().unwrap_or(path);
         if path.is_empty() || path.contains(":memory:") {
             return Err(Error::invalid(
-                "DATABASE_URL",
+                DATABASE_URL_SETTING,
                 "must name a SQLite file (an in-memory database would lose every call)",
             ));
         }
@@ -180,7 +184,10 @@ mod tests {
     fn an_in_memory_or_empty_sqlite_database_is_refused_naming_the_setting() {
         for url in ["sqlite::memory:", "sqlite://:memory:", "sqlite://", ""] {
             let err = parse(url).expect_err(url);
-            assert!(err.to_string().contains("DATABASE_URL"), "{url}: {err}");
+            assert!(
+                err.to_string().contains("--database-url (DATABASE_URL)"),
+                "{url}: {err}"
+            );
         }
     }
 }

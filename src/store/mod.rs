@@ -38,7 +38,7 @@ use crate::domain::{
 };
 use crate::error::Result;
 
-pub use database::Database;
+pub use database::{DATABASE_URL_SETTING, Database};
 pub use postgres::PostgresStore;
 pub use reads::{BackendReads, PoolStats};
 pub use receipt_rows::StoredReceipt;
@@ -326,7 +326,7 @@ pub async fn open_reads(database: &Database) -> Result<BackendReads> {
         Database::Sqlite { path, .. } => {
             if !path.exists() {
                 return Err(crate::Error::invalid(
-                    "DATABASE_URL",
+                    crate::store::DATABASE_URL_SETTING,
                     format!("there is no SQLite database at {}", path.display()),
                 ));
             }

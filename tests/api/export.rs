@@ -92,3 +92,23 @@ async fn the_export_lists_each_call_of_the_range_with_who_decided_and_inputs_onl
 }
 
 backend_tests!(the_export_lists_each_call_of_the_range_with_who_decided_and_inputs_only_when_asked,);
+
+/// An export of a SQLite file that does not exist names the flag it was given, and creates
+/// nothing.
+#[test]
+fn an_export_of_a_missing_sqlite_file_names_the_flag_it_was_given() {
+    let dir = tempfile::tempdir().expect("dir");
+    let missing = dir.path().join("nope.db");
+    let output = broker_binary()
+        .args(["export", "--database-url"])
+        .arg(format!("sqlite://{}", missing.display()))
+        .output()
+        .expect("run the broker binary");
+    assert!(!output.status.success());
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        message.contains("--database-url (DATABASE_URL): there is no SQLite database at"),
+        "{message}"
+    );
+    assert!(!missing.exists(), "nothing created");
+}

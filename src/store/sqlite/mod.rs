@@ -100,7 +100,7 @@ impl SqliteStore {
         // SQLite gives the WAL and shared-memory files the database file's mode.
         crate::private_files::create_private_if_missing(path).map_err(|e| {
             Error::invalid(
-                "DATABASE_URL",
+                crate::store::DATABASE_URL_SETTING,
                 format!("cannot create {}: {e}", path.display()),
             )
         })?;
@@ -164,8 +164,12 @@ impl ProcessLock {
     pub fn claim(database: &Path) -> Result<Self> {
         let database = database.display();
         let path = format!("{database}.lock");
-        let file = crate::private_files::open_private_lock_file(Path::new(&path))
-            .map_err(|e| Error::invalid("DATABASE_URL", format!("cannot open {path}: {e}")))?;
+        let file = crate::private_files::open_private_lock_file(Path::new(&path)).map_err(|e| {
+            Error::invalid(
+                crate::store::DATABASE_URL_SETTING,
+                format!("cannot open {path}: {e}"),
+            )
+        })?;
         match file.try_lock() {
             Ok(()) => Ok(Self { _file: file }),
             Err(std::fs::TryLockError::WouldBlock) => Err(Error::FailedPrecondition(format!(
@@ -174,7 +178,7 @@ impl ProcessLock {
                  to run several"
             ))),
             Err(std::fs::TryLockError::Error(e)) => Err(Error::invalid(
-                "DATABASE_URL",
+                crate::store::DATABASE_URL_SETTING,
                 format!("cannot lock {path}: {e}"),
             )),
         }
