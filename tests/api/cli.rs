@@ -339,3 +339,32 @@ fn durations_take_days_and_compound_forms_and_refuse_overflow() {
 backend_tests! {
     the_migrate_subcommand_applies_the_migrations_and_exits,
 }
+
+/// Every subcommand `--help` lists has its row in docs/configuration.md's table of subcommands
+/// (`mcp-gateway` once had none).
+#[test]
+fn every_subcommand_is_in_the_configuration_page() {
+    let output = broker().arg("--help").output().expect("run");
+    assert!(output.status.success(), "{output:?}");
+    let help = String::from_utf8_lossy(&output.stdout).into_owned();
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|line| !line.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|command| *command != "help")
+        .collect();
+    assert!(commands.contains(&"mcp-gateway"), "{help}");
+    let page = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/configuration.md"
+    ))
+    .expect("docs/configuration.md");
+    for command in commands {
+        assert!(
+            page.contains(&format!("| `approval-broker {command}")),
+            "docs/configuration.md has no row for `{command}`"
+        );
+    }
+}
