@@ -53,24 +53,7 @@ impl StorageHealth {
     /// writable if `wrote` says the success wrote to the database.
     fn observe<T>(&self, result: &Result<T>, wrote: impl FnOnce(&T) -> bool) {
         match result {
-            Err(err) => {
-                count_storage_error(err);
-                let Some(fault) = err.storage_fault() else {
-                    return;
-                };
-                self.state.send_if_modified(|state| {
-                    if *state == Some(fault) || *state == Some(StorageFault::Corrupt) {
-                        return false;
-                    }
-                    tracing::error!(
-                        error = %err,
-                        %fault,
-                        "storage failing: writes fail, health is NOT_SERVING until one succeeds"
-                    );
-                    *state = Some(fault);
-                    true
-                });
-            }
+            Err(err) => self.observe_error(err),
             Ok(value) if wrote(value) => {
                 self.state.send_if_modified(|state| {
                     // Corruption does not mend itself, however many writes succeed: only an
@@ -85,6 +68,26 @@ impl StorageHealth {
             }
             Ok(_) => {}
         }
+    }
+
+    /// Takes note of a failed read or write: a storage fault makes the storage failing.
+    fn observe_error(&self, err: &Error) {
+        count_storage_error(err);
+        let Some(fault) = err.storage_fault() else {
+            return;
+        };
+        self.state.send_if_modified(|state| {
+            if *state == Some(fault) || *state == Some(StorageFault::Corrupt) {
+                return false;
+            }
+            tracing::error!(
+                error = %err,
+                %fault,
+                "storage failing: writes fail, health is NOT_SERVING until one succeeds"
+            );
+            *state = Some(fault);
+            true
+        });
     }
 }
 
@@ -140,6 +143,13 @@ pub async fn probe_while_open(store: Arc<dyn Store>) {
 impl Backend for Watched {
     fn reads(&self) -> &BackendReads {
         self.inner.reads()
+    }
+
+    // The reads the store's traits provide (receipts) are watched here, not re-declared.
+    fn saw_read(&self, failed: Option<&Error>) {
+        if let Some(err) = failed {
+            self.health.observe_error(err);
+        }
     }
 }
 

@@ -58,6 +58,11 @@ impl<T: Calls + Deadlines + EventLog + Policies + Webhooks + Lifecycle + Receipt
 /// it does its own way.
 pub trait Backend: Send + Sync + 'static {
     fn reads(&self) -> &BackendReads;
+
+    /// Takes note of how a read made through [`Backend::reads`] by a provided method went:
+    /// nothing by default; storage health (`health::Watched`) counts its faults, so a read no
+    /// decorator re-declares is still watched.
+    fn saw_read(&self, _failed: Option<&crate::error::Error>) {}
 }
 
 /// Calls: the writes of submit, decide and cancel (each one transaction, acknowledged only after
@@ -288,12 +293,16 @@ pub trait Receipts: Backend {
     /// is pending (or if it was decided while receipts were off), more than one if the id was
     /// used again after retention pruned its call.
     async fn receipts_of(&self, key: &CallKey) -> Result<Vec<StoredReceipt>> {
-        self.reads().receipts_of(key).await
+        let read = self.reads().receipts_of(key).await;
+        self.saw_read(read.as_ref().err());
+        read
     }
 
     /// At most `limit` receipts after sequence `after`, in chain order.
     async fn receipts_after(&self, after: u64, limit: u32) -> Result<Vec<StoredReceipt>> {
-        self.reads().receipts_after(after, limit).await
+        let read = self.reads().receipts_after(after, limit).await;
+        self.saw_read(read.as_ref().err());
+        read
     }
 }
 

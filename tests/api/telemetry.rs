@@ -612,7 +612,103 @@ async fn storage_errors_are_counted_by_fault_and_client_mistakes_are_not() {
     .await;
 }
 
+/// A storage error on a receipt read (a read the store's traits provide, that storage health's
+/// decorator does not re-declare) is counted like any other. (SQLite only: a table dropped
+/// under the broker is how a test breaks one read at will.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_error_reading_receipts_is_counted() {
+    let mut app = spawn_app().await;
+    app.shut_down().await;
+    let port = free_port().expect("a free port");
+    let metrics_listen = format!("127.0.0.1:{port}");
+    let broker = start_broker(
+        &app.database_url,
+        &["--metrics-listen", &metrics_listen],
+        &[],
+    )
+    .await;
+    AgentServiceClient::new(broker.channel())
+        .submit(pb::SubmitRequest {
+            batch: Some(batch("s", vec![call("c", "t", "{}")])),
+        })
+        .await
+        .expect("submit");
+    ApproverServiceClient::new(broker.channel())
+        .decide(decide_request("s", "c", pb::Decision::Approve, ""))
+        .await
+        .expect("approve");
+    let database = app.dir.path().join("approvals.db");
+    let dropped = tokio::task::spawn_blocking(move || {
+        let conn = rusqlite::Connection::open(&database).expect("open");
+        conn.busy_timeout(Duration::from_secs(10))
+            .expect("busy timeout");
+        conn.execute_batch("PRAGMA foreign_keys = OFF; DROP TABLE receipts;")
+    })
+    .await
+    .expect("the drop");
+    dropped.expect("drop the receipts table");
+    let failed = ApproverServiceClient::new(broker.channel())
+        .get_receipt(pb::GetReceiptRequest {
+            session_id: "s".into(),
+            call_id: "c".into(),
+            agent: String::new(),
+        })
+        .await
+        .expect_err("no receipts table to read");
+    assert_ne!(failed.code(), tonic::Code::NotFound, "{failed:?}");
+    eventually(port, "the failed receipt read counted", |s| {
+        samples_of(s, "approvals_store_errors_total").any(|(_, n)| n >= 1.0)
+    })
+    .await;
+}
+
+/// The log says who decided exactly as the API does: `policy:<rule>` for a rule (it once said
+/// `rule:<rule>`), `approver:<who>` for a person.
+async fn the_log_names_who_decided_as_the_api_does(mut app: TestApp) {
+    app.shut_down().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let policy = dir.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"rules": [{"id": "reads", "tool": "read_file", "effect": "allow"}]}"#,
+    )
+    .expect("write the policy");
+    let policy = policy.display().to_string();
+    let broker = start_broker(
+        &app.database_url,
+        &["--log-format", "json", "--policy-file", &policy],
+        &[],
+    )
+    .await;
+    let reply = AgentServiceClient::new(broker.channel())
+        .submit(pb::SubmitRequest {
+            batch: Some(batch("s", vec![call("r1", "read_file", "{}")])),
+        })
+        .await
+        .expect("submit")
+        .into_inner();
+    let said_by_api = reply.outcomes[0].decided_by.clone();
+    assert_eq!(said_by_api, "policy:reads");
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let log = broker.log_text();
+        let logged: Vec<String> = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|l| l["message"] == "outcome" && l["call"] == "r1")
+            .map(|l| l["decided_by"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        if !logged.is_empty() {
+            assert_eq!(logged, [said_by_api], "{log}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "no outcome logged for r1: {log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 backend_tests! {
+    the_log_names_who_decided_as_the_api_does,
     metrics_count_one_approval_cycle_and_logs_name_its_ids,
     each_superseded_call_is_counted_once,
     every_rpc_is_counted_by_method_and_code_and_each_refusal_and_outcome_is_logged,
