@@ -39,7 +39,7 @@ use super::approval::{self, NotSubmitted, ToolFacts, Verdict};
 use super::screen::{self, RequestRoute};
 use super::session::{ConnectionNames, SessionPolicy};
 use super::upstream::{ProgressRoutes, Relay, Upstream, UpstreamTarget, cancelled, relay_error};
-use crate::hook::receipt_check::ReceiptCheck;
+use crate::hook::receipt_check::{NoKeys, ReceiptCheck};
 use crate::hook::review::{self, BrokerAddress, Review, ReviewError};
 
 /// The most `tools/list` pages read to learn a tool's annotations the client never listed.
@@ -287,9 +287,19 @@ impl Gateway {
         };
         let settings = &self.settings;
         // No call is submitted before the keys its approval will be checked with are known.
-        if let Err(unverified) = settings.receipts.keys().await {
-            tracing::warn!(call_id, %unverified, "no trusted receipt key; not submitted");
-            return Verdict::Refuse(approval::refusal(&unverified.to_string()));
+        match settings.receipts.keys().await {
+            Ok(_) => {}
+            // An unreachable broker is said as such (as when the call itself cannot be sent).
+            Err(NoKeys::Unreachable(error)) => {
+                tracing::warn!(call_id, %error, "a tool call could not be reviewed; not run");
+                return Verdict::Refuse(approval::refusal(&format!(
+                    "{error} The tool was not run."
+                )));
+            }
+            Err(NoKeys::Unverified(unverified)) => {
+                tracing::warn!(call_id, %unverified, "no trusted receipt key; not submitted");
+                return Verdict::Refuse(approval::refusal(&unverified.to_string()));
+            }
         }
         let session_id = &self.names.session_id;
         let _counted = UnderReview::start(&self.reviews);
