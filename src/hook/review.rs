@@ -17,6 +17,9 @@ use pb::agent_service_client::AgentServiceClient;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the cancel sent after a timeout may take.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long reading the receipt keys or a receipt may take: a broker that accepts connections but
+/// never answers must not hold a tool call (nor the hook) forever.
+const RECEIPT_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The pause before watching again after the outcome stream broke (a broker restart).
 const REWATCH_PAUSE: Duration = Duration::from_millis(300);
 
@@ -131,6 +134,24 @@ pub async fn receipt(
     session_id: &str,
     call_id: &str,
 ) -> Result<pb::GetReceiptResponse, String> {
+    tokio::time::timeout(
+        RECEIPT_READ_TIMEOUT,
+        receipt_now(broker, session_id, call_id),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(format!(
+            "its receipt could not be fetched: the broker did not answer within {}s",
+            RECEIPT_READ_TIMEOUT.as_secs()
+        ))
+    })
+}
+
+async fn receipt_now(
+    broker: &BrokerAddress,
+    session_id: &str,
+    call_id: &str,
+) -> Result<pb::GetReceiptResponse, String> {
     let client = Client::connect(broker)
         .await
         .map_err(|e| format!("its receipt could not be fetched: {e}"))?;
@@ -159,6 +180,19 @@ pub async fn receipt(
 /// The keys the broker says its receipts verify with (`AgentService.ListReceiptKeys`): what an
 /// executor given no key of its own trusts, read once when it starts.
 pub async fn receipt_keys(
+    broker: &BrokerAddress,
+) -> Result<pb::ListReceiptKeysResponse, ReviewError> {
+    tokio::time::timeout(RECEIPT_READ_TIMEOUT, receipt_keys_now(broker))
+        .await
+        .unwrap_or_else(|_| {
+            Err(ReviewError::Unreachable {
+                url: broker.url.clone(),
+                detail: format!("no answer within {}s", RECEIPT_READ_TIMEOUT.as_secs()),
+            })
+        })
+}
+
+async fn receipt_keys_now(
     broker: &BrokerAddress,
 ) -> Result<pb::ListReceiptKeysResponse, ReviewError> {
     let client = Client::connect(broker).await?;

@@ -287,7 +287,17 @@ impl Gateway {
         };
         let settings = &self.settings;
         // No call is submitted before the keys its approval will be checked with are known.
-        match settings.receipts.keys().await {
+        // Within the call's own time limit: a broker that never answers refuses it in time.
+        let keys = tokio::time::timeout(settings.timeout, settings.receipts.keys()).await;
+        let Ok(keys) = keys else {
+            tracing::warn!(call_id, "the broker did not answer in time; not submitted");
+            return Verdict::Refuse(approval::refusal(&format!(
+                "No approver decided within {}: the approval broker did not answer, so the call \
+                 was never submitted. The tool was not run.",
+                humantime::format_duration(settings.timeout)
+            )));
+        };
+        match keys {
             Ok(_) => {}
             // An unreachable broker is said as such (as when the call itself cannot be sent).
             Err(NoKeys::Unreachable(error)) => {
