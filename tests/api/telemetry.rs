@@ -289,15 +289,7 @@ async fn metrics_count_one_approval_cycle_and_logs_name_its_ids(mut app: TestApp
 }
 
 async fn each_superseded_call_is_counted_once(mut app: TestApp) {
-    app.shut_down().await;
-    let port = free_port().expect("a free port");
-    let metrics_listen = format!("127.0.0.1:{port}");
-    let broker = start_broker(
-        &app.database_url,
-        &["--metrics-listen", &metrics_listen],
-        &[],
-    )
-    .await;
+    let (broker, port) = broker_serving_metrics(&mut app).await;
     let mut agent = AgentServiceClient::new(broker.channel());
     let keyed = |call_id: &str| pb::CallSpec {
         supersede_key: "ask".into(),
@@ -340,6 +332,21 @@ fn samples_of<'a>(
         .iter()
         .filter(move |((n, _), _)| n == name)
         .map(|((_, labels), v)| (labels, *v))
+}
+
+/// The broker binary on `app`'s database (the in-process broker stopped first), serving its
+/// metrics on a free port of its own: the broker and that port.
+async fn broker_serving_metrics(app: &mut TestApp) -> (BrokerProcess, u16) {
+    app.shut_down().await;
+    let port = free_port().expect("a free port");
+    let metrics_listen = format!("127.0.0.1:{port}");
+    let broker = start_broker(
+        &app.database_url,
+        &["--metrics-listen", &metrics_listen],
+        &[],
+    )
+    .await;
+    (broker, port)
 }
 
 const AGENT_TOKEN: &str = "token-of-build-bot-never-logged";
@@ -561,15 +568,7 @@ async fn every_rpc_is_counted_by_method_and_code_and_each_refusal_and_outcome_is
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn storage_errors_are_counted_by_fault_and_client_mistakes_are_not() {
     let mut app = spawn_app().await;
-    app.shut_down().await;
-    let port = free_port().expect("a free port");
-    let metrics_listen = format!("127.0.0.1:{port}");
-    let broker = start_broker(
-        &app.database_url,
-        &["--metrics-listen", &metrics_listen],
-        &[],
-    )
-    .await;
+    let (broker, port) = broker_serving_metrics(&mut app).await;
     let mut approver = ApproverServiceClient::new(broker.channel());
     approver
         .decide(decide_request(
@@ -618,15 +617,7 @@ async fn storage_errors_are_counted_by_fault_and_client_mistakes_are_not() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storage_error_reading_receipts_is_counted() {
     let mut app = spawn_app().await;
-    app.shut_down().await;
-    let port = free_port().expect("a free port");
-    let metrics_listen = format!("127.0.0.1:{port}");
-    let broker = start_broker(
-        &app.database_url,
-        &["--metrics-listen", &metrics_listen],
-        &[],
-    )
-    .await;
+    let (broker, port) = broker_serving_metrics(&mut app).await;
     AgentServiceClient::new(broker.channel())
         .submit(pb::SubmitRequest {
             batch: Some(batch("s", vec![call("c", "t", "{}")])),

@@ -998,8 +998,9 @@ async fn webhooks_aimed_inward_are_refused_for_each_address_class_unless_allowed
         );
     }
     // A name is judged on what it resolves to, when delivering; nothing is sent here, as no
-    // event is committed. An update is held to the same rule as a creation.
-    create(&app, create_request("https://hooks.example.com/approvals")).await;
+    // event is committed, and `.invalid` never resolves (RFC 2606), so nothing could be. An
+    // update is held to the same rule as a creation.
+    create(&app, create_request("https://hooks.invalid/approvals")).await;
     let moved = admin
         .update_webhook(pb::UpdateWebhookRequest {
             id: "ops".into(),
@@ -1010,7 +1011,7 @@ async fn webhooks_aimed_inward_are_refused_for_each_address_class_unless_allowed
     helpers::assert_status(moved, Code::InvalidArgument, "url");
     assert_eq!(
         listed(&app, "ops").await.url,
-        "https://hooks.example.com/approvals"
+        "https://hooks.invalid/approvals"
     );
     admin
         .delete_webhook(pb::DeleteWebhookRequest { id: "ops".into() })
@@ -1022,7 +1023,7 @@ async fn webhooks_aimed_inward_are_refused_for_each_address_class_unless_allowed
         .restart_with(|c| {
             c.webhooks.allow_hosts = vec![
                 "127.0.0.1".parse().unwrap(),
-                "fd00::/8".parse().unwrap(),
+                "::1/128".parse().unwrap(),
                 "localhost".parse().unwrap(),
             ]
         })
@@ -1030,7 +1031,7 @@ async fn webhooks_aimed_inward_are_refused_for_each_address_class_unless_allowed
     let mut admin = app.admin();
     for (id, url) in [
         ("loop", "http://127.0.0.1:9/h"),
-        ("ula", "http://[fd00::1]:9/h"),
+        ("loop6", "http://[::1]:9/h"),
         ("named", "http://localhost:9/h"),
     ] {
         create(
@@ -1046,6 +1047,7 @@ async fn webhooks_aimed_inward_are_refused_for_each_address_class_unless_allowed
         "http://127.0.0.2/h",
         "http://10.0.0.1/h",
         "http://[fc00::1]/h",
+        "http://[::2]/h",
     ] {
         helpers::assert_status(
             admin.create_webhook(create_request(url)).await,
@@ -1059,8 +1061,8 @@ async fn a_url_with_a_user_name_or_password_is_refused_naming_the_field(app: Tes
     let mut admin = app.admin();
     for url in [
         "http://user:pw@127.0.0.1:9/h",
-        "https://user@hooks.example.com/h",
-        "https://:pw@hooks.example.com/h",
+        "https://user@hooks.invalid/h",
+        "https://:pw@hooks.invalid/h",
     ] {
         let refused = admin.create_webhook(create_request(url)).await;
         let message = refused
