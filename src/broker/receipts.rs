@@ -7,7 +7,10 @@
 //! exactly as for an unknown call. The chain (`receipts_after`) only verifies whole, each link
 //! naming the one before, so it is served whole to readers who see every call and to no one else.
 
-use crate::domain::{CallKey, Status, Viewer};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::domain::{AgentId, Call, CallId, CallKey, SessionId, Status, Viewer};
 use crate::error::{Error, Result};
 use crate::receipts::trust::TrustedKey;
 use crate::receipts::{PublicKey, verify};
@@ -62,6 +65,40 @@ impl Broker {
                 key.call_id.as_str()
             ),
         }))
+    }
+
+    /// Gives each decided call of `calls` that was read without its receipt the receipt stored
+    /// with it, one read per session, so every outcome an agent is sent carries its receipt
+    /// however it was read (the log's events carry theirs already: `store::rows`). A call whose
+    /// receipt names another batch (its id used again after retention pruned the first) gets
+    /// none. Nothing is read while this broker signs no receipts.
+    pub async fn seal_outcomes<'a>(
+        &self,
+        calls: impl IntoIterator<Item = &'a mut Call>,
+    ) -> Result<()> {
+        if self.receipt_key.is_none() {
+            return Ok(());
+        }
+        let mut unsealed: HashMap<(AgentId, SessionId), Vec<&'a mut Call>> = HashMap::new();
+        for call in calls {
+            if call.outcome.as_ref().is_some_and(|o| o.receipt.is_none()) {
+                let session = (call.key.agent.clone(), call.key.session.clone());
+                unsealed.entry(session).or_default().push(call);
+            }
+        }
+        for ((agent, session), calls) in unsealed {
+            let ids: Vec<CallId> = calls.iter().map(|c| c.key.call_id.clone()).collect();
+            let seals = self.store.seals_of_calls(&agent, &session, &ids).await?;
+            for call in calls {
+                let sealed = seals
+                    .get(&call.key.call_id)
+                    .filter(|(batch, _)| *batch == call.batch_id);
+                if let (Some((_, sealed)), Some(outcome)) = (sealed, call.outcome.as_mut()) {
+                    outcome.receipt = Some(Arc::new(sealed.clone()));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// At most `limit` receipts after sequence `after`, in chain order, for a reader who sees

@@ -77,6 +77,20 @@ pub struct SubmitReport {
     pub shadow_verdicts: Vec<crate::domain::policy::ShadowVerdict>,
 }
 
+impl SubmitReport {
+    /// Every call it reports (those stored now, those stored before, those superseded).
+    pub fn calls_mut(&mut self) -> impl Iterator<Item = &mut Call> {
+        let items = self
+            .items
+            .iter_mut()
+            .filter_map(|item| match &mut item.result {
+                SubmitResult::Accepted(call) | SubmitResult::Duplicate(call) => Some(call),
+                SubmitResult::Refused(_) => None,
+            });
+        items.chain(self.superseded.iter_mut())
+    }
+}
+
 #[derive(Debug)]
 pub struct SubmitItem {
     pub index: u32,

@@ -25,3 +25,12 @@ pub struct CancelReport {
     pub already_decided: Vec<Call>,
     pub unknown: Vec<CallId>,
 }
+
+impl CancelReport {
+    /// Every call it reports (cancelled now, decided before).
+    pub fn calls_mut(&mut self) -> impl Iterator<Item = &mut Call> {
+        self.cancelled
+            .iter_mut()
+            .chain(self.already_decided.iter_mut())
+    }
+}

@@ -3,8 +3,10 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 use super::policy::Prejudged;
+use super::receipt::Sealed;
 use super::{Call, CallKey, Timestamp, ToolInput, code};
 use crate::error::{Error, Result};
 
@@ -139,6 +141,10 @@ pub struct Outcome {
     /// (Postgres numbers events after they commit). A reader that knows the log up to `seq` S
     /// knows this outcome if `seq <= S`; otherwise the event is still to come.
     pub seq: Option<u64>,
+    /// Its signed receipt, where the read that gave this outcome fetched it (the log's events,
+    /// and the reads that answer agents: `Broker::seal_outcomes`); `None` elsewhere, while it is
+    /// being written, and for an outcome decided while receipts were off.
+    pub receipt: Option<Arc<Sealed>>,
 }
 
 impl Outcome {
@@ -311,6 +317,7 @@ impl ToolResultTexts {
             run_input: None,
             input_edited: false,
             seq: None,
+            receipt: None,
         }
     }
 }

@@ -20,6 +20,21 @@ pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
 /// The broker's own predicate type (documented in docs/receipts.md).
 pub const PREDICATE_TYPE: &str = "https://approval-broker.dev/receipt/v1";
 
+/// A decided call's signed receipt, as read with its outcome (so that every outcome an agent
+/// receives carries it): stored whole, its DSSE envelope, or in parts, its payload, key id and
+/// signature (`store::receipt_rows`). The envelope of parts is built where the outcome is sent
+/// (`receipts::envelope`), not on the thread that read it: SQLite's writer reads back every
+/// event it commits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sealed {
+    Whole(String),
+    Parts {
+        payload: String,
+        key_id: String,
+        sig: String,
+    },
+}
+
 /// Where a receipt sits in the broker's chain: its position (1 for the first receipt ever
 /// written to this database) and the SHA-256 (hex) of the previous receipt's payload, `None`
 /// only for the first.
@@ -304,6 +319,7 @@ mod tests {
             run_input: run_input.map(|text| ToolInput::from_stored(text.into())),
             input_edited: edited,
             seq: None,
+            receipt: None,
         }
     }
 

@@ -89,7 +89,8 @@ impl pb::agent_service_server::AgentService for AgentApi {
         )?;
         parsed.batch.agent = agent;
         let session = parsed.batch.session.to_string();
-        let report = self.broker.submit(parsed.batch).await?;
+        let mut report = self.broker.submit(parsed.batch).await?;
+        self.broker.seal_outcomes(report.calls_mut()).await?;
         Ok(Response::new(render::submit_response(
             &report,
             &session,
@@ -132,9 +133,12 @@ impl pb::agent_service_server::AgentService for AgentApi {
         let req = request.into_inner();
         let session = parse::session("session_id", req.session_id)?;
         let ids = parse::call_ids("call_ids", req.call_ids, false)?;
-        let found = self
+        let mut found = self
             .broker
             .visible_calls_by_id(&agent, &session, &ids, &caller.viewer())
+            .await?;
+        self.broker
+            .seal_outcomes(found.iter_mut().flatten())
             .await?;
         let states = ids.iter().zip(found).map(|(id, call)| pb::CallState {
             call_id: id.to_string(),
@@ -160,7 +164,8 @@ impl pb::agent_service_server::AgentService for AgentApi {
         let agent = Caller::of(&request).agent()?;
         let mut target = parse::cancel(request.into_inner().target, "target")?;
         target.agent = agent;
-        let report = self.broker.cancel(&target).await?;
+        let mut report = self.broker.cancel(&target).await?;
+        self.broker.seal_outcomes(report.calls_mut()).await?;
         Ok(Response::new(pb::CancelResponse {
             result: Some(render::cancel_result(
                 &report,
@@ -320,7 +325,8 @@ impl AgentConnection {
         parsed.batch.agent = self.agent.clone();
         let session = parsed.batch.session.clone();
         self.follow(&session, feed).await?;
-        let report = self.broker.submit(parsed.batch).await?;
+        let mut report = self.broker.submit(parsed.batch).await?;
+        self.broker.seal_outcomes(report.calls_mut()).await?;
         let response = render::submit_response(
             &report,
             session.as_str(),
@@ -409,7 +415,8 @@ impl AgentConnection {
         let mut target = parse::cancel(Some(target), "cancel")?;
         target.agent = self.agent.clone();
         self.follow(&target.session, feed).await?;
-        let report = self.broker.cancel(&target).await?;
+        let mut report = self.broker.cancel(&target).await?;
+        self.broker.seal_outcomes(report.calls_mut()).await?;
         Ok(self
             .send(
                 id,

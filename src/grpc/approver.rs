@@ -230,7 +230,7 @@ impl Subscriber {
             }
             let item = match event.kind {
                 EventKind::Requested => E::Requested(render::call(&event.call)),
-                EventKind::Resolved => match render::outcome(&event.call) {
+                EventKind::Resolved => match render::outcome_unsealed(&event.call) {
                     Some(outcome) => E::Resolved(outcome),
                     None => continue,
                 },

@@ -7,12 +7,14 @@ use crate::domain::policy::{
     Approval, Approvers, Effect, Explanation, FieldTest, Grant, GrantScope, Matcher, Rule,
     RuleEffect, Scope,
 };
+use crate::domain::receipt::Sealed;
 use crate::domain::{
     Call, CallId, CancelReport, DecideReport, Status, SubmitReport, SubmitResult, Timestamp,
     invisible, json,
 };
 use crate::error::Error;
 use crate::proto::v1 as pb;
+use crate::receipts;
 
 use super::oversize::Room;
 
@@ -45,7 +47,7 @@ pub fn call(c: &Call) -> pb::Call {
         deadline: c.deadline.map(timestamp),
         created_at: Some(timestamp(c.created_at)),
         status: status(c.status()) as i32,
-        outcome: outcome(c),
+        outcome: outcome_unsealed(c),
         hidden_characters: hidden_characters(c),
         // Only the audit (GetCall, Explain) reads and sets them.
         shadow_verdicts: Vec::new(),
@@ -113,8 +115,19 @@ fn hidden_characters(c: &Call) -> Vec<pb::HiddenCharacters> {
     .collect()
 }
 
-/// The call's outcome, if it has one.
+/// The call's outcome as an agent is sent it, with its receipt where it was read with it
+/// (`Broker::seal_outcomes`), if it has one.
 pub fn outcome(c: &Call) -> Option<pb::Outcome> {
+    outcome_of(c, true)
+}
+
+/// The call's outcome as approvers are sent it: without its receipt (an approver reads that
+/// with `GetReceipt`), which every subscriber would otherwise be sent with every outcome.
+pub fn outcome_unsealed(c: &Call) -> Option<pb::Outcome> {
+    outcome_of(c, false)
+}
+
+fn outcome_of(c: &Call, sealed: bool) -> Option<pb::Outcome> {
     let o = c.outcome.as_ref()?;
     Some(pb::Outcome {
         agent: c.key.agent.to_string(),
@@ -134,7 +147,23 @@ pub fn outcome(c: &Call) -> Option<pb::Outcome> {
         batch_id: c.batch_id.as_str().to_owned(),
         position: c.position,
         decided_by_approvers: o.decided_by.approvers(),
+        receipt: match &o.receipt {
+            Some(receipt) if sealed => sealed_envelope(receipt),
+            _ => String::new(),
+        },
     })
+}
+
+/// A receipt's DSSE envelope, built here from parts (off the thread that read them).
+fn sealed_envelope(sealed: &Sealed) -> String {
+    match sealed {
+        Sealed::Whole(envelope) => envelope.clone(),
+        Sealed::Parts {
+            payload,
+            key_id,
+            sig,
+        } => receipts::envelope(payload, key_id, sig),
+    }
 }
 
 pub fn outcomes<'a>(calls: impl IntoIterator<Item = &'a Call>) -> Vec<pb::Outcome> {
@@ -249,14 +278,14 @@ pub fn decide_response(
     now: Timestamp,
     reply_limit: usize,
 ) -> pb::DecideResponse {
-    let decided = outcome(&report.call);
+    let decided = outcome_unsealed(&report.call);
     let grant = report.grant.as_ref().map(|g| grant(g, now));
     let mut room = Room::new(reply_limit);
     decided.iter().for_each(|o| room.charge(o));
     grant.iter().for_each(|g| room.charge(g));
-    let (skipped, all_skipped) = room.fill(report.skipped.iter().filter_map(outcome));
+    let (skipped, all_skipped) = room.fill(report.skipped.iter().filter_map(outcome_unsealed));
     let (decided_by_grant, all_by_grant) =
-        room.fill(report.decided_by_grant.iter().filter_map(outcome));
+        room.fill(report.decided_by_grant.iter().filter_map(outcome_unsealed));
     pb::DecideResponse {
         outcome: decided,
         replayed: report.replayed,

@@ -40,16 +40,17 @@ impl<'a> SessionPages<'a> {
         }
     }
 
-    /// The next page; `None` after the last.
+    /// The next page, its outcomes with their receipts; `None` after the last.
     pub async fn next(&mut self) -> Result<Option<Vec<Call>>> {
         if self.done {
             return Ok(None);
         }
-        let page = self.broker.list_calls(&self.query).await?;
+        let mut page = self.broker.list_calls(&self.query).await?;
         match page.next {
             Some(cursor) => self.query.after = Some(cursor),
             None => self.done = true,
         }
+        self.broker.seal_outcomes(page.calls.iter_mut()).await?;
         Ok(Some(page.calls))
     }
 }

@@ -1,5 +1,6 @@
 //! Executors check what they run (docs/receipts.md): before the Claude Code hook or the MCP
-//! gateway lets a tool run on an APPROVED outcome, it fetches the call's signed receipt, verifies
+//! gateway lets a tool run on an APPROVED outcome, it takes the call's signed receipt (carried
+//! by the outcome; asked for with `GetReceipt` from a broker that sends none), verifies
 //! it with a key it trusts, and checks that the receipt says APPROVED for exactly this call and
 //! exactly the input about to run. An outcome is only what the broker's database says now, and a
 //! row edited in the database (no key needed) reads APPROVED; the receipt was signed when the
@@ -152,13 +153,18 @@ impl ReceiptCheck {
         let Some(keys) = self.keys().await.map_err(Unverified::from)? else {
             return Ok(());
         };
-        let response = review::receipt(&self.broker, session_id, call_id)
-            .await
-            .map_err(Unverified)?;
-        let envelope = response
-            .receipt
-            .map(|r| r.envelope)
-            .ok_or_else(|| Unverified("the broker sent no receipt".into()))?;
+        // The outcome carries its receipt; one from a broker that sends none with outcomes is
+        // asked for. Either way it is only trusted once it verifies with a trusted key.
+        let envelope = if outcome.receipt.is_empty() {
+            review::receipt(&self.broker, session_id, call_id)
+                .await
+                .map_err(Unverified)?
+                .receipt
+                .map(|r| r.envelope)
+                .ok_or_else(|| Unverified("the broker sent no receipt".into()))?
+        } else {
+            outcome.receipt.clone()
+        };
         judge(&envelope, keys, session_id, call_id, outcome, runs).map_err(Unverified)
     }
 }
@@ -247,6 +253,7 @@ mod tests {
             run_input: run.map(|r| ToolInput::from_stored(r.into())),
             input_edited: run.is_some_and(|r| r != input),
             seq: None,
+            receipt: None,
         })
     }
 
@@ -310,6 +317,42 @@ mod tests {
         let check = |runs: Value| judge(&edited, &keys, "s", "c1", &outcome, &runs);
         assert_eq!(check(json!({"command": "ls"})), Ok(()));
         assert!(check(json!({"command": "rm -rf /"})).is_err());
+    }
+
+    /// The outcome's own receipt is checked with no request to the broker (here one that cannot
+    /// be reached: a port nothing listens on); a carried receipt that says otherwise refuses,
+    /// and an outcome without one is asked for and, unreachable, refused.
+    #[tokio::test]
+    async fn the_receipt_an_outcome_carries_is_checked_without_asking_the_broker() {
+        let notary = Notary::from_seed(&[5; 32]).unwrap();
+        let args = ReceiptCheckArgs {
+            trusted_keys: vec![notary.public_key().to_base64()],
+            no_receipt_check: false,
+        };
+        let nowhere = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let broker = BrokerAddress {
+            url: format!("http://{}", nowhere.local_addr().unwrap()),
+            ca_cert: None,
+            token: None,
+        };
+        drop(nowhere);
+        let check = ReceiptCheck::new(&args, &broker).unwrap();
+        let input = r#"{"command":"ls"}"#;
+        let runs = json!({"command": "ls"});
+        let mut outcome = approved_outcome();
+        outcome.receipt = sealed(&notary, &decided(OutcomeKind::Approved, input, Some(input)));
+        assert_eq!(check.approve("s", "c1", &outcome, &runs).await, Ok(()));
+
+        outcome.receipt = sealed(&notary, &decided(OutcomeKind::Denied, input, None));
+        let why = check.approve("s", "c1", &outcome, &runs).await.unwrap_err();
+        assert_eq!(why.0, "its signed receipt says DENIED");
+
+        outcome.receipt.clear();
+        let why = check.approve("s", "c1", &outcome, &runs).await.unwrap_err();
+        assert!(
+            why.0.starts_with("its receipt could not be fetched"),
+            "{why}"
+        );
     }
 
     #[test]

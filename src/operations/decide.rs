@@ -186,6 +186,7 @@ pub async fn decide_in(
         // as decided is the one read at the start with this outcome, not a read back.
         call.with_outcome(Outcome {
             seq: decided_seq,
+            receipt: None,
             ..outcome
         })
     } else {
@@ -246,6 +247,7 @@ fn approver_outcome(
             ),
             input_edited: decision.edited_input.is_some(),
             seq: None,
+            receipt: None,
         },
         Verdict::Deny => texts.outcome(OutcomeKind::Denied, by, &decision.reason, now),
     }

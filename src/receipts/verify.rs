@@ -364,6 +364,7 @@ mod tests {
                 run_input: (kind == OutcomeKind::Approved).then_some(input),
                 input_edited: false,
                 seq: None,
+                receipt: None,
             }),
         }
     }

@@ -156,20 +156,49 @@ where
 
     /// The calls of a session named by id (in no particular order; the caller orders them).
     pub fn calls_by_id(agent: &AgentId, session: &SessionId, ids: &[CallId]) -> QueryBuilder<DB> {
-        let mut query = QueryBuilder::new(select_calls!());
-        query
-            .push("WHERE c.agent = ")
-            .push_bind(agent.as_str())
-            .push(" AND c.session_id = ")
-            .push_bind(session.as_str())
-            .push(" AND c.call_id IN (");
-        let mut listed = query.separated(", ");
-        for id in ids {
-            listed.push_bind(id.as_str());
-        }
-        query.push(")");
+        let mut query = QueryBuilder::new(concat!(select_calls!(), "WHERE "));
+        named_calls(&mut query, agent, session, ids);
         query
     }
+
+    /// The receipts of the stored calls of a session named by id, each with its call's id and
+    /// batch (the columns `rows::sealed_from_row` reads): a call row has one receipt at most.
+    pub fn seals_of_calls(
+        agent: &AgentId,
+        session: &SessionId,
+        ids: &[CallId],
+    ) -> QueryBuilder<DB> {
+        let mut query = QueryBuilder::new(
+            "SELECT c.call_id, c.batch_id, r.envelope AS receipt_envelope, \
+             r.payload AS receipt_payload, r.keyid AS receipt_keyid, r.sig AS receipt_sig \
+             FROM calls c JOIN receipts r ON r.call_row = c.id WHERE ",
+        );
+        named_calls(&mut query, agent, session, ids);
+        query
+    }
+}
+
+/// The condition on `c` (the calls) that picks the calls of `agent`'s `session` named in `ids`.
+fn named_calls<DB>(
+    query: &mut QueryBuilder<DB>,
+    agent: &AgentId,
+    session: &SessionId,
+    ids: &[CallId],
+) where
+    DB: Database,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+{
+    query
+        .push("c.agent = ")
+        .push_bind(agent.as_str())
+        .push(" AND c.session_id = ")
+        .push_bind(session.as_str())
+        .push(" AND c.call_id IN (");
+    let mut listed = query.separated(", ");
+    for id in ids {
+        listed.push_bind(id.as_str());
+    }
+    query.push(")");
 }
 
 /// The page of calls `q` asks for, from `rows` fetched with [`calls`].

@@ -21,6 +21,7 @@ pub(crate) mod sqlite;
 pub mod statements;
 mod webhook_rows;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -30,6 +31,7 @@ use tokio::sync::Notify;
 use crate::domain::policy::{
     ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId, RuleMode, ShadowVerdict,
 };
+use crate::domain::receipt::Sealed;
 use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookChange, WebhookId};
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
@@ -294,6 +296,20 @@ pub trait Receipts: Backend {
     /// used again after retention pruned its call.
     async fn receipts_of(&self, key: &CallKey) -> Result<Vec<StoredReceipt>> {
         let read = self.reads().receipts_of(key).await;
+        self.saw_read(read.as_ref().err());
+        read
+    }
+
+    /// The receipts of the stored calls of `agent`'s `session` named in `call_ids`, by call
+    /// id, each with its call's batch: none for a pending call, or one decided while receipts
+    /// were off. One read for a page of outcomes (`Broker::seal_outcomes`).
+    async fn seals_of_calls(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+        call_ids: &[CallId],
+    ) -> Result<HashMap<CallId, (BatchId, Sealed)>> {
+        let read = self.reads().seals_of_calls(agent, session, call_ids).await;
         self.saw_read(read.as_ref().err());
         read
     }

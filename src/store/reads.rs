@@ -9,10 +9,14 @@ use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 
 use super::listing::{Dialect, Listing, call_page, grant_page};
 use super::receipt_rows::{self, StoredReceipt, receipt_from_row};
-use super::rows::{Columns, call_from_row, event_from_row, rule_from_row, shadow_verdict_from_row};
+use super::rows::{
+    Columns, call_from_row, event_from_row, rule_from_row, sealed_call_from_row, sealed_from_row,
+    shadow_verdict_from_row,
+};
 use super::statements as sql;
 use super::webhook_rows::{SELECT_WEBHOOK, SELECT_WEBHOOKS, not_found, webhook_from_row};
 use crate::domain::policy::{Rule, ShadowVerdict};
+use crate::domain::receipt::Sealed;
 use crate::domain::webhook::{Webhook, WebhookId};
 use crate::domain::{AgentId, BatchId, Call, CallId, CallKey, Event, SessionId, Timestamp};
 use crate::domain::{CallPage, CallQuery, GrantPage, GrantQuery};
@@ -98,7 +102,7 @@ where
             .bind(batch.as_str())
             .fetch_all(&self.pool)
             .await?;
-        rows.iter().map(call_from_row).collect()
+        rows.iter().map(sealed_call_from_row).collect()
     }
 
     pub async fn list_calls(&self, q: &CallQuery) -> Result<CallPage> {
@@ -178,6 +182,30 @@ where
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(receipt_from_row).collect()
+    }
+
+    /// See `Receipts::seals_of_calls`.
+    pub async fn seals_of_calls(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+        call_ids: &[CallId],
+    ) -> Result<HashMap<CallId, (BatchId, Sealed)>> {
+        if call_ids.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let rows = Listing::<DB>::seals_of_calls(agent, session, call_ids)
+            .build()
+            .fetch_all(&self.pool)
+            .await?;
+        let mut seals = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            if let Some(sealed) = sealed_from_row(row)? {
+                let id = CallId::from_stored(row.text("call_id")?);
+                seals.insert(id, (BatchId::from_stored(row.text("batch_id")?), sealed));
+            }
+        }
+        Ok(seals)
     }
 
     pub async fn receipts_after(&self, after: u64, limit: u32) -> Result<Vec<StoredReceipt>> {
@@ -299,6 +327,15 @@ impl BackendReads {
 
     pub async fn receipts_of(&self, key: &CallKey) -> Result<Vec<StoredReceipt>> {
         on_backend!(self, receipts_of(key))
+    }
+
+    pub async fn seals_of_calls(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+        call_ids: &[CallId],
+    ) -> Result<HashMap<CallId, (BatchId, Sealed)>> {
+        on_backend!(self, seals_of_calls(agent, session, call_ids))
     }
 
     pub async fn receipts_after(&self, after: u64, limit: u32) -> Result<Vec<StoredReceipt>> {

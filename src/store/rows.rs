@@ -124,12 +124,15 @@ impl Columns for NamedRow<'_, '_> {
     }
 }
 
+use std::sync::Arc;
+
 use crate::domain::Cursor;
 use crate::domain::escalation::{Escalation, Ladder};
 use crate::domain::policy::{
     Approval, Approvers, Effect, Glob, Grant, GrantScope, GrantSpec, Matcher, Person, Requirement,
     Rule, RuleEffect, RuleId, RuleMode, RuleSource, RuleVerdict, Scope, ShadowVerdict,
 };
+use crate::domain::receipt::Sealed;
 use crate::domain::{
     AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Event, EventKind, Outcome, OutcomeKind,
     SessionId, Status, Timestamp, ToolInput, ToolName,
@@ -160,6 +163,7 @@ pub fn call_from_row(row: &(impl Columns + ?Sized)) -> Result<Call> {
             },
             input_edited: row.flag("input_edited")?,
             seq: row.opt_int("resolved_seq")?.map(|seq| seq as u64),
+            receipt: None,
         }),
     };
     Ok(Call {
@@ -231,6 +235,39 @@ pub fn stored(row: &(impl Columns + ?Sized)) -> Result<Stored> {
     })
 }
 
+/// A receipt read beside its call (`receipt_envelope`, `receipt_payload`, `receipt_keyid`,
+/// `receipt_sig`: `statements::EVENTS_AFTER`, `receipt_rows::SEALS_OF_CALLS`), stored whole or
+/// in parts; `None` where the call has none.
+pub fn sealed_from_row(row: &(impl Columns + ?Sized)) -> Result<Option<Sealed>> {
+    if let Some(payload) = row.opt_text("receipt_payload")? {
+        return Ok(Some(Sealed::Parts {
+            payload,
+            key_id: row.text("receipt_keyid")?,
+            sig: row.text("receipt_sig")?,
+        }));
+    }
+    Ok(row
+        .opt_text("receipt_envelope")?
+        .filter(|envelope| !envelope.is_empty())
+        .map(Sealed::Whole))
+}
+
+/// A call from a row holding the `statements::call_columns` and its receipt's (see
+/// [`sealed_from_row`]), its outcome (if any) with the receipt.
+pub fn sealed_call_from_row(row: &(impl Columns + ?Sized)) -> Result<Call> {
+    let mut call = call_from_row(row)?;
+    seal(&mut call, row)?;
+    Ok(call)
+}
+
+/// Gives `call`'s outcome, if any, the receipt read beside it in `row`.
+fn seal(call: &mut Call, row: &(impl Columns + ?Sized)) -> Result<()> {
+    if let Some(outcome) = &mut call.outcome {
+        outcome.receipt = sealed_from_row(row)?.map(Arc::new);
+    }
+    Ok(())
+}
+
 /// An event from a row holding `seq`, `kind`, `batch_completed` and the `statements::call_columns`.
 pub fn event_from_row(row: &(impl Columns + ?Sized)) -> Result<Event> {
     let kind = EventKind::from_code(row.int("kind")?);
@@ -248,7 +285,7 @@ pub fn event_from_row(row: &(impl Columns + ?Sized)) -> Result<Event> {
         EventKind::ApprovalRecorded | EventKind::Reminded | EventKind::Escalated => {
             call.outcome = None
         }
-        EventKind::Resolved => {}
+        EventKind::Resolved => seal(&mut call, row)?,
     }
     Ok(Event {
         seq: row.int("seq")? as u64,

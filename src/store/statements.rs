@@ -163,17 +163,34 @@ pub const LATEST_SEQ: &str = "SELECT MAX(seq) AS seq FROM (SELECT MAX(seq) AS se
 
 /// Events after sequence number `$1`, with their calls, oldest first, at most `$2` of them; each
 /// row with the retention horizon (`pruned_through`) in the same snapshot, so a reader checks
-/// for a gap without a read of its own.
+/// for a gap without a read of its own; a Resolved event with its call's receipt (`rr`, see
+/// `rows::sealed_from_row`; written in the outcome's transaction, so there by any commit that
+/// logged the event), so every outcome the feed delivers carries it. A call row has one
+/// receipt at most (one outcome; a pruned call's receipts are unlinked from its row).
 pub const EVENTS_AFTER: &str = concat!(
     "SELECT e.seq, e.kind, e.batch_completed, e.step, ",
     "(SELECT pruned_through FROM retention) AS pruned_through, ",
     call_columns!(),
-    " FROM events e JOIN calls c ON c.id = e.call_rowid \
+    ", rr.envelope AS receipt_envelope, rr.payload AS receipt_payload, \
+     rr.keyid AS receipt_keyid, rr.sig AS receipt_sig \
+     FROM events e JOIN calls c ON c.id = e.call_rowid \
      JOIN batches b ON b.batch_id = c.batch_id \
-     WHERE e.seq > $1 ORDER BY e.seq LIMIT $2"
+     LEFT JOIN receipts rr ON rr.call_row = c.id AND e.kind = ",
+    crate::domain::code!(EventKind::Resolved),
+    " WHERE e.seq > $1 ORDER BY e.seq LIMIT $2"
 );
 
-pub const BATCH_CALLS: &str = select_calls!("WHERE c.batch_id = $1 ORDER BY c.position");
+/// A batch's calls in order, each decided one with its receipt (as [`EVENTS_AFTER`] reads it):
+/// read to tell an agent its batch is complete, every outcome with its receipt.
+pub const BATCH_CALLS: &str = concat!(
+    "SELECT ",
+    call_columns!(),
+    ", rr.envelope AS receipt_envelope, rr.payload AS receipt_payload, \
+     rr.keyid AS receipt_keyid, rr.sig AS receipt_sig \
+     FROM calls c JOIN batches b ON b.batch_id = c.batch_id \
+     LEFT JOIN receipts rr ON rr.call_row = c.id \
+     WHERE c.batch_id = $1 ORDER BY c.position"
+);
 pub const FIND_CALL: &str =
     select_calls!("WHERE c.agent = $1 AND c.session_id = $2 AND c.call_id = $3");
 /// Postgres: [`FIND_CALL`], locking the found call's batch row as `lock_batches` locks it.

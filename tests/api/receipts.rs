@@ -381,6 +381,7 @@ async fn a_pending_call_has_no_receipt_yet_and_an_unknown_call_is_not_found(app:
 async fn with_receipts_off_outcomes_get_none_and_get_receipt_says_why(app: TestApp) {
     submit(&app, batch("s", vec![call("c1", "t", "{}")])).await;
     approve(&app, "s", "c1").await;
+    assert!(outcome_of(&app, "s", "c1").await.receipt.is_empty());
     let err = get_receipt(&app, "s", "c1").await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert!(
@@ -711,8 +712,162 @@ async fn an_edit_equal_to_the_submitted_input_is_no_edit(app: TestApp) {
     }
 }
 
+/// The outcome an agent receives carries its receipt: the envelope `GetReceipt` serves,
+/// verifying with the broker's key and saying this outcome of this call.
+async fn carries_its_receipt(app: &TestApp, outcome: &pb::Outcome, how: &str) {
+    let what = format!("{how}: {}", outcome.call_id);
+    assert!(!outcome.receipt.is_empty(), "{what}: no receipt carried");
+    let served = get_receipt(app, &outcome.session_id, &outcome.call_id)
+        .await
+        .expect(&what)
+        .receipt
+        .unwrap();
+    assert_eq!(outcome.receipt, served.envelope, "{what}");
+    let verified = verify::receipt(&outcome.receipt, &the_key()).expect(&what);
+    assert_eq!(
+        verified.subject,
+        format!("default/{}/{}", outcome.session_id, outcome.call_id),
+        "{what}"
+    );
+    let status = pb::CallStatus::try_from(outcome.status).unwrap();
+    let said = status.as_str_name().trim_start_matches("CALL_STATUS_");
+    assert_eq!(verified.outcome, said, "{what}");
+}
+
+/// Every way an agent is told an outcome carries the receipt (so an executor checks it without
+/// another request): Connect's live outcomes and submit replies, a resumed session, a
+/// resubmitted call, WatchOutcomes live and replayed, GetOutcomes, unary Submit and Cancel
+/// replies. Approvers are sent outcomes without it (they read it with GetReceipt).
+async fn every_outcome_an_agent_receives_carries_its_receipt(app: TestApp) {
+    create_rule(&app, rule("reads", "read_file", pb::Effect::Allow, 0, None)).await;
+    let mut stream = AgentStream::open(&app).await;
+    let mut live = watch(&app, "s", &[]).await;
+    stream
+        .submit(
+            "r1",
+            batch(
+                "s",
+                vec![
+                    call("c1", "shell", r#"{"command":"ls"}"#),
+                    call("c2", "read_file", r#"{"path":"a"}"#),
+                ],
+            ),
+        )
+        .await;
+    let submitted = stream.next_submitted().await;
+    assert_eq!(submitted.outcomes.len(), 1, "c2 decided by the rule");
+    carries_its_receipt(&app, &submitted.outcomes[0], "Connect's submit reply").await;
+    let decided = approve(&app, "s", "c1").await.outcome.unwrap();
+    assert!(
+        decided.receipt.is_empty(),
+        "Decide's reply (to an approver)"
+    );
+    let mut pushed = Vec::new();
+    while pushed.len() < 2 {
+        if let pb::agent_response::Response::Outcome(outcome) = stream.next().await {
+            pushed.push(outcome);
+        }
+    }
+    for outcome in &pushed {
+        carries_its_receipt(&app, outcome, "Connect, live").await;
+    }
+    let mut watched = 0;
+    while watched < 2 {
+        let message = tokio::time::timeout(PATIENCE, live.message()).await;
+        let event = message.unwrap().unwrap().unwrap().event;
+        if let Some(pb::watch_outcomes_response::Event::Outcome(outcome)) = event {
+            carries_its_receipt(&app, &outcome, "WatchOutcomes, live").await;
+            watched += 1;
+        }
+    }
+
+    let mut replay = watch(&app, "s", &["c1", "c2"]).await;
+    let mut replayed = 0;
+    while replayed < 2 {
+        let message = tokio::time::timeout(PATIENCE, replay.message()).await;
+        let event = message.unwrap().unwrap().unwrap().event;
+        if let Some(pb::watch_outcomes_response::Event::Outcome(outcome)) = event {
+            carries_its_receipt(&app, &outcome, "WatchOutcomes, replayed").await;
+            replayed += 1;
+        }
+    }
+    let mut resumed = AgentStream::open(&app).await;
+    resumed
+        .send(
+            "r2",
+            pb::agent_request::Request::Resume(pb::ResumeRequest {
+                session_id: "s".into(),
+                call_ids: vec![],
+            }),
+        )
+        .await;
+    let mut resumed_outcomes = 0;
+    loop {
+        match resumed.next().await {
+            pb::agent_response::Response::Outcome(outcome) => {
+                carries_its_receipt(&app, &outcome, "Connect, resumed").await;
+                resumed_outcomes += 1;
+            }
+            pb::agent_response::Response::Resumed(_) => break,
+            _ => {}
+        }
+    }
+    assert_eq!(resumed_outcomes, 2);
+    let mut again = AgentStream::open(&app).await;
+    again
+        .submit(
+            "r3",
+            batch("s", vec![call("c1", "shell", r#"{"command":"ls"}"#)]),
+        )
+        .await;
+    let resubmitted = again.next_submitted().await;
+    assert_eq!(resubmitted.outcomes.len(), 1, "c1, decided before");
+    carries_its_receipt(&app, &resubmitted.outcomes[0], "Connect, resubmit's reply").await;
+    carries_its_receipt(&app, &again.next_outcome().await, "Connect, resubmitted").await;
+
+    for state in states(&app, "s", &["c1", "c2"]).await {
+        let Some(pb::call_state::State::Outcome(outcome)) = state.state else {
+            panic!("decided: {state:?}");
+        };
+        carries_its_receipt(&app, &outcome, "GetOutcomes").await;
+    }
+    let reply = submit(
+        &app,
+        batch(
+            "s",
+            vec![
+                call("c1", "shell", r#"{"command":"ls"}"#),
+                call("c3", "read_file", r#"{"path":"b"}"#),
+                call("c4", "shell", r#"{"command":"pwd"}"#),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(reply.outcomes.len(), 2, "c1 decided before, c3 by the rule");
+    for outcome in &reply.outcomes {
+        carries_its_receipt(&app, outcome, "Submit's reply").await;
+    }
+    let cancelled = app
+        .agent()
+        .cancel(pb::CancelRequest {
+            target: Some(pb::CancelTarget {
+                session_id: "s".into(),
+                target: Some(pb::cancel_target::Target::WholeSession(true)),
+                reason: "stop".into(),
+            }),
+        })
+        .await
+        .expect("cancel")
+        .into_inner()
+        .result
+        .unwrap();
+    assert_eq!(cancelled.cancelled.len(), 1, "c4");
+    carries_its_receipt(&app, &cancelled.cancelled[0], "Cancel's reply").await;
+}
+
 backend_tests! {
     an_edit_equal_to_the_submitted_input_is_no_edit => super::with_key,
+    every_outcome_an_agent_receives_carries_its_receipt => super::with_key,
     a_call_id_reused_after_its_call_was_pruned_gets_a_receipt_of_its_own
         => super::with_key_retaining_a_second,
     outcomes_decided_all_at_once_each_get_a_receipt_in_one_chain => super::with_key,

@@ -15,6 +15,7 @@ import signal
 import sqlite3
 import uuid
 from collections.abc import Callable
+from dataclasses import replace as dataclass_replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,25 @@ def edit_database(process: BrokerProcess, *statements: tuple[str, tuple[Any, ...
 
 
 # --- the client, against a real broker -------------------------------------------------------
+
+
+async def test_the_receipt_an_outcome_carries_is_the_one_checked(broker_process: BrokerProcess) -> None:
+    """Every outcome the broker sends carries its signed receipt, and that is what the client
+    verifies (no second request): an outcome carrying another call's receipt is not run."""
+    session = new_session()
+    approved, other = await reviewed(
+        broker_process,
+        session,
+        [Decision("toolu_01", approve=True), Decision("toolu_02", approve=True)],
+        [CALL, OTHER],
+    )
+    assert approved.approved and approved.receipt and other.receipt
+    statement = json.loads(base64.b64decode(json.loads(approved.receipt)["payload"]))
+    assert statement["predicate"]["call"]["callId"] == "toolu_01"
+    assert statement["predicate"]["chain"]["sequence"] == approved.receipt_sequence
+    async with Broker(broker_process.target) as broker:
+        (swapped,) = await broker._checked([dataclass_replace(approved, receipt=other.receipt)], None)
+    assert_not_run(swapped, "not this call")
 
 
 async def test_an_approved_call_verifies_with_the_brokers_keys_and_runs(broker_process: BrokerProcess) -> None:

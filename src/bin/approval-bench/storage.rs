@@ -99,6 +99,7 @@ impl RawReceipt {
                 run_input: Some(input),
                 input_edited: false,
                 seq: None,
+                receipt: None,
             }),
         };
         let link = ChainLink::after(Some((1, sha256_hex(b"the previous receipt"))));

@@ -174,6 +174,7 @@ impl<'p> Ruling<'p> {
                 run_input: Some(input.clone()),
                 input_edited: false,
                 seq: None,
+                receipt: None,
             },
             Effect::Deny => {
                 let mut outcome = texts.outcome(OutcomeKind::Denied, by.decided_by(), reason, now);

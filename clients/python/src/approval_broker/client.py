@@ -18,7 +18,9 @@ saying why.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
+import json
 import logging
 import time
 import uuid
@@ -344,19 +346,10 @@ class Broker:
     async def _check(self, outcome: Outcome, tool: str | None) -> Outcome:
         try:
             keys = await self.receipt_keys()
-            try:
-                reply = await self._agent_stub().GetReceipt(
-                    types_pb2.GetReceiptRequest(session_id=outcome.session_id, call_id=outcome.call_id),
-                    metadata=self._metadata,
-                    timeout=self.rpc_timeout,
-                )
-            except grpc.aio.AioRpcError as e:
-                raise ReceiptRejected(_receipt_error(e)) from None
-            if not reply.HasField("receipt") or not reply.receipt.envelope:
-                raise ReceiptRejected("the broker sent no receipt for it")
-            # The reply's own key (`reply.key`) and `verified` are the broker's word: not used.
+            # The outcome carries its receipt; a broker that sends none with outcomes is asked.
+            envelope = outcome.receipt or await self._fetch_receipt(outcome)
             to_run = verify_approval(
-                reply.receipt.envelope,
+                envelope,
                 keys,
                 session_id=outcome.session_id,
                 call_id=outcome.call_id,
@@ -370,7 +363,23 @@ class Broker:
                 outcome.session_id, outcome.call_id, e.reason,
             )
             return outcome.unverified(e.reason)
-        return dataclasses.replace(outcome, input_json=to_run, receipt_sequence=reply.receipt.sequence)
+        return dataclasses.replace(outcome, input_json=to_run, receipt_sequence=_chain_sequence(envelope))
+
+    async def _fetch_receipt(self, outcome: Outcome) -> str:
+        """The outcome's receipt asked for (`AgentService.GetReceipt`), for an outcome that came
+        without one. The reply's own key (`reply.key`) and `verified` are the broker's word: not
+        used."""
+        try:
+            reply = await self._agent_stub().GetReceipt(
+                types_pb2.GetReceiptRequest(session_id=outcome.session_id, call_id=outcome.call_id),
+                metadata=self._metadata,
+                timeout=self.rpc_timeout,
+            )
+        except grpc.aio.AioRpcError as e:
+            raise ReceiptRejected(_receipt_error(e)) from None
+        if not reply.HasField("receipt") or not reply.receipt.envelope:
+            raise ReceiptRejected("the broker sent no receipt for it")
+        return str(reply.receipt.envelope)
 
     async def _gather_checked(
         self, keys: list[Key], futures: list[asyncio.Future[Outcome]], timeout: float | None, tools: dict[str, str] | None
@@ -587,6 +596,13 @@ class Broker:
 
 async def _same(outcome: Outcome) -> Outcome:
     return outcome
+
+
+def _chain_sequence(envelope: str) -> int | None:
+    """The chain sequence a receipt names; read once the receipt verified."""
+    statement = json.loads(base64.b64decode(json.loads(envelope)["payload"]))
+    sequence = statement.get("predicate", {}).get("chain", {}).get("sequence")
+    return sequence if isinstance(sequence, int) else None
 
 
 def _receipt_error(e: grpc.aio.AioRpcError) -> str:

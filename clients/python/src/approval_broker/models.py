@@ -96,6 +96,10 @@ class Outcome:
     # For an APPROVED outcome the client checked: the sequence of the signed receipt that
     # proved it (None when the check is off).
     receipt_sequence: int | None = None
+    # The signed receipt the broker sent with the outcome (its DSSE envelope, JSON text); empty
+    # from a broker that sends none, or signs none. Only trusted once it verifies with a key the
+    # client trusts.
+    receipt: str = field(default="", repr=False)
 
     @property
     def approved(self) -> bool:
@@ -121,6 +125,7 @@ class Outcome:
             batch_id=outcome.batch_id,
             position=outcome.position,
             decided_at=outcome.decided_at.ToDatetime(tzinfo=timezone.utc) if outcome.HasField("decided_at") else None,
+            receipt=outcome.receipt,
         )
 
     @classmethod
