@@ -371,6 +371,7 @@ impl Interceptor for Gate {
         let entry = tokens
             .authenticate(token)
             .ok_or_else(|| Status::unauthenticated("unknown token"))?;
+        crate::connections::vouch(request.extensions());
         let identity: Arc<str> = Arc::from(entry.identity.as_str());
         CallerNote::note(&request, Arc::clone(&identity));
         if !entry.role.admits(self.required) {

@@ -298,13 +298,15 @@ pub struct ConnectionSettings {
 }
 
 impl ConnectionSettings {
-    /// `http1`: whether browsers may speak HTTP/1.1 (the inbox is served).
-    pub fn limits(&self, http1: bool) -> crate::connections::ConnectionLimits {
+    /// `http1`: whether browsers may speak HTTP/1.1 (the inbox is served); `authenticated`:
+    /// whether the broker takes tokens.
+    pub fn limits(&self, http1: bool, authenticated: bool) -> crate::connections::ConnectionLimits {
         crate::connections::ConnectionLimits {
             max_connections: self.max_connections as usize,
             handshake_timeout: self.handshake_timeout,
             max_control_frames_per_second: self.max_control_frames_per_second,
             http1,
+            authenticated,
         }
     }
 }

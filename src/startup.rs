@@ -247,7 +247,13 @@ pub async fn run(
         .add_service(approver)
         .add_service(admin)
         .serve_with_incoming_shutdown(
-            connections::admit(listener, config.connections.limits(config.serve.inbox), tls),
+            connections::admit(
+                listener,
+                config
+                    .connections
+                    .limits(config.serve.inbox, tokens.is_some()),
+                tls,
+            ),
             drain,
         );
     let drain_timeout = config.serve.drain_timeout;

@@ -1,6 +1,8 @@
 //! Client connections, before gRPC sees them: the broker accepts TCP itself so that no client
 //! can hold a file descriptor for nothing. A connection beyond `--max-connections` is closed at
-//! once, and no one peer address may hold all the places (`peers`); one that has not finished its TLS handshake and sent its first bytes (the HTTP/2
+//! once, no one peer address may hold all the places, nor (with authentication on) may the
+//! connections that have not authenticated (`peers`); one that has not finished its TLS
+//! handshake and sent its first bytes (the HTTP/2
 //! client preface, or the start of an HTTP/1.1 request) within `--handshake-timeout` is closed;
 //! and every admitted HTTP/2 connection goes to tonic inside the
 //! [`FloodGuard`](flood::FloodGuard), which ends PING and SETTINGS floods. TLS is done here,
@@ -48,6 +50,9 @@ pub struct ConnectionLimits {
     pub max_control_frames_per_second: u32,
     /// Whether HTTP/1.1 connections (browsers on `http://`, for the inbox) are admitted.
     pub http1: bool,
+    /// Whether the broker takes tokens: connections that have not authenticated then share a
+    /// budget smaller than `max_connections` (see `peers`).
+    pub authenticated: bool,
 }
 
 /// The connections tonic serves: admitted and past their handshake.
@@ -69,7 +74,7 @@ pub fn admit(
     let (ready, incoming) = mpsc::channel(64);
     let admission = Arc::new(Admission {
         slots: Arc::new(Semaphore::new(limits.max_connections)),
-        peers: Peers::new(limits.max_connections),
+        peers: Peers::new(limits.max_connections, limits.authenticated),
         limits,
         tls,
     });
@@ -111,18 +116,21 @@ async fn accept(
             peer_refusals.note_peer(peer, peers::per_peer_cap(admission.limits.max_connections));
             continue;
         };
-        // Every place taken: a newcomer from a less busy address takes one of the busiest's,
-        // whose place comes free once its closed connection ends; anyone else is refused.
+        // Every place taken, or (with authentication on) the connections that have not
+        // authenticated over their budget: a newcomer from a less busy address takes the place of
+        // one of the busiest's (only an unvouched one, with authentication on), which comes free
+        // once its closed connection ends; anyone else is refused.
         let permit = match admission.take_slot() {
-            Some(permit) => Some(permit),
-            None if admission.peers.make_room_for(peer) => {
+            Some(permit) if !admission.peers.over_unvouched_budget() => Some(permit),
+            slot if admission.peers.make_room_for(peer) => {
                 meters::connection_closed("room_for_another_peer");
-                None
+                slot
             }
-            None => {
-                drop((tcp, held));
+            slot => {
+                let unvouched = slot.is_some();
+                drop((slot, tcp, held));
                 meters::connection_refused();
-                refusals.note(admission.limits.max_connections);
+                refusals.note(admission.limits.max_connections, unvouched);
                 continue;
             }
         };
@@ -341,13 +349,23 @@ impl Refusals {
         self.last_log = Some(Instant::now());
     }
 
-    fn note(&mut self, max: usize) {
+    /// `unvouched`: refused for the budget of connections that have not authenticated, not
+    /// because every place is taken.
+    fn note(&mut self, max: usize, unvouched: bool) {
         if self.due() {
-            tracing::warn!(
-                refused = self.since_last_log,
-                max_connections = max,
-                "refusing client connections: --max-connections are open"
-            );
+            if unvouched {
+                tracing::warn!(
+                    refused = self.since_last_log,
+                    budget = peers::per_peer_cap(max),
+                    "refusing client connections: connections that have not authenticated hold                      three quarters of --max-connections, and none of them can make room"
+                );
+            } else {
+                tracing::warn!(
+                    refused = self.since_last_log,
+                    max_connections = max,
+                    "refusing client connections: --max-connections are open"
+                );
+            }
             self.logged();
         }
     }
@@ -367,14 +385,35 @@ enum Transport {
     Tls(Box<TlsStream<TcpStream>>),
 }
 
+/// What every request learns of its connection (in its extensions): the addresses, and the
+/// connection's place, which the gate vouches for once a request authenticates ([`vouch`]).
+#[derive(Clone)]
+pub struct ClientInfo {
+    pub tcp: TcpConnectInfo,
+    place: Arc<peers::Closer>,
+}
+
 impl Connected for Connection {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = ClientInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        match self {
-            Connection::Http2(io) => io.get_ref().info.clone(),
-            Connection::Http1(io) => io.io.info.clone(),
+        let io = match self {
+            Connection::Http2(io) => io.get_ref(),
+            Connection::Http1(io) => &io.io,
+        };
+        ClientInfo {
+            tcp: io.info.clone(),
+            place: Arc::clone(io.held.closer_arc()),
         }
+    }
+}
+
+/// A request with these extensions authenticated: its connection is vouched for, and leaves
+/// the budget of connections that have not authenticated (see `peers`). Nothing for a request
+/// that did not come through [`admit`] (an in-process test server).
+pub fn vouch(extensions: &tonic::Extensions) {
+    if let Some(info) = extensions.get::<ClientInfo>() {
+        info.place.vouch();
     }
 }
 

@@ -10,6 +10,16 @@
 //!   cannot keep a kubelet's health check or another client out either, while connections
 //!   from one address (a proxy in front of the broker) are never closed for each other.
 //!
+//! With authentication on, a connection that has not (yet) carried a valid token is *unvouched*,
+//! and the unvouched share a budget smaller than the total ([`per_peer_cap`] again: three
+//! quarters): past it, or with every place taken, a newcomer takes the place of an unvouched
+//! connection (the busiest address's newest, by the same rule), never of one that authenticated.
+//! Many addresses each holding an idle socket (where the rule above, a trade between equals,
+//! would close an authenticated agent's connection) thus only ever displace one another, and a
+//! quarter of the places stays with the clients that proved who they are. A newcomer that can
+//! displace no one is refused. A connection is vouched for by the gate (`auth::Gate`) the
+//! first time a request on it authenticates ([`vouch`](super::vouch)); it never goes back.
+//!
 //! Addresses are compared as IP addresses, ports ignored (an IPv4-mapped IPv6 peer is its IPv4
 //! address).
 
@@ -31,6 +41,9 @@ pub fn per_peer_cap(max_connections: usize) -> usize {
 /// The connections each peer address holds.
 pub struct Peers {
     per_peer: usize,
+    /// With authentication on, the most places unvouched connections may hold; `None` with it
+    /// off (no connection is ever vouched for).
+    unvouched_budget: Option<usize>,
     state: Mutex<State>,
 }
 
@@ -40,16 +53,27 @@ struct State {
     by_peer: HashMap<IpAddr, BTreeMap<u64, Arc<Closer>>>,
 }
 
-/// Closes one connection from outside it: its next read fails, which ends it.
+/// Closes one connection from outside it: its next read fails, which ends it. Also says whether
+/// a request on it authenticated (see [`vouch`](super::vouch)).
 #[derive(Default)]
 pub struct Closer {
     closed: AtomicBool,
+    vouched: AtomicBool,
     waker: AtomicWaker,
 }
 
 impl Closer {
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    fn is_vouched(&self) -> bool {
+        self.vouched.load(Ordering::Acquire)
+    }
+
+    /// A request on this connection authenticated: it leaves the unvouched budget for good.
+    pub fn vouch(&self) {
+        self.vouched.store(true, Ordering::Release);
     }
 
     fn close(&self) {
@@ -84,6 +108,10 @@ impl Held {
     pub fn closer(&self) -> &Closer {
         &self.closer
     }
+
+    pub fn closer_arc(&self) -> &Arc<Closer> {
+        &self.closer
+    }
 }
 
 impl Drop for Held {
@@ -107,11 +135,29 @@ fn canonical(peer: IpAddr) -> IpAddr {
 }
 
 impl Peers {
-    pub fn new(max_connections: usize) -> Arc<Self> {
+    /// `authenticated`: whether the broker takes tokens (only then is anyone vouched for).
+    pub fn new(max_connections: usize, authenticated: bool) -> Arc<Self> {
         Arc::new(Self {
             per_peer: per_peer_cap(max_connections),
+            unvouched_budget: authenticated.then(|| per_peer_cap(max_connections)),
             state: Mutex::new(State::default()),
         })
+    }
+
+    /// Whether the open unvouched connections (a newcomer, already joined, among them) exceed
+    /// their budget: one of them must then make room (see [`Self::make_room_for`]).
+    pub fn over_unvouched_budget(&self) -> bool {
+        let Some(budget) = self.unvouched_budget else {
+            return false;
+        };
+        let state = self.lock();
+        let unvouched = state
+            .by_peer
+            .values()
+            .flat_map(BTreeMap::values)
+            .filter(|c| !c.is_closed() && !c.is_vouched())
+            .count();
+        unvouched > budget
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -138,28 +184,31 @@ impl Peers {
         })
     }
 
-    /// Every place is taken and `peer` (already joined) wants one: closes the newest connection
-    /// of the address holding the most, if it holds at least as many as `peer` will with this
-    /// one (so the two at most trade places: a peer never gains on one busier than itself).
-    /// Returns whether one was closed (its place comes free once its connection ends).
+    /// Every place is taken, or the unvouched are over their budget, and `peer` (already
+    /// joined) wants a place: closes the newest connection of the address holding the most, if
+    /// it holds at least as many as `peer` will with this one (so the two at most trade places:
+    /// a peer never gains on one busier than itself). With authentication on, only unvouched
+    /// connections are counted and closed: an authenticated one is never closed for a
+    /// newcomer. Returns whether one was closed (its place comes free once its connection ends).
     pub fn make_room_for(&self, peer: IpAddr) -> bool {
         let peer = canonical(peer);
+        let only_unvouched = self.unvouched_budget.is_some();
         // Connections already closed for another newcomer are on their way out: not counted.
-        let open =
-            |held: &BTreeMap<u64, Arc<Closer>>| held.values().filter(|c| !c.is_closed()).count();
+        let movable = |c: &&Arc<Closer>| !(c.is_closed() || only_unvouched && c.is_vouched());
+        let count = |held: &BTreeMap<u64, Arc<Closer>>| held.values().filter(movable).count();
         let state = self.lock();
-        let theirs = state.by_peer.get(&peer).map_or(0, open);
+        let theirs = state.by_peer.get(&peer).map_or(0, count);
         let busiest = state
             .by_peer
             .iter()
             .filter(|(address, _)| **address != peer)
-            .map(|(_, held)| (open(held), held))
+            .map(|(_, held)| (count(held), held))
             .max_by_key(|(count, _)| *count);
         match busiest {
             // `theirs` counts the newcomer: the two at most trade places.
             Some((count, held)) if count > 0 && count >= theirs => {
-                let newest = held.values().rev().find(|c| !c.is_closed());
-                newest.expect("an open one").close();
+                let newest = held.values().rev().find(movable);
+                newest.expect("a movable one").close();
                 true
             }
             _ => false,
@@ -180,7 +229,7 @@ mod tests {
         assert_eq!(per_peer_cap(512), 384);
         assert_eq!(per_peer_cap(3), 3);
         assert_eq!(per_peer_cap(1), 1);
-        let peers = Peers::new(8);
+        let peers = Peers::new(8, false);
         let held: Vec<_> = (0..6)
             .map(|_| peers.join(ip("10.0.0.1")).unwrap())
             .collect();
@@ -200,7 +249,7 @@ mod tests {
 
     #[test]
     fn a_newcomer_closes_the_busiest_addresses_newest_connection_never_its_own() {
-        let peers = Peers::new(8);
+        let peers = Peers::new(8, false);
         let greedy: Vec<_> = (0..3)
             .map(|_| peers.join(ip("10.0.0.1")).unwrap())
             .collect();
@@ -225,6 +274,48 @@ mod tests {
         let third = peers.join(ip("10.0.0.3")).unwrap();
         assert!(!peers.make_room_for(ip("10.0.0.3")), "3 against at most 2");
         drop((greedy, other, newcomer, second, third));
+    }
+
+    #[test]
+    fn with_authentication_on_only_unvouched_connections_make_room_and_they_share_a_budget() {
+        let peers = Peers::new(8, true);
+        // Two agents that authenticated, from one address each.
+        let agents: Vec<_> = ["10.0.1.1", "10.0.1.2"]
+            .into_iter()
+            .map(|a| peers.join(ip(a)).unwrap())
+            .collect();
+        agents.iter().for_each(|held| held.closer.vouch());
+        // Six idle sockets from six addresses: the whole budget (three quarters of 8).
+        let idle: Vec<_> = (1..=6)
+            .map(|n| peers.join(ip(&format!("10.0.2.{n}"))).unwrap())
+            .collect();
+        assert!(!peers.over_unvouched_budget());
+        // A seventh from another address is over the budget: it takes an idle socket's place
+        // (the two at most trade), never an agent's, though each agent holds as many as it.
+        let seventh = peers.join(ip("10.0.2.7")).unwrap();
+        assert!(peers.over_unvouched_budget());
+        assert!(peers.make_room_for(ip("10.0.2.7")));
+        assert!(!peers.over_unvouched_budget(), "one closed, on its way out");
+        let closed = |held: &[Held]| held.iter().filter(|h| h.closer.is_closed()).count();
+        assert_eq!((closed(&agents), closed(&idle)), (0, 1));
+        // With nothing unvouched to close, a newcomer makes no room (it would close an agent).
+        let alone = Peers::new(2, true);
+        let vouched: Vec<_> = ["10.0.1.1", "10.0.1.2"]
+            .into_iter()
+            .map(|a| alone.join(ip(a)).unwrap())
+            .collect();
+        vouched.iter().for_each(|held| held.closer.vouch());
+        let newcomer = alone.join(ip("10.0.2.1")).unwrap();
+        assert!(!alone.make_room_for(ip("10.0.2.1")));
+        assert_eq!(closed(&vouched), 0);
+        // With authentication off there is no budget, and anyone's connection may make room.
+        let open = Peers::new(2, false);
+        let two: Vec<_> = (0..2).map(|_| open.join(ip("10.0.1.1")).unwrap()).collect();
+        two.iter().for_each(|held| held.closer.vouch());
+        let other = open.join(ip("10.0.2.1")).unwrap();
+        assert!(!open.over_unvouched_budget());
+        assert!(open.make_room_for(ip("10.0.2.1")));
+        drop((seventh, newcomer, other));
     }
 
     use std::task::Waker;

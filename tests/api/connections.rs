@@ -475,3 +475,116 @@ async fn several_greedy_addresses_filling_every_place_cannot_keep_a_health_check
         "the greedy addresses no longer hold every place ({open} open)"
     );
 }
+
+/// A raw HTTP/2 connection from `source`: every request on it goes over this one connection,
+/// so a request that fails after it was closed shows it was closed (a gRPC channel would
+/// quietly connect again).
+struct OneConnection {
+    client: h2::client::SendRequest<prost::bytes::Bytes>,
+    address: SocketAddr,
+}
+
+impl OneConnection {
+    /// `None` when the broker closes it before it is ready.
+    async fn open(source: &str, address: SocketAddr) -> Option<OneConnection> {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(format!("{source}:0").parse().expect("source address"))
+            .expect("bind the source address");
+        let tcp = socket.connect(address).await.ok()?;
+        let (client, connection) = h2::client::handshake(tcp).await.ok()?;
+        tokio::spawn(connection);
+        Some(OneConnection { client, address })
+    }
+
+    /// The `grpc-status` of a call of `path` with an empty request, with `token` if given;
+    /// `None` when the connection is gone.
+    async fn call(&mut self, path: &str, token: Option<&str>) -> Option<String> {
+        use tonic::codegen::http;
+        let mut client = self.client.clone().ready().await.ok()?;
+        let mut request = http::Request::post(format!("http://{}{path}", self.address))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers");
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let (response, mut send) = client
+            .send_request(request.body(()).expect("request"), false)
+            .ok()?;
+        // An empty request message: the 5-byte gRPC frame header alone.
+        send.send_data(prost::bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+            .ok()?;
+        let response = tokio::time::timeout(PATIENCE, response).await.ok()?.ok()?;
+        let (parts, mut body) = response.into_parts();
+        if let Some(status) = parts.headers.get("grpc-status") {
+            return Some(status.to_str().ok()?.to_owned());
+        }
+        while let Some(chunk) = body.data().await {
+            chunk.ok()?;
+        }
+        let trailers = body.trailers().await.ok()??;
+        Some(trailers.get("grpc-status")?.to_str().ok()?.to_owned())
+    }
+}
+
+const LIST_PENDING: &str = "/approvals.v1.ApproverService/ListPending";
+const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
+
+/// With authentication on, connections that have not authenticated share three quarters of the
+/// places, and only they make room for newcomers: idle sockets from many addresses (each holding
+/// as few as an agent) take turns at the budget, while the connections that authenticated keep
+/// their places, and a probe from an address of its own still gets through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tokens_connections_that_never_authenticate_cannot_push_out_those_that_did() {
+    const TOKEN: &str = "approver-token";
+    let app = spawn_app_on(Backend::Sqlite, |config| {
+        config.connections.max_connections = 8;
+        config.connections.handshake_timeout = Duration::from_secs(600);
+        config.auth.tokens = Some(format!(
+            "approver alice {}",
+            approval_broker::auth::hash_token(TOKEN)
+        ));
+    })
+    .await;
+    let mut agents = Vec::new();
+    for source in ["127.0.1.1", "127.0.1.2"] {
+        let mut agent = OneConnection::open(source, app.address)
+            .await
+            .expect(source);
+        assert_eq!(
+            agent.call(LIST_PENDING, Some(TOKEN)).await.as_deref(),
+            Some("0")
+        );
+        agents.push(agent);
+    }
+    // Twelve idle sockets, one from each of twelve addresses: at most six open at a time.
+    let mut idle = Vec::new();
+    for n in 2..14 {
+        if let Some(socket) = idle_connection_from(&format!("127.0.2.{n}"), app.address).await {
+            idle.push(socket);
+        }
+    }
+    for n in 1..4 {
+        let source = format!("127.0.3.{n}");
+        let mut probe = OneConnection::open(&source, app.address)
+            .await
+            .expect(&source);
+        assert_eq!(
+            probe.call(HEALTH_CHECK, None).await.as_deref(),
+            Some("0"),
+            "probe {n}"
+        );
+    }
+    let open = still_open(&mut idle).await;
+    assert!(
+        open <= 6,
+        "the unauthenticated hold at most 6 of 8 places: {open} open"
+    );
+    for (n, agent) in agents.iter_mut().enumerate() {
+        assert_eq!(
+            agent.call(LIST_PENDING, Some(TOKEN)).await.as_deref(),
+            Some("0"),
+            "agent {n}'s connection, authenticated, is still open"
+        );
+    }
+}
