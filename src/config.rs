@@ -6,14 +6,17 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
 use crate::broker::Limits;
 use crate::domain::ToolResultTexts;
-use crate::store::{Database, Synchronous};
+
+pub(crate) use crate::domain::time::{parse_duration, parse_duration_up_to};
+
+pub use crate::receipts::ReceiptsMode;
+pub use crate::store::StoreSettings;
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -105,27 +108,6 @@ pub struct ReceiptsSettings {
     pub retired_keys: Option<PathBuf>,
 }
 
-/// See [`ReceiptsSettings::mode`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReceiptsMode {
-    Auto,
-    On,
-    Off,
-}
-
-impl FromStr for ReceiptsMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(ReceiptsMode::Auto),
-            "on" => Ok(ReceiptsMode::On),
-            "off" => Ok(ReceiptsMode::Off),
-            other => Err(format!("expected `auto`, `on` or `off`, got `{other}`")),
-        }
-    }
-}
-
 /// Where and how gRPC is served, and how it stops.
 #[derive(Debug, Clone, Args)]
 pub struct ServeSettings {
@@ -154,60 +136,6 @@ pub struct ServeSettings {
     /// On SIGTERM, how long open requests and commits get to finish before the broker exits.
     #[arg(long, env = "APPROVALS_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
-}
-
-/// Where state lives. Read as text here and parsed once, at start, into a [`Database`].
-#[derive(Debug, Clone, Args)]
-pub struct StoreSettings {
-    /// Where state lives: `postgres://USER@HOST:PORT/DB` (any number of replicas may share
-    /// it), or `sqlite://PATH`, `sqlite:PATH` or a plain file path (one broker process).
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "sqlite://approvals.db",
-        // It may carry a password: `--help` must not print it from the environment.
-        hide_env_values = true,
-        global = true
-    )]
-    pub database_url: String,
-
-    /// Postgres only: the size of the connection pool.
-    #[arg(long, env = "APPROVALS_DATABASE_MAX_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(2..), global = true)]
-    pub database_max_connections: u32,
-
-    /// Postgres only: each replica runs the submits, decisions and cancels queued meanwhile in
-    /// one transaction that numbers its own events. Off by default: on a machine whose Postgres
-    /// shares the broker's cores it measured slower than a transaction per write (one group at a
-    /// time per replica queues every write's round trips behind one connection;
-    /// docs/benchmarks.md).
-    #[arg(long, env = "APPROVALS_POSTGRES_GROUP_COMMIT", global = true)]
-    pub postgres_group_commit: bool,
-
-    /// SQLite's `synchronous` setting: `full` (power-safe, the default) or `normal` (faster;
-    /// survives a broker crash but NOT a power loss or OS crash).
-    #[arg(
-        long,
-        env = "APPROVALS_SQLITE_SYNCHRONOUS",
-        default_value = "full",
-        global = true
-    )]
-    pub sqlite_synchronous: Synchronous,
-}
-
-impl StoreSettings {
-    /// The database `--database-url` names, with the options of its backend; an error naming
-    /// `DATABASE_URL` when it names none the broker can keep state in.
-    pub fn database(&self) -> crate::Result<Database> {
-        let mut database = Database::parse(
-            &self.database_url,
-            self.sqlite_synchronous,
-            self.database_max_connections,
-        )?;
-        if let Database::Postgres { group_commit, .. } = &mut database {
-            *group_commit = self.postgres_group_commit;
-        }
-        Ok(database)
-    }
 }
 
 /// How large requests and replies may be, and how much one agent may leave pending.
@@ -548,7 +476,7 @@ pub enum Command {
     Export(crate::export::ExportArgs),
     /// Verify signed receipts offline against the broker's public key: one receipt, or an
     /// exported chain (in order, none missing). Exits non-zero naming what failed.
-    Verify(crate::receipts::command::VerifyArgs),
+    Verify(crate::commands::verify::VerifyArgs),
 }
 
 impl Config {
@@ -746,10 +674,6 @@ impl Config {
     }
 }
 
-/// The longest duration any setting takes: longer is surely a typo (and far beyond it, instants
-/// would overflow). Deadlines have the same cap ([`crate::domain::MAX_DEADLINE_AHEAD`]).
-const MAX_SETTING_DURATION: Duration = crate::domain::MAX_DEADLINE_AHEAD;
-
 /// The longest retention: a century, surely beyond any audit rule.
 const MAX_RETENTION: Duration = Duration::from_secs(36_500 * 86_400);
 
@@ -759,37 +683,10 @@ fn parse_retention(s: &str) -> Result<Duration, String> {
     parse_duration_up_to(s, MAX_RETENTION)
 }
 
-/// A duration such as `500ms`, `90s`, `15m`, `1h30m` or `1d` (humantime's syntax), or a bare
-/// number of seconds. Zero, overflow and anything over [`MAX_SETTING_DURATION`] are refused.
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    parse_duration_up_to(s, MAX_SETTING_DURATION)
-}
-
-fn parse_duration_up_to(s: &str, max: Duration) -> Result<Duration, String> {
-    let s = s.trim();
-    let d = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
-        s.parse::<u64>()
-            .map(Duration::from_secs)
-            .map_err(|_| format!("`{s}` is too large"))?
-    } else {
-        humantime::parse_duration(s)
-            .map_err(|e| format!("`{s}` is not a duration like 90s, 15m, 1h30m or 1d: {e}"))?
-    };
-    if d.is_zero() {
-        return Err("must be greater than zero".into());
-    }
-    if d > max {
-        return Err(format!(
-            "`{s}` is longer than the most this setting takes, {}",
-            humantime::format_duration(max)
-        ));
-    }
-    Ok(d)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::time::MAX_SETTING_DURATION;
 
     #[test]
     fn durations_parse_with_units() {

@@ -31,7 +31,7 @@ async fn run(sqlite_allocator: Result<(), std::ffi::c_int>) -> ExitCode {
         return approval_broker::mcp::run(gateway).await;
     }
     if let Some(Command::Verify(args)) = &config.command {
-        return approval_broker::receipts::command::run(args, &config.store).await;
+        return approval_broker::commands::verify::run(args, &config.store).await;
     }
     // Likewise: the export's standard output is the audit.
     if let Some(Command::Export(args)) = &config.command {

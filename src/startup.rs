@@ -55,7 +55,7 @@ pub async fn run(
     let notary = receipts::notary(
         config.receipts.mode,
         config.receipts.key.as_deref(),
-        &database,
+        database.key_home(),
     )?
     .map(Arc::new);
     let public_key = notary.as_ref().map(|n| *n.public_key());

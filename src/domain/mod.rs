@@ -18,7 +18,7 @@ mod listing;
 mod outcome;
 pub mod policy;
 pub mod receipt;
-mod time;
+pub mod time;
 mod visibility;
 pub mod webhook;
 

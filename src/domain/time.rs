@@ -50,3 +50,35 @@ impl Timestamp {
         Duration::from_micros(later.0.saturating_sub(self.0).max(0) as u64)
     }
 }
+
+/// The longest duration any setting takes: longer is surely a typo (and far beyond it, instants
+/// would overflow). Deadlines have the same cap ([`MAX_DEADLINE_AHEAD`]).
+pub const MAX_SETTING_DURATION: Duration = MAX_DEADLINE_AHEAD;
+
+/// A duration such as `500ms`, `90s`, `15m`, `1h30m` or `1d` (humantime's syntax), or a bare
+/// number of seconds. Zero, overflow and anything over [`MAX_SETTING_DURATION`] are refused.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    parse_duration_up_to(s, MAX_SETTING_DURATION)
+}
+
+pub fn parse_duration_up_to(s: &str, max: Duration) -> Result<Duration, String> {
+    let s = s.trim();
+    let d = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        s.parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| format!("`{s}` is too large"))?
+    } else {
+        humantime::parse_duration(s)
+            .map_err(|e| format!("`{s}` is not a duration like 90s, 15m, 1h30m or 1d: {e}"))?
+    };
+    if d.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    if d > max {
+        return Err(format!(
+            "`{s}` is longer than the most this setting takes, {}",
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(d)
+}

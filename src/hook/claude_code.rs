@@ -41,7 +41,7 @@ pub struct ClaudeCodeArgs {
 
     /// How long to wait for a decision, e.g. `90s`, `5m`. Keep it below the `timeout` of the hook
     /// entry in settings.json (Claude Code's default is 600 seconds).
-    #[arg(long, env = "APPROVALS_HOOK_TIMEOUT", default_value = "5m", value_parser = crate::config::parse_duration)]
+    #[arg(long, env = "APPROVALS_HOOK_TIMEOUT", default_value = "5m", value_parser = crate::domain::time::parse_duration)]
     pub timeout: Duration,
 
     /// The answer when no decision arrives in time: `deny` (the tool is not run; the model is

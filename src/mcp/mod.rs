@@ -59,7 +59,7 @@ pub struct McpGatewayArgs {
 
     /// How long a tool call waits for a decision, e.g. `90s`, `10m`. When it passes, the call is
     /// cancelled at the broker and the client gets an error result; the tool is not run.
-    #[arg(long, env = "APPROVALS_MCP_TIMEOUT", default_value = "10m", value_parser = crate::config::parse_duration)]
+    #[arg(long, env = "APPROVALS_MCP_TIMEOUT", default_value = "10m", value_parser = crate::domain::time::parse_duration)]
     pub timeout: Duration,
 
     /// Serve the client over Streamable HTTP at this address (the endpoint is `/mcp`) instead of

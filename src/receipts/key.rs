@@ -12,37 +12,61 @@ use ring::rand::{SecureRandom as _, SystemRandom};
 use ring::signature::Ed25519KeyPair;
 
 use super::Notary;
-use crate::config::ReceiptsMode;
 use crate::error::{Error, Result};
-use crate::store::Database;
 
 const KEY_FIELD: &str = "--receipt-key";
+
+/// Whether receipts are signed (`--receipts`): `auto` (on with SQLite, and with Postgres when a
+/// key is given), `on` (refuse to start without a key), `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReceiptsMode {
+    Auto,
+    On,
+    Off,
+}
+
+impl std::str::FromStr for ReceiptsMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(ReceiptsMode::Auto),
+            "on" => Ok(ReceiptsMode::On),
+            "off" => Ok(ReceiptsMode::Off),
+            other => Err(format!("expected `auto`, `on` or `off`, got `{other}`")),
+        }
+    }
+}
 
 /// The DER of an Ed25519 PKCS#8 v1 private key (RFC 8410) up to its 32-byte seed.
 const PKCS8_V1_PREFIX: [u8; 16] = [
     0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
 ];
 
+/// Where a key is kept when none is given: beside a SQLite database's file, generated there on
+/// first start; or nowhere, for a database replicas share (Postgres), whose operator gives it.
+#[derive(Debug, Clone, Copy)]
+pub enum KeyHome<'a> {
+    BesideFile(&'a Path),
+    Shared,
+}
+
 /// The notary receipts are signed with, as the settings and the database say: `None` when
 /// receipts are off.
-pub fn notary(
-    mode: ReceiptsMode,
-    key: Option<&Path>,
-    database: &Database,
-) -> Result<Option<Notary>> {
+pub fn notary(mode: ReceiptsMode, key: Option<&Path>, home: KeyHome<'_>) -> Result<Option<Notary>> {
     if mode == ReceiptsMode::Off {
         return Ok(None);
     }
-    let notary = match (key, database) {
+    let notary = match (key, home) {
         (Some(path), _) => load(path)?,
-        (None, Database::Sqlite { path, .. }) => load_or_create(&beside(path))?,
-        (None, Database::Postgres { .. }) if mode == ReceiptsMode::On => {
+        (None, KeyHome::BesideFile(path)) => load_or_create(&beside(path))?,
+        (None, KeyHome::Shared) if mode == ReceiptsMode::On => {
             return Err(Error::invalid(
                 KEY_FIELD,
                 "is required for receipts on Postgres: every replica must sign with the same key",
             ));
         }
-        (None, Database::Postgres { .. }) => {
+        (None, KeyHome::Shared) => {
             tracing::warn!(
                 "receipts are OFF: on Postgres the replicas' shared key must be given \
                  (--receipt-key / APPROVALS_RECEIPT_KEY)"

@@ -11,13 +11,11 @@
 //!   (`approval-broker verify`), shared by the broker when it reports a receipt's status.
 //! - [`trust`]: the keys a verifier trusts, several across key rotations, each with the time
 //!   it was valid if known.
-//! - [`database`]: `verify --database`, the chain read from a database and every call's stored
-//!   state compared with the receipt that attests it.
 //!
-//! Never here: deciding anything about a call, or writing the database.
+//! The `verify` command, which reads databases too, is `commands::verify`.
+//!
+//! Never here: deciding anything about a call, or reading or writing the database.
 
-pub mod command;
-pub mod database;
 mod key;
 pub mod signer;
 pub mod trust;
@@ -27,7 +25,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ring::signature::{ED25519, Ed25519KeyPair, KeyPair as _, UnparsedPublicKey};
 
-pub use key::notary;
+pub use key::{KeyHome, ReceiptsMode, notary};
 
 use crate::domain::json::{self, ArrayWriter, ObjectWriter};
 use crate::domain::receipt::{PAYLOAD_TYPE, sha256_hex};

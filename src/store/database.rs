@@ -63,6 +63,15 @@ impl Database {
     }
 
     /// A SQLite file with the default (power-safe) settings.
+    /// Where the receipt signing key is kept when none is given: beside a SQLite file; for a
+    /// database replicas share, nowhere (its operator gives the key).
+    pub fn key_home(&self) -> crate::receipts::KeyHome<'_> {
+        match self {
+            Database::Sqlite { path, .. } => crate::receipts::KeyHome::BesideFile(path),
+            Database::Postgres { .. } => crate::receipts::KeyHome::Shared,
+        }
+    }
+
     pub fn sqlite_file(path: impl AsRef<Path>) -> Database {
         Database::Sqlite {
             path: path.as_ref().to_owned(),

@@ -17,6 +17,7 @@ mod reads;
 pub mod receipt_rows;
 mod retention;
 mod rows;
+mod settings;
 pub(crate) mod sqlite;
 pub mod statements;
 mod webhook_rows;
@@ -44,6 +45,7 @@ pub use database::{DATABASE_URL_SETTING, Database};
 pub use postgres::PostgresStore;
 pub use reads::{BackendReads, PoolStats};
 pub use receipt_rows::StoredReceipt;
+pub use settings::StoreSettings;
 pub use sqlite::allocator as sqlite_allocator;
 pub use sqlite::{
     CHECKPOINT_EVERY, ProcessLock, SqliteStore, Synchronous, WRITER_CHECKPOINT_PAGES,

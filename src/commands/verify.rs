@@ -9,10 +9,10 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::trust::KeySet;
-use super::verify::{self, ChainSummary};
-use crate::config::StoreSettings;
-use crate::store::Database;
+use super::verify_database;
+use crate::receipts::trust::KeySet;
+use crate::receipts::verify::{self, ChainSummary};
+use crate::store::{Database, StoreSettings};
 
 /// See [`run`].
 #[derive(Debug, Clone, Args)]
@@ -90,7 +90,7 @@ async fn verify_database(
         ),
     }
     .map_err(|e| e.to_string())?;
-    let report = super::database::check(&database, &keys, args.allow_unreceipted).await?;
+    let report = verify_database::check(&database, &keys, args.allow_unreceipted).await?;
     let chain = match &report.chain {
         Some(summary) => describe(summary),
         None => "no receipt in the database".into(),

@@ -14,11 +14,11 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::trust::KeySet;
-use super::verify::{ChainCheck, ChainSummary};
 use crate::domain::json;
 use crate::domain::receipt::{ChainLink, payload, sha256_hex};
 use crate::domain::{Call, CallQuery};
+use crate::receipts::trust::KeySet;
+use crate::receipts::verify::{ChainCheck, ChainSummary};
 use crate::store::{BackendReads, Database};
 
 /// Receipts read per page.
