@@ -1,0 +1,37 @@
+/**
+ * The client in browsers: gRPC-Web (`@connectrpc/connect-web`), the transport the inbox uses.
+ * Browsers cannot stream requests, so each review is a `Submit` and a `WatchOutcomes` stream
+ * (re-watched after a break) instead of the one `Connect` stream; outcomes, receipts and
+ * failures are the same. The receipt check uses `node:crypto`: bundle with a polyfill, or give
+ * `verifyReceipts: false` only for a broker that signs nothing.
+ *
+ *     import { connectBrokerWeb } from "approval-broker/web";
+ *     const broker = connectBrokerWeb("https://broker.example.com", { token });
+ * @module
+ */
+import type { Interceptor } from "@connectrpc/connect";
+import { createGrpcWebTransport } from "@connectrpc/connect-web";
+import { Broker, type BrokerOptions } from "./client.js";
+
+export * from "./index.js";
+
+export interface WebBrokerOptions extends Omit<BrokerOptions, "transport" | "streaming" | "target"> {
+  /** Sent as `authorization: Bearer <token>` (a token of role `agent`). */
+  token?: string | undefined;
+  /** The `fetch` to use (the global one by default). */
+  fetch?: typeof globalThis.fetch;
+}
+
+/** A `Broker` speaking gRPC-Web to `baseUrl` (the broker's own origin, e.g. `http://127.0.0.1:50051`). */
+export function connectBrokerWeb(baseUrl: string, options: WebBrokerOptions = {}): Broker {
+  const { token, fetch, ...rest } = options;
+  const interceptors: Interceptor[] = [];
+  if (token) {
+    interceptors.push((next) => (request) => {
+      request.header.set("authorization", `Bearer ${token}`);
+      return next(request);
+    });
+  }
+  const transport = createGrpcWebTransport({ baseUrl, interceptors, ...(fetch ? { fetch } : {}) });
+  return new Broker({ ...rest, transport, streaming: "server", target: baseUrl });
+}
