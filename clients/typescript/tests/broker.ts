@@ -12,7 +12,7 @@ import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, isAbsolute, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { createClient } from "@connectrpc/connect";
+import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { ApproverService, Decision as ProtoDecision } from "../src/gen/approvals/v1/approver_pb.js";
 import type { Call, Outcome } from "../src/gen/approvals/v1/types_pb.js";
@@ -50,6 +50,11 @@ export class BrokerProcess {
   process: ChildProcess | undefined;
   private startedOnce = false;
 
+  /** The PEM of the CA that signed the broker's certificate, when it serves TLS. */
+  ca: string | undefined;
+  /** The approver token the test helpers decide with, when the broker has tokens. */
+  approverToken: string | undefined;
+
   constructor(readonly args: string[] = [], directory?: string) {
     this.directory = directory ?? mkdtempSync(join(tmpdir(), "approval-broker-ts-"));
   }
@@ -59,7 +64,21 @@ export class BrokerProcess {
   }
 
   get url(): string {
-    return `http://${this.target}`;
+    return `${this.ca === undefined ? "http" : "https"}://${this.target}`;
+  }
+
+  /** An `ApproverService` client, as the inbox would be (with the approver token, over TLS
+   * when the broker serves it). */
+  approver() {
+    const token = this.approverToken;
+    return createClient(
+      ApproverService,
+      createGrpcTransport({
+        baseUrl: this.url,
+        ...(this.ca === undefined ? {} : { nodeOptions: { ca: this.ca } }),
+        interceptors: token ? [(next) => (request) => (request.header.set("authorization", `Bearer ${token}`), next(request))] : [],
+      }),
+    );
   }
 
   get database(): string {
@@ -70,8 +89,9 @@ export class BrokerProcess {
     return join(this.directory, "broker.log");
   }
 
-  static async started(args: string[] = []): Promise<BrokerProcess> {
+  static async started(args: string[] = [], setup?: (broker: BrokerProcess) => void): Promise<BrokerProcess> {
     const broker = new BrokerProcess(args);
+    setup?.(broker);
     await broker.start();
     return broker;
   }
@@ -101,14 +121,16 @@ export class BrokerProcess {
   }
 
   private async waitUntilServing(child: ChildProcess): Promise<boolean> {
-    const approver = createClient(ApproverService, createGrpcTransport({ baseUrl: this.url }));
+    const approver = this.approver();
     const deadline = Date.now() + START_TIMEOUT_MS;
     while (Date.now() < deadline) {
       if (child.exitCode !== null || child.signalCode !== null) return false;
       try {
         await approver.listPending({ pageSize: 1 }, { timeoutMs: 1_000 });
         return true;
-      } catch {
+      } catch (e) {
+        // Refused credentials mean it serves.
+        if (e instanceof ConnectError && (e.code === Code.Unauthenticated || e.code === Code.PermissionDenied)) return true;
         await sleep(100);
       }
     }
@@ -142,6 +164,13 @@ export class BrokerProcess {
     rmSync(this.directory, { recursive: true, force: true });
   }
 
+  /** The broker's own `hash-token`, so the tests configure tokens as an operator does. */
+  static hashToken(token: string): string {
+    const run = spawnSync(brokerBinary(), ["hash-token", token], { encoding: "utf8" });
+    if (run.status !== 0) throw new Error(`hash-token failed: ${run.stderr}`);
+    return run.stdout.trim();
+  }
+
   /** Runs SQL on the broker's SQLite file while the broker is stopped (as someone who can write
    * the file, and not the key, would), then starts it again. */
   async editDatabase(sql: string): Promise<void> {
@@ -164,18 +193,24 @@ export interface Decision {
   approve: boolean;
   reason?: string;
   editedInputJson?: string;
+  /** The agent of the call, when the broker has tokens (the agent token's identity). */
+  agent?: string;
 }
 
-function approverClient(target: string) {
-  return createClient(ApproverService, createGrpcTransport({ baseUrl: `http://${target}` }));
+/** A broker to reach: a plaintext `host:port` without tokens, or the process itself. */
+export type Endpoint = string | BrokerProcess;
+
+function approverClient(endpoint: Endpoint) {
+  if (typeof endpoint !== "string") return endpoint.approver();
+  return createClient(ApproverService, createGrpcTransport({ baseUrl: `http://${endpoint}` }));
 }
 
-export async function pendingCalls(target: string, sessionId: string): Promise<Call[]> {
+export async function pendingCalls(target: Endpoint, sessionId: string): Promise<Call[]> {
   const reply = await approverClient(target).listPending({ filter: { sessionId } }, { timeoutMs: 5_000 });
   return reply.calls;
 }
 
-export async function waitUntilPending(target: string, sessionId: string, callIds: string[], timeoutMs = 20_000): Promise<void> {
+export async function waitUntilPending(target: Endpoint, sessionId: string, callIds: string[], timeoutMs = 20_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
     try {
@@ -190,7 +225,7 @@ export async function waitUntilPending(target: string, sessionId: string, callId
 }
 
 /** Decides the calls in order, as the approver `alice@example.com`. */
-export async function decide(target: string, sessionId: string, decisions: Decision[]): Promise<Outcome[]> {
+export async function decide(target: Endpoint, sessionId: string, decisions: Decision[]): Promise<Outcome[]> {
   const approver = approverClient(target);
   const outcomes: Outcome[] = [];
   for (const d of decisions) {
@@ -202,6 +237,7 @@ export async function decide(target: string, sessionId: string, decisions: Decis
         reason: d.reason ?? "",
         editedInputJson: d.editedInputJson ?? "",
         approver: "alice@example.com",
+        agent: d.agent ?? "",
       },
       { timeoutMs: 5_000 },
     );
@@ -211,7 +247,7 @@ export async function decide(target: string, sessionId: string, decisions: Decis
 }
 
 /** The approver UI: once every named call is pending, decides them in order. */
-export async function approveWhenPending(target: string, sessionId: string, decisions: Decision[]): Promise<Outcome[]> {
+export async function approveWhenPending(target: Endpoint, sessionId: string, decisions: Decision[]): Promise<Outcome[]> {
   await waitUntilPending(target, sessionId, decisions.map((d) => d.callId));
   return decide(target, sessionId, decisions);
 }
