@@ -23,3 +23,4 @@ export {
   type KeySource,
   type TrustedKey,
 } from "./receipts.js";
+export { ReviewedCall, reviewTurn, type RunTool, type TurnCall, type TurnOptions } from "./turns.js";
