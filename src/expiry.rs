@@ -38,9 +38,7 @@ impl DeadlineSweeper {
         let expired = self.store.expire_due(Timestamp::now()).await?;
         if !expired.is_empty() {
             tracing::info!(count = expired.len(), "expired calls past their deadline");
-            self.bus.notify_committed();
-            crate::meters::outcomes(&expired);
-            crate::telemetry::outcomes_written(&expired);
+            self.bus.committed(&expired);
         }
         Ok(expired.len())
     }
@@ -58,7 +56,7 @@ impl DeadlineSweeper {
                 count = fired,
                 "escalation steps fired for calls still pending"
             );
-            self.bus.notify_committed();
+            self.bus.committed(std::iter::empty());
         }
         Ok(fired)
     }

@@ -33,7 +33,6 @@ use crate::receipts::PublicKey;
 use crate::receipts::trust::KeySet;
 use crate::store::Store;
 use crate::stream_slots::{StreamSlot, StreamSlots};
-use crate::telemetry;
 use crate::traces;
 use crate::webhooks::Dispatcher;
 
@@ -213,7 +212,6 @@ impl Broker {
             .submit(batch)
             .instrument(traces::when_on(|| tracing::info_span!("store.submit")))
             .await?;
-        self.bus.notify_committed();
         let escalating = report.items.iter().any(|item| {
             matches!(&item.result, SubmitResult::Accepted(call)
                 if call.escalation.as_ref().is_some_and(|e| e.next_at.is_some()))
@@ -236,8 +234,7 @@ impl Broker {
             .into_iter()
             .filter(|call| !matches!(call.status(), Status::Decided(OutcomeKind::Superseded)));
         let decided_at_once: Vec<&Call> = decided_at_once.chain(&report.superseded).collect();
-        meters::outcomes(decided_at_once.iter().copied());
-        telemetry::outcomes_written(decided_at_once);
+        self.bus.committed(decided_at_once.iter().copied());
         meters::shadow_verdicts(&report.shadow_verdicts);
         if has_deadline || escalating {
             self.sweeper.deadline_added();
@@ -302,14 +299,10 @@ impl Broker {
         };
         traces::record_outcome(&tracing::Span::current(), &report.call);
         if !report.replayed {
-            self.bus.notify_committed();
-            let written = || {
-                std::iter::once(&report.call)
-                    .chain(&report.skipped)
-                    .chain(&report.decided_by_grant)
-            };
-            meters::outcomes(written());
-            telemetry::outcomes_written(written());
+            let written = std::iter::once(&report.call)
+                .chain(&report.skipped)
+                .chain(&report.decided_by_grant);
+            self.bus.committed(written);
         }
         tracing::debug!(
             verdict = ?decision.verdict,
@@ -328,9 +321,7 @@ impl Broker {
     pub async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
         let report = self.store.cancel(target).await?;
         if !report.cancelled.is_empty() {
-            self.bus.notify_committed();
-            meters::outcomes(&report.cancelled);
-            telemetry::outcomes_written(&report.cancelled);
+            self.bus.committed(&report.cancelled);
         }
         tracing::debug!(
             cancelled = report.cancelled.len(),
