@@ -15,7 +15,9 @@ import { fileURLToPath } from "node:url";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { ApproverService, Decision as ProtoDecision } from "../src/gen/approvals/v1/approver_pb.js";
-import type { Call, Outcome } from "../src/gen/approvals/v1/types_pb.js";
+import { Scope, type Call, type Outcome } from "../src/gen/approvals/v1/types_pb.js";
+
+export { Scope };
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 /** The repository root (tests compile to clients/typescript/.test-build/tests). */
@@ -195,6 +197,10 @@ export interface Decision {
   editedInputJson?: string;
   /** The agent of the call, when the broker has tokens (the agent token's identity). */
   agent?: string;
+  /** How long the decision holds: a grant for the session, the workspace, always. */
+  scope?: Scope;
+  /** The grant covers every input of the tool (by default only this call's input). */
+  anyInput?: boolean;
 }
 
 /** A broker to reach: a plaintext `host:port` without tokens, or the process itself. */
@@ -238,6 +244,8 @@ export async function decide(target: Endpoint, sessionId: string, decisions: Dec
         editedInputJson: d.editedInputJson ?? "",
         approver: "alice@example.com",
         agent: d.agent ?? "",
+        scope: d.scope ?? Scope.UNSPECIFIED,
+        ...(d.anyInput ? { matcher: { kind: { case: "any" as const, value: {} } } } : {}),
       },
       { timeoutMs: 5_000 },
     );

@@ -1,0 +1,344 @@
+/**
+ * The Vercel AI SDK (the real `ai` 7 package, its `ai/test` mock models) with the broker as its
+ * tool approver, against a real broker. Each test reads the prompt the mock model received on
+ * the step after the tool calls and asserts the promise the SDK itself broke: exactly one tool
+ * result per tool call, in the model's order, whatever mix of approvals, denials, skips,
+ * timeouts, a restart or an unreachable broker decided them; only approved calls ran, with the
+ * approved input. Runs on Node 22 (`ai` 7 needs it): `node_modules/.bin/node`.
+ */
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { convertToModelMessages, generateText, isStepCount, jsonSchema, readUIMessageStream, streamText, tool, wrapLanguageModel, type ModelMessage, type UIMessage } from "ai";
+import { convertArrayToReadableStream, MockLanguageModelV4 } from "ai/test";
+import type { LanguageModelV4StreamPart } from "@ai-sdk/provider";
+import { brokerApproval } from "../../src/ai-sdk.js";
+import { Status, type Broker } from "../../src/index.js";
+import { connectBroker } from "../../src/node.js";
+import { approveWhenPending, BrokerProcess, decide, freePort, newSession, Scope, waitUntilPending, type Decision } from "../broker.js";
+
+type Usage = { inputTokens: { total: number; noCache: number; cacheRead: undefined; cacheWrite: undefined }; outputTokens: { total: number; text: number; reasoning: undefined } };
+const USAGE: Usage = { inputTokens: { total: 10, noCache: 10, cacheRead: undefined, cacheWrite: undefined }, outputTokens: { total: 5, text: 5, reasoning: undefined } };
+
+interface ModelCall {
+  id: string;
+  name: string;
+  input: Record<string, unknown>;
+}
+
+const THREE: ModelCall[] = [
+  { id: "call_1", name: "read_file", input: { path: "a.txt" } },
+  { id: "call_2", name: "run_shell", input: { command: "rm -rf /" } },
+  { id: "call_3", name: "read_file", input: { path: "b.txt" } },
+];
+
+/** A mock model: the first step asks for `calls` (in one response), the second answers text. */
+function generatingModel(calls: ModelCall[]) {
+  return new MockLanguageModelV4({
+    doGenerate: [
+      {
+        content: calls.map((c) => ({ type: "tool-call" as const, toolCallId: c.id, toolName: c.name, input: JSON.stringify(c.input) })),
+        finishReason: { unified: "tool-calls" as const, raw: "tool_calls" },
+        usage: USAGE,
+        warnings: [],
+      },
+      { content: [{ type: "text" as const, text: "Done." }], finishReason: { unified: "stop" as const, raw: "stop" }, usage: USAGE, warnings: [] },
+    ],
+  });
+}
+
+/** The same, streaming. */
+function streamingModel(calls: ModelCall[]) {
+  let step = 0;
+  return new MockLanguageModelV4({
+    doStream: async () => {
+      step += 1;
+      const parts: LanguageModelV4StreamPart[] =
+        step === 1
+          ? [
+              { type: "stream-start" as const, warnings: [] },
+              ...calls.map((c) => ({ type: "tool-call" as const, toolCallId: c.id, toolName: c.name, input: JSON.stringify(c.input) })),
+              { type: "finish" as const, finishReason: { unified: "tool-calls" as const, raw: "tool_calls" }, usage: USAGE },
+            ]
+          : [
+              { type: "stream-start" as const, warnings: [] },
+              { type: "text-start" as const, id: "t1" },
+              { type: "text-delta" as const, id: "t1", delta: "Done." },
+              { type: "text-end" as const, id: "t1" },
+              { type: "finish" as const, finishReason: { unified: "stop" as const, raw: "stop" }, usage: USAGE },
+            ];
+      return { stream: convertArrayToReadableStream(parts) };
+    },
+  });
+}
+
+/** The tools, recording what ran with which input. */
+function recordingTools() {
+  const ran: [string, unknown][] = [];
+  const schema = jsonSchema<Record<string, unknown>>({ type: "object" });
+  const tools = {
+    read_file: tool({ inputSchema: schema, execute: async (input: Record<string, unknown>) => (ran.push(["read_file", input]), `contents of ${String(input.path)}`) }),
+    run_shell: tool({ inputSchema: schema, execute: async (input: Record<string, unknown>) => (ran.push(["run_shell", input]), "ran") }),
+  };
+  return { ran, tools };
+}
+
+/** The tool results of the prompt's tool messages, in order: [id, kind, value or reason]. */
+function toolResultsIn(prompt: readonly { role: string; content: unknown }[]): [string, string, string][] {
+  const results: [string, string, string][] = [];
+  for (const message of prompt) {
+    if (message.role !== "tool") continue;
+    for (const part of message.content as { type: string; toolCallId: string; output: { type: string; value?: unknown; reason?: string } }[]) {
+      if (part.type !== "tool-result") continue;
+      const output = part.output;
+      results.push([part.toolCallId, output.type, output.type === "execution-denied" ? (output.reason ?? "") : String(output.value)]);
+    }
+  }
+  return results;
+}
+
+/** The tool calls of the prompt's assistant messages, in order. */
+function toolCallsIn(prompt: readonly { role: string; content: unknown }[]): string[] {
+  return prompt
+    .filter((m) => m.role === "assistant" && Array.isArray(m.content))
+    .flatMap((m) => (m.content as { type: string; toolCallId: string }[]).filter((p) => p.type === "tool-call").map((p) => p.toolCallId));
+}
+
+describe("the AI SDK with the broker as its tool approver", () => {
+  let process_: BrokerProcess;
+  let broker: Broker;
+  before(async () => {
+    process_ = await BrokerProcess.started();
+    broker = connectBroker(process_.target);
+  });
+  after(async () => {
+    await broker.close();
+    await process_.dispose();
+  });
+
+  async function generate(session: string, calls: ModelCall[], decisions: Decision[], options: Parameters<typeof brokerApproval>[2] = {}) {
+    const approval = brokerApproval(broker, session, { timeoutMs: 30_000, ...options });
+    const model = generatingModel(calls);
+    const { ran, tools } = recordingTools();
+    const approving = decisions.length ? approveWhenPending(process_.target, session, decisions) : Promise.resolve([]);
+    const result = await generateText({
+      model: wrapLanguageModel({ model, middleware: approval.middleware }),
+      tools: approval.tools(tools),
+      toolApproval: approval.toolApproval,
+      stopWhen: isStepCount(3),
+      prompt: "Tidy up.",
+    });
+    await approving;
+    const prompt = model.doGenerateCalls[1]?.prompt ?? [];
+    return { result, ran, prompt, approval };
+  }
+
+  test("generateText: three calls, the middle one denied: one batch, three results in order, only the first ran", async () => {
+    const session = newSession("ai");
+    const { result, ran, prompt, approval } = await generate(session, THREE, [
+      { callId: "call_1", approve: true },
+      { callId: "call_2", approve: false, reason: "never on prod" },
+    ]);
+    assert.equal(result.text, "Done.");
+    assert.deepEqual(toolCallsIn(prompt), ["call_1", "call_2", "call_3"]);
+    const results = toolResultsIn(prompt);
+    assert.deepEqual(results.map(([id, kind]) => [id, kind]), [
+      ["call_1", "text"],
+      ["call_2", "execution-denied"],
+      ["call_3", "execution-denied"],
+    ]);
+    assert.equal(results[0]?.[2], "contents of a.txt");
+    assert.match(results[1]?.[2] ?? "", /never on prod/);
+    assert.equal(results[2]?.[2], approval.outcome("call_3")?.toolResult);
+    assert.equal(approval.outcome("call_3")?.status, Status.SKIPPED);
+    assert.deepEqual(ran, [["read_file", { path: "a.txt" }]]);
+    // One batch, in the model's order.
+    const batches = new Set(["call_1", "call_2", "call_3"].map((id) => approval.outcome(id)?.batchId));
+    assert.equal(batches.size, 1);
+    assert.deepEqual(["call_1", "call_2", "call_3"].map((id) => approval.outcome(id)?.position), [0, 1, 2]);
+  });
+
+  test("an approver's edit is what runs", async () => {
+    const session = newSession("ai");
+    const { ran, prompt } = await generate(session, [THREE[0]!], [{ callId: "call_1", approve: true, editedInputJson: '{"path":"safe.txt"}' }]);
+    assert.deepEqual(ran, [["read_file", { path: "safe.txt" }]]);
+    assert.deepEqual(toolResultsIn(prompt), [["call_1", "text", "contents of safe.txt"]]);
+  });
+
+  test("a timeout: the calls nobody decided in time are denied with a text saying they were not run", async () => {
+    const session = newSession("ai");
+    const { ran, prompt } = await generate(session, THREE, [{ callId: "call_1", approve: true }], { timeoutMs: 1_500, onDeny: "INDEPENDENT" });
+    const results = toolResultsIn(prompt);
+    assert.deepEqual(results.map(([id, kind]) => [id, kind]), [
+      ["call_1", "text"],
+      ["call_2", "execution-denied"],
+      ["call_3", "execution-denied"],
+    ]);
+    assert.match(results[1]?.[2] ?? "", /^The approval broker could not be asked, so this tool call was not run\. \(no outcome yet/);
+    assert.deepEqual(ran, [["read_file", { path: "a.txt" }]]);
+  });
+
+  test("a remembered grant decides a later step's calls at once", async () => {
+    const session = newSession("ai");
+    await generate(session, [THREE[0]!], [{ callId: "call_1", approve: true, scope: Scope.SESSION, anyInput: true }]);
+    // The next turn: no approver is asked; the grant approves at submit.
+    const { ran, prompt, approval } = await generate(session, [{ id: "call_9", name: "read_file", input: { path: "c.txt" } }], []);
+    assert.deepEqual(toolResultsIn(prompt), [["call_9", "text", "contents of c.txt"]]);
+    assert.match(approval.outcome("call_9")?.decidedBy ?? "", /^grant:/);
+    assert.deepEqual(ran, [["read_file", { path: "c.txt" }]]);
+  });
+
+  test("streamText: the same guarantee, the step's calls batched from the stream", async () => {
+    const session = newSession("ai");
+    const approval = brokerApproval(broker, session);
+    const model = streamingModel(THREE);
+    const { ran, tools } = recordingTools();
+    const approving = approveWhenPending(process_.target, session, [
+      { callId: "call_1", approve: true },
+      { callId: "call_2", approve: false, reason: "never" },
+    ]);
+    const result = streamText({
+      model: wrapLanguageModel({ model, middleware: approval.middleware }),
+      tools: approval.tools(tools),
+      toolApproval: approval.toolApproval,
+      stopWhen: isStepCount(3),
+      prompt: "Tidy up.",
+    });
+    assert.equal(await result.text, "Done.");
+    await approving;
+    const prompt = model.doStreamCalls[1]?.prompt ?? [];
+    assert.deepEqual(toolResultsIn(prompt).map(([id, kind]) => [id, kind]), [
+      ["call_1", "text"],
+      ["call_2", "execution-denied"],
+      ["call_3", "execution-denied"],
+    ]);
+    assert.deepEqual(ran, [["read_file", { path: "a.txt" }]]);
+    assert.equal(new Set(["call_1", "call_2", "call_3"].map((id) => approval.outcome(id)?.batchId)).size, 1);
+  });
+
+  test("the UI message flow: tool-approval-request and -response parts per call, and a history that converts whole", async () => {
+    const session = newSession("ai");
+    const approval = brokerApproval(broker, session);
+    const model = streamingModel(THREE);
+    const { tools } = recordingTools();
+    const approving = approveWhenPending(process_.target, session, [
+      { callId: "call_1", approve: true },
+      { callId: "call_2", approve: false, reason: "never" },
+    ]);
+    const result = streamText({
+      model: wrapLanguageModel({ model, middleware: approval.middleware }),
+      tools: approval.tools(tools),
+      toolApproval: approval.toolApproval,
+      stopWhen: isStepCount(3),
+      prompt: "Tidy up.",
+    });
+    let last: UIMessage | undefined;
+    for await (const message of readUIMessageStream({ stream: result.toUIMessageStream() })) last = message;
+    await approving;
+    assert.ok(last);
+    const toolParts = last.parts.filter((p) => p.type.startsWith("tool-")) as unknown as { type: string; toolCallId: string; state: string; approval?: { approved?: boolean; reason?: string } }[];
+    assert.deepEqual(toolParts.map((p) => [p.toolCallId, p.state, p.approval?.approved]), [
+      ["call_1", "output-available", true],
+      ["call_2", "output-denied", false],
+      ["call_3", "output-denied", false],
+    ]);
+    assert.match(toolParts[1]?.approval?.reason ?? "", /never/);
+    // The UI history, converted back for the next request, answers every call once.
+    const history: ModelMessage[] = await convertToModelMessages([{ id: "u1", role: "user", parts: [{ type: "text", text: "Tidy up." }] }, last]);
+    assert.deepEqual(toolResultsIn(history).map(([id]) => id), ["call_1", "call_2", "call_3"]);
+  });
+
+  test("the user-approval flow (needsApproval): approvalResponses answers the requests as one batch", async () => {
+    const session = newSession("ai");
+    const approval = brokerApproval(broker, session);
+    const model = generatingModel(THREE);
+    const { ran, tools } = recordingTools();
+    const first = await generateText({ model, tools: approval.tools(tools), toolApproval: () => "user-approval", prompt: "Tidy up." });
+    const requests = first.content.filter((p) => p.type === "tool-approval-request");
+    assert.equal(requests.length, 3);
+    const approving = approveWhenPending(process_.target, session, [
+      { callId: "call_1", approve: true, editedInputJson: '{"path":"safe.txt"}' },
+      { callId: "call_2", approve: false, reason: "never" },
+    ]);
+    const answer = await approval.approvalResponses(first.content);
+    await approving;
+    assert.deepEqual((answer.content as { approved: boolean }[]).map((p) => p.approved), [true, false, false]);
+    const second = await generateText({
+      model,
+      tools: approval.tools(tools),
+      toolApproval: () => "user-approval",
+      messages: [{ role: "user", content: "Tidy up." }, ...first.response.messages, answer],
+    });
+    assert.equal(second.text, "Done.");
+    assert.deepEqual(toolResultsIn(model.doGenerateCalls[1]?.prompt ?? []).map(([id, kind]) => [id, kind]), [
+      ["call_1", "text"],
+      ["call_2", "execution-denied"],
+      ["call_3", "execution-denied"],
+    ]);
+    assert.deepEqual(ran, [["read_file", { path: "safe.txt" }]]);
+  });
+});
+
+describe("the AI SDK when the broker breaks", () => {
+  test("a broker restarted mid-step: the step's calls still get their outcomes", async () => {
+    const process_ = await BrokerProcess.started();
+    const broker = connectBroker(process_.target);
+    try {
+      const session = newSession("ai");
+      const approval = brokerApproval(broker, session, { onDeny: "INDEPENDENT" });
+      const model = generatingModel(THREE);
+      const { ran, tools } = recordingTools();
+      const restartThenDecide = (async () => {
+        await waitUntilPending(process_.target, session, ["call_1", "call_2", "call_3"]);
+        await process_.restart("SIGKILL");
+        await decide(process_.target, session, [
+          { callId: "call_1", approve: true },
+          { callId: "call_2", approve: false },
+          { callId: "call_3", approve: true },
+        ]);
+      })();
+      await generateText({
+        model: wrapLanguageModel({ model, middleware: approval.middleware }),
+        tools: approval.tools(tools),
+        toolApproval: approval.toolApproval,
+        stopWhen: isStepCount(3),
+        prompt: "Tidy up.",
+      });
+      await restartThenDecide;
+      assert.deepEqual(toolResultsIn(model.doGenerateCalls[1]?.prompt ?? []).map(([id, kind]) => [id, kind]), [
+        ["call_1", "text"],
+        ["call_2", "execution-denied"],
+        ["call_3", "text"],
+      ]);
+      assert.deepEqual(ran.map(([name]) => name), ["read_file", "read_file"]);
+    } finally {
+      await broker.close();
+      await process_.dispose();
+    }
+  });
+
+  test("the broker unreachable: every call denied with a not-run text, nothing runs", async () => {
+    const broker = connectBroker(`127.0.0.1:${await freePort()}`, { unavailableTimeoutMs: 500, logger: { debug() {}, info() {}, warn() {} } });
+    try {
+      const approval = brokerApproval(broker, "s");
+      const model = generatingModel(THREE);
+      const { ran, tools } = recordingTools();
+      await generateText({
+        model: wrapLanguageModel({ model, middleware: approval.middleware }),
+        tools: approval.tools(tools),
+        toolApproval: approval.toolApproval,
+        stopWhen: isStepCount(3),
+        prompt: "Tidy up.",
+      });
+      const results = toolResultsIn(model.doGenerateCalls[1]?.prompt ?? []);
+      assert.deepEqual(results.map(([id, kind]) => [id, kind]), [
+        ["call_1", "execution-denied"],
+        ["call_2", "execution-denied"],
+        ["call_3", "execution-denied"],
+      ]);
+      for (const [, , reason] of results) assert.match(reason, /^The approval broker could not be asked, so this tool call was not run\./);
+      assert.deepEqual(ran, []);
+    } finally {
+      await broker.close();
+    }
+  });
+});
