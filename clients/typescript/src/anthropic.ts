@@ -14,7 +14,7 @@
  * @module
  */
 import type { Broker } from "./client.js";
-import { ReviewedCall, reviewTurn, runApproved, type RunTool, type TurnCall, type TurnOptions } from "./turns.js";
+import { paired, ReviewedCall, reviewTurn, runApproved, type RunTool, type TurnCall, type TurnOptions } from "./turns.js";
 
 /** A content block as the API returns it (only `tool_use` blocks are read). */
 export interface ContentBlock {
@@ -64,7 +64,7 @@ export async function reviewToolUses(
 ): Promise<ReviewedToolUse[]> {
   const calls = toolUses(content);
   const outcomes = await reviewTurn(broker, sessionId, calls, options);
-  return calls.map((c, i) => new ReviewedToolUse(c.callId, c.name, outcomes[i]!));
+  return paired(calls, outcomes).map(([c, outcome]) => new ReviewedToolUse(c.callId, c.name, outcome));
 }
 
 /** The user message answering every `tool_use` of the turn; see the module. */

@@ -28,8 +28,15 @@ import {
   ResumeRequestSchema,
   type AgentRequest,
   type AgentResponse,
+  type SubmitResponse,
 } from "./gen/approvals/v1/agent_pb.js";
-import { BatchSpecSchema, CancelTargetSchema, type Outcome as ProtoOutcome } from "./gen/approvals/v1/types_pb.js";
+import {
+  BatchSpecSchema,
+  CancelTargetSchema,
+  type GetReceiptResponse,
+  type ListReceiptKeysResponse,
+  type Outcome as ProtoOutcome,
+} from "./gen/approvals/v1/types_pb.js";
 import { AuthenticationError, BrokerError, BrokerUnavailable, PermissionDenied, RequestRefused, ReviewTimeout } from "./errors.js";
 import { ackFromProto, callSpec, OnDeny, onDenyProto, Outcome, type Ack, type ToolCall } from "./models.js";
 import { chainSequence, ReceiptRejected, trustedKey, trustedKeys, verifyApproval, type KeySource, type TrustedKey } from "./receipts.js";
@@ -342,7 +349,7 @@ export class Broker {
   }
 
   private async readBrokerKeys(): Promise<Map<string, TrustedKey>> {
-    let reply;
+    let reply: ListReceiptKeysResponse;
     try {
       reply = await this.agent.listReceiptKeys({}, { timeoutMs: this.rpcTimeoutMs });
     } catch (e) {
@@ -398,7 +405,7 @@ export class Broker {
   /** The receipt of an outcome that came without one (`GetReceipt`); the reply's own key and
    * `verified` are the broker's word: not used. */
   private async fetchReceipt(outcome: Outcome): Promise<string> {
-    let reply;
+    let reply: GetReceiptResponse;
     try {
       reply = await this.agent.getReceipt({ sessionId: outcome.sessionId, callId: outcome.callId }, { timeoutMs: this.rpcTimeoutMs });
     } catch (e) {
@@ -417,7 +424,7 @@ export class Broker {
       onDeny: onDenyProto(options.onDeny ?? OnDeny.SKIP_REST),
       supersedePending: options.supersedePending ?? false,
     });
-    let reply;
+    let reply: SubmitResponse;
     if (this.streaming === "server") {
       reply = await this.unary(() => this.agent.submit({ batch }, { timeoutMs: this.rpcTimeoutMs }));
     } else {
@@ -453,7 +460,10 @@ export class Broker {
   private waitFor(key: Key): Deferred<Outcome> {
     const deferred = new Deferred<Outcome>();
     let set = this.waiters.get(key);
-    if (set === undefined) this.waiters.set(key, (set = new Set()));
+    if (set === undefined) {
+      set = new Set();
+      this.waiters.set(key, set);
+    }
     set.add(deferred);
     return deferred;
   }
@@ -631,13 +641,13 @@ export class Broker {
         this.resolve(r.value);
         return;
       case "batchComplete":
-        r.value.outcomes.forEach((o) => this.resolve(o));
+        for (const o of r.value.outcomes) this.resolve(o);
         return;
       case "submitted":
-        [...r.value.outcomes, ...r.value.superseded].forEach((o) => this.resolve(o));
+        for (const o of [...r.value.outcomes, ...r.value.superseded]) this.resolve(o);
         break;
       case "cancelled":
-        [...r.value.cancelled, ...r.value.alreadyDecided].forEach((o) => this.resolve(o));
+        for (const o of [...r.value.cancelled, ...r.value.alreadyDecided]) this.resolve(o);
         break;
       case "resumed":
         if (response.requestId.startsWith("resume-")) this.failUnknown(r.value.sessionId, r.value.unknownCallIds);
@@ -674,13 +684,13 @@ export class Broker {
             downSince = undefined;
             backoff = 50;
             if (event.event.case === "outcome") this.resolve(event.event.value);
-            else if (event.event.case === "batchComplete") event.event.value.outcomes.forEach((o) => this.resolve(o));
+            else if (event.event.case === "batchComplete") for (const o of event.event.value.outcomes) this.resolve(o);
           }
         } catch (e) {
           if (signal.aborted) return;
           const error = ConnectError.from(e);
           if (error.code === Code.Unauthenticated || error.code === Code.PermissionDenied || error.code === Code.InvalidArgument) {
-            waiters.forEach((w) => w.reject(errorFromStatus(error, this.target)));
+            for (const w of waiters) w.reject(errorFromStatus(error, this.target));
             return;
           }
           const now = Date.now();
@@ -689,7 +699,7 @@ export class Broker {
             const failure = new BrokerUnavailable(
               `the approval broker at ${this.target} was unreachable for ${this.unavailableTimeoutMs / 1000}s (${Code[error.code]}: ${error.rawMessage}); no outcome was decided, run nothing`,
             );
-            waiters.forEach((w) => w.reject(failure));
+            for (const w of waiters) w.reject(failure);
             return;
           }
           await sleep(backoff);

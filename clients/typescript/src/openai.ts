@@ -15,7 +15,7 @@
  * @module
  */
 import type { Broker } from "./client.js";
-import { ReviewedCall, reviewTurn, runApproved, type RunTool, type TurnCall, type TurnOptions } from "./turns.js";
+import { paired, ReviewedCall, reviewTurn, runApproved, type RunTool, type TurnCall, type TurnOptions } from "./turns.js";
 
 /** A Chat Completions tool call (function or custom). */
 export interface ChatToolCall {
@@ -74,7 +74,7 @@ export async function reviewToolCalls(
 ): Promise<ReviewedToolCall[]> {
   const calls = callsOf(toolCalls);
   const outcomes = await reviewTurn(broker, sessionId, calls, options);
-  return calls.map((c, i) => new ReviewedToolCall(c.callId, c.name, outcomes[i]!));
+  return paired(calls, outcomes).map(([c, outcome]) => new ReviewedToolCall(c.callId, c.name, outcome));
 }
 
 /** One `role: "tool"` message per tool call of the turn, in order; see the module. */
@@ -109,8 +109,7 @@ export async function functionCallOutputs(
   const calls = functionCallsOf(output);
   const outcomes = await reviewTurn(broker, sessionId, calls, rest);
   const items: FunctionCallOutput[] = [];
-  for (const [i, call] of calls.entries()) {
-    const outcome = outcomes[i]!;
+  for (const [call, outcome] of paired(calls, outcomes)) {
     const text = outcome.approved ? (await runApproved(run, call.name, outcome.input)).text : outcome.toolResult;
     items.push({ type: "function_call_output", call_id: call.callId, output: text });
   }

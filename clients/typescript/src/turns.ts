@@ -8,7 +8,7 @@
  */
 import type { Broker, ReviewOptions } from "./client.js";
 import { BrokerError, ReviewTimeout } from "./errors.js";
-import { inputText, notAskedOutcomes, Outcome } from "./models.js";
+import { inputText, notAskedOutcomes, type Outcome } from "./models.js";
 
 /** Runs one approved tool: (tool name, approved input) → its output (text, or JSON-able). */
 export type RunTool = (name: string, input: Record<string, unknown>) => unknown;
@@ -69,6 +69,12 @@ export async function reviewTurn(broker: Broker, sessionId: string, calls: reado
     }
     return notAsked;
   }
+}
+
+/** The calls paired with their outcomes (`reviewTurn` answers every call, in order). */
+export function paired<C>(calls: readonly C[], outcomes: readonly Outcome[]): [C, Outcome][] {
+  if (outcomes.length !== calls.length) throw new Error(`${calls.length} calls but ${outcomes.length} outcomes`);
+  return calls.map((call, i) => [call, outcomes[i] as Outcome]);
 }
 
 /** Runs an approved tool; returns its output as text and whether it failed. A tool that throws

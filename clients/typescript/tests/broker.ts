@@ -78,7 +78,14 @@ export class BrokerProcess {
       createGrpcTransport({
         baseUrl: this.url,
         ...(this.ca === undefined ? {} : { nodeOptions: { ca: this.ca } }),
-        interceptors: token ? [(next) => (request) => (request.header.set("authorization", `Bearer ${token}`), next(request))] : [],
+        interceptors: token
+          ? [
+              (next) => (request) => {
+                request.header.set("authorization", `Bearer ${token}`);
+                return next(request);
+              },
+            ]
+          : [],
       }),
     );
   }

@@ -16,7 +16,7 @@ import { approveWhenPending, BrokerProcess, REPO } from "./broker.js";
 const PACKAGE = join(REPO, "clients", "typescript");
 
 function block(markdown: string, fence: string, index = 0): string {
-  const blocks = [...markdown.matchAll(new RegExp("```" + fence + "\\n([\\s\\S]*?)```", "g"))].map((m) => m[1] ?? "");
+  const blocks = [...markdown.matchAll(new RegExp(`\`\`\`${fence}\\n([\\s\\S]*?)\`\`\``, "g"))].map((m) => m[1] ?? "");
   const found = blocks[index];
   assert.ok(found !== undefined, `the README has no \`\`\`${fence} block #${index}`);
   return found;

@@ -10,7 +10,7 @@ import { createHash, createPrivateKey, createPublicKey, generateKeyPairSync, sig
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { canonicalize, Outcome, Status, trustedKeys, verifyApproval, type BrokerOptions, type ToolCall } from "../src/index.js";
+import { canonicalize, type Outcome, Status, trustedKeys, verifyApproval, type BrokerOptions, type ToolCall } from "../src/index.js";
 import { connectBroker } from "../src/node.js";
 import { pae, PAYLOAD_TYPE } from "../src/receipts.js";
 import { approveWhenPending, BrokerProcess, decide, newSession, type Decision } from "./broker.js";
@@ -256,9 +256,10 @@ describe("the verifier alone, on receipts the broker signed", () => {
 
   /** The envelope with its statement changed and signed again with the broker's own key: what
    * the statement says must be checked, not only the signature. */
-  function resign(change: (statement: Record<string, any>) => void, canonical = true): string {
+  type Statement = { predicateType: string; predicate: Record<string, unknown> };
+  function resign(change: (statement: Statement) => void, canonical = true): string {
     const data = JSON.parse(envelope) as { payload: string; signatures: { keyid: string; sig: string }[] };
-    const statement = JSON.parse(Buffer.from(data.payload, "base64").toString()) as Record<string, any>;
+    const statement = JSON.parse(Buffer.from(data.payload, "base64").toString()) as Statement;
     change(statement);
     const payload = Buffer.from(canonical ? canonicalize(statement) : JSON.stringify(statement, null, 1));
     data.payload = payload.toString("base64");
@@ -283,7 +284,7 @@ describe("the verifier alone, on receipts the broker signed", () => {
       ["the input to run is not JSON", () => verifyApproval(envelope, keys, { ...claim(), inputJson: "{" })],
       ["not canonical JSON", () => verifyApproval(resign(() => undefined, false), keys, claim())],
       ["subject is not the digest of its input", () => verifyApproval(resign((s) => (s.predicate.input = { command: "rm -rf /" })), keys, claim())],
-      ["digest of the input that runs", () => verifyApproval(resign((s) => (s.predicate.runs = { ...s.predicate.runs, input: { command: "rm -rf /" } })), keys, claim())],
+      ["digest of the input that runs", () => verifyApproval(resign((s) => (s.predicate.runs = { ...(s.predicate.runs as object), input: { command: "rm -rf /" } })), keys, claim())],
       ["not an approval-broker receipt", () => verifyApproval(resign((s) => (s.predicateType = "x")), keys, claim())],
       ["decided before its key", () => verifyApproval(envelope, new Map([...keys].map(([id, k]) => [id, { ...k, validFromNanos: BigInt(Date.now() + 60_000) * 1_000_000n }])), claim())],
       ["decided after its key", () => verifyApproval(envelope, new Map([...keys].map(([id, k]) => [id, { ...k, validUntilNanos: 1n }])), claim())],

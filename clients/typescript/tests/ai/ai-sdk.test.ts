@@ -25,8 +25,9 @@ interface ModelCall {
   input: Record<string, unknown>;
 }
 
+const READ_A: ModelCall = { id: "call_1", name: "read_file", input: { path: "a.txt" } };
 const THREE: ModelCall[] = [
-  { id: "call_1", name: "read_file", input: { path: "a.txt" } },
+  READ_A,
   { id: "call_2", name: "run_shell", input: { command: "rm -rf /" } },
   { id: "call_3", name: "read_file", input: { path: "b.txt" } },
 ];
@@ -76,8 +77,20 @@ function recordingTools() {
   const ran: [string, unknown][] = [];
   const schema = jsonSchema<Record<string, unknown>>({ type: "object" });
   const tools = {
-    read_file: tool({ inputSchema: schema, execute: async (input: Record<string, unknown>) => (ran.push(["read_file", input]), `contents of ${String(input.path)}`) }),
-    run_shell: tool({ inputSchema: schema, execute: async (input: Record<string, unknown>) => (ran.push(["run_shell", input]), "ran") }),
+    read_file: tool({
+      inputSchema: schema,
+      execute: async (input: Record<string, unknown>) => {
+        ran.push(["read_file", input]);
+        return `contents of ${String(input.path)}`;
+      },
+    }),
+    run_shell: tool({
+      inputSchema: schema,
+      execute: async (input: Record<string, unknown>) => {
+        ran.push(["run_shell", input]);
+        return "ran";
+      },
+    }),
   };
   return { ran, tools };
 }
@@ -159,7 +172,7 @@ describe("the AI SDK with the broker as its tool approver", () => {
 
   test("an approver's edit is what runs", async () => {
     const session = newSession("ai");
-    const { ran, prompt } = await generate(session, [THREE[0]!], [{ callId: "call_1", approve: true, editedInputJson: '{"path":"safe.txt"}' }]);
+    const { ran, prompt } = await generate(session, [READ_A], [{ callId: "call_1", approve: true, editedInputJson: '{"path":"safe.txt"}' }]);
     assert.deepEqual(ran, [["read_file", { path: "safe.txt" }]]);
     assert.deepEqual(toolResultsIn(prompt), [["call_1", "text", "contents of safe.txt"]]);
   });
@@ -179,7 +192,7 @@ describe("the AI SDK with the broker as its tool approver", () => {
 
   test("a remembered grant decides a later step's calls at once", async () => {
     const session = newSession("ai");
-    await generate(session, [THREE[0]!], [{ callId: "call_1", approve: true, scope: Scope.SESSION, anyInput: true }]);
+    await generate(session, [READ_A], [{ callId: "call_1", approve: true, scope: Scope.SESSION, anyInput: true }]);
     // The next turn: no approver is asked; the grant approves at submit.
     const { ran, prompt, approval } = await generate(session, [{ id: "call_9", name: "read_file", input: { path: "c.txt" } }], []);
     assert.deepEqual(toolResultsIn(prompt), [["call_9", "text", "contents of c.txt"]]);
