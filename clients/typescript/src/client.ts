@@ -19,7 +19,6 @@
  * `WatchOutcomes`).
  * @module
  */
-import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient, type Client, type Transport } from "@connectrpc/connect";
 import {
@@ -387,7 +386,7 @@ export class Broker {
     try {
       const keys = await this.receiptKeys();
       const envelope = outcome.receipt || (await this.fetchReceipt(outcome));
-      const toRun = verifyApproval(envelope, keys, {
+      const toRun = await verifyApproval(envelope, keys, {
         sessionId: outcome.sessionId,
         callId: outcome.callId,
         inputJson: outcome.inputJson,
@@ -441,7 +440,7 @@ export class Broker {
    * after a reconnect until answered (submits and cancels are idempotent; resumes too). */
   private request(request: AgentRequest): Promise<AgentResponse> {
     if (this.closed) return Promise.reject(new BrokerError("the client is closed"));
-    request.requestId = randomUUID().replaceAll("-", "");
+    request.requestId = crypto.randomUUID().replaceAll("-", "");
     const deferred = new Deferred<AgentResponse>();
     this.pending.set(request.requestId, { request, deferred });
     if (!this.ensureStream()) this.stream?.push(request);
@@ -627,7 +626,7 @@ export class Broker {
     for (const [sessionId, callIds] of sessions) {
       queue.push(
         create(AgentRequestSchema, {
-          requestId: `resume-${randomUUID()}`,
+          requestId: `resume-${crypto.randomUUID()}`,
           request: { case: "resume", value: create(ResumeRequestSchema, { sessionId, callIds }) },
         }),
       );

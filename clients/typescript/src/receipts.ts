@@ -9,22 +9,30 @@
  * trusted keys come from the client's options or from `ListReceiptKeys`, read once: never from
  * the outcome or the receipt itself.
  *
- * Everything here is pure (Node's built-in `crypto`, no network). `ReceiptRejected` names what
- * did not hold, as a clause the model can read.
+ * Everything here is pure (no network) and runs in Node and in browsers alike: Ed25519 is
+ * WebCrypto's (`crypto.subtle`, built into Node and current browsers), SHA-256 and RFC 8785 are
+ * this package's own few lines. `ReceiptRejected` names what did not hold, as a clause the model
+ * can read.
  * @module
  */
-import { createHash, createPublicKey, KeyObject, verify } from "node:crypto";
 import { canonicalize } from "./canonical.js";
+import { sha256Hex } from "./sha256.js";
 
 export const PAYLOAD_TYPE = "application/vnd.in-toto+json";
 export const STATEMENT_TYPE = "https://in-toto.io/Statement/v1";
 export const PREDICATE_TYPE = "https://approval-broker.dev/receipt/v1";
 
+/** A Node `KeyObject` (public, Ed25519), read through its JWK export. */
+export interface KeyObjectLike {
+  asymmetricKeyType?: string;
+  export(options: { format: "jwk" }): { x?: string };
+}
+
 /**
  * A key as options give it: base64 of the raw 32 bytes (as the broker logs and serves it), a
  * `PUBLIC KEY` PEM, the raw 32 bytes, or a Node `KeyObject`.
  */
-export type KeySource = string | Uint8Array | KeyObject;
+export type KeySource = string | Uint8Array | KeyObjectLike;
 
 /** The text the model reads when an APPROVED outcome fails its check. */
 export function unverifiedText(reason: string): string {
@@ -45,7 +53,8 @@ export class ReceiptRejected extends Error {
  * since the epoch (receipt times have microseconds; a `Date` would round them).
  */
 export interface TrustedKey {
-  readonly publicKey: KeyObject;
+  /** The 32 bytes of the Ed25519 public key. */
+  readonly publicKey: Uint8Array;
   readonly keyId: string;
   readonly validFromNanos?: bigint;
   readonly validUntilNanos?: bigint;
@@ -53,47 +62,58 @@ export interface TrustedKey {
 
 const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
 
-/** Strict base64 (standard alphabet, padded): Node's own decoder skips what it cannot read. */
-export function decodeBase64(text: string): Buffer {
+/** Strict base64 (standard alphabet, padded): lenient decoders skip what they cannot read. */
+export function decodeBase64(text: string): Uint8Array {
   if (!BASE64.test(text)) throw new ReceiptRejected("not base64");
-  return Buffer.from(text, "base64");
+  return Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
 }
 
-function fromRaw(raw: Uint8Array): KeyObject {
-  if (raw.length !== 32) throw new Error(`a trusted receipt key must be 32 bytes, not ${raw.length}`);
-  return createPublicKey({ key: { kty: "OKP", crv: "Ed25519", x: Buffer.from(raw).toString("base64url") }, format: "jwk" });
+/** The DER prefix of an Ed25519 SubjectPublicKeyInfo; the 32 key bytes follow it. */
+const SPKI_ED25519 = [0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00];
+
+function fromPem(pem: string): Uint8Array {
+  const body = pem.replace(/-----(BEGIN|END) PUBLIC KEY-----/g, "").replace(/\s+/g, "");
+  let der: Uint8Array;
+  try {
+    der = decodeBase64(body);
+  } catch {
+    throw new Error("a trusted receipt key PEM must hold a base64 PUBLIC KEY");
+  }
+  if (der.length !== 44 || SPKI_ED25519.some((byte, i) => der[i] !== byte)) {
+    throw new Error("a trusted receipt key must be an Ed25519 public key");
+  }
+  return der.slice(12);
 }
 
-function rawOf(key: KeyObject): Buffer {
-  const jwk = key.export({ format: "jwk" });
-  return Buffer.from(String(jwk.x), "base64url");
-}
-
-/** An Ed25519 public key from base64 (raw 32 bytes), PEM, raw bytes, or a `KeyObject`. */
-export function parsePublicKey(source: KeySource): KeyObject {
-  let key: KeyObject;
-  if (source instanceof KeyObject) key = source;
-  else if (typeof source === "string" && source.includes("-----BEGIN")) key = createPublicKey(source);
+/** The 32 bytes of an Ed25519 public key from base64 (raw 32 bytes), PEM, raw bytes, or a
+ * Node `KeyObject`. */
+export function parsePublicKey(source: KeySource): Uint8Array {
+  let raw: Uint8Array;
+  if (typeof source === "string" && source.includes("-----BEGIN")) raw = fromPem(source);
   else if (typeof source === "string") {
-    let raw: Buffer;
     try {
       raw = decodeBase64(source.trim());
     } catch {
       throw new Error("a trusted receipt key must be base64 of the raw 32-byte Ed25519 public key, or a PEM");
     }
-    key = fromRaw(raw);
-  } else if (source.length === 32) key = fromRaw(source);
-  else key = createPublicKey(Buffer.from(source).toString());
-  if (key.type !== "public" || key.asymmetricKeyType !== "ed25519") {
-    throw new Error("a trusted receipt key must be an Ed25519 public key");
+  } else if (source instanceof Uint8Array) raw = Uint8Array.from(source);
+  else {
+    if (source.asymmetricKeyType !== "ed25519") throw new Error("a trusted receipt key must be an Ed25519 public key");
+    raw = decodeBase64Url(String(source.export({ format: "jwk" }).x ?? ""));
   }
-  return key;
+  if (raw.length !== 32) throw new Error(`a trusted receipt key must be 32 bytes, not ${raw.length}`);
+  return raw;
+}
+
+function decodeBase64Url(text: string): Uint8Array {
+  const standard = text.replaceAll("-", "+").replaceAll("_", "/");
+  return decodeBase64(standard + "=".repeat((4 - (standard.length % 4)) % 4));
 }
 
 /** A trusted key, with its key id, from any `KeySource`. */
 export function trustedKey(source: KeySource, window: { validFromNanos?: bigint; validUntilNanos?: bigint } = {}): TrustedKey {
   const publicKey = parsePublicKey(source);
-  return { publicKey, keyId: sha256Hex(rawOf(publicKey)), ...window };
+  return { publicKey, keyId: sha256Hex(publicKey), ...window };
 }
 
 /** The keys by key id. */
@@ -107,22 +127,31 @@ export function trustedKeys(sources: Iterable<KeySource | TrustedKey>): Map<stri
 }
 
 function isTrustedKey(value: KeySource | TrustedKey): value is TrustedKey {
-  return typeof value === "object" && !(value instanceof KeyObject) && !(value instanceof Uint8Array) && "keyId" in value;
+  return typeof value === "object" && !(value instanceof Uint8Array) && "keyId" in value;
+}
+
+/** Whether `signature` is the key's Ed25519 signature of `message` (WebCrypto). */
+async function ed25519Verify(key: TrustedKey, signature: Uint8Array, message: Uint8Array): Promise<boolean> {
+  try {
+    const publicKey = await crypto.subtle.importKey("raw", Uint8Array.from(key.publicKey), { name: "Ed25519" }, false, ["verify"]);
+    return await crypto.subtle.verify({ name: "Ed25519" }, publicKey, Uint8Array.from(signature), Uint8Array.from(message));
+  } catch {
+    return false;
+  }
 }
 
 /** DSSE v1 pre-authentication encoding. */
-export function pae(payloadType: string, payload: Uint8Array): Buffer {
-  const type = Buffer.from(payloadType, "utf8");
-  return Buffer.concat([
-    Buffer.from(`DSSEv1 ${type.length} `, "utf8"),
-    type,
-    Buffer.from(` ${payload.length} `, "utf8"),
-    payload,
-  ]);
-}
-
-function sha256Hex(data: Uint8Array | string): string {
-  return createHash("sha256").update(data).digest("hex");
+export function pae(payloadType: string, payload: Uint8Array): Uint8Array {
+  const encoder = new TextEncoder();
+  const type = encoder.encode(payloadType);
+  const parts = [encoder.encode(`DSSEv1 ${type.length} `), type, encoder.encode(` ${payload.length} `), payload];
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const part of parts) {
+    out.set(part, at);
+    at += part.length;
+  }
+  return out;
 }
 
 function canonical(value: unknown): string {
@@ -166,7 +195,10 @@ export function parseTimeNanos(text: unknown): bigint {
  * Checks the envelope's signature with the trusted key its `keyid` names; returns the statement
  * (whose payload must be canonical JSON) and the key.
  */
-export function checkSignature(envelopeJson: string, keys: ReadonlyMap<string, TrustedKey>): { statement: Record<string, unknown>; key: TrustedKey } {
+export async function checkSignature(
+  envelopeJson: string,
+  keys: ReadonlyMap<string, TrustedKey>,
+): Promise<{ statement: Record<string, unknown>; key: TrustedKey }> {
   let envelope: unknown;
   try {
     envelope = JSON.parse(envelopeJson);
@@ -175,7 +207,7 @@ export function checkSignature(envelopeJson: string, keys: ReadonlyMap<string, T
   }
   if (!isObject(envelope)) throw new ReceiptRejected("its receipt is not a DSSE envelope");
   if (envelope.payloadType !== PAYLOAD_TYPE) throw new ReceiptRejected(`its receipt's payloadType is not ${PAYLOAD_TYPE}`);
-  let payload: Buffer;
+  let payload: Uint8Array;
   try {
     payload = decodeBase64(String(envelope.payload ?? ""));
   } catch {
@@ -193,12 +225,13 @@ export function checkSignature(envelopeJson: string, keys: ReadonlyMap<string, T
       named.push(keyId ? `key ${String(keyId).slice(0, 16)}…` : "no key id");
       continue;
     }
-    let valid = false;
+    let sig: Uint8Array | undefined;
     try {
-      valid = verify(null, pae(PAYLOAD_TYPE, payload), key.publicKey, decodeBase64(String(signature.sig ?? "")));
+      sig = decodeBase64(String(signature.sig ?? ""));
     } catch {
-      valid = false;
+      sig = undefined;
     }
+    const valid = sig !== undefined && (await ed25519Verify(key, sig, pae(PAYLOAD_TYPE, payload)));
     if (!valid) throw new ReceiptRejected(`its receipt's signature does not verify with key ${key.keyId.slice(0, 16)}…`);
     signedBy = key;
     break;
@@ -206,14 +239,15 @@ export function checkSignature(envelopeJson: string, keys: ReadonlyMap<string, T
   if (signedBy === undefined) {
     throw new ReceiptRejected(`its receipt is signed with ${named.join(", ") || "no key"}, which is not a key this client trusts`);
   }
-  const text = payload.toString("utf8");
   let statement: unknown;
+  let text: string;
   try {
+    text = new TextDecoder("utf-8", { fatal: true }).decode(payload);
     statement = JSON.parse(text);
   } catch {
     throw new ReceiptRejected("its receipt's statement is not JSON");
   }
-  if (!isObject(statement) || !Buffer.from(canonical(statement), "utf8").equals(payload)) {
+  if (!isObject(statement) || canonical(statement) !== text) {
     throw new ReceiptRejected("its receipt's statement is not canonical JSON");
   }
   return { statement, key: signedBy };
@@ -237,9 +271,9 @@ export interface ApprovalClaim {
  * input's canonical JSON text: the input to run. Throws `ReceiptRejected` naming what did not
  * hold.
  */
-export function verifyApproval(envelopeJson: string, keys: ReadonlyMap<string, TrustedKey>, claim: ApprovalClaim): string {
+export async function verifyApproval(envelopeJson: string, keys: ReadonlyMap<string, TrustedKey>, claim: ApprovalClaim): Promise<string> {
   if (keys.size === 0) throw new ReceiptRejected("this client trusts no receipt key");
-  const { statement, key } = checkSignature(envelopeJson, keys);
+  const { statement, key } = await checkSignature(envelopeJson, keys);
   if (statement._type !== STATEMENT_TYPE || statement.predicateType !== PREDICATE_TYPE) {
     throw new ReceiptRejected("its receipt is not an approval-broker receipt statement");
   }
@@ -290,7 +324,7 @@ export function verifyApproval(envelopeJson: string, keys: ReadonlyMap<string, T
 export function chainSequence(envelopeJson: string): number | undefined {
   try {
     const envelope = JSON.parse(envelopeJson) as { payload: string };
-    const statement = JSON.parse(Buffer.from(envelope.payload, "base64").toString("utf8")) as {
+    const statement = JSON.parse(new TextDecoder().decode(decodeBase64(envelope.payload))) as {
       predicate?: { chain?: { sequence?: unknown } };
     };
     const sequence = statement.predicate?.chain?.sequence;

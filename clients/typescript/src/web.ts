@@ -2,8 +2,7 @@
  * The client in browsers: gRPC-Web (`@connectrpc/connect-web`), the transport the inbox uses.
  * Browsers cannot stream requests, so each review is a `Submit` and a `WatchOutcomes` stream
  * (re-watched after a break) instead of the one `Connect` stream; outcomes, receipts and
- * failures are the same. The receipt check uses `node:crypto`: bundle with a polyfill, or give
- * `verifyReceipts: false` only for a broker that signs nothing.
+ * failures are the same, the receipt check included (WebCrypto's Ed25519, in current browsers).
  *
  *     import { connectBrokerWeb } from "approval-broker/web";
  *     const broker = connectBrokerWeb("https://broker.example.com", { token });

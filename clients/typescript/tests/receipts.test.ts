@@ -6,13 +6,14 @@
  * the pure verifier, against receipts the broker signed, and the RFC 8785 canonicalizer.
  */
 import assert from "node:assert/strict";
-import { createHash, createPrivateKey, createPublicKey, generateKeyPairSync, sign, type KeyObject } from "node:crypto";
+import { createHash, createPrivateKey, createPublicKey, generateKeyPairSync, randomBytes, sign, type KeyObject } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { canonicalize, type Outcome, Status, trustedKeys, verifyApproval, type BrokerOptions, type ToolCall } from "../src/index.js";
 import { connectBroker } from "../src/node.js";
 import { pae, PAYLOAD_TYPE } from "../src/receipts.js";
+import { sha256Hex } from "../src/sha256.js";
 import { approveWhenPending, BrokerProcess, decide, newSession, type Decision } from "./broker.js";
 
 const CALL: ToolCall = { callId: "toolu_01", tool: "run_shell", input: { command: "ls -la", cwd: "/srv" }, title: "List files" };
@@ -92,8 +93,8 @@ describe("receipts checked against a real broker", () => {
     }
     // Another call's receipt carried by this outcome does not prove it.
     const keys = trustedKeys([rawPublic(signingKey(process_))]);
-    assert.throws(
-      () => verifyApproval(edited?.receipt ?? "", keys, { sessionId: session, callId: "toolu_01", inputJson: approved.inputJson }),
+    await assert.rejects(
+      verifyApproval(edited?.receipt ?? "", keys, { sessionId: session, callId: "toolu_01", inputJson: approved.inputJson }),
       /not this call/,
     );
   });
@@ -269,12 +270,12 @@ describe("the verifier alone, on receipts the broker signed", () => {
 
   const claim = () => ({ sessionId: session, callId: "toolu_01", inputJson: INPUT });
 
-  test("a genuine receipt returns the canonical input to run", () => {
-    assert.equal(verifyApproval(envelope, keys, { ...claim(), inputJson: '{ "cwd": "/srv", "command": "ls -la" }', tool: "run_shell" }), INPUT);
+  test("a genuine receipt returns the canonical input to run", async () => {
+    assert.equal(await verifyApproval(envelope, keys, { ...claim(), inputJson: '{ "cwd": "/srv", "command": "ls -la" }', tool: "run_shell" }), INPUT);
   });
 
-  test("each thing that does not hold is named", () => {
-    const cases: [string, () => string][] = [
+  test("each thing that does not hold is named", async () => {
+    const cases: [string, () => Promise<string>][] = [
       ["its signed receipt says DENIED", () => verifyApproval(resign((s) => (s.predicate.outcome = "DENIED")), keys, claim())],
       ["not this call", () => verifyApproval(envelope, keys, { ...claim(), callId: "toolu_02" })],
       ["not this call", () => verifyApproval(envelope, keys, { ...claim(), sessionId: "another" })],
@@ -293,7 +294,23 @@ describe("the verifier alone, on receipts the broker signed", () => {
       ["payload is not base64", () => verifyApproval(JSON.stringify({ ...JSON.parse(envelope), payload: "%%%" }), keys, claim())],
       ["trusts no receipt key", () => verifyApproval(envelope, new Map(), claim())],
     ];
-    for (const [why, run] of cases) assert.throws(run, (e: Error) => e.name === "ReceiptRejected" && e.message.includes(why), why);
+    for (const [why, run] of cases) await assert.rejects(run(), (e: Error) => e.name === "ReceiptRejected" && e.message.includes(why), why);
+  });
+
+  test("keys that are not Ed25519 public keys are refused when configured", () => {
+    const ec = String(generateKeyPairSync("ec", { namedCurve: "prime256v1" }).publicKey.export({ format: "pem", type: "spki" }));
+    assert.throws(() => trustedKeys([ec]), /must be an Ed25519 public key/);
+    assert.throws(() => trustedKeys(["not base64!"]), /must be base64 of the raw 32-byte/);
+    assert.throws(() => trustedKeys([new Uint8Array(31)]), /must be 32 bytes, not 31/);
+    assert.throws(() => trustedKeys([generateKeyPairSync("x25519").publicKey]), /must be an Ed25519 public key/);
+  });
+
+  test("SHA-256 (the package's own, for digests and key ids) agrees with Node's on every length", () => {
+    for (let n = 0; n < 260; n++) {
+      const data = randomBytes(n);
+      assert.equal(sha256Hex(data), createHash("sha256").update(data).digest("hex"), `length ${n}`);
+    }
+    assert.equal(sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   });
 
   test("RFC 8785: sorted keys by UTF-16 code units, ECMAScript numbers, minimal escapes", () => {
