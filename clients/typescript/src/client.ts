@@ -310,7 +310,7 @@ export class Broker {
     let cancelled: ProtoOutcome[];
     let decided: ProtoOutcome[];
     if (this.streaming === "server") {
-      const reply = await this.unary(() => this.agent.cancel({ target }, { timeoutMs: this.rpcTimeoutMs }));
+      const reply = await this.unaryRetried(() => this.agent.cancel({ target }, { timeoutMs: this.rpcTimeoutMs }));
       cancelled = reply.result?.cancelled ?? [];
       decided = reply.result?.alreadyDecided ?? [];
     } else {
@@ -425,7 +425,7 @@ export class Broker {
     });
     let reply: SubmitResponse;
     if (this.streaming === "server") {
-      reply = await this.unary(() => this.agent.submit({ batch }, { timeoutMs: this.rpcTimeoutMs }));
+      reply = await this.unaryRetried(() => this.agent.submit({ batch }, { timeoutMs: this.rpcTimeoutMs }));
     } else {
       const response = await this.request(create(AgentRequestSchema, { request: { case: "submit", value: batch } }));
       if (response.response.case !== "submitted") throw new BrokerError(`the broker answered a submit with ${response.response.case}`);
@@ -453,6 +453,33 @@ export class Broker {
       return await call();
     } catch (e) {
       throw errorFromStatus(ConnectError.from(e), this.target);
+    }
+  }
+
+  /** A unary call that is safe to repeat (a submit or a cancel, idempotent by call id), tried
+   * again with backoff while the broker is out of reach, for up to `unavailableTimeoutMs`: what
+   * the stream's resend does on `Connect`. */
+  private async unaryRetried<T>(call: () => Promise<T>): Promise<T> {
+    const since = Date.now();
+    let backoff = 50;
+    for (;;) {
+      if (this.closed) throw new BrokerError("the client is closed");
+      try {
+        return await call();
+      } catch (e) {
+        const error = ConnectError.from(e);
+        const elapsed = Date.now() - since;
+        if (!unreachable(error) || elapsed >= this.unavailableTimeoutMs) {
+          if (unreachable(error)) {
+            throw new BrokerUnavailable(
+              `the approval broker at ${this.target} was unreachable for ${this.unavailableTimeoutMs / 1000}s (${Code[error.code]}: ${error.rawMessage}); no outcome was decided, run nothing`,
+            );
+          }
+          throw errorFromStatus(error, this.target);
+        }
+        await sleep(Math.min(backoff, this.unavailableTimeoutMs - elapsed));
+        backoff = Math.min(backoff * 2, 2_000);
+      }
     }
   }
 
@@ -726,7 +753,16 @@ function receiptError(error: ConnectError): string {
   }
 }
 
+/** The broker could not be reached: UNAVAILABLE, or (gRPC-Web) a `fetch` that failed on the
+ * network, which Connect reports as UNKNOWN caused by a `TypeError`. */
+function unreachable(error: ConnectError): boolean {
+  return error.code === Code.Unavailable || (error.code === Code.Unknown && error.cause instanceof TypeError);
+}
+
 function errorFromStatus(error: ConnectError, target: string): BrokerError {
+  if (unreachable(error)) {
+    return new BrokerUnavailable(`the approval broker at ${target} is unreachable (${Code[error.code]}: ${error.rawMessage}); run nothing`);
+  }
   switch (error.code) {
     case Code.Unauthenticated:
       return new AuthenticationError(`the broker refused the credentials: ${error.rawMessage}`);

@@ -167,6 +167,27 @@ describe("review against a real broker", () => {
     assert.equal(expired?.decidedBy, "deadline");
   });
 
+  test("a later turn superseding the pending calls: the earlier review ends SUPERSEDED, with a text to ask again", async () => {
+    const session = newSession();
+    const earlier = broker.review(session, [SHELL], { timeoutMs: 30_000 });
+    await waitUntilPending(process_.target, session, ["toolu_01"]);
+    const approving = approveWhenPending(process_.target, session, [{ callId: "toolu_02", approve: true }]);
+    const [later] = await broker.review(session, [READ], { supersedePending: true, timeoutMs: 30_000 });
+    await approving;
+    const [superseded] = await earlier;
+    assert.equal(superseded?.status, Status.SUPERSEDED);
+    assert.equal(superseded?.approved, false);
+    assert.ok(superseded?.toolResult);
+    assert.equal(later?.status, Status.APPROVED);
+    // And cancel(): the calls still pending end CANCELLED; the decided keep their outcome.
+    const other = newSession();
+    const pending = broker.review(other, [WRITE], { timeoutMs: 30_000 });
+    await waitUntilPending(process_.target, other, ["toolu_03"]);
+    const cancelled = await broker.cancel(other, { reason: "the user left" });
+    assert.deepEqual(cancelled.map((o) => [o.callId, o.status]), [["toolu_03", Status.CANCELLED]]);
+    assert.equal((await pending)[0]?.status, Status.CANCELLED);
+  });
+
   test("gRPC-Web (the browser transport): Submit and WatchOutcomes give the same outcomes", async () => {
     const web = connectBrokerWeb(process_.url);
     try {
@@ -207,6 +228,30 @@ describe("when the broker breaks", () => {
       await broker.close();
       await process_.dispose();
     }
+  });
+
+  test("gRPC-Web: a broker restarted mid-review is watched again; one out of reach fails closed", async () => {
+    const process_ = await BrokerProcess.started();
+    const web = connectBrokerWeb(process_.url, { logger: { debug() {}, info() {}, warn() {} } });
+    try {
+      const session = newSession();
+      const review = web.review(session, [SHELL, READ], { onDeny: OnDeny.INDEPENDENT, timeoutMs: 60_000 });
+      await waitUntilPending(process_.target, session, ["toolu_01", "toolu_02"]);
+      await process_.restart("SIGKILL");
+      await decide(process_.target, session, [
+        { callId: "toolu_01", approve: true },
+        { callId: "toolu_02", approve: false },
+      ]);
+      assert.deepEqual((await review).map((o) => o.status), [Status.APPROVED, Status.DENIED]);
+    } finally {
+      await web.close();
+      await process_.dispose();
+    }
+    const gone = connectBrokerWeb(`http://127.0.0.1:${await freePort()}`, { unavailableTimeoutMs: 1_000 });
+    const started = Date.now();
+    await assert.rejects(gone.review("s1", [SHELL]), BrokerUnavailable);
+    assert.ok(Date.now() - started >= 900, "the submit was not tried again");
+    await gone.close();
   });
 
   test("a broker out of reach fails closed: BrokerUnavailable, and a not-run result per call", async () => {
