@@ -61,7 +61,8 @@ impl Broker {
                 key.call_id.as_str()
             ),
             Status::Decided(_) => format!(
-                "call `{}` has no receipt: it was decided while receipts were off",
+                "call `{}` has no receipt: it was decided while receipts were off, or its \
+                 stored outcome was written by something other than this broker",
                 key.call_id.as_str()
             ),
         }))
