@@ -119,6 +119,15 @@ pub async fn outcome_of(app: &TestApp, session: &str, call_id: &str) -> pb::Outc
     }
 }
 
+/// An agent's view of an outcome as approvers are sent it: without its receipt, which only the
+/// outcomes agents receive carry.
+pub fn as_approvers_see(outcome: &pb::Outcome) -> pb::Outcome {
+    pb::Outcome {
+        receipt: String::new(),
+        ..outcome.clone()
+    }
+}
+
 pub fn status_of(outcome: &pb::Outcome) -> CallStatus {
     CallStatus::try_from(outcome.status).expect("known status")
 }
