@@ -26,6 +26,7 @@ interface ModelCall {
 }
 
 const READ_A: ModelCall = { id: "call_1", name: "read_file", input: { path: "a.txt" } };
+const READ_B: ModelCall = { id: "call_4", name: "read_file", input: { path: "d.txt" } };
 const THREE: ModelCall[] = [
   READ_A,
   { id: "call_2", name: "run_shell", input: { command: "rm -rf /" } },
@@ -91,6 +92,13 @@ function recordingTools() {
         return "ran";
       },
     }),
+    explode: tool({
+      inputSchema: schema,
+      execute: async (input: Record<string, unknown>): Promise<string> => {
+        ran.push(["explode", input]);
+        throw new Error("disk full");
+      },
+    }),
   };
   return { ran, tools };
 }
@@ -116,7 +124,167 @@ function toolCallsIn(prompt: readonly { role: string; content: unknown }[]): str
     .flatMap((m) => (m.content as { type: string; toolCallId: string }[]).filter((p) => p.type === "tool-call").map((p) => p.toolCallId));
 }
 
-describe("the AI SDK with the broker as its tool approver", () => {
+const MODES = ["generateText", "streamText", "UI message stream"] as const;
+type Mode = (typeof MODES)[number];
+
+/**
+ * One agent turn through the SDK in `mode`, with the broker deciding: the model asks for `calls`
+ * in its first step and answers text in the second. Returns what ran, the prompt of the second
+ * step, and (UI mode) the last UI message.
+ */
+async function runTurn(mode: Mode, broker: Broker, session: string, calls: ModelCall[], options: Parameters<typeof brokerApproval>[2] = {}) {
+  const approval = brokerApproval(broker, session, { timeoutMs: 30_000, ...options });
+  const { ran, tools } = recordingTools();
+  if (mode === "generateText") {
+    const model = generatingModel(calls);
+    const result = await generateText({
+      model: wrapLanguageModel({ model, middleware: approval.middleware }),
+      tools: approval.tools(tools),
+      toolApproval: approval.toolApproval,
+      stopWhen: isStepCount(3),
+      prompt: "Tidy up.",
+    });
+    assert.equal(result.text, "Done.");
+    return { ran, approval, prompt: model.doGenerateCalls[1]?.prompt ?? [], ui: undefined };
+  }
+  const model = streamingModel(calls);
+  const result = streamText({
+    model: wrapLanguageModel({ model, middleware: approval.middleware }),
+    tools: approval.tools(tools),
+    toolApproval: approval.toolApproval,
+    stopWhen: isStepCount(3),
+    prompt: "Tidy up.",
+  });
+  let ui: UIMessage | undefined;
+  if (mode === "UI message stream") {
+    for await (const message of readUIMessageStream({ stream: result.toUIMessageStream() })) ui = message;
+  }
+  assert.equal(await result.text, "Done.");
+  return { ran, approval, prompt: model.doStreamCalls[1]?.prompt ?? [], ui };
+}
+
+type ToolPart = { type: string; toolCallId: string; state: string; approval?: { approved?: boolean; reason?: string }; errorText?: string };
+
+/** The UI message's tool parts: [id, state, approved]. */
+function uiToolParts(ui: UIMessage | undefined): ToolPart[] {
+  assert.ok(ui, "no UI message");
+  return ui.parts.filter((p) => p.type.startsWith("tool-")) as unknown as ToolPart[];
+}
+
+/** In UI mode, the history converts back to model messages answering every call once. */
+async function assertUiHistoryComplete(ui: UIMessage | undefined, ids: string[]): Promise<void> {
+  assert.ok(ui);
+  const history: ModelMessage[] = await convertToModelMessages([{ id: "u1", role: "user", parts: [{ type: "text", text: "Tidy up." }] }, ui]);
+  assert.deepEqual(toolCallsIn(history), ids);
+  assert.deepEqual(
+    toolResultsIn(history).map(([id]) => id),
+    ids,
+  );
+}
+
+for (const mode of MODES) {
+  describe(`${mode}, the broker deciding every tool call`, () => {
+    let process_: BrokerProcess;
+    let broker: Broker;
+    before(async () => {
+      process_ = await BrokerProcess.started();
+      broker = connectBroker(process_.target);
+    });
+    after(async () => {
+      await broker.close();
+      await process_.dispose();
+    });
+
+    async function turn(calls: ModelCall[], decisions: Decision[], options: Parameters<typeof brokerApproval>[2] = {}) {
+      const session = newSession("ai");
+      const approving = decisions.length ? approveWhenPending(process_.target, session, decisions) : Promise.resolve([]);
+      const out = await runTurn(mode, broker, session, calls, options);
+      await approving;
+      return { ...out, session };
+    }
+
+    test("three calls, the middle one denied: one batch, three results in order, only the first ran", async () => {
+      const { ran, prompt, approval, ui } = await turn(THREE, [
+        { callId: "call_1", approve: true },
+        { callId: "call_2", approve: false, reason: "never on prod" },
+      ]);
+      assert.deepEqual(toolCallsIn(prompt), ["call_1", "call_2", "call_3"]);
+      const results = toolResultsIn(prompt);
+      assert.deepEqual(results.map(([id, kind]) => [id, kind]), [
+        ["call_1", "text"],
+        ["call_2", "execution-denied"],
+        ["call_3", "execution-denied"],
+      ]);
+      assert.equal(results[0]?.[2], "contents of a.txt");
+      assert.match(results[1]?.[2] ?? "", /never on prod/);
+      assert.equal(results[2]?.[2], approval.outcome("call_3")?.toolResult);
+      assert.equal(approval.outcome("call_3")?.status, Status.SKIPPED);
+      assert.deepEqual(ran, [["read_file", { path: "a.txt" }]]);
+      // One batch, in the model's order.
+      assert.equal(new Set(["call_1", "call_2", "call_3"].map((id) => approval.outcome(id)?.batchId)).size, 1);
+      assert.deepEqual(["call_1", "call_2", "call_3"].map((id) => approval.outcome(id)?.position), [0, 1, 2]);
+      if (mode === "UI message stream") {
+        const parts = uiToolParts(ui);
+        assert.deepEqual(parts.map((p) => [p.toolCallId, p.state, p.approval?.approved]), [
+          ["call_1", "output-available", true],
+          ["call_2", "output-denied", false],
+          ["call_3", "output-denied", false],
+        ]);
+        assert.match(parts[1]?.approval?.reason ?? "", /never on prod/);
+        await assertUiHistoryComplete(ui, ["call_1", "call_2", "call_3"]);
+      }
+    });
+
+    test("an approver's edit is what runs", async () => {
+      const { ran, prompt, ui } = await turn([READ_A], [{ callId: "call_1", approve: true, editedInputJson: '{"path":"safe.txt"}' }]);
+      assert.deepEqual(ran, [["read_file", { path: "safe.txt" }]]);
+      assert.deepEqual(toolResultsIn(prompt), [["call_1", "text", "contents of safe.txt"]]);
+      if (ui) assert.deepEqual(uiToolParts(ui).map((p) => [p.toolCallId, p.state]), [["call_1", "output-available"]]);
+    });
+
+    test("a timeout: the calls nobody decided in time are denied with a text saying they were not run", async () => {
+      const { ran, prompt, ui } = await turn(THREE, [{ callId: "call_1", approve: true }], { timeoutMs: 1_500, onDeny: "INDEPENDENT" });
+      const results = toolResultsIn(prompt);
+      assert.deepEqual(results.map(([id, kind]) => [id, kind]), [
+        ["call_1", "text"],
+        ["call_2", "execution-denied"],
+        ["call_3", "execution-denied"],
+      ]);
+      assert.match(results[1]?.[2] ?? "", /^The approval broker could not be asked, so this tool call was not run\. \(no outcome yet/);
+      assert.deepEqual(ran, [["read_file", { path: "a.txt" }]]);
+      if (ui) await assertUiHistoryComplete(ui, ["call_1", "call_2", "call_3"]);
+    });
+
+    test("a remembered grant decides a later step's calls at once", async () => {
+      const { session } = await turn([READ_A], [{ callId: "call_1", approve: true, scope: Scope.SESSION, anyInput: true }]);
+      // The next turn of the same session: no approver is asked; the grant approves at submit.
+      const { ran, prompt, approval } = await runTurn(mode, broker, session, [{ id: "call_9", name: "read_file", input: { path: "c.txt" } }], { timeoutMs: 10_000 });
+      assert.deepEqual(toolResultsIn(prompt), [["call_9", "text", "contents of c.txt"]]);
+      assert.match(approval.outcome("call_9")?.decidedBy ?? "", /^grant:/);
+      assert.deepEqual(ran, [["read_file", { path: "c.txt" }]]);
+    });
+
+    test("an approved tool that throws still answers its call (no orphaned tool call)", async () => {
+      const { ran, prompt, ui } = await turn(
+        [{ id: "call_1", name: "explode", input: {} }, READ_B],
+        [
+          { callId: "call_1", approve: true },
+          { callId: "call_4", approve: true },
+        ],
+      );
+      const results = toolResultsIn(prompt);
+      assert.deepEqual(results.map(([id, kind]) => [id, kind]), [
+        ["call_1", "error-text"],
+        ["call_4", "text"],
+      ]);
+      assert.match(results[0]?.[2] ?? "", /disk full/);
+      assert.deepEqual(ran.map(([name]) => name), ["explode", "read_file"]);
+      if (ui) await assertUiHistoryComplete(ui, ["call_1", "call_4"]);
+    });
+  });
+}
+
+describe("the user-approval flow", () => {
   let process_: BrokerProcess;
   let broker: Broker;
   before(async () => {
@@ -126,138 +294,6 @@ describe("the AI SDK with the broker as its tool approver", () => {
   after(async () => {
     await broker.close();
     await process_.dispose();
-  });
-
-  async function generate(session: string, calls: ModelCall[], decisions: Decision[], options: Parameters<typeof brokerApproval>[2] = {}) {
-    const approval = brokerApproval(broker, session, { timeoutMs: 30_000, ...options });
-    const model = generatingModel(calls);
-    const { ran, tools } = recordingTools();
-    const approving = decisions.length ? approveWhenPending(process_.target, session, decisions) : Promise.resolve([]);
-    const result = await generateText({
-      model: wrapLanguageModel({ model, middleware: approval.middleware }),
-      tools: approval.tools(tools),
-      toolApproval: approval.toolApproval,
-      stopWhen: isStepCount(3),
-      prompt: "Tidy up.",
-    });
-    await approving;
-    const prompt = model.doGenerateCalls[1]?.prompt ?? [];
-    return { result, ran, prompt, approval };
-  }
-
-  test("generateText: three calls, the middle one denied: one batch, three results in order, only the first ran", async () => {
-    const session = newSession("ai");
-    const { result, ran, prompt, approval } = await generate(session, THREE, [
-      { callId: "call_1", approve: true },
-      { callId: "call_2", approve: false, reason: "never on prod" },
-    ]);
-    assert.equal(result.text, "Done.");
-    assert.deepEqual(toolCallsIn(prompt), ["call_1", "call_2", "call_3"]);
-    const results = toolResultsIn(prompt);
-    assert.deepEqual(results.map(([id, kind]) => [id, kind]), [
-      ["call_1", "text"],
-      ["call_2", "execution-denied"],
-      ["call_3", "execution-denied"],
-    ]);
-    assert.equal(results[0]?.[2], "contents of a.txt");
-    assert.match(results[1]?.[2] ?? "", /never on prod/);
-    assert.equal(results[2]?.[2], approval.outcome("call_3")?.toolResult);
-    assert.equal(approval.outcome("call_3")?.status, Status.SKIPPED);
-    assert.deepEqual(ran, [["read_file", { path: "a.txt" }]]);
-    // One batch, in the model's order.
-    const batches = new Set(["call_1", "call_2", "call_3"].map((id) => approval.outcome(id)?.batchId));
-    assert.equal(batches.size, 1);
-    assert.deepEqual(["call_1", "call_2", "call_3"].map((id) => approval.outcome(id)?.position), [0, 1, 2]);
-  });
-
-  test("an approver's edit is what runs", async () => {
-    const session = newSession("ai");
-    const { ran, prompt } = await generate(session, [READ_A], [{ callId: "call_1", approve: true, editedInputJson: '{"path":"safe.txt"}' }]);
-    assert.deepEqual(ran, [["read_file", { path: "safe.txt" }]]);
-    assert.deepEqual(toolResultsIn(prompt), [["call_1", "text", "contents of safe.txt"]]);
-  });
-
-  test("a timeout: the calls nobody decided in time are denied with a text saying they were not run", async () => {
-    const session = newSession("ai");
-    const { ran, prompt } = await generate(session, THREE, [{ callId: "call_1", approve: true }], { timeoutMs: 1_500, onDeny: "INDEPENDENT" });
-    const results = toolResultsIn(prompt);
-    assert.deepEqual(results.map(([id, kind]) => [id, kind]), [
-      ["call_1", "text"],
-      ["call_2", "execution-denied"],
-      ["call_3", "execution-denied"],
-    ]);
-    assert.match(results[1]?.[2] ?? "", /^The approval broker could not be asked, so this tool call was not run\. \(no outcome yet/);
-    assert.deepEqual(ran, [["read_file", { path: "a.txt" }]]);
-  });
-
-  test("a remembered grant decides a later step's calls at once", async () => {
-    const session = newSession("ai");
-    await generate(session, [READ_A], [{ callId: "call_1", approve: true, scope: Scope.SESSION, anyInput: true }]);
-    // The next turn: no approver is asked; the grant approves at submit.
-    const { ran, prompt, approval } = await generate(session, [{ id: "call_9", name: "read_file", input: { path: "c.txt" } }], []);
-    assert.deepEqual(toolResultsIn(prompt), [["call_9", "text", "contents of c.txt"]]);
-    assert.match(approval.outcome("call_9")?.decidedBy ?? "", /^grant:/);
-    assert.deepEqual(ran, [["read_file", { path: "c.txt" }]]);
-  });
-
-  test("streamText: the same guarantee, the step's calls batched from the stream", async () => {
-    const session = newSession("ai");
-    const approval = brokerApproval(broker, session);
-    const model = streamingModel(THREE);
-    const { ran, tools } = recordingTools();
-    const approving = approveWhenPending(process_.target, session, [
-      { callId: "call_1", approve: true },
-      { callId: "call_2", approve: false, reason: "never" },
-    ]);
-    const result = streamText({
-      model: wrapLanguageModel({ model, middleware: approval.middleware }),
-      tools: approval.tools(tools),
-      toolApproval: approval.toolApproval,
-      stopWhen: isStepCount(3),
-      prompt: "Tidy up.",
-    });
-    assert.equal(await result.text, "Done.");
-    await approving;
-    const prompt = model.doStreamCalls[1]?.prompt ?? [];
-    assert.deepEqual(toolResultsIn(prompt).map(([id, kind]) => [id, kind]), [
-      ["call_1", "text"],
-      ["call_2", "execution-denied"],
-      ["call_3", "execution-denied"],
-    ]);
-    assert.deepEqual(ran, [["read_file", { path: "a.txt" }]]);
-    assert.equal(new Set(["call_1", "call_2", "call_3"].map((id) => approval.outcome(id)?.batchId)).size, 1);
-  });
-
-  test("the UI message flow: tool-approval-request and -response parts per call, and a history that converts whole", async () => {
-    const session = newSession("ai");
-    const approval = brokerApproval(broker, session);
-    const model = streamingModel(THREE);
-    const { tools } = recordingTools();
-    const approving = approveWhenPending(process_.target, session, [
-      { callId: "call_1", approve: true },
-      { callId: "call_2", approve: false, reason: "never" },
-    ]);
-    const result = streamText({
-      model: wrapLanguageModel({ model, middleware: approval.middleware }),
-      tools: approval.tools(tools),
-      toolApproval: approval.toolApproval,
-      stopWhen: isStepCount(3),
-      prompt: "Tidy up.",
-    });
-    let last: UIMessage | undefined;
-    for await (const message of readUIMessageStream({ stream: result.toUIMessageStream() })) last = message;
-    await approving;
-    assert.ok(last);
-    const toolParts = last.parts.filter((p) => p.type.startsWith("tool-")) as unknown as { type: string; toolCallId: string; state: string; approval?: { approved?: boolean; reason?: string } }[];
-    assert.deepEqual(toolParts.map((p) => [p.toolCallId, p.state, p.approval?.approved]), [
-      ["call_1", "output-available", true],
-      ["call_2", "output-denied", false],
-      ["call_3", "output-denied", false],
-    ]);
-    assert.match(toolParts[1]?.approval?.reason ?? "", /never/);
-    // The UI history, converted back for the next request, answers every call once.
-    const history: ModelMessage[] = await convertToModelMessages([{ id: "u1", role: "user", parts: [{ type: "text", text: "Tidy up." }] }, last]);
-    assert.deepEqual(toolResultsIn(history).map(([id]) => id), ["call_1", "call_2", "call_3"]);
   });
 
   test("the user-approval flow (needsApproval): approvalResponses answers the requests as one batch", async () => {
@@ -291,67 +327,57 @@ describe("the AI SDK with the broker as its tool approver", () => {
   });
 });
 
-describe("the AI SDK when the broker breaks", () => {
-  test("a broker restarted mid-step: the step's calls still get their outcomes", async () => {
-    const process_ = await BrokerProcess.started();
-    const broker = connectBroker(process_.target);
-    try {
-      const session = newSession("ai");
-      const approval = brokerApproval(broker, session, { onDeny: "INDEPENDENT" });
-      const model = generatingModel(THREE);
-      const { ran, tools } = recordingTools();
-      const restartThenDecide = (async () => {
-        await waitUntilPending(process_.target, session, ["call_1", "call_2", "call_3"]);
-        await process_.restart("SIGKILL");
-        await decide(process_.target, session, [
-          { callId: "call_1", approve: true },
-          { callId: "call_2", approve: false },
-          { callId: "call_3", approve: true },
+for (const mode of MODES) {
+  describe(`${mode}, when the broker breaks`, () => {
+    test("a broker restarted mid-step: the step's calls still get their outcomes", async () => {
+      const process_ = await BrokerProcess.started();
+      const broker = connectBroker(process_.target, { logger: { debug() {}, info() {}, warn() {} } });
+      try {
+        const session = newSession("ai");
+        const restartThenDecide = (async () => {
+          await waitUntilPending(process_.target, session, ["call_1", "call_2", "call_3"]);
+          await process_.restart("SIGKILL");
+          await decide(process_.target, session, [
+            { callId: "call_1", approve: true },
+            { callId: "call_2", approve: false },
+            { callId: "call_3", approve: true },
+          ]);
+        })();
+        const { ran, prompt, ui } = await runTurn(mode, broker, session, THREE, { onDeny: "INDEPENDENT" });
+        await restartThenDecide;
+        assert.deepEqual(toolResultsIn(prompt).map(([id, kind]) => [id, kind]), [
+          ["call_1", "text"],
+          ["call_2", "execution-denied"],
+          ["call_3", "text"],
         ]);
-      })();
-      await generateText({
-        model: wrapLanguageModel({ model, middleware: approval.middleware }),
-        tools: approval.tools(tools),
-        toolApproval: approval.toolApproval,
-        stopWhen: isStepCount(3),
-        prompt: "Tidy up.",
-      });
-      await restartThenDecide;
-      assert.deepEqual(toolResultsIn(model.doGenerateCalls[1]?.prompt ?? []).map(([id, kind]) => [id, kind]), [
-        ["call_1", "text"],
-        ["call_2", "execution-denied"],
-        ["call_3", "text"],
-      ]);
-      assert.deepEqual(ran.map(([name]) => name), ["read_file", "read_file"]);
-    } finally {
-      await broker.close();
-      await process_.dispose();
-    }
-  });
+        assert.deepEqual(ran.map(([name]) => name), ["read_file", "read_file"]);
+        assert.ok(broker.connects >= 2);
+        if (ui) await assertUiHistoryComplete(ui, ["call_1", "call_2", "call_3"]);
+      } finally {
+        await broker.close();
+        await process_.dispose();
+      }
+    });
 
-  test("the broker unreachable: every call denied with a not-run text, nothing runs", async () => {
-    const broker = connectBroker(`127.0.0.1:${await freePort()}`, { unavailableTimeoutMs: 500, logger: { debug() {}, info() {}, warn() {} } });
-    try {
-      const approval = brokerApproval(broker, "s");
-      const model = generatingModel(THREE);
-      const { ran, tools } = recordingTools();
-      await generateText({
-        model: wrapLanguageModel({ model, middleware: approval.middleware }),
-        tools: approval.tools(tools),
-        toolApproval: approval.toolApproval,
-        stopWhen: isStepCount(3),
-        prompt: "Tidy up.",
-      });
-      const results = toolResultsIn(model.doGenerateCalls[1]?.prompt ?? []);
-      assert.deepEqual(results.map(([id, kind]) => [id, kind]), [
-        ["call_1", "execution-denied"],
-        ["call_2", "execution-denied"],
-        ["call_3", "execution-denied"],
-      ]);
-      for (const [, , reason] of results) assert.match(reason, /^The approval broker could not be asked, so this tool call was not run\./);
-      assert.deepEqual(ran, []);
-    } finally {
-      await broker.close();
-    }
+    test("the broker unreachable: every call denied with a not-run text, nothing runs", async () => {
+      const broker = connectBroker(`127.0.0.1:${await freePort()}`, { unavailableTimeoutMs: 500, logger: { debug() {}, info() {}, warn() {} } });
+      try {
+        const { ran, prompt, ui } = await runTurn(mode, broker, "s", THREE);
+        const results = toolResultsIn(prompt);
+        assert.deepEqual(results.map(([id, kind]) => [id, kind]), [
+          ["call_1", "execution-denied"],
+          ["call_2", "execution-denied"],
+          ["call_3", "execution-denied"],
+        ]);
+        for (const [, , reason] of results) assert.match(reason, /^The approval broker could not be asked, so this tool call was not run\./);
+        assert.deepEqual(ran, []);
+        if (ui) {
+          assert.deepEqual(uiToolParts(ui).map((p) => p.state), ["output-denied", "output-denied", "output-denied"]);
+          await assertUiHistoryComplete(ui, ["call_1", "call_2", "call_3"]);
+        }
+      } finally {
+        await broker.close();
+      }
+    });
   });
-});
+}
