@@ -6,6 +6,7 @@
  * error here: it gets an `Outcome` with status `REFUSED`, like any other call that did not run.
  * @module
  */
+import type { Outcome } from "./models.js";
 
 /** Base class of every error this library raises. */
 export class BrokerError extends Error {
@@ -53,7 +54,7 @@ export class ReviewTimeout extends BrokerError {
   override name = "ReviewTimeout";
   constructor(
     readonly pending: string[],
-    readonly decided: Map<string, unknown>,
+    readonly decided: Map<string, Outcome>,
   ) {
     super(`no outcome yet for ${pending.length} call(s): ${pending.join(", ")}`);
   }

@@ -65,7 +65,7 @@ export async function reviewTurn(broker: Broker, sessionId: string, calls: reado
     const notAsked = notAskedOutcomes(sessionId, ids, error);
     if (error instanceof ReviewTimeout) {
       // Those decided in time stand (checked); the others were not run.
-      return notAsked.map((o) => (error.decided.get(o.callId) as Outcome | undefined) ?? o);
+      return notAsked.map((o) => error.decided.get(o.callId) ?? o);
     }
     return notAsked;
   }
