@@ -188,6 +188,28 @@ describe("review against a real broker", () => {
     assert.equal((await pending)[0]?.status, Status.CANCELLED);
   });
 
+  test("one client carries many sessions' reviews at once on one stream", async () => {
+    const fresh = connectBroker(process_.target);
+    try {
+      const sessions = Array.from({ length: 12 }, () => newSession());
+      const approvals = sessions.map((session, i) =>
+        approveWhenPending(process_.target, session, [{ callId: "toolu_01", approve: i % 3 !== 0, reason: "every third" }]),
+      );
+      const results = await Promise.all(sessions.map((session) => fresh.review(session, [SHELL], { timeoutMs: 30_000 })));
+      await Promise.all(approvals);
+      assert.deepEqual(
+        results.map(([o]) => o?.status),
+        sessions.map((_, i) => (i % 3 !== 0 ? Status.APPROVED : Status.DENIED)),
+      );
+      assert.equal(fresh.connects, 1);
+      // Calls a session does not hold are named, not waited for.
+      await assert.rejects(fresh.outcomes(sessions[0] ?? "", ["nope"]), /holds no call nope/);
+      await assert.rejects(fresh.wait(sessions[0] ?? "", ["toolu_01", "nope"], { timeoutMs: 5_000 }), /holds no call nope/);
+    } finally {
+      await fresh.close();
+    }
+  });
+
   test("gRPC-Web (the browser transport): Submit and WatchOutcomes give the same outcomes", async () => {
     const web = connectBrokerWeb(process_.url);
     try {
