@@ -296,35 +296,46 @@ describe("the user-approval flow", () => {
     await process_.dispose();
   });
 
-  test("the user-approval flow (needsApproval): approvalResponses answers the requests as one batch", async () => {
-    const session = newSession("ai");
-    const approval = brokerApproval(broker, session);
-    const model = generatingModel(THREE);
-    const { ran, tools } = recordingTools();
-    const first = await generateText({ model, tools: approval.tools(tools), toolApproval: () => "user-approval", prompt: "Tidy up." });
-    const requests = first.content.filter((p) => p.type === "tool-approval-request");
-    assert.equal(requests.length, 3);
-    const approving = approveWhenPending(process_.target, session, [
-      { callId: "call_1", approve: true, editedInputJson: '{"path":"safe.txt"}' },
-      { callId: "call_2", approve: false, reason: "never" },
-    ]);
-    const answer = await approval.approvalResponses(first.content);
-    await approving;
-    assert.deepEqual((answer.content as { approved: boolean }[]).map((p) => p.approved), [true, false, false]);
-    const second = await generateText({
-      model,
-      tools: approval.tools(tools),
-      toolApproval: () => "user-approval",
-      messages: [{ role: "user", content: "Tidy up." }, ...first.response.messages, answer],
+  const ways = [
+    ["toolApproval answering user-approval", true],
+    ["each tool's needsApproval (the ai 6 API, deprecated in 7)", false],
+  ] as const;
+  for (const [way, viaToolApproval] of ways) {
+    test(`${way}: approvalResponses answers the step's requests as one batch`, async () => {
+      const session = newSession("ai");
+      const approval = brokerApproval(broker, session);
+      const model = generatingModel(THREE);
+      const recorded = recordingTools();
+      const tools = viaToolApproval
+        ? approval.tools(recorded.tools)
+        : approval.tools(Object.fromEntries(Object.entries(recorded.tools).map(([name, t]) => [name, { ...t, needsApproval: true }])));
+      const asking = viaToolApproval ? { toolApproval: () => "user-approval" as const } : {};
+      const first = await generateText({ model, tools, ...asking, prompt: "Tidy up." });
+      const requests = first.content.filter((p) => p.type === "tool-approval-request");
+      assert.equal(requests.length, 3);
+      const approving = approveWhenPending(process_.target, session, [
+        { callId: "call_1", approve: true, editedInputJson: '{"path":"safe.txt"}' },
+        { callId: "call_2", approve: false, reason: "never" },
+      ]);
+      const answer = await approval.approvalResponses(first.content);
+      await approving;
+      assert.deepEqual((answer.content as { approved: boolean }[]).map((p) => p.approved), [true, false, false]);
+      assert.equal(new Set(["call_1", "call_2", "call_3"].map((id) => approval.outcome(id)?.batchId)).size, 1);
+      const second = await generateText({
+        model,
+        tools,
+        ...asking,
+        messages: [{ role: "user", content: "Tidy up." }, ...first.response.messages, answer],
+      });
+      assert.equal(second.text, "Done.");
+      assert.deepEqual(toolResultsIn(model.doGenerateCalls[1]?.prompt ?? []).map(([id, kind]) => [id, kind]), [
+        ["call_1", "text"],
+        ["call_2", "execution-denied"],
+        ["call_3", "execution-denied"],
+      ]);
+      assert.deepEqual(recorded.ran, [["read_file", { path: "safe.txt" }]]);
     });
-    assert.equal(second.text, "Done.");
-    assert.deepEqual(toolResultsIn(model.doGenerateCalls[1]?.prompt ?? []).map(([id, kind]) => [id, kind]), [
-      ["call_1", "text"],
-      ["call_2", "execution-denied"],
-      ["call_3", "execution-denied"],
-    ]);
-    assert.deepEqual(ran, [["read_file", { path: "safe.txt" }]]);
-  });
+  }
 });
 
 for (const mode of MODES) {
