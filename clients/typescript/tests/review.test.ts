@@ -158,6 +158,10 @@ describe("review against a real broker", () => {
     await approving;
     assert.ok(error instanceof ReviewTimeout);
     assert.deepEqual(error.pending, ["toolu_02"]);
+    // What did arrive in time came checked, like any outcome.
+    const decided = error.decided.get("toolu_01");
+    assert.equal(decided?.status, Status.APPROVED);
+    assert.ok(decided?.receiptSequence !== undefined);
     const [pendingOutcome] = await broker.outcomes(session, ["toolu_02"]);
     assert.equal(pendingOutcome, undefined);
     // A call's own deadline expires it at the broker: EXPIRED, not a denial.
