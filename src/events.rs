@@ -159,6 +159,7 @@ impl EventBus {
         }
     }
 
+    #[cfg(test)]
     /// A feed of the events published from now on.
     pub fn feed_live(self: &Arc<Self>) -> Feed {
         let rx = self.tx.subscribe();

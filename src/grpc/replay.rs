@@ -152,6 +152,7 @@ impl<'a> Replay<'a> {
         messages
     }
 
+    #[cfg(test)]
     /// How many batches the replay holds open (read in part): what it keeps between pages.
     pub fn open_batches(&self) -> usize {
         self.open.len()

@@ -3,7 +3,7 @@
 //! size. Nothing else in the broker looks at the URL's text again; an option of the other backend
 //! is simply not carried.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::Synchronous;
 use crate::error::{Error, Result};
@@ -72,7 +72,8 @@ impl Database {
         }
     }
 
-    pub fn sqlite_file(path: impl AsRef<Path>) -> Database {
+    #[cfg(test)]
+    pub fn sqlite_file(path: impl AsRef<std::path::Path>) -> Database {
         Database::Sqlite {
             path: path.as_ref().to_owned(),
             synchronous: Synchronous::default(),
@@ -138,7 +139,7 @@ mod tests {
         );
         assert_eq!(pg("postgresql://db/approvals"), "postgresql://db/approvals");
         let file = Database::sqlite_file("approvals.db").describe();
-        assert!(Path::new(&file).is_absolute(), "{file}");
+        assert!(std::path::Path::new(&file).is_absolute(), "{file}");
         assert!(file.ends_with("/approvals.db"), "{file}");
     }
 

@@ -95,6 +95,7 @@ impl Glob {
         &self.text
     }
 
+    #[cfg(test)]
     /// Whether the pattern has no wildcard (it then matches only its own text).
     pub fn is_literal(&self) -> bool {
         self.tokens.iter().all(|t| matches!(t, Token::Literal(_)))

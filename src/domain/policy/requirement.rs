@@ -176,12 +176,6 @@ impl Approvers {
     pub fn admits(&self, groups: &[String]) -> bool {
         self.groups.is_empty() || self.groups.iter().any(|g| groups.contains(g))
     }
-
-    /// Whether a call needing these approvers behaves as every call did before requirements:
-    /// anyone decides, alone.
-    pub fn is_anyone_alone(&self) -> bool {
-        self.groups.is_empty() && self.quorum == 1 && self.denials_to_deny == 1
-    }
 }
 
 impl fmt::Display for Approvers {
