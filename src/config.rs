@@ -542,8 +542,8 @@ impl Config {
         let mut named = false;
         if let Some(path) = &self.auth.tokens_file {
             let setting = "--tokens-file / APPROVALS_TOKENS_FILE";
-            let file = std::fs::read_to_string(path).map_err(|e| {
-                crate::Error::invalid(setting, format!("cannot read {}: {e}", path.display()))
+            let file = setting_file(setting, path, |text| {
+                Ok::<_, std::convert::Infallible>(text.to_owned())
             })?;
             let what = format!("{setting} ({})", path.display());
             let tokens = crate::auth::Tokens::parse(&file, &what)?;
@@ -570,6 +570,20 @@ impl Config {
     }
 }
 
+/// The file a setting names, read and parsed by `parse`: an unreadable file, or one `parse`
+/// refuses, is an error naming the setting and the file (and what `parse` says is wrong). Every
+/// `--X-file` setting is read here.
+fn setting_file<T, E: std::fmt::Display>(
+    setting: &str,
+    path: &std::path::Path,
+    parse: impl FnOnce(&str) -> std::result::Result<T, E>,
+) -> crate::Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        crate::Error::invalid(setting, format!("cannot read {}: {e}", path.display()))
+    })?;
+    parse(&text).map_err(|e| crate::Error::invalid(setting, format!("{}: {e}", path.display())))
+}
+
 /// The environment variable of `--tokens`.
 const TOKENS_ENV: &str = "APPROVALS_TOKENS";
 
@@ -589,12 +603,10 @@ impl Config {
             return Ok(None);
         };
         let setting = "--policy-file / APPROVALS_POLICY_FILE";
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            crate::Error::invalid(setting, format!("cannot read {}: {e}", path.display()))
-        })?;
-        crate::domain::policy::parse_policy_file(&text, self.requests.max_input_bytes)
-            .map(Some)
-            .map_err(|e| crate::Error::invalid(setting, format!("{}: {e}", path.display())))
+        setting_file(setting, path, |text| {
+            crate::domain::policy::parse_policy_file(text, self.requests.max_input_bytes)
+        })
+        .map(Some)
     }
 }
 
@@ -608,11 +620,11 @@ impl Config {
             return Ok(Default::default());
         };
         let setting = "--escalation-file / APPROVALS_ESCALATION_FILE";
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            crate::Error::invalid(setting, format!("cannot read {}: {e}", path.display()))
-        })?;
-        let ladder = crate::domain::escalation::parse_escalation_file(&text)
-            .map_err(|e| crate::Error::invalid(setting, format!("{}: {e}", path.display())))?;
+        let ladder = setting_file(
+            setting,
+            path,
+            crate::domain::escalation::parse_escalation_file,
+        )?;
         if let Some(deadline) = self.policy.default_deadline {
             for (i, step) in ladder.steps().iter().enumerate() {
                 if step.after >= deadline {
@@ -640,11 +652,7 @@ impl Config {
             return Ok(None);
         };
         let setting = "--webhooks-file / APPROVALS_WEBHOOKS_FILE";
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            crate::Error::invalid(setting, format!("cannot read {}: {e}", path.display()))
-        })?;
-        let hooks = crate::domain::webhook::parse_webhooks_file(&text)
-            .map_err(|e| crate::Error::invalid(setting, format!("{}: {e}", path.display())))?;
+        let hooks = setting_file(setting, path, crate::domain::webhook::parse_webhooks_file)?;
         let egress = self.webhook_egress();
         for (i, hook) in hooks.iter().enumerate() {
             egress.check_url(&hook.url).map_err(|reason| {
