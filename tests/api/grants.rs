@@ -12,22 +12,6 @@ use crate::helpers::*;
 
 const GIT_STATUS: &str = r#"{"command":"git status"}"#;
 
-async fn submit_one(app: &TestApp, session: &str, spec: pb::CallSpec) -> pb::SubmitResponse {
-    submit(app, batch(session, vec![spec])).await
-}
-
-/// The status and `decided_by` a single-call submit got.
-async fn submitted(app: &TestApp, session: &str, spec: pb::CallSpec) -> (CallStatus, String) {
-    let response = submit_one(app, session, spec).await;
-    let status = ack_status(&response, 0);
-    let decided_by = response
-        .outcomes
-        .first()
-        .map(|o| o.decided_by.clone())
-        .unwrap_or_default();
-    (status, decided_by)
-}
-
 async fn a_session_grant_decides_later_calls_of_that_session_only(app: TestApp) {
     submit_one(&app, "s1", call("c1", "shell", GIT_STATUS)).await;
     let decided = decide_remembering(
@@ -90,7 +74,7 @@ async fn a_session_grant_decides_later_calls_of_that_session_only(app: TestApp) 
     ] {
         let call_id = spec.call_id.clone();
         assert_eq!(
-            submitted(&app, session, spec).await,
+            submitted_one(&app, session, spec).await,
             (CallStatus::Pending, String::new()),
             "{call_id}"
         );
@@ -120,14 +104,17 @@ async fn a_workspace_grant_decides_later_calls_in_that_workspace_only(app: TestA
     let by_grant = format!("grant:{}", grant.id);
     let in_a = call_in("repo-a", "c2", "read_file", r#"{"path":"b"}"#);
     assert_eq!(
-        submitted(&app, "s2", in_a).await,
+        submitted_one(&app, "s2", in_a).await,
         (CallStatus::Approved, by_grant),
         "another session, same workspace"
     );
     let in_b = call_in("repo-b", "c3", "read_file", r#"{"path":"b"}"#);
-    assert_eq!(submitted(&app, "s2", in_b).await.0, CallStatus::Pending);
+    assert_eq!(submitted_one(&app, "s2", in_b).await.0, CallStatus::Pending);
     let nowhere = call("c4", "read_file", r#"{"path":"b"}"#);
-    assert_eq!(submitted(&app, "s1", nowhere).await.0, CallStatus::Pending);
+    assert_eq!(
+        submitted_one(&app, "s1", nowhere).await.0,
+        CallStatus::Pending
+    );
 }
 
 async fn a_workspace_scope_needs_a_call_with_a_workspace(app: TestApp) {
@@ -140,7 +127,9 @@ async fn a_workspace_scope_needs_a_call_with_a_workspace(app: TestApp) {
         "scope",
     );
     assert_eq!(
-        submitted(&app, "s1", call("c1", "read_file", "{}")).await.0,
+        submitted_one(&app, "s1", call("c1", "read_file", "{}"))
+            .await
+            .0,
         CallStatus::Pending,
         "the refused decision wrote nothing"
     );
@@ -171,13 +160,13 @@ async fn an_always_grant_decides_every_later_call_of_the_agent(app: TestApp) {
             r#"{"q":"go"}"#,
         );
         assert_eq!(
-            submitted(&app, session, spec).await,
+            submitted_one(&app, session, spec).await,
             (CallStatus::Approved, by_grant.clone())
         );
     }
     let other_tool = call("x", "web_fetch", r#"{"q":"go"}"#);
     assert_eq!(
-        submitted(&app, "s1", other_tool).await.0,
+        submitted_one(&app, "s1", other_tool).await.0,
         CallStatus::Pending
     );
 }
@@ -198,7 +187,7 @@ async fn a_once_decision_remembers_nothing(app: TestApp) {
     let default = approve(&app, "s1", "c2").await;
     assert!(default.grant.is_none());
     assert_eq!(
-        submitted(&app, "s1", call("c3", "shell", GIT_STATUS))
+        submitted_one(&app, "s1", call("c3", "shell", GIT_STATUS))
             .await
             .0,
         CallStatus::Pending
@@ -330,7 +319,7 @@ async fn each_matcher_decides_exactly_the_inputs_it_describes(app: TestApp) {
         assert_eq!(grant.matcher.as_ref(), Some(&canonical(&matcher)), "{name}");
         for (i, (input, decided)) in inputs.into_iter().enumerate() {
             let (status, by) =
-                submitted(&app, &session, call(&format!("c{i}"), &tool, input)).await;
+                submitted_one(&app, &session, call(&format!("c{i}"), &tool, input)).await;
             let expected = if decided {
                 (CallStatus::Approved, format!("grant:{}", grant.id))
             } else {
@@ -514,7 +503,7 @@ async fn a_grant_decides_until_it_expires_and_nothing_after(app: TestApp) {
     let long = long.grant.expect("a grant");
     assert!(long.expires_at.is_some() && long.active);
     assert_eq!(
-        submitted(&app, "s", call("during", "read_file", "{}")).await,
+        submitted_one(&app, "s", call("during", "read_file", "{}")).await,
         (CallStatus::Approved, format!("grant:{}", long.id))
     );
 
@@ -546,7 +535,7 @@ async fn a_grant_decides_until_it_expires_and_nothing_after(app: TestApp) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
-        submitted(&app, "s", call("after", "shell", GIT_STATUS)).await,
+        submitted_one(&app, "s", call("after", "shell", GIT_STATUS)).await,
         (CallStatus::Pending, String::new())
     );
     assert_eq!(
@@ -579,7 +568,7 @@ async fn a_revoked_grant_decides_nothing_after(app: TestApp) {
     )
     .await;
     assert_eq!(
-        submitted(&app, "s", call("c2", "shell", GIT_STATUS))
+        submitted_one(&app, "s", call("c2", "shell", GIT_STATUS))
             .await
             .0,
         CallStatus::Approved
@@ -600,7 +589,7 @@ async fn a_revoked_grant_decides_nothing_after(app: TestApp) {
     assert_eq!(revoked.revoked_by, "admin");
 
     assert_eq!(
-        submitted(&app, "s", call("c3", "shell", GIT_STATUS)).await,
+        submitted_one(&app, "s", call("c3", "shell", GIT_STATUS)).await,
         (CallStatus::Pending, String::new())
     );
     assert!(list_grants(&app, Default::default()).await.is_empty());
@@ -674,7 +663,7 @@ async fn resetting_a_session_revokes_its_session_grants_and_nothing_else(app: Te
         ("x3", "tool_d", CallStatus::Approved),
     ] {
         assert_eq!(
-            submitted(&app, "s1", call_in("w", call_id, tool, "{}"))
+            submitted_one(&app, "s1", call_in("w", call_id, tool, "{}"))
                 .await
                 .0,
             expected,
@@ -682,12 +671,12 @@ async fn resetting_a_session_revokes_its_session_grants_and_nothing_else(app: Te
         );
     }
     assert_eq!(
-        submitted(&app, "s2", call("y", "tool_a", "{}")).await.0,
+        submitted_one(&app, "s2", call("y", "tool_a", "{}")).await.0,
         CallStatus::Approved,
         "another session's grant stays"
     );
     assert_eq!(
-        submitted(&app, "s3", call_in("w", "z", "tool_c", "{}"))
+        submitted_one(&app, "s3", call_in("w", "z", "tool_c", "{}"))
             .await
             .0,
         CallStatus::Approved,
@@ -709,13 +698,13 @@ async fn resetting_a_workspace_revokes_its_workspace_grants_and_nothing_else(app
     assert_eq!(response.revoked, 1);
     assert_eq!(response.grants[0].id, grants[3].id);
     assert_eq!(
-        submitted(&app, "s3", call_in("w", "z", "tool_c", "{}"))
+        submitted_one(&app, "s3", call_in("w", "z", "tool_c", "{}"))
             .await
             .0,
         CallStatus::Pending
     );
     assert_eq!(
-        submitted(&app, "s1", call("x", "tool_a", "{}")).await.0,
+        submitted_one(&app, "s1", call("x", "tool_a", "{}")).await.0,
         CallStatus::Approved
     );
     let active = list_grants(&app, Default::default()).await;

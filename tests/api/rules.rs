@@ -7,16 +7,6 @@ use tonic::Code;
 
 use crate::helpers::*;
 
-async fn submit_one(app: &TestApp, session: &str, spec: pb::CallSpec) -> (CallStatus, String) {
-    let response = submit(app, batch(session, vec![spec])).await;
-    let decided_by = response
-        .outcomes
-        .first()
-        .map(|o| o.decided_by.clone())
-        .unwrap_or_default();
-    (ack_status(&response, 0), decided_by)
-}
-
 fn pending() -> (CallStatus, String) {
     (CallStatus::Pending, String::new())
 }
@@ -56,7 +46,7 @@ async fn a_deny_rule_denies_matching_calls_at_submit_naming_itself(app: TestApp)
         "A policy rule denied this tool call. Reason: force-pushing rewrites history"
     );
     assert_eq!(
-        submit_one(&app, "s", call("c2", "shell", r#"{"command":"git push"}"#)).await,
+        submitted_one(&app, "s", call("c2", "shell", r#"{"command":"git push"}"#)).await,
         pending()
     );
 }
@@ -72,7 +62,7 @@ async fn an_allow_rule_approves_matching_calls_at_submit(app: TestApp) {
     assert_eq!(response.outcomes[0].decided_by, "policy:reads");
     assert_eq!(response.outcomes[0].input_json, r#"{"path":"a.txt"}"#);
     assert_eq!(
-        submit_one(&app, "s", call("c2", "write_file", r#"{"path":"a.txt"}"#)).await,
+        submitted_one(&app, "s", call("c2", "write_file", r#"{"path":"a.txt"}"#)).await,
         pending()
     );
 }
@@ -97,7 +87,7 @@ async fn deny_rules_come_first_then_allow_rules_then_grants_then_a_human(app: Te
     let rm = r#"{"command":"rm -rf /"}"#;
     let ls = r#"{"command":"ls"}"#;
     assert_eq!(
-        submit_one(&app, "s", call("c1", "shell", rm)).await,
+        submitted_one(&app, "s", call("c1", "shell", rm)).await,
         by(CallStatus::Approved, &by_grant)
     );
 
@@ -107,7 +97,7 @@ async fn deny_rules_come_first_then_allow_rules_then_grants_then_a_human(app: Te
     )
     .await;
     assert_eq!(
-        submit_one(&app, "s", call("c2", "shell", ls)).await,
+        submitted_one(&app, "s", call("c2", "shell", ls)).await,
         by(CallStatus::Approved, "policy:allow-shell"),
         "an allow rule before a grant"
     );
@@ -123,12 +113,12 @@ async fn deny_rules_come_first_then_allow_rules_then_grants_then_a_human(app: Te
     )
     .await;
     assert_eq!(
-        submit_one(&app, "s", call("c3", "shell", rm)).await,
+        submitted_one(&app, "s", call("c3", "shell", rm)).await,
         by(CallStatus::Denied, "policy:deny-rm"),
         "a deny rule before allow rules of any priority, and grants"
     );
     assert_eq!(
-        submit_one(&app, "s", call("c4", "shell", ls)).await,
+        submitted_one(&app, "s", call("c4", "shell", ls)).await,
         by(CallStatus::Approved, "policy:allow-shell")
     );
 
@@ -158,15 +148,15 @@ async fn deny_rules_come_first_then_allow_rules_then_grants_then_a_human(app: Te
     )
     .await;
     assert_eq!(
-        submit_one(&app, "s", call("c5", "tool_x", r#"{"danger":true}"#)).await,
+        submitted_one(&app, "s", call("c5", "tool_x", r#"{"danger":true}"#)).await,
         by(CallStatus::Denied, &format!("grant:{}", deny.id))
     );
     assert_eq!(
-        submit_one(&app, "s", call("c6", "tool_x", r#"{"danger":false}"#)).await,
+        submitted_one(&app, "s", call("c6", "tool_x", r#"{"danger":false}"#)).await,
         by(CallStatus::Approved, &format!("grant:{}", allow.id))
     );
     assert_eq!(
-        submit_one(&app, "s", call("c7", "tool_y", "{}")).await,
+        submitted_one(&app, "s", call("c7", "tool_y", "{}")).await,
         pending(),
         "nothing matches: a human decides"
     );
@@ -205,12 +195,12 @@ async fn an_ask_rule_sends_calls_to_a_human_ahead_of_grants_and_lower_allow_rule
     )
     .await;
     assert_eq!(
-        submit_one(&app, "s", call("p1", "deploy", prod)).await,
+        submitted_one(&app, "s", call("p1", "deploy", prod)).await,
         pending(),
         "ask beats the grant, and an allow rule of equal priority"
     );
     assert_eq!(
-        submit_one(&app, "s", call("d1", "deploy", r#"{"env":"dev"}"#)).await,
+        submitted_one(&app, "s", call("d1", "deploy", r#"{"env":"dev"}"#)).await,
         by(CallStatus::Approved, "policy:allow-deploy")
     );
     let explained = explain_stored(&app, "s", "p1").await;
@@ -246,13 +236,13 @@ async fn an_ask_rule_sends_calls_to_a_human_ahead_of_grants_and_lower_allow_rule
     )
     .await;
     assert_eq!(
-        submit_one(&app, "s", call("p2", "deploy", prod)).await,
+        submitted_one(&app, "s", call("p2", "deploy", prod)).await,
         by(CallStatus::Approved, "policy:urgent"),
         "a higher-priority allow beats the ask"
     );
     create_rule(&app, rule("freeze", "*", pb::Effect::Deny, -100, None)).await;
     assert_eq!(
-        submit_one(&app, "s", call("p3", "deploy", prod)).await,
+        submitted_one(&app, "s", call("p3", "deploy", prod)).await,
         by(CallStatus::Denied, "policy:freeze")
     );
 }
@@ -300,7 +290,7 @@ async fn rules_are_created_listed_in_precedence_order_and_deleted(app: TestApp) 
         .into_inner();
     assert_eq!(deleted.id, "z-deny");
     assert_eq!(
-        submit_one(&app, "s", call("c1", "t", "{}")).await,
+        submitted_one(&app, "s", call("c1", "t", "{}")).await,
         by(CallStatus::Approved, "policy:c-allow"),
         "a deleted rule decides nothing"
     );
@@ -378,7 +368,7 @@ async fn a_rule_applies_to_calls_submitted_after_it_exists(app: TestApp) {
         CallStatus::Pending as i32
     );
     assert_eq!(
-        submit_one(&app, "s", call("after", "t", "{}")).await,
+        submitted_one(&app, "s", call("after", "t", "{}")).await,
         by(CallStatus::Approved, "policy:allow-t")
     );
 }
@@ -546,11 +536,11 @@ async fn the_policy_file_is_loaded_at_start_and_replaces_the_rules_it_loaded_bef
             .collect();
         assert_eq!(loaded, [("no-rm", "file"), ("reads", "file")]);
         assert_eq!(
-            submit_one(&app, "s", call("c1", "shell", r#"{"command":"rm -rf x"}"#)).await,
+            submitted_one(&app, "s", call("c1", "shell", r#"{"command":"rm -rf x"}"#)).await,
             by(CallStatus::Denied, "policy:no-rm")
         );
         assert_eq!(
-            submit_one(&app, "s", call("c2", "read_file", "{}")).await,
+            submitted_one(&app, "s", call("c2", "read_file", "{}")).await,
             by(CallStatus::Approved, "policy:reads")
         );
         create_rule(&app, rule("by-hand", "t", pb::Effect::Allow, 0, None)).await;
@@ -586,7 +576,7 @@ async fn the_policy_file_is_loaded_at_start_and_replaces_the_rules_it_loaded_bef
         ];
         assert_eq!(ids(list(&app).await), expected);
         assert_eq!(
-            submit_one(&app, "s", call("c3", "shell", r#"{"command":"rm -rf x"}"#)).await,
+            submitted_one(&app, "s", call("c3", "shell", r#"{"command":"rm -rf x"}"#)).await,
             pending()
         );
         // Started without a file, the broker keeps the rules it has.

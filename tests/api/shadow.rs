@@ -38,10 +38,6 @@ fn shell(call_id: &str, command: &str) -> pb::CallSpec {
     )
 }
 
-async fn submit_one(app: &TestApp, session: &str, spec: pb::CallSpec) -> CallStatus {
-    ack_status(&submit(app, batch(session, vec![spec])).await, 0)
-}
-
 /// (rule id, verdict) of each shadow verdict.
 fn verdicts(list: &[pb::ShadowVerdict]) -> Vec<(String, CallStatus)> {
     list.iter()
@@ -76,17 +72,19 @@ async fn a_shadow_rule_never_decides_and_its_verdict_shows_in_the_audit_and_expl
     )
     .await;
     assert_eq!(
-        submit_one(&app, "s", shell("c1", "rm -rf build")).await,
+        submitted_one(&app, "s", shell("c1", "rm -rf build"))
+            .await
+            .0,
         CallStatus::Pending,
         "a shadow deny rule decides nothing"
     );
     assert_eq!(
-        submit_one(&app, "s", shell("c2", "ls -la")).await,
+        submitted_one(&app, "s", shell("c2", "ls -la")).await.0,
         CallStatus::Pending,
         "a shadow allow rule decides nothing"
     );
     assert_eq!(
-        submit_one(&app, "s", shell("c3", "git status")).await,
+        submitted_one(&app, "s", shell("c3", "git status")).await.0,
         CallStatus::Pending
     );
 
@@ -166,13 +164,13 @@ async fn a_shadow_rule_is_recorded_only_where_enforcing_it_would_rule_the_call(a
     .await;
     // The enforced deny rule decides, and would still decide with the shadow allow rule on.
     assert_eq!(
-        submit_one(&app, "s", shell("c1", "rm x")).await,
+        submitted_one(&app, "s", shell("c1", "rm x")).await.0,
         CallStatus::Denied
     );
     assert!(get_call(&app, "s", "c1").await.shadow_verdicts.is_empty());
     // Where nothing enforced rules, the shadow rule would have.
     assert_eq!(
-        submit_one(&app, "s", shell("c2", "ls")).await,
+        submitted_one(&app, "s", shell("c2", "ls")).await.0,
         CallStatus::Pending
     );
     assert_eq!(
@@ -191,7 +189,7 @@ async fn a_disabled_rule_is_ignored_by_submit_and_explain(app: TestApp) {
     )
     .await;
     assert_eq!(
-        submit_one(&app, "s", shell("c1", "rm -rf /")).await,
+        submitted_one(&app, "s", shell("c1", "rm -rf /")).await.0,
         CallStatus::Pending
     );
     assert!(get_call(&app, "s", "c1").await.shadow_verdicts.is_empty());
@@ -211,7 +209,7 @@ async fn set_rule_mode_moves_a_rule_between_shadow_enforce_and_disabled(app: Tes
     )
     .await;
     assert_eq!(
-        submit_one(&app, "s", shell("c1", "ls")).await,
+        submitted_one(&app, "s", shell("c1", "ls")).await.0,
         CallStatus::Pending
     );
     let set = |id: &str, mode: pb::RuleMode| pb::SetRuleModeRequest {
@@ -226,7 +224,7 @@ async fn set_rule_mode_moves_a_rule_between_shadow_enforce_and_disabled(app: Tes
         .into_inner();
     assert_eq!(enforced.mode, pb::RuleMode::Enforce as i32);
     assert_eq!(
-        submit_one(&app, "s", shell("c2", "ls")).await,
+        submitted_one(&app, "s", shell("c2", "ls")).await.0,
         CallStatus::Approved
     );
     assert_eq!(outcome_of(&app, "s", "c2").await.decided_by, "policy:ls-ok");
@@ -235,7 +233,7 @@ async fn set_rule_mode_moves_a_rule_between_shadow_enforce_and_disabled(app: Tes
         .await
         .expect("set mode");
     assert_eq!(
-        submit_one(&app, "s", shell("c3", "ls")).await,
+        submitted_one(&app, "s", shell("c3", "ls")).await.0,
         CallStatus::Pending
     );
     assert_status(
@@ -280,7 +278,7 @@ async fn the_policy_file_sets_a_rules_mode(app: TestApp) {
         .restart_with(|c| c.policy.policy_file = Some(path))
         .await;
     assert_eq!(
-        submit_one(&app, "s", shell("c1", "rm")).await,
+        submitted_one(&app, "s", shell("c1", "rm")).await.0,
         CallStatus::Pending
     );
     assert_eq!(
@@ -360,7 +358,7 @@ async fn known_history(app: &TestApp) {
         ("a5", "ls again"),
     ] {
         assert_eq!(
-            submit_one(app, "h", shell(id, command)).await,
+            submitted_one(app, "h", shell(id, command)).await.0,
             CallStatus::Pending
         );
     }
@@ -532,7 +530,7 @@ async fn replay_writes_nothing(app: TestApp) {
         "nothing decides now"
     );
     assert_eq!(
-        submit_one(&app, "h", shell("after", "ls")).await,
+        submitted_one(&app, "h", shell("after", "ls")).await.0,
         CallStatus::Pending,
         "the candidate does not apply"
     );

@@ -7,7 +7,7 @@ use approval_broker::proto::v1 as pb;
 use tonic::Code;
 
 use super::PATIENCE;
-use super::requests::decide_request;
+use super::requests::{batch, decide_request};
 use super::spawn::TestApp;
 
 pub use pb::CallStatus;
@@ -117,6 +117,26 @@ pub async fn outcome_of(app: &TestApp, session: &str, call_id: &str) -> pb::Outc
         Some(pb::call_state::State::Outcome(outcome)) => outcome,
         other => panic!("{call_id} has no outcome: {other:?}"),
     }
+}
+
+/// Submits one call alone in a batch of `session`.
+pub async fn submit_one(app: &TestApp, session: &str, spec: pb::CallSpec) -> pb::SubmitResponse {
+    submit(app, batch(session, vec![spec])).await
+}
+
+/// The status and `decided_by` a single-call submit got (`decided_by` empty while pending).
+pub async fn submitted_one(
+    app: &TestApp,
+    session: &str,
+    spec: pb::CallSpec,
+) -> (CallStatus, String) {
+    let response = submit_one(app, session, spec).await;
+    let decided_by = response
+        .outcomes
+        .first()
+        .map(|o| o.decided_by.clone())
+        .unwrap_or_default();
+    (ack_status(&response, 0), decided_by)
 }
 
 /// An agent's view of an outcome as approvers are sent it: without its receipt, which only the
