@@ -19,13 +19,7 @@ async fn submitted(
     call_id: &str,
     tool: &str,
 ) -> (CallStatus, String) {
-    let response = submit(app, batch(session, vec![call(call_id, tool, INPUT)])).await;
-    let decided_by = response
-        .outcomes
-        .first()
-        .map(|o| o.decided_by.clone())
-        .unwrap_or_default();
-    (ack_status(&response, 0), decided_by)
+    submitted_one(app, session, call(call_id, tool, INPUT)).await
 }
 
 fn pending() -> (CallStatus, String) {
