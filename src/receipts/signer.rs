@@ -157,6 +157,16 @@ impl Seal {
 impl Sealing {
     /// The signature: the signing thread's, waited for if it is being signed, or signed here if
     /// the thread has not started on it.
+    /// The payload being sealed.
+    pub fn payload(&self) -> &str {
+        &self.seal.payload
+    }
+
+    /// The id of the key it is sealed with.
+    pub fn key_id(&self) -> &str {
+        self.notary.key_id()
+    }
+
     pub fn signature(self) -> String {
         let mut state = self
             .seal

@@ -10,8 +10,8 @@ use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 use super::listing::{Dialect, Listing, call_page, grant_page};
 use super::receipt_rows::{self, StoredReceipt, receipt_from_row};
 use super::rows::{
-    Columns, call_from_row, event_from_row, rule_from_row, sealed_call_from_row, sealed_from_row,
-    shadow_verdict_from_row,
+    Columns, call_from_row, rule_from_row, sealed_call_from_row, sealed_event_from_row,
+    sealed_from_row, shadow_verdict_from_row,
 };
 use super::statements as sql;
 use super::webhook_rows::{SELECT_WEBHOOK, SELECT_WEBHOOKS, not_found, webhook_from_row};
@@ -127,7 +127,7 @@ where
         if after < through {
             return Err(crate::Error::Pruned { after, through });
         }
-        rows.iter().map(event_from_row).collect()
+        rows.iter().map(sealed_event_from_row).collect()
     }
 
     /// The highest sequence number retention pruned (0 when nothing was).

@@ -268,6 +268,16 @@ fn seal(call: &mut Call, row: &(impl Columns + ?Sized)) -> Result<()> {
     Ok(())
 }
 
+/// An event from a row holding the columns [`event_from_row`] reads and its receipt's (see
+/// [`sealed_from_row`]), a Resolved one's outcome with the receipt.
+pub fn sealed_event_from_row(row: &(impl Columns + ?Sized)) -> Result<Event> {
+    let mut event = event_from_row(row)?;
+    if event.kind == EventKind::Resolved {
+        seal(&mut event.call, row)?;
+    }
+    Ok(event)
+}
+
 /// An event from a row holding `seq`, `kind`, `batch_completed` and the `statements::call_columns`.
 pub fn event_from_row(row: &(impl Columns + ?Sized)) -> Result<Event> {
     let kind = EventKind::from_code(row.int("kind")?);
@@ -285,7 +295,7 @@ pub fn event_from_row(row: &(impl Columns + ?Sized)) -> Result<Event> {
         EventKind::ApprovalRecorded | EventKind::Reminded | EventKind::Escalated => {
             call.outcome = None
         }
-        EventKind::Resolved => seal(&mut call, row)?,
+        EventKind::Resolved => {}
     }
     Ok(Event {
         seq: row.int("seq")? as u64,

@@ -161,23 +161,39 @@ pub const NEXT_DEADLINE: &str = concat!(
 pub const LATEST_SEQ: &str = "SELECT MAX(seq) AS seq FROM (SELECT MAX(seq) AS seq FROM events \
      UNION ALL SELECT pruned_through AS seq FROM retention) AS heads";
 
-/// Events after sequence number `$1`, with their calls, oldest first, at most `$2` of them; each
-/// row with the retention horizon (`pruned_through`) in the same snapshot, so a reader checks
-/// for a gap without a read of its own; a Resolved event with its call's receipt (`rr`, see
+/// The events after sequence number `$1`, with their calls, oldest first, at most `$2` of them;
+/// each row with the retention horizon (`pruned_through`) in the same snapshot, so a reader
+/// checks for a gap without a read of its own. `$receipts`: the receipt columns and their join.
+macro_rules! events_after {
+    ($($receipts:expr),*) => {
+        concat!(
+            "SELECT e.seq, e.kind, e.batch_completed, e.step, ",
+            "(SELECT pruned_through FROM retention) AS pruned_through, ",
+            call_columns!(),
+            $($receipts,)*
+            " WHERE e.seq > $1 ORDER BY e.seq LIMIT $2"
+        )
+    };
+}
+
+/// The log's events (see `events_after!`), a Resolved one with its call's receipt (`rr`, see
 /// `rows::sealed_from_row`; written in the outcome's transaction, so there by any commit that
 /// logged the event), so every outcome the feed delivers carries it. A call row has one
 /// receipt at most (one outcome; a pruned call's receipts are unlinked from its row).
-pub const EVENTS_AFTER: &str = concat!(
-    "SELECT e.seq, e.kind, e.batch_completed, e.step, ",
-    "(SELECT pruned_through FROM retention) AS pruned_through, ",
-    call_columns!(),
+pub const EVENTS_AFTER: &str = events_after!(
     ", rr.envelope AS receipt_envelope, rr.payload AS receipt_payload, \
      rr.keyid AS receipt_keyid, rr.sig AS receipt_sig \
      FROM events e JOIN calls c ON c.id = e.call_rowid \
      JOIN batches b ON b.batch_id = c.batch_id \
      LEFT JOIN receipts rr ON rr.call_row = c.id AND e.kind = ",
-    crate::domain::code!(EventKind::Resolved),
-    " WHERE e.seq > $1 ORDER BY e.seq LIMIT $2"
+    crate::domain::code!(EventKind::Resolved)
+);
+
+/// [`EVENTS_AFTER`] without the receipts: SQLite's writer reads back the events it just
+/// committed, and gives each outcome the receipt it has in memory.
+pub const EVENTS_AFTER_UNSEALED: &str = events_after!(
+    " FROM events e JOIN calls c ON c.id = e.call_rowid \
+     JOIN batches b ON b.batch_id = c.batch_id"
 );
 
 /// A batch's calls in order, each decided one with its receipt (as [`EVENTS_AFTER`] reads it):
@@ -572,6 +588,7 @@ mod tests {
             (NEXT_DEADLINE, 0),
             (LATEST_SEQ, 0),
             (EVENTS_AFTER, 2),
+            (EVENTS_AFTER_UNSEALED, 2),
             (BATCH_CALLS, 1),
             (FIND_CALL, 3),
             (LOAD_CALL, 1),

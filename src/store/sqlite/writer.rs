@@ -7,6 +7,7 @@
 //! statements are cached. Writers are serialised by the one connection and `BEGIN IMMEDIATE`, so
 //! there is nothing to lock, and an event's row id is its sequence number.
 
+use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,8 +23,8 @@ use rusqlite::{Connection, OpenFlags, Params, ToSql, params, params_from_iter};
 use tokio::sync::{Notify, mpsc};
 
 use super::{Synchronous, coalesced_wal};
-use crate::domain::receipt::ChainLink;
-use crate::domain::{Call, Event};
+use crate::domain::receipt::{ChainLink, Sealed};
+use crate::domain::{Call, CallKey, Event, EventKind};
 use crate::error::{Error, Result, StorageFault};
 use crate::operations::Transactions;
 use crate::receipts::Notary;
@@ -60,6 +61,9 @@ const LOOK_EVERY: Duration = Duration::from_millis(100);
 /// in docs/benchmarks.md.
 pub const WRITER_CHECKPOINT_PAGES: u32 = 8_192;
 
+/// The receipts of the commits since the events were last read back, with their calls.
+type CommittedReceipts = Arc<Mutex<Vec<(CallKey, Arc<Sealed>)>>>;
+
 /// The one write connection. A transaction takes it out and puts it back when it ends, so a
 /// transaction is an owned value that can cross `await`s; only the writer thread runs
 /// transactions on it (the store's clone only starts the hand-over of events).
@@ -75,6 +79,9 @@ pub struct WriteConnection {
     /// What every outcome's receipt is signed by (beside the writer); `None` when receipts are
     /// off.
     signer: Option<Arc<Signer>>,
+    /// The receipts committed since the events were last read back, by call: each Resolved
+    /// event read back takes its call's from here (see [`Self::read_committed`]).
+    sealed: CommittedReceipts,
 }
 
 /// The database's files as this process opened them (device and inode of the database, its WAL
@@ -220,6 +227,7 @@ impl WriteConnection {
             files: Arc::clone(&files),
             policy: Arc::default(),
             signer,
+            sealed: Arc::default(),
         };
         let checkpointer = connect(path, synchronous, Role::Checkpointer)?;
         let (home, commits) = (Arc::downgrade(&writer.home), Arc::clone(&writer.commits));
@@ -252,6 +260,9 @@ impl WriteConnection {
     /// committed since (not after a group that failed, or an Explain). On failure (or a full
     /// queue) the pump is told to read the log.
     fn publish_committed(&self) {
+        // Taken whether or not events are handed over, so they never pile up.
+        let sealed =
+            std::mem::take(&mut *self.sealed.lock().unwrap_or_else(PoisonError::into_inner));
         let mut published = self
             .published
             .lock()
@@ -262,22 +273,40 @@ impl WriteConnection {
             return;
         }
         published.commits = commits;
-        if let Err(err) = self.read_committed(&mut published) {
+        if let Err(err) = self.read_committed(&mut published, sealed) {
             tracing::warn!(error = %err, "reading committed events on the writer failed");
             published.missed.notify_one();
         }
     }
 
-    fn read_committed(&self, published: &mut Published) -> Result<()> {
+    /// The events committed since the last hand-over, read back on the write connection; each
+    /// Resolved one given the receipt its commit left in `sealed` (so the read joins no receipt
+    /// row: every outcome an agent is sent carries its receipt, and the writer thread, which
+    /// every write waits for, reads and copies no payload for it).
+    fn read_committed(
+        &self,
+        published: &mut Published,
+        sealed: Vec<(CallKey, Arc<Sealed>)>,
+    ) -> Result<()> {
         const PAGE: i64 = 1024;
+        let mut sealed: HashMap<CallKey, Arc<Sealed>> = sealed.into_iter().collect();
         let mut tx = self.begin_read()?;
         loop {
-            let events = tx.query_rows(
+            let mut events = tx.query_rows(
                 false,
-                sql::EVENTS_AFTER,
+                sql::EVENTS_AFTER_UNSEALED,
                 params![published.last as i64, PAGE],
                 |row| event_from_row(row),
             )?;
+            if !sealed.is_empty() {
+                for event in &mut events {
+                    if event.kind == EventKind::Resolved
+                        && let Some(outcome) = &mut event.call.outcome
+                    {
+                        outcome.receipt = sealed.remove(&event.call.key);
+                    }
+                }
+            }
             let Some(last) = events.last().map(|e| e.seq) else {
                 return Ok(());
             };
@@ -317,6 +346,7 @@ impl WriteConnection {
             policy: PolicyView::new(&self.policy),
             signer: self.signer.clone(),
             sealing: Vec::new(),
+            sealed: Arc::clone(&self.sealed),
             holds: false,
             chain: None,
         };
@@ -477,9 +507,12 @@ pub struct SqliteTx {
     /// reads the policy version once.
     policy: PolicyView,
     signer: Option<Arc<Signer>>,
-    /// The receipts of this transaction (by sequence), inserted unsigned and being signed
-    /// beside the writer: their signatures are written just before it commits.
-    sealing: Vec<(i64, Sealing)>,
+    /// The receipts of this transaction (by sequence, with their calls), inserted unsigned and
+    /// being signed beside the writer: their signatures are written just before it commits.
+    sealing: Vec<(i64, CallKey, Sealing)>,
+    /// Where the commit leaves its receipts for the events read back after it (see
+    /// `WriteConnection::read_committed`).
+    sealed: CommittedReceipts,
     /// Whether the write running is its group's only one (one call in flight). Its receipts are
     /// then held back from the signer, each handed over once the writer has another to sign,
     /// so the last is signed here at the commit, which would wait for it anyway: handing it
@@ -550,17 +583,26 @@ impl SqliteTx {
     /// lost, so it must not be acknowledged, nor its events published.
     fn commit_now(mut self) -> Result<()> {
         // On failure the drop rolls back what is left of the transaction.
-        for (sequence, sealing) in std::mem::take(&mut self.sealing) {
-            let signature = sealing.signature();
-            let sealed = self
+        let mut sealed = Vec::with_capacity(self.sealing.len());
+        for (sequence, key, sealing) in std::mem::take(&mut self.sealing) {
+            let payload = sealing.payload().to_owned();
+            let key_id = sealing.key_id().to_owned();
+            let sig = sealing.signature();
+            let written = self
                 .conn()
                 .prepare_cached(receipt_rows::SEAL_RECEIPT)?
-                .execute(params![signature, sequence])?;
-            if sealed != 1 {
+                .execute(params![sig, sequence])?;
+            if written != 1 {
                 return Err(Error::Internal(format!(
                     "receipt {sequence} was not there to seal"
                 )));
             }
+            let receipt = Sealed::Parts {
+                payload,
+                key_id,
+                sig,
+            };
+            sealed.push((key, Arc::new(receipt)));
         }
         if let Some((sequence, digest)) = self.chain.take() {
             self.execute_sql(
@@ -570,6 +612,12 @@ impl SqliteTx {
         }
         self.conn().execute_batch("COMMIT")?;
         self.files.check()?;
+        if !sealed.is_empty() {
+            self.sealed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend(sealed);
+        }
         self.commits.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -653,7 +701,7 @@ impl SqlTx for SqliteTx {
         }
         let payload = std::mem::take(&mut receipt.payload);
         // The writer has another to sign: the one held before it goes to the signer.
-        if let Some((_, before)) = self.sealing.last_mut() {
+        if let Some((_, _, before)) = self.sealing.last_mut() {
             signer.hand_over(before);
         }
         let sealing = if self.holds {
@@ -661,7 +709,8 @@ impl SqlTx for SqliteTx {
         } else {
             signer.sign(payload)
         };
-        self.sealing.push((receipt.sequence, sealing));
+        self.sealing
+            .push((receipt.sequence, call.key.clone(), sealing));
         self.chain = Some((link.sequence, receipt.digest));
         Ok(())
     }
