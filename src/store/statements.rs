@@ -693,7 +693,7 @@ mod tests {
     #[tokio::test]
     #[cfg_attr(
         not(approvals_test_postgres),
-        ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres variants"
+        ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
     )]
     async fn every_statement_prepares_on_postgres_with_its_parameters() {
         use sqlx::{Connection as _, Executor as _, SqlSafeStr as _, Statement as _};
@@ -750,7 +750,7 @@ mod tests {
     #[tokio::test]
     #[cfg_attr(
         not(approvals_test_postgres),
-        ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres variants"
+        ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
     )]
     async fn the_event_logs_read_on_postgres_finds_each_outcome_by_key_whatever_its_page() {
         use sqlx::{Connection as _, Executor as _, Row as _};

@@ -97,7 +97,7 @@ async fn a_backup_taken_while_writes_are_in_flight_holds_every_call_committed_be
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres variants"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn a_backup_on_postgres_is_refused_pointing_at_pg_dump() {
     let app = spawn_app_on(Backend::postgres(), |_| {}).await;

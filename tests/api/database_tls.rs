@@ -33,7 +33,7 @@ async fn tls_connections(base: &str, application_name: &str) -> (i64, bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn with_sslmode_require_every_connection_to_postgres_is_encrypted() {
     let base = postgres_url();
@@ -66,7 +66,7 @@ fn migrate(url: &str) -> std::process::Output {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn a_server_certificate_that_the_configured_root_did_not_sign_stops_the_broker() {
     let base = postgres_url();

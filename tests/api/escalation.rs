@@ -430,7 +430,7 @@ async fn a_killed_sqlite_broker_fires_a_step_that_came_due_while_it_was_down_onc
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres variants"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn a_killed_postgres_broker_fires_a_step_that_came_due_while_it_was_down_once() {
     let schema = helpers::fresh_schema(&helpers::postgres_url()).await;
@@ -441,7 +441,7 @@ async fn a_killed_postgres_broker_fires_a_step_that_came_due_while_it_was_down_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres variants"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn two_postgres_replicas_fire_each_step_once() {
     let dir = tempfile::tempdir().unwrap();

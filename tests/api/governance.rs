@@ -609,7 +609,7 @@ backend_tests!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn every_approval_is_justified_on_two_replicas() {
     let a = spawn_app_on(Backend::postgres(), governed_by_ops).await;

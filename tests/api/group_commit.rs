@@ -101,7 +101,7 @@ fn grouped(config: &mut approval_broker::config::Config) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn a_write_that_fails_mid_a_postgres_group_undoes_only_itself() {
     a_write_that_fails_mid_group_undoes_only_itself(
@@ -315,7 +315,7 @@ async fn assert_gapless(app: &TestApp, events: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn in_one_postgres_group_failed_writes_fail_alone_and_the_rest_commit_together() {
     let app = spawn_app_on(Backend::postgres(), grouped).await;
@@ -382,7 +382,7 @@ async fn in_one_postgres_group_failed_writes_fail_alone_and_the_rest_commit_toge
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn a_postgres_group_aborted_by_a_conflict_runs_again_whole() {
     let app = spawn_app_on(Backend::postgres(), grouped).await;
@@ -419,7 +419,7 @@ async fn a_postgres_group_aborted_by_a_conflict_runs_again_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn a_postgres_group_that_keeps_deadlocking_fails_whole_after_bounded_attempts() {
     let app = spawn_app_on(Backend::postgres(), grouped).await;
@@ -464,7 +464,7 @@ async fn a_postgres_group_that_keeps_deadlocking_fails_whole_after_bounded_attem
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn two_replicas_groups_that_deadlock_are_retried_and_every_write_lands_once() {
     let a = spawn_app_on(Backend::postgres(), grouped).await;

@@ -46,6 +46,7 @@ mod storage;
 mod supersede;
 mod surface;
 mod telemetry;
+mod test_total;
 mod tls;
 mod traces;
 mod undecodable;

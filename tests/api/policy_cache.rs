@@ -135,7 +135,7 @@ backend_tests! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn a_rule_changed_through_one_replica_applies_to_the_next_submit_on_another() {
     let a = spawn_app_on(Backend::postgres(), |_| {}).await;
@@ -146,7 +146,7 @@ async fn a_rule_changed_through_one_replica_applies_to_the_next_submit_on_anothe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn a_grant_made_or_revoked_through_one_replica_applies_to_the_next_submit_on_another() {
     let a = spawn_app_on(Backend::postgres(), |_| {}).await;

@@ -911,7 +911,7 @@ async fn with_sqlite_and_no_key_one_is_generated_beside_the_database_and_kept_ac
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres variants"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn postgres_replicas_deciding_at_once_append_to_one_unforked_chain() {
     let one = spawn_app_on(Backend::postgres(), with_key).await;
@@ -945,7 +945,7 @@ async fn postgres_replicas_deciding_at_once_append_to_one_unforked_chain() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres variants"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn receipts_on_postgres_without_a_key_refuse_to_start_naming_the_setting() {
     let schema = fresh_schema(&postgres_url()).await;

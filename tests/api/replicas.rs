@@ -37,7 +37,7 @@ fn approver(channel: &Channel) -> ApproverServiceClient<Channel> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn an_outcome_decided_through_one_replica_reaches_the_agent_and_subscribers_on_others() {
     let [a, b, c] = three_replicas().await;
@@ -77,7 +77,7 @@ async fn an_outcome_decided_through_one_replica_reaches_the_agent_and_subscriber
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn the_same_call_decided_through_two_replicas_at_once_has_exactly_one_winner() {
     let [a, b, _c] = three_replicas().await;
@@ -426,7 +426,7 @@ async fn load_across_replicas(kill_listeners: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn under_load_across_replicas_every_outcome_and_every_event_arrives_exactly_once() {
     load_across_replicas(false).await;
@@ -435,7 +435,7 @@ async fn under_load_across_replicas_every_outcome_and_every_event_arrives_exactl
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn killing_the_listen_connections_under_load_loses_nothing() {
     load_across_replicas(true).await;
@@ -444,7 +444,7 @@ async fn killing_the_listen_connections_under_load_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn an_event_whose_transaction_commits_late_is_not_skipped() {
     let [a, b, c] = three_replicas().await;
@@ -533,7 +533,7 @@ async fn an_event_whose_transaction_commits_late_is_not_skipped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn every_replica_sweeps_deadlines_and_each_call_expires_exactly_once() {
     let [a, b, c] = three_replicas().await;
@@ -596,7 +596,7 @@ async fn every_replica_sweeps_deadlines_and_each_call_expires_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn a_denial_skips_the_rest_of_its_batch_atomically_across_replicas() {
     let [a, b, c] = three_replicas().await;
@@ -677,7 +677,7 @@ async fn a_denial_skips_the_rest_of_its_batch_atomically_across_replicas() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn concurrent_supersedes_through_two_replicas_leave_one_pending_question() {
     let [a, b, c] = three_replicas().await;
@@ -727,7 +727,7 @@ async fn concurrent_supersedes_through_two_replicas_leave_one_pending_question()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn a_batch_decided_through_two_replicas_at_once_completes_exactly_once() {
     decided_through_two_replicas_at_once(pb::Decision::Deny).await;
@@ -739,7 +739,7 @@ async fn a_batch_decided_through_two_replicas_at_once_completes_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn a_batch_approved_through_two_replicas_at_once_completes_exactly_once() {
     decided_through_two_replicas_at_once(pb::Decision::Approve).await;
@@ -793,7 +793,7 @@ async fn decided_through_two_replicas_at_once(second: pb::Decision) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn writers_racing_on_one_batch_never_deadlock() {
     let [a, b, _c] = three_replicas().await;
@@ -857,7 +857,7 @@ async fn writers_racing_on_one_batch_never_deadlock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn a_resume_of_named_calls_never_hides_another_outcome_of_a_followed_session() {
     let [a, b, _c] = three_replicas().await;
@@ -892,7 +892,7 @@ async fn a_resume_of_named_calls_never_hides_another_outcome_of_a_followed_sessi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn a_grant_created_through_one_replica_applies_to_a_submit_on_another() {
     let [a, b, c] = three_replicas().await;
@@ -946,7 +946,7 @@ async fn a_grant_created_through_one_replica_applies_to_a_submit_on_another() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn a_grant_racing_matching_submits_across_replicas_leaves_none_of_them_pending() {
     let [a, b, c] = three_replicas().await;
@@ -1020,7 +1020,7 @@ async fn a_grant_racing_matching_submits_across_replicas_leaves_none_of_them_pen
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn numbering_wakes_the_other_replicas_but_not_its_own() {
     use approval_broker::domain::ToolResultTexts;

@@ -637,7 +637,7 @@ backend_tests!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn the_last_approval_racing_a_denial_on_two_replicas_has_one_winner() {
     let a = spawn_app_on(Backend::postgres(), with_groups).await;

@@ -432,7 +432,7 @@ fn url_with_user(url: &str, user: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn postgres_going_away_makes_writes_unavailable_and_health_not_serving_until_it_is_back() {
     let base_url = postgres_url();

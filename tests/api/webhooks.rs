@@ -928,7 +928,7 @@ async fn delivery_resumes_after_the_broker_is_killed_mid_delivery() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres variants"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn two_postgres_replicas_deliver_each_event_once() {
     let receiver = Receiver::start().await;

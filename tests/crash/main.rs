@@ -44,7 +44,7 @@ async fn sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(approvals_test_postgres),
-    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres crash run"
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
 )]
 async fn postgres() {
     let url = testkit::postgres_url();

@@ -117,7 +117,7 @@ mod tests {
     #[tokio::test]
     #[cfg_attr(
         not(approvals_test_postgres),
-        ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres variants"
+        ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
     )]
     async fn one_statement_approves_what_needs_no_other_check_and_nothing_else() {
         let schema = Schema::create(&testkit::postgres_url(), "approval")

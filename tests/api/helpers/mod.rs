@@ -43,7 +43,7 @@ macro_rules! backend_tests {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 #[cfg_attr(
                     not(approvals_test_postgres),
-                    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres variants"
+                    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
                 )]
                 async fn postgres() {
                     let app = crate::helpers::spawn_app_on(
