@@ -132,6 +132,10 @@ function isTrustedKey(value: KeySource | TrustedKey): value is TrustedKey {
 
 /** Whether `signature` is the key's Ed25519 signature of `message` (WebCrypto). */
 async function ed25519Verify(key: TrustedKey, signature: Uint8Array, message: Uint8Array): Promise<boolean> {
+  if (globalThis.crypto?.subtle === undefined) {
+    // A browser page that is not a secure context (plain http:// on a name other than localhost).
+    throw new ReceiptRejected("WebCrypto (crypto.subtle) is not available here, so no signature can be checked: browsers give it only to secure contexts (https://, localhost)");
+  }
   try {
     const publicKey = await crypto.subtle.importKey("raw", Uint8Array.from(key.publicKey), { name: "Ed25519" }, false, ["verify"]);
     return await crypto.subtle.verify({ name: "Ed25519" }, publicKey, Uint8Array.from(signature), Uint8Array.from(message));
