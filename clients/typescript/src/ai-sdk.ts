@@ -6,27 +6,33 @@
  *       model: wrapLanguageModel({ model, middleware: approval.middleware }),
  *       tools: approval.tools(tools),
  *       toolApproval: approval.toolApproval,
+ *       experimental_refineToolInput: approval.refineToolInput,
  *       stopWhen: isStepCount(5),
  *       prompt,
  *     });
  *
- * Three pieces, because the SDK asks for approval one tool call at a time and runs a tool with
+ * Four pieces, because the SDK asks for approval one tool call at a time and runs a tool with
  * the input the model wrote:
  * - `middleware` sees each model response whole (or each stream to its end) and submits the
- *   step's tool calls to the broker as one batch, in the model's order;
+ *   step's tool calls to the broker as one batch, in the model's order: only the calls the SDK
+ *   will find valid (a tool it has, input its schema accepts), checked as the SDK checks them,
+ *   so a call the SDK answers with a tool error is never left pending at the broker;
  * - `toolApproval` answers each call with that batch's outcome: APPROVED is `approved`; every
  *   other outcome (denied, skipped, expired, superseded, cancelled, refused, unverified, the
  *   broker out of reach) is `denied` with the broker's text as the reason, which the SDK puts in
  *   the call's tool result, so the next step's prompt holds one result per call;
  * - `tools(...)` wraps each tool's `execute` to run the input the broker approved (an approver's
  *   edit included, checked against its signed receipt) and to refuse, as a tool error, any call
- *   the broker did not approve.
+ *   the broker did not approve;
+ * - `refineToolInput` (the SDK's `experimental_refineToolInput`) makes an approver's edit the
+ *   input the SDK records: in the step's content, the response messages, the UI message and the
+ *   next step's prompt, the call then shows the input that ran, not the one the model wrote.
  * Without the middleware each call is its own batch. For the SDK's user-approval flow (a tool's
  * `needsApproval`, or `toolApproval` answering `user-approval`), `approvalResponses` turns the
  * `tool-approval-request` parts into the `tool-approval-response` message the next call takes.
  * @module
  */
-import type { LanguageModelMiddleware, ModelMessage, ToolApprovalStatus } from "ai";
+import { asSchema, type LanguageModelMiddleware, type ModelMessage, type ToolApprovalStatus } from "ai";
 import type { Broker } from "./client.js";
 import { Outcome, Status } from "./models.js";
 import { reviewTurn, type TurnCall, type TurnOptions } from "./turns.js";
@@ -61,6 +67,22 @@ export class BrokerApproval {
   private readonly calls = new Map<string, Batch>();
   private readonly settled = new Map<string, Outcome>();
   private queued: TurnCall[] = [];
+  /** The input schema of each tool passed through `tools(...)`, to check calls as the SDK will. */
+  private readonly schemas = new Map<string, unknown>();
+  /** The calls of the middleware's batches whose input the SDK has not refined yet, by tool
+   * name and input (as the SDK parses it), in the model's order. */
+  private readonly unrefined = new Map<string, string[]>();
+  /** Settles once the current model response's batch is submitted (a stream's, at its end). */
+  private stepSubmitted: Promise<void> = Promise.resolve();
+
+  /**
+   * The SDK's `experimental_refineToolInput`: for each tool passed through `tools(...)`, the
+   * input the broker approved (an approver's edit) replaces the model's in what the SDK records
+   * and runs. The SDK calls it with the parsed input only (no call id), so a call is found by
+   * its tool and input among the calls of the middleware's batches, in order; a call the
+   * middleware did not submit keeps its input. Denied calls keep the model's input.
+   */
+  readonly refineToolInput: Record<string, <T>(input: T) => Promise<T>> = {};
 
   constructor(
     readonly broker: Broker,
@@ -71,20 +93,31 @@ export class BrokerApproval {
   /** Submits each model response's tool calls as one batch (`wrapLanguageModel`). */
   readonly middleware: LanguageModelMiddleware = {
     specificationVersion: "v4",
-    wrapGenerate: async ({ doGenerate }) => {
+    wrapGenerate: async ({ doGenerate, params }) => {
       const result = await doGenerate();
-      this.submit(result.content.flatMap((part) => (part.type === "tool-call" ? [part] : [])));
+      const submitting = this.submitStep(
+        result.content.flatMap((part) => (part.type === "tool-call" ? [part] : [])),
+        params,
+      );
+      this.stepSubmitted = submitting;
+      await submitting;
       return result;
     },
-    wrapStream: async ({ doStream }) => {
+    wrapStream: async ({ doStream, params }) => {
       const { stream, ...rest } = await doStream();
       // Read the model's stream eagerly: the SDK awaits each call's approval while it reads, so
-      // the batch must not wait for the SDK to read on.
+      // the batch must not wait for the SDK to read on. Until the stream ends, a call the SDK
+      // asks about waits for the batch (a model may stream its calls one by one).
       const reader = stream.getReader();
-      const seen: SdkToolCall[] = [];
+      const seen: ModelToolCall[] = [];
       let submitted = false;
+      let markSubmitted: () => void = () => undefined;
+      this.stepSubmitted = new Promise<void>((resolve) => {
+        markSubmitted = resolve;
+      });
       const submitOnce = () => {
-        if (!submitted) this.submit(seen);
+        // (A batch that cannot be formed leaves each call to be submitted when the SDK asks.)
+        if (!submitted) void this.submitStep(seen, params).catch(() => undefined).finally(markSubmitted);
         submitted = true;
       };
       const eager = new ReadableStream<(typeof stream extends ReadableStream<infer P> ? P : never)>({
@@ -121,11 +154,18 @@ export class BrokerApproval {
   };
 
   /** The tools, each `execute` running only a call the broker approved, with the approved
-   * input (an approver's edit included). A call it did not approve fails as a tool error. */
+   * input (an approver's edit included). A call it did not approve fails as a tool error. Each
+   * tool's input schema is kept, for the middleware to check calls as the SDK will, and each
+   * gets its entry in `refineToolInput`. */
   tools<T extends Record<string, unknown>>(tools: T): T {
     const wrapped: Record<string, unknown> = {};
     for (const [name, tool] of Object.entries(tools)) {
       const execute = (tool as { execute?: (input: unknown, options: { toolCallId: string }) => unknown }).execute;
+      if (this.governsName(name)) {
+        this.schemas.set(name, (tool as { inputSchema?: unknown }).inputSchema);
+        // (defined, not assigned: a tool may be called anything, `__proto__` included)
+        Object.defineProperty(this.refineToolInput, name, { value: <T>(input: T) => this.refined(name, input), enumerable: true, configurable: true, writable: true });
+      }
       if (execute === undefined || !this.governsName(name)) {
         wrapped[name] = tool;
         continue;
@@ -179,6 +219,50 @@ export class BrokerApproval {
     return call.providerExecuted !== true && this.governsName(call.toolName);
   }
 
+  /**
+   * The middleware's batch: the model response's tool calls that the SDK will find valid,
+   * checked as the SDK's `parseToolCall` checks them (a tool of the step, by own name; input
+   * that parses as JSON, an empty input as `{}`, and passes the tool's schema), each with the
+   * input as the SDK parses it. The SDK answers the others with a tool error and never asks
+   * about them: submitted, they would stay pending at the broker, and hold up their batch. A
+   * call of a tool not passed through `tools(...)` cannot be checked here (its schema is not
+   * known): it is submitted when the SDK asks about it, on its own.
+   */
+  private async submitStep(calls: readonly ModelToolCall[], params: StepParams): Promise<void> {
+    if (params.toolChoice?.type === "none") return;
+    const stepTools = new Set((params.tools ?? []).map((t) => t.name));
+    const parsed = await Promise.all(
+      calls.map(async (call): Promise<SdkToolCall | undefined> => {
+        if (!stepTools.has(call.toolName) || !this.schemas.has(call.toolName)) return undefined;
+        const input = await parseAsTheSdk(call.input, this.schemas.get(call.toolName));
+        return input === INVALID ? undefined : { ...call, input };
+      }),
+    );
+    const valid = parsed.filter((c): c is SdkToolCall => c !== undefined);
+    const fresh = valid.filter((c) => this.governs(c) && !this.calls.has(c.toolCallId));
+    this.submit(fresh);
+    for (const call of fresh) {
+      const key = refineKey(call.toolName, call.input);
+      if (key === undefined) continue;
+      const ids = this.unrefined.get(key) ?? [];
+      ids.push(call.toolCallId);
+      this.unrefined.set(key, ids);
+    }
+  }
+
+  /** `refineToolInput` of one tool: the approved input of the call the SDK is parsing. */
+  private async refined<T>(name: string, input: T): Promise<T> {
+    await this.stepSubmitted;
+    const key = refineKey(name, input);
+    const ids = key === undefined ? undefined : this.unrefined.get(key);
+    const callId = ids?.shift();
+    if (key !== undefined && ids?.length === 0) this.unrefined.delete(key);
+    const batch = callId === undefined ? undefined : this.calls.get(callId);
+    if (batch === undefined) return input;
+    const outcome = await batch.outcome;
+    return outcome.approved ? (outcome.input as T) : input;
+  }
+
   /** Submits the calls (those not asked about yet) as one batch. */
   private submit(calls: readonly SdkToolCall[]): void {
     const fresh = calls.filter((c) => this.governs(c) && !this.calls.has(c.toolCallId));
@@ -194,7 +278,8 @@ export class BrokerApproval {
 
   /** The call's outcome: from its step's batch, or (no middleware) a batch of the calls asked
    * about in the same turn of the event loop. */
-  private outcomeOf(call: SdkToolCall): Promise<Outcome> {
+  private async outcomeOf(call: SdkToolCall): Promise<Outcome> {
+    await this.stepSubmitted;
     const known = this.calls.get(call.toolCallId);
     if (known !== undefined) return known.outcome;
     const batch = this.queued;
@@ -212,6 +297,53 @@ export class BrokerApproval {
         else batched.outcome.then(resolve, reject);
       }, 0);
     });
+  }
+}
+
+/** A tool call as the model sent it (its input the JSON text). */
+type ModelToolCall = SdkToolCall & { input: string };
+
+/** What the middleware reads of a step's call options. */
+interface StepParams {
+  tools?: readonly { name: string }[] | undefined;
+  toolChoice?: { type: string } | undefined;
+}
+
+const INVALID = Symbol("invalid");
+
+/** The input as the SDK's `parseToolCall` parses it (secure JSON, then the tool's schema), or
+ * `INVALID` where the SDK would answer the call with a tool error. */
+async function parseAsTheSdk(text: string, inputSchema: unknown): Promise<unknown> {
+  let value: unknown;
+  try {
+    value =
+      text.trim() === ""
+        ? {}
+        : JSON.parse(text, (key, v: unknown) => {
+            // secure-json-parse, as the SDK parses: no prototype keys.
+            if (key === "__proto__" || (key === "constructor" && typeof v === "object" && v !== null && "prototype" in v)) throw new Error("prototype key");
+            return v;
+          });
+  } catch {
+    return INVALID;
+  }
+  if (inputSchema == null) return value;
+  const schema = asSchema(inputSchema as Parameters<typeof asSchema>[0]);
+  if (schema.validate === undefined) return value;
+  try {
+    const result = await schema.validate(value);
+    return result.success ? result.value : INVALID;
+  } catch {
+    return INVALID;
+  }
+}
+
+/** A call's identity for `refineToolInput`, which gets no call id: its tool and input. */
+function refineKey(name: string, input: unknown): string | undefined {
+  try {
+    return `${name}\u0000${JSON.stringify(input)}`;
+  } catch {
+    return undefined;
   }
 }
 

@@ -4,17 +4,31 @@
  * the step after the tool calls and asserts the promise the SDK itself broke: exactly one tool
  * result per tool call, in the model's order, whatever mix of approvals, denials, skips,
  * timeouts, a restart or an unreachable broker decided them; only approved calls ran, with the
- * approved input. Runs on Node 22 (`ai` 7 needs it): `node_modules/.bin/node`.
+ * approved input, and the history records that input; a call the SDK finds invalid is never
+ * left pending at the broker. Runs on Node 22 (`ai` 7 needs it): `node_modules/.bin/node`.
  */
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
-import { convertToModelMessages, generateText, isStepCount, jsonSchema, readUIMessageStream, streamText, tool, wrapLanguageModel, type ModelMessage, type UIMessage } from "ai";
-import { convertArrayToReadableStream, MockLanguageModelV4 } from "ai/test";
+import {
+  convertToModelMessages,
+  generateText,
+  isStepCount,
+  jsonSchema,
+  readUIMessageStream,
+  simulateReadableStream,
+  streamText,
+  tool,
+  wrapLanguageModel,
+  type ModelMessage,
+  type UIMessage,
+} from "ai";
+import { MockLanguageModelV4 } from "ai/test";
 import type { LanguageModelV4StreamPart } from "@ai-sdk/provider";
+import { z } from "zod";
 import { brokerApproval } from "../../src/ai-sdk.js";
 import { Status, type Broker } from "../../src/index.js";
 import { connectBroker } from "../../src/node.js";
-import { approveWhenPending, BrokerProcess, decide, freePort, newSession, Scope, waitUntilPending, type Decision } from "../broker.js";
+import { approveWhenPending, BrokerProcess, decide, freePort, newSession, pendingCalls, Scope, waitUntilPending, type Decision } from "../broker.js";
 
 type Usage = { inputTokens: { total: number; noCache: number; cacheRead: undefined; cacheWrite: undefined }; outputTokens: { total: number; text: number; reasoning: undefined } };
 const USAGE: Usage = { inputTokens: { total: 10, noCache: 10, cacheRead: undefined, cacheWrite: undefined }, outputTokens: { total: 5, text: 5, reasoning: undefined } };
@@ -48,7 +62,7 @@ function generatingModel(calls: ModelCall[]) {
   });
 }
 
-/** The same, streaming. */
+/** The same, streaming, a part every 20 ms (so the SDK reads each call before the next comes). */
 function streamingModel(calls: ModelCall[]) {
   let step = 0;
   return new MockLanguageModelV4({
@@ -68,21 +82,21 @@ function streamingModel(calls: ModelCall[]) {
               { type: "text-end" as const, id: "t1" },
               { type: "finish" as const, finishReason: { unified: "stop" as const, raw: "stop" }, usage: USAGE },
             ];
-      return { stream: convertArrayToReadableStream(parts) };
+      return { stream: simulateReadableStream({ chunks: parts, chunkDelayInMs: 20 }) };
     },
   });
 }
 
-/** The tools, recording what ran with which input. */
+/** The tools, recording what ran with which input (`read_file`'s input checked by zod). */
 function recordingTools() {
   const ran: [string, unknown][] = [];
   const schema = jsonSchema<Record<string, unknown>>({ type: "object" });
   const tools = {
     read_file: tool({
-      inputSchema: schema,
-      execute: async (input: Record<string, unknown>) => {
+      inputSchema: z.object({ path: z.string() }),
+      execute: async (input: { path: string }) => {
         ran.push(["read_file", input]);
-        return `contents of ${String(input.path)}`;
+        return `contents of ${input.path}`;
       },
     }),
     run_shell: tool({
@@ -119,9 +133,14 @@ function toolResultsIn(prompt: readonly { role: string; content: unknown }[]): [
 
 /** The tool calls of the prompt's assistant messages, in order. */
 function toolCallsIn(prompt: readonly { role: string; content: unknown }[]): string[] {
+  return toolCallInputsIn(prompt).map(([id]) => id);
+}
+
+/** The tool calls of the messages' assistant messages with the input each records, in order. */
+function toolCallInputsIn(prompt: readonly { role: string; content: unknown }[]): [string, unknown][] {
   return prompt
     .filter((m) => m.role === "assistant" && Array.isArray(m.content))
-    .flatMap((m) => (m.content as { type: string; toolCallId: string }[]).filter((p) => p.type === "tool-call").map((p) => p.toolCallId));
+    .flatMap((m) => (m.content as { type: string; toolCallId: string; input: unknown }[]).filter((p) => p.type === "tool-call").map((p): [string, unknown] => [p.toolCallId, p.input]));
 }
 
 const MODES = ["generateText", "streamText", "UI message stream"] as const;
@@ -141,17 +160,19 @@ async function runTurn(mode: Mode, broker: Broker, session: string, calls: Model
       model: wrapLanguageModel({ model, middleware: approval.middleware }),
       tools: approval.tools(tools),
       toolApproval: approval.toolApproval,
+      experimental_refineToolInput: approval.refineToolInput,
       stopWhen: isStepCount(3),
       prompt: "Tidy up.",
     });
     assert.equal(result.text, "Done.");
-    return { ran, approval, prompt: model.doGenerateCalls[1]?.prompt ?? [], ui: undefined };
+    return { ran, approval, prompt: model.doGenerateCalls[1]?.prompt ?? [], ui: undefined, history: result.responseMessages };
   }
   const model = streamingModel(calls);
   const result = streamText({
     model: wrapLanguageModel({ model, middleware: approval.middleware }),
     tools: approval.tools(tools),
     toolApproval: approval.toolApproval,
+    experimental_refineToolInput: approval.refineToolInput,
     stopWhen: isStepCount(3),
     prompt: "Tidy up.",
   });
@@ -160,10 +181,10 @@ async function runTurn(mode: Mode, broker: Broker, session: string, calls: Model
     for await (const message of readUIMessageStream({ stream: result.toUIMessageStream() })) ui = message;
   }
   assert.equal(await result.text, "Done.");
-  return { ran, approval, prompt: model.doStreamCalls[1]?.prompt ?? [], ui };
+  return { ran, approval, prompt: model.doStreamCalls[1]?.prompt ?? [], ui, history: await result.responseMessages };
 }
 
-type ToolPart = { type: string; toolCallId: string; state: string; approval?: { approved?: boolean; reason?: string }; errorText?: string };
+type ToolPart = { type: string; toolCallId: string; state: string; input?: unknown; approval?: { approved?: boolean; reason?: string }; errorText?: string };
 
 /** The UI message's tool parts: [id, state, approved]. */
 function uiToolParts(ui: UIMessage | undefined): ToolPart[] {
@@ -235,11 +256,53 @@ for (const mode of MODES) {
       }
     });
 
-    test("an approver's edit is what runs", async () => {
-      const { ran, prompt, ui } = await turn([READ_A], [{ callId: "call_1", approve: true, editedInputJson: '{"path":"safe.txt"}' }]);
+    test("an approver's edit is what runs, and what the history records as the call's input", async () => {
+      const { ran, prompt, ui, history } = await turn([READ_A, READ_B], [
+        { callId: "call_1", approve: true, editedInputJson: '{"path":"safe.txt"}' },
+        { callId: "call_4", approve: false, reason: "not that one" },
+      ]);
       assert.deepEqual(ran, [["read_file", { path: "safe.txt" }]]);
-      assert.deepEqual(toolResultsIn(prompt), [["call_1", "text", "contents of safe.txt"]]);
-      if (ui) assert.deepEqual(uiToolParts(ui).map((p) => [p.toolCallId, p.state]), [["call_1", "output-available"]]);
+      assert.deepEqual(toolResultsIn(prompt).map(([id, kind, value]) => [id, kind, kind === "text" ? value : ""]), [
+        ["call_1", "text", "contents of safe.txt"],
+        ["call_4", "execution-denied", ""],
+      ]);
+      // experimental_refineToolInput: the next step's prompt and the response messages show the
+      // input that ran; a denied call keeps the model's.
+      const recorded = [
+        ["call_1", { path: "safe.txt" }],
+        ["call_4", { path: "d.txt" }],
+      ];
+      assert.deepEqual(toolCallInputsIn(prompt), recorded);
+      assert.deepEqual(toolCallInputsIn(history), recorded);
+      if (ui) {
+        assert.deepEqual(uiToolParts(ui).map((p) => [p.toolCallId, p.state, p.input]), [
+          ["call_1", "output-available", { path: "safe.txt" }],
+          ["call_4", "output-denied", { path: "d.txt" }],
+        ]);
+        const converted = await convertToModelMessages([{ id: "u1", role: "user", parts: [{ type: "text", text: "Tidy up." }] }, ui]);
+        assert.deepEqual(toolCallInputsIn(converted), recorded);
+      }
+    });
+
+    test("calls the SDK finds invalid (an unknown tool, input failing the schema) are never left pending at the broker", async () => {
+      const { ran, prompt, approval, session } = await turn(
+        [READ_A, { id: "call_2", name: "launch_missiles", input: {} }, { id: "call_3", name: "read_file", input: { path: 42 } }],
+        [{ callId: "call_1", approve: true }],
+        { timeoutMs: 10_000 },
+      );
+      const results = toolResultsIn(prompt);
+      assert.deepEqual(results.map(([id, kind]) => [id, kind.startsWith("error") ? "error" : kind]), [
+        ["call_1", "text"],
+        ["call_2", "error"],
+        ["call_3", "error"],
+      ]);
+      assert.equal(results[0]?.[2], "contents of a.txt");
+      assert.deepEqual(ran, [["read_file", { path: "a.txt" }]]);
+      // The valid call went alone; the broker holds nothing pending for the session.
+      assert.equal(approval.outcome("call_2"), undefined);
+      assert.equal(approval.outcome("call_3"), undefined);
+      assert.deepEqual(await pendingCalls(process_, session), []);
+      assert.equal(process_.query(`SELECT count(*) FROM calls WHERE session_id = '${session}'`), "1");
     });
 
     test("a timeout: the calls nobody decided in time are denied with a text saying they were not run", async () => {
