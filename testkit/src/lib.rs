@@ -1,10 +1,10 @@
 //! The approval broker's test kit: what the API tests (`tests/api`), the crash harness
-//! (`tests/crash`) and `approval-bench` share, written once. A dev-dependency only: nothing here
-//! may be reached from the broker itself.
+//! (`tests/crash`) and `approval-bench` share, written once. A dev-dependency of the broker (and
+//! a dependency of the bench): nothing here may be reached from the broker itself.
 //!
 //! - [`broker`]: the real binary as a child process ([`BrokerProcess`], started by a
 //!   [`Launch`]), which never inherits the developer's `APPROVALS_*` / `DATABASE_URL` settings;
-//!   a fresh Postgres [`Schema`]; [`free_port`]. The bench includes that one file with `#[path]`.
+//!   a fresh Postgres [`Schema`]; [`free_port`].
 //! - [`paging::every_page`]: a paged listing read to its end.
 //! - [`postgres_url`]: the database the Postgres variants run on.
 

@@ -186,7 +186,7 @@ pub async fn sqlite(
         )
         .await
         .map_err(|e| format!("raw SQLite: {e}"))?;
-    sqlx::migrate!("./migrations/sqlite")
+    sqlx::migrate!("../migrations/sqlite")
         .run(&migrator)
         .await
         .map_err(|e| format!("raw SQLite migrations: {e}"))?;
@@ -382,7 +382,7 @@ pub async fn postgres(
         .connect(url)
         .await
         .map_err(|e| format!("raw Postgres: {e}"))?;
-    sqlx::migrate!("./migrations/postgres")
+    sqlx::migrate!("../migrations/postgres")
         .run(&pool)
         .await
         .map_err(|e| format!("raw Postgres migrations: {e}"))?;

@@ -1,10 +1,12 @@
-//! `approval-bench`: the approval broker's throughput, latency and scale benchmark. One command:
+//! `approval-bench`: the approval broker's throughput, latency and scale benchmark. Two commands:
 //!
 //! ```sh
-//! cargo run --release --bin approval-bench -- --agents 64 --duration 10
+//! cargo build --release --workspace --bins
+//! target/release/approval-bench --agents 64 --duration 10
 //! ```
 //!
-//! builds both binaries, starts `approval-broker` (from the same `target/<profile>/` directory)
+//! build both binaries (the bench is a crate of its own, `bench/`) and run it: it starts
+//! `approval-broker` (from the same `target/<profile>/` directory)
 //! as a child process on a free port with a fresh temp SQLite file (`synchronous=FULL`, every
 //! setting at its default), and runs A agents (`--agents`), each with a `Connect` stream
 //! submitting batches (`--batch-size`) of calls with 1 KiB JSON inputs, S subscribers
@@ -34,11 +36,6 @@
 //! Slack format) created through AdminService, and prints the two rates and their ratio.
 
 mod broker;
-// The test kit's one file (a bin cannot use the kit crate, a dev-dependency); the bench uses
-// only part of it.
-#[allow(dead_code)]
-#[path = "../../../testkit/src/broker.rs"]
-mod kit;
 mod load;
 mod scale;
 mod sinks;
@@ -55,6 +52,7 @@ use clap::Parser;
 use kit::{BrokerProcess, Launch, Schema, TempDir};
 use load::{AutoApprove, CallRecord, LoadConfig, Shared};
 use stats::{Percentiles, ms};
+use testkit::broker as kit;
 
 #[derive(Debug, Clone, Parser)]
 #[command(

@@ -17,7 +17,7 @@ pub fn binary() -> Result<PathBuf, String> {
         .ok_or("current_exe has no directory")?;
     if !binary.exists() {
         return Err(format!(
-            "{} not found: build it first (cargo build --release --bin approval-broker)",
+            "{} not found: build it first (cargo build --release --workspace --bins)",
             binary.display()
         ));
     }
