@@ -4,23 +4,30 @@
 //!
 //! # Layout
 //!
-//! A call travels from the surface, through the facade and one operation, to the store, and its
-//! committed event travels back out through the fan-out:
+//! A call travels from the surface, through the facade, to the store, which runs one operation
+//! in a transaction; its committed event travels back out through the fan-out. The arrows are
+//! the real direction of calls (and imports): the broker never calls `operations/`, the store's
+//! backends do, with their own transactions.
 //!
 //! ```text
-//! grpc/ (inbox/, hook/, mcp/)  ->  broker/  ->  operations/<one per operation>  ->  store/
-//!                                                                                     |
-//!                      streams  <-  events.rs  <-  the durable event log  <-----------+
+//! grpc/ (inbox/)  ->  broker/  ->  store/ (sqlite/, postgres)  ->  operations/  ->  domain/
+//!                                    |
+//!     streams  <-  events.rs  <------+ (the durable event log, after each commit)
 //! ```
 //!
+//! `docs/architecture.md` follows Decide through these files and holds the glossary and the
+//! recipes for a change (a new read, admin write, event kind, setting or surface).
+//!
 //! - `grpc/`: the gRPC surface, one file per service (`agent`, `approver`, `admin`), plus `parse`
-//!   (protobuf to validated domain values) and `render` (back). It talks to the broker only.
-//! - `inbox/`: the approval web page, served beside gRPC on the same port; the page's calls are
-//!   gRPC-Web to the same services, through the same tokens and limits.
+//!   (protobuf to validated domain values) and `render` (back). It reaches storage only through
+//!   the broker (besides it, it uses `auth`, `events`, `receipts` and `stream_slots`).
+//! - `inbox/`: the approval web page, served beside gRPC on the same port; the page's requests
+//!   are gRPC-Web to the same services, through the same tokens and limits.
 //! - `hook/`, `mcp/`: adapters for the agents people run (Claude Code's hooks; any MCP client and
 //!   server), gRPC clients of the broker like any agent.
 //! - `broker/`: the one facade every surface calls; it judges large inputs ahead (`prejudge`),
-//!   runs an operation through the store, then tells the event fan-out and the deadline sweeper.
+//!   runs a write through the store, then hands what committed to the one after-commit step
+//!   (`EventBus::committed`) and, after a submit, tells the deadline sweeper.
 //! - `operations/`: what the broker does, one file per operation: `submit`, `decide`, `cancel`,
 //!   `expire`, `escalate` (reminders and escalations), `prune` (retention), `policy_admin`
 //!   (grants and rules), `explain`, `ruling` (what a rule or grant deciding a pending call
@@ -29,8 +36,8 @@
 //! - `domain/`: plain, validated types and rules with no I/O: ids, inputs in canonical JSON,
 //!   calls, batches, outcomes, events, policy rules and grants, and the requests and reports the
 //!   operations take and return.
-//! - `store/`: storage behind small traits (`Calls`, `Deadlines`, `EventLog`, `Policies`), one
-//!   backend each: `sqlite/` (its one `writer` thread) and `postgres`, both group-committing
+//! - `store/`: storage behind small traits (`Calls`, `Deadlines`, `EventLog`, `Policies`,
+//!   `Webhooks`, `Lifecycle`, `Receipts`, over the shared reads of `Backend`), one backend each: `sqlite/` (its one `writer` thread) and `postgres`, both group-committing
 //!   submits, decisions and cancels (`group_commit`); the SQL
 //!   both run is written once (`statements`), as is the keyset `listing`; `database` parses the
 //!   URL once; `health` watches whether writes work.

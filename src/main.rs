@@ -9,7 +9,8 @@ use tokio::net::TcpListener;
 
 /// mimalloc rather than glibc's malloc: the hot path allocates per message on every thread and
 /// frees on another (a request built by the runtime, dropped by the writer), which glibc pays for
-/// in arena locks. Measured in docs/benchmarks.md ("The allocator and the writer's checkpoints").
+/// in arena locks. Measured in docs/benchmarks-notes.md ("The allocator and the writer's
+/// checkpoints").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -93,7 +93,7 @@ where
 /// `span()` while traces are on, else no span at all: for the spans only a trace shows (a store
 /// write inside its request's span, which a log line already names). A span costs the logs'
 /// layer a record, its fields formatted, and an entry and exit at every poll of what it
-/// instruments, several times per call (docs/benchmarks.md, "Spans the logs do not use").
+/// instruments, several times per call (docs/benchmarks-notes.md, "Spans the logs do not use").
 pub fn when_on(span: impl FnOnce() -> Span) -> Span {
     if on() { span() } else { Span::none() }
 }

@@ -60,7 +60,7 @@ pub enum Connection {
     /// HTTP/2 (gRPC, and gRPC-Web over TLS), flood-guarded.
     Http2(FloodGuard<ClientIo>),
     /// HTTP/1.1 (a browser on `http://`): its first bytes are replayed to hyper.
-    Http1(Replayed<ClientIo>),
+    Http1(Rewound<ClientIo>),
 }
 
 /// Accepts connections on `listener` and yields each one once its handshake is done, until the
@@ -216,7 +216,7 @@ impl Admission {
                 self.limits.max_control_frames_per_second,
             )))
         } else if self.limits.http1 {
-            Ok(Connection::Http1(Replayed::new(io, first)))
+            Ok(Connection::Http1(Rewound::new(io, first)))
         } else {
             // Not checked further: anything but HTTP/2 is hyper's to refuse, as before.
             Ok(Connection::Http2(FloodGuard::new(
@@ -476,13 +476,13 @@ impl AsyncWrite for Connection {
 }
 
 /// A connection whose first bytes were read to tell its protocol: they are read again first.
-pub struct Replayed<IO> {
+pub struct Rewound<IO> {
     io: IO,
     first: Vec<u8>,
     replayed: usize,
 }
 
-impl<IO> Replayed<IO> {
+impl<IO> Rewound<IO> {
     fn new(io: IO, first: Vec<u8>) -> Self {
         Self {
             io,
@@ -492,7 +492,7 @@ impl<IO> Replayed<IO> {
     }
 }
 
-impl<IO: AsyncRead + Unpin> AsyncRead for Replayed<IO> {
+impl<IO: AsyncRead + Unpin> AsyncRead for Rewound<IO> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -19,7 +19,8 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    /// Every kind, in code order.
+    /// Every kind a webhook may filter on, in code order: all but [`EventKind::ApprovalRecorded`],
+    /// which is never delivered to webhooks (a vote is not a change an endpoint acts on).
     pub const ALL: [EventKind; 4] = [
         EventKind::Requested,
         EventKind::Resolved,

@@ -87,7 +87,7 @@ pub fn subject_name(call: &Call) -> String {
 /// statement's canonical JSON (RFC 8785), written member by member in canonical key order. The
 /// stored input is canonical already and goes in as it is (`json::write_stored`): building the
 /// statement as a JSON tree, parsing the input into it and writing it all out again was a tenth
-/// of SQLite's writer at the 64-agent peak (docs/benchmarks.md, "A receipt written as it is
+/// of SQLite's writer at the 64-agent peak (docs/benchmarks-notes.md, "A receipt written as it is
 /// signed"). The tests hold it byte for byte to the statement built as a tree.
 ///
 /// The statement: `_type` (in-toto Statement v1); `subject`: the call's name and its input's

@@ -186,10 +186,10 @@ impl pb::agent_service_server::AgentService for AgentApi {
         let mut key = parse::call_key(String::new(), req.session_id, req.call_id)?;
         key.agent = agent;
         let receipt = self.broker.receipt(&key, &caller.viewer()).await?;
-        Ok(Response::new(pb::GetReceiptResponse {
-            receipt: Some(render::receipt(&receipt)),
-            key: self.broker.receipt_key().as_ref().map(render::receipt_key),
-        }))
+        Ok(Response::new(render::receipt_response(
+            &receipt,
+            self.broker.receipt_key().as_ref(),
+        )))
     }
 
     async fn list_receipt_keys(

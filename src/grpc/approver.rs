@@ -142,10 +142,10 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         let req = request.into_inner();
         let key = parse::call_key(req.agent, req.session_id, req.call_id)?;
         let receipt = self.broker.receipt(&key, &viewer).await?;
-        Ok(Response::new(pb::GetReceiptResponse {
-            receipt: Some(render::receipt(&receipt)),
-            key: self.broker.receipt_key().as_ref().map(render::receipt_key),
-        }))
+        Ok(Response::new(render::receipt_response(
+            &receipt,
+            self.broker.receipt_key().as_ref(),
+        )))
     }
 
     async fn list_receipt_keys(

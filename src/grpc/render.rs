@@ -471,6 +471,18 @@ pub fn receipt(checked: &crate::broker::CheckedReceipt) -> pb::Receipt {
     }
 }
 
+/// GetReceipt's reply, the same to agents and approvers: the receipt, and the key it verifies
+/// with when the broker signs.
+pub fn receipt_response(
+    checked: &crate::broker::CheckedReceipt,
+    key: Option<&crate::receipts::PublicKey>,
+) -> pb::GetReceiptResponse {
+    pb::GetReceiptResponse {
+        receipt: Some(receipt(checked)),
+        key: key.map(receipt_key),
+    }
+}
+
 /// The keys receipts verify with, the current one (`current`) first, each with its validity.
 pub fn receipt_keys(
     keys: &[crate::receipts::trust::TrustedKey],

@@ -489,15 +489,11 @@ mod tests {
 
     #[test]
     fn only_an_approved_outcome_allows() {
-        for status in [
-            pb::CallStatus::Denied,
-            pb::CallStatus::Expired,
-            pb::CallStatus::Cancelled,
-            pb::CallStatus::Superseded,
-            pb::CallStatus::Skipped,
-            pb::CallStatus::Pending,
-            pb::CallStatus::Unspecified,
-        ] {
+        // Every status the proto knows but APPROVED (a new one included).
+        let not_approved = (0..64)
+            .filter_map(|n| pb::CallStatus::try_from(n).ok())
+            .filter(|s| *s != pb::CallStatus::Approved);
+        for status in not_approved {
             let outcome = pb::Outcome {
                 status: status as i32,
                 tool_result: "Not run.".into(),

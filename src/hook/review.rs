@@ -97,7 +97,7 @@ pub async fn review(
     limit: Duration,
 ) -> Result<Review, ReviewError> {
     let give_up_at = Instant::now() + limit;
-    let client = Client::connect(broker).await?;
+    let client = BrokerClient::connect(broker).await?;
     let call_id = call.call_id.clone();
     let submitted = tokio::time::timeout_at(give_up_at, client.submit(session_id, call)).await;
     match submitted {
@@ -123,7 +123,7 @@ pub async fn cancel(
     call_id: &str,
     reason: &str,
 ) -> Result<Review, ReviewError> {
-    let client = Client::connect(broker).await?;
+    let client = BrokerClient::connect(broker).await?;
     Ok(client.cancel(session_id, call_id, reason).await)
 }
 
@@ -152,7 +152,7 @@ async fn receipt_now(
     session_id: &str,
     call_id: &str,
 ) -> Result<pb::GetReceiptResponse, String> {
-    let client = Client::connect(broker)
+    let client = BrokerClient::connect(broker)
         .await
         .map_err(|e| format!("its receipt could not be fetched: {e}"))?;
     let request = client.request(pb::GetReceiptRequest {
@@ -195,7 +195,7 @@ pub async fn receipt_keys(
 async fn receipt_keys_now(
     broker: &BrokerAddress,
 ) -> Result<pb::ListReceiptKeysResponse, ReviewError> {
-    let client = Client::connect(broker).await?;
+    let client = BrokerClient::connect(broker).await?;
     let request = client.request(pb::ListReceiptKeysRequest {});
     client
         .agent
@@ -233,14 +233,14 @@ fn decided_at_submit(
         .cloned())
 }
 
-struct Client {
+struct BrokerClient {
     agent: AgentServiceClient<Channel>,
     url: String,
     authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
 }
 
-impl Client {
-    async fn connect(broker: &BrokerAddress) -> Result<Client, ReviewError> {
+impl BrokerClient {
+    async fn connect(broker: &BrokerAddress) -> Result<BrokerClient, ReviewError> {
         let unreachable = |detail: String| ReviewError::Unreachable {
             url: broker.url.clone(),
             detail,
@@ -277,7 +277,7 @@ impl Client {
             .connect()
             .await
             .map_err(|e| unreachable(error_chain(&e)))?;
-        Ok(Client {
+        Ok(BrokerClient {
             agent: AgentServiceClient::new(channel),
             url: broker.url.clone(),
             authorization,

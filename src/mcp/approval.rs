@@ -147,7 +147,7 @@ fn message(
 
 /// What an outcome calls for.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
+pub enum Disposition {
     /// Run the tool with these arguments (the approved input, without [`HINTS_KEY`]).
     Run(JsonObject),
     /// Do not run it; the client gets this error result.
@@ -155,22 +155,22 @@ pub enum Verdict {
 }
 
 /// Only an APPROVED outcome whose input reads as an object runs the tool.
-pub fn verdict(outcome: &pb::Outcome) -> Verdict {
+pub fn disposition(outcome: &pb::Outcome) -> Disposition {
     if outcome.status != pb::CallStatus::Approved as i32 {
         let text = if outcome.tool_result.is_empty() {
             "The tool call was not approved; the tool was not run."
         } else {
             outcome.tool_result.as_str()
         };
-        return Verdict::Refuse(refusal(text));
+        return Disposition::Refuse(refusal(text));
     }
     match serde_json::from_str(&outcome.input_json) {
         Ok(Value::Object(mut input)) => {
             input.remove(HINTS_KEY);
-            Verdict::Run(input)
+            Disposition::Run(input)
         }
         // Running anything else would not be what the approver approved.
-        _ => Verdict::Refuse(refusal(
+        _ => Disposition::Refuse(refusal(
             "The approved input could not be read as a JSON object; the tool was not run.",
         )),
     }
@@ -270,22 +270,18 @@ mod tests {
 
     #[test]
     fn only_an_approved_outcome_runs_and_without_the_hints() {
-        for status in [
-            pb::CallStatus::Denied,
-            pb::CallStatus::Expired,
-            pb::CallStatus::Cancelled,
-            pb::CallStatus::Superseded,
-            pb::CallStatus::Skipped,
-            pb::CallStatus::Pending,
-            pb::CallStatus::Unspecified,
-        ] {
+        // Every status the proto knows but APPROVED (a new one included).
+        let not_approved = (0..64)
+            .filter_map(|n| pb::CallStatus::try_from(n).ok())
+            .filter(|s| *s != pb::CallStatus::Approved);
+        for status in not_approved {
             let outcome = pb::Outcome {
                 status: status as i32,
                 tool_result: "The user denied this tool call.".into(),
                 input_json: "{}".into(),
                 ..Default::default()
             };
-            let Verdict::Refuse(result) = verdict(&outcome) else {
+            let Disposition::Refuse(result) = disposition(&outcome) else {
                 panic!("{status:?} ran the tool");
             };
             assert_eq!(result.is_error, Some(true));
@@ -297,14 +293,14 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            verdict(&approved),
-            Verdict::Run(object(json!({"path": "/b"})))
+            disposition(&approved),
+            Disposition::Run(object(json!({"path": "/b"})))
         );
         let garbled = pb::Outcome {
             status: pb::CallStatus::Approved as i32,
             input_json: "[1]".into(),
             ..Default::default()
         };
-        assert!(matches!(verdict(&garbled), Verdict::Refuse(_)));
+        assert!(matches!(disposition(&garbled), Disposition::Refuse(_)));
     }
 }

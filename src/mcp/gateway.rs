@@ -35,7 +35,7 @@ use rmcp::service::{NotificationContext, PeerRequestOptions, RequestContext, Ser
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use tokio::sync::{OnceCell, watch};
 
-use super::approval::{self, NotSubmitted, ToolFacts, Verdict};
+use super::approval::{self, Disposition, NotSubmitted, ToolFacts};
 use super::screen::{self, RequestRoute};
 use super::session::{ConnectionNames, SessionPolicy};
 use super::upstream::{ProgressRoutes, Relay, Upstream, UpstreamTarget, cancelled, relay_error};
@@ -272,7 +272,7 @@ impl Gateway {
         params: &CallToolRequestParams,
         call_id: String,
         context: &RequestContext<RoleServer>,
-    ) -> Verdict {
+    ) -> Disposition {
         let facts = self.tool_facts(&params.name).await;
         let spec = match approval::call_spec(
             call_id.clone(),
@@ -283,7 +283,7 @@ impl Gateway {
             self.settings.workspace.as_deref(),
         ) {
             Ok(spec) => spec,
-            Err(NotSubmitted(text)) => return Verdict::Refuse(approval::refusal(&text)),
+            Err(NotSubmitted(text)) => return Disposition::Refuse(approval::refusal(&text)),
         };
         let settings = &self.settings;
         // No call is submitted before the keys its approval will be checked with are known.
@@ -291,7 +291,7 @@ impl Gateway {
         let keys = tokio::time::timeout(settings.timeout, settings.receipts.keys()).await;
         let Ok(keys) = keys else {
             tracing::warn!(call_id, "the broker did not answer in time; not submitted");
-            return Verdict::Refuse(approval::refusal(&format!(
+            return Disposition::Refuse(approval::refusal(&format!(
                 "No approver decided within {}: the approval broker did not answer, so the call \
                  was never submitted. The tool was not run.",
                 humantime::format_duration(settings.timeout)
@@ -302,13 +302,13 @@ impl Gateway {
             // An unreachable broker is said as such (as when the call itself cannot be sent).
             Err(NoKeys::Unreachable(error)) => {
                 tracing::warn!(call_id, %error, "a tool call could not be reviewed; not run");
-                return Verdict::Refuse(approval::refusal(&format!(
+                return Disposition::Refuse(approval::refusal(&format!(
                     "{error} The tool was not run."
                 )));
             }
             Err(NoKeys::Unverified(unverified)) => {
                 tracing::warn!(call_id, %unverified, "no trusted receipt key; not submitted");
-                return Verdict::Refuse(approval::refusal(&unverified.to_string()));
+                return Disposition::Refuse(approval::refusal(&unverified.to_string()));
             }
         }
         let session_id = &self.names.session_id;
@@ -323,8 +323,8 @@ impl Gateway {
             }
         };
         match reviewed {
-            Ok(Review::Decided(outcome)) => match approval::verdict(&outcome) {
-                Verdict::Run(arguments) => {
+            Ok(Review::Decided(outcome)) => match approval::disposition(&outcome) {
+                Disposition::Run(arguments) => {
                     // The approved input as the outcome gives it (the hints included, as the
                     // receipt records it); the arguments are that input less the hints.
                     let runs = serde_json::from_str(&outcome.input_json).unwrap_or_default();
@@ -333,10 +333,10 @@ impl Gateway {
                         .approve(session_id, &call_id, &outcome, &runs)
                         .await
                     {
-                        Ok(()) => Verdict::Run(arguments),
+                        Ok(()) => Disposition::Run(arguments),
                         Err(unverified) => {
                             tracing::warn!(call_id, %unverified, "an APPROVED outcome did not check");
-                            Verdict::Refuse(approval::refusal(&unverified.to_string()))
+                            Disposition::Refuse(approval::refusal(&unverified.to_string()))
                         }
                     }
                 }
@@ -348,14 +348,14 @@ impl Gateway {
                 } else {
                     "cancelling it at the approval broker failed too"
                 };
-                Verdict::Refuse(approval::refusal(&format!(
+                Disposition::Refuse(approval::refusal(&format!(
                     "No approver decided within {}, so {what}. The tool was not run.",
                     humantime::format_duration(settings.timeout)
                 )))
             }
             Err(error @ (ReviewError::Unreachable { .. } | ReviewError::Refused(_))) => {
                 tracing::warn!(call_id, %error, "a tool call could not be reviewed; not run");
-                Verdict::Refuse(approval::refusal(&format!("{error} The tool was not run.")))
+                Disposition::Refuse(approval::refusal(&format!("{error} The tool was not run.")))
             }
         }
     }
@@ -471,8 +471,8 @@ impl ServerHandler for Gateway {
         }
         let call_id = self.names.next_call_id(&context.id.to_string());
         match self.review(&params, call_id, &context).await {
-            Verdict::Refuse(result) => Ok(CallToolResponse::Complete(result)),
-            Verdict::Run(arguments) => {
+            Disposition::Refuse(result) => Ok(CallToolResponse::Complete(result)),
+            Disposition::Run(arguments) => {
                 // Only what the approver saw goes to the server: the name and the arguments.
                 let mut params = CallToolRequestParams::new(params.name);
                 params.arguments = Some(arguments);

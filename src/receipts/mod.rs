@@ -53,8 +53,8 @@ pub fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
 }
 
 /// `bytes` in base64 as a JSON string, written straight into `out`: base64's alphabet needs no
-/// escape, so it is its own canonical form (scanning a payload's base64 for escapes was 7% of
-/// the signer thread).
+/// escape, so it is its own canonical form (scanning a payload's base64 for escapes showed in
+/// the signer thread's profile).
 fn quoted_base64(bytes: &[u8], out: &mut String) {
     out.push('"');
     BASE64.encode_string(bytes, out);

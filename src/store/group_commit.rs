@@ -82,18 +82,18 @@ type Work<W> = Box<dyn FnOnce(W) -> Pin<Box<dyn Future<Output = ()>>> + Send>;
 pub enum Job {
     /// Boxed, as a decision: a batch and a decision (with their reports) are several times
     /// larger than a cancel, and a queued write should not cost the largest one's size.
-    Submit(Box<Slot<NewBatch, SubmitReport>>),
-    Decide(Box<Slot<(CallKey, Decision), DecideReport>>),
-    Cancel(Slot<CancelTarget, CancelReport>),
+    Submit(Box<Errand<NewBatch, SubmitReport>>),
+    Decide(Box<Errand<(CallKey, Decision), DecideReport>>),
+    Cancel(Errand<CancelTarget, CancelReport>),
 }
 
-pub struct Slot<Q, A> {
+pub struct Errand<Q, A> {
     request: Q,
     result: Option<Result<A>>,
     reply: oneshot::Sender<Result<A>>,
 }
 
-impl<Q, A> Slot<Q, A> {
+impl<Q, A> Errand<Q, A> {
     fn new(request: Q) -> (Self, oneshot::Receiver<Result<A>>) {
         let (reply, answer) = oneshot::channel();
         let slot = Self {
@@ -179,19 +179,19 @@ impl GroupCommit<Job> {
 
 impl<M: From<Job> + Send> GroupCommit<M> {
     pub async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
-        let (slot, answer) = Slot::new(batch);
+        let (slot, answer) = Errand::new(batch);
         self.enqueue(Job::Submit(Box::new(slot))).await?;
         answer.await.map_err(writer_gone)?
     }
 
     pub async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
-        let (slot, answer) = Slot::new((key.clone(), decision.clone()));
+        let (slot, answer) = Errand::new((key.clone(), decision.clone()));
         self.enqueue(Job::Decide(Box::new(slot))).await?;
         answer.await.map_err(writer_gone)?
     }
 
     pub async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
-        let (slot, answer) = Slot::new(target.clone());
+        let (slot, answer) = Errand::new(target.clone());
         self.enqueue(Job::Cancel(slot)).await?;
         answer.await.map_err(writer_gone)?
     }

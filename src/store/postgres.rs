@@ -22,10 +22,10 @@
 //! held through its commit, so it needs no sequencing transaction after it. Numbers are still
 //! taken in commit order: the lock is held until the numbers are visible, and the next holder
 //! numbers after them. Numbering inside every write's own transaction was measured and rejected
-//! (every commit of every replica queued behind one lock: 378 against 454 cycles/s at 8 agents,
-//! docs/benchmarks.md), and so were several group writers per replica (their groups queue at
-//! that lock the same way). Without the switch, and for the other writes (expiry, escalation,
-//! policy changes), each write has a transaction of its own and the sequencer runs after it.
+//! (every commit of every replica queued behind one lock; docs/benchmarks-notes.md), and so were
+//! several group writers per replica (their groups queue at that lock the same way). Without
+//! the switch, and for the other writes (expiry, escalation, policy changes), each write has a
+//! transaction of its own and the sequencer runs after it.
 
 mod approval;
 mod lifecycle;

@@ -231,12 +231,14 @@ pub trait SqlTx: Send {
 ///
 /// The input to run is stored only when an approver edited it, unless `unedited_too`: a NULL
 /// reads back as the call's own input (`rows::call_from_row`). Stored again, a 1 KiB input made
-/// a row of over half a page, so every approved call took a page of its own (stored once, 64
-/// agents auto-approve 1.06x faster: docs/benchmarks.md). Binaries before `f2daf96` read a
-/// NULL as "nothing to run", so a backend where they may read the rows stores it anyway:
+/// a row of over half a page, so every approved call took a page of its own (measured in
+/// docs/benchmarks-notes.md). Builds before `f2daf96` read
+/// a NULL as "nothing to run", so a backend where they may read the rows stores it anyway:
 /// Postgres, whose replicas of two versions share the database during a rolling update. A
 /// SQLite file has one broker at a time (its lock file), and migration 0014 makes an older one
 /// refuse to start on the file, so it never meets such a row.
+/// When this can go: at the first release (`unedited_too` then always false), since no release
+/// predates `f2daf96`; until then a rolling update from an older build of `main` may meet it.
 fn outcome_params<'a>(
     outcome: &'a Outcome,
     decided_by: &'a str,

@@ -41,12 +41,12 @@ sqlx_columns!(sqlx::sqlite::SqliteRow, sqlx::postgres::PgRow);
 
 /// A row SQLite's writer read (rusqlite), found by name quickly. rusqlite finds a column by
 /// name with a case-insensitive scan of the statement's column names on every lookup: decoding
-/// a call (some 30 columns) compared names about 450 times, ~4% of the writer's samples at 64
-/// agents. Decoders read the columns in the statement's order, so the column after the last one
-/// read is tried first, and only a miss scans. Asking SQLite for even that one name costs a call
-/// into it and a UTF-8 check per column, so the rows after a statement's first are read with
-/// its names copied once ([`ColumnNames`]): reading back a commit's events, dozens of rows of
-/// calls, spent 3.7% of the writer at 64 agents on the names alone.
+/// a call (some 30 columns) compared names hundreds of times (profiled in
+/// docs/benchmarks-notes.md). Decoders read the columns in the statement's order, so the column
+/// after the last one read is tried first, and only a miss scans. Asking SQLite for even that
+/// one name costs a call into it and a UTF-8 check per column, so the rows after a statement's
+/// first are read with its names copied once ([`ColumnNames`]), since a commit's events are
+/// dozens of rows of calls.
 pub struct NamedRow<'a, 'stmt> {
     row: &'a rusqlite::Row<'stmt>,
     names: Option<&'a ColumnNames>,

@@ -22,8 +22,8 @@ use crate::domain::{AgentId, code};
 /// the tables had statistics (a young database before autovacuum's first `ANALYZE`, or one whose
 /// server runs without autovacuum) scanned every Resolved event into memory for each read; the
 /// log connections keep the plan of their first read (`store::postgres`) until statistics
-/// arrive: 2.3 ms for a page of 4 at 3,700 events and growing with the log, against 0.14 ms as
-/// a subquery (`EXPLAIN ANALYZE`, docs/benchmarks.md). SQLite plans both forms alike.
+/// arrive, and that read grew with the log (`EXPLAIN ANALYZE` in docs/benchmarks-notes.md). SQLite
+/// plans both forms alike.
 macro_rules! call_columns {
     () => {
         concat!(
@@ -745,8 +745,8 @@ mod tests {
 
     /// The event log's read, planned once for every page as the log's connections plan it
     /// (`plan_cache_mode = force_generic_plan`, `store::postgres`), finds each event's call,
-    /// batch and outcome by key, never by reading a whole table: over a log of 4,000 events a
-    /// page of a few cost 2.3 ms when the outcome was a join Postgres planned as a scan.
+    /// batch and outcome by key, never by reading a whole table (as it did when the outcome was
+    /// a join Postgres planned as a scan).
     #[tokio::test]
     #[cfg_attr(
         not(approvals_test_postgres),

@@ -38,7 +38,7 @@ const BATCH: usize = 256;
 /// How long a delivered event may wait for its cursor to be stored.
 const CURSOR_EVERY: Duration = Duration::from_millis(250);
 
-pub(super) struct Delivery {
+pub(super) struct EndpointDelivery {
     store: Arc<dyn Webhooks>,
     settings: DeliverySettings,
     owner: String,
@@ -76,7 +76,7 @@ pub(super) fn sign(hook: &Webhook, id: String, body: Bytes) -> Message {
     }
 }
 
-impl Delivery {
+impl EndpointDelivery {
     /// A task for `hook`, whose lease this process holds until `leased_until`.
     pub(super) fn start(
         dispatcher: &Dispatcher,

@@ -216,7 +216,7 @@ impl Dispatcher {
             let hook = self.store.webhook(&hook.id).await?;
             let (config, watched) = watch::channel(Some(hook.clone()));
             let id = hook.id.clone();
-            let task = match delivery::Delivery::start(self, hook, watched, until) {
+            let task = match delivery::EndpointDelivery::start(self, hook, watched, until) {
                 Ok(delivery) => tokio::spawn(delivery.run()),
                 Err(err) => {
                     tracing::warn!(webhook = %id, error = %err, "cannot deliver to this webhook");

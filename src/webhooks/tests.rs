@@ -182,12 +182,19 @@ fn endpoint() -> Webhook {
 /// The dispatcher rescans the endpoints every second meanwhile and must not cut a wait short;
 /// after an hour the endpoint is not paused (50 failures in a row would), and when the receiver
 /// is back every event arrives, each call's in order.
-#[tokio::test(start_paused = true)]
-async fn an_hour_of_outage_is_retried_on_the_backoff_schedule_then_everything_arrives_in_order() {
-    let settings = DeliverySettings::default();
-    let log = Arc::new(Log::default());
-    log.commit("c1", EventKind::Requested);
-    log.commit("c2", EventKind::Requested);
+/// One endpoint ([`endpoint`]) delivered to by a dispatcher over `log`, as the broker runs it,
+/// through a [`Receiver`] the test turns up or down.
+struct Delivering {
+    id: WebhookId,
+    store: Arc<Endpoints>,
+    bus: Arc<crate::events::EventBus>,
+    receiver: Arc<Receiver>,
+    dispatcher: Arc<Dispatcher>,
+    pump: tokio::task::JoinHandle<()>,
+    running: tokio::task::JoinHandle<()>,
+}
+
+async fn delivering(log: &Arc<Log>, settings: &DeliverySettings) -> Delivering {
     let hook = endpoint();
     let id = hook.id.clone();
     let store = Arc::new(Endpoints {
@@ -203,6 +210,32 @@ async fn an_hour_of_outage_is_retried_on_the_backoff_schedule_then_everything_ar
         Dispatcher::with_transport(store.clone(), Arc::clone(&bus), settings.clone(), connect);
     let pump = tokio::spawn(Arc::clone(&bus).pump());
     let running = tokio::spawn(Arc::clone(&dispatcher).run());
+    Delivering {
+        id,
+        store,
+        bus,
+        receiver,
+        dispatcher,
+        pump,
+        running,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_hour_of_outage_is_retried_on_the_backoff_schedule_then_everything_arrives_in_order() {
+    let settings = DeliverySettings::default();
+    let log = Arc::new(Log::default());
+    log.commit("c1", EventKind::Requested);
+    log.commit("c2", EventKind::Requested);
+    let Delivering {
+        id,
+        store,
+        bus,
+        receiver,
+        pump,
+        running,
+        ..
+    } = delivering(&log, &settings).await;
     let start = Instant::now();
 
     // More events while the receiver is down: c1 decided and c3 requested after 10 minutes,
@@ -298,21 +331,15 @@ async fn a_backoff_is_cut_short_by_a_new_url_only() {
     let settings = DeliverySettings::default();
     let log = Arc::new(Log::default());
     log.commit("c1", EventKind::Requested);
-    let hook = endpoint();
-    let id = hook.id.clone();
-    let store = Arc::new(Endpoints {
-        hooks: Mutex::new(vec![hook]),
-    });
-    let bus = crate::events::EventBus::new(log.clone(), 64).await.unwrap();
-    let receiver = Arc::new(Receiver::default());
-    let connect: Connect = {
-        let receiver = Arc::clone(&receiver);
-        Arc::new(move |_: &WebhookUrl| Ok(Arc::clone(&receiver) as Arc<dyn Transport>))
-    };
-    let dispatcher =
-        Dispatcher::with_transport(store.clone(), Arc::clone(&bus), settings.clone(), connect);
-    let pump = tokio::spawn(Arc::clone(&bus).pump());
-    let running = tokio::spawn(Arc::clone(&dispatcher).run());
+    let Delivering {
+        id,
+        store,
+        receiver,
+        dispatcher,
+        pump,
+        running,
+        ..
+    } = delivering(&log, &settings).await;
     let start = Instant::now();
     // Into the seventh wait (32 s long, 16 s at least): 1+2+4+8+16+32 s of caps is 63 s.
     while receiver.refused.lock().unwrap().len() < 6 {

@@ -1,7 +1,7 @@
 //! SQLite allocates through mimalloc, as the broker's own code does (its `#[global_allocator]`).
 //! SQLite calls its allocator for every statement step, row and page it touches, and its default
 //! is glibc's `malloc`: about a tenth of the writer thread's time at the 64-agent peak
-//! (docs/benchmarks.md, "SQLite's allocations and the checkpointer's interval"). A program
+//! (docs/benchmarks-notes.md, "SQLite's allocations and the checkpointer's interval"). A program
 //! calls [`install`] first thing, before any thread or database: the broker, and
 //! `approval-bench`, whose raw storage loop so allocates as the broker's writer does.
 //!

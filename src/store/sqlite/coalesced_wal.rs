@@ -1,9 +1,8 @@
 //! The write connection's files, through a VFS that gathers a commit's WAL writes into one.
 //!
 //! SQLite writes each WAL frame with two system calls (its 24-byte header, then the page), so a
-//! commit of one tool call (18 pages) made 36 `pwrite`s before its `fdatasync`, and a 64-agent
-//! group about 150: 7-10% of the writer's time (`perf record` on the `store-writer` thread,
-//! `strace -c` for the counts; docs/benchmarks.md, "A commit's WAL writes in one").
+//! commit of one tool call made dozens of `pwrite`s before its `fdatasync`, a noticeable share
+//! of the writer's time (docs/benchmarks-notes.md, "A commit's WAL writes in one").
 //! This VFS wraps SQLite's own (`unix`) and changes one thing: the frames written to a WAL file
 //! one after another are kept in memory and written together (one `pwrite` per 128 KiB) before anything
 //! else is done with that file: before it is synced, read, sized, truncated, closed or sent a
@@ -43,7 +42,7 @@ const MAX_KEPT: usize = 0x1ffff;
 /// `read` of what `conn`'s WAL file keeps; `None` when `conn` has no WAL file open, or not one
 /// this VFS coalesces.
 #[cfg(test)]
-fn with_kept<T>(conn: &rusqlite::Connection, read: impl FnOnce(&mut Kept) -> T) -> Option<T> {
+fn with_kept<T>(conn: &rusqlite::Connection, read: impl FnOnce(&mut HeldFrames) -> T) -> Option<T> {
     let mut wal: *mut ffi::sqlite3_file = std::ptr::null_mut();
     let rc = unsafe {
         ffi::sqlite3_file_control(
@@ -121,12 +120,12 @@ struct File {
     real: *mut ffi::sqlite3_file,
     real_storage: Vec<u64>,
     /// `None`: every write goes straight through.
-    kept: Option<Kept>,
+    kept: Option<HeldFrames>,
 }
 
 /// Frames written one after another, from `offset`, not yet in the file; and how many writes
 /// SQLite asked for and how many reached the file (see [`wal_writes`]).
-struct Kept {
+struct HeldFrames {
     offset: i64,
     bytes: Vec<u8>,
     asked: u64,
@@ -155,7 +154,7 @@ impl File {
 /// A file's `xWrite`.
 type WriteFn = unsafe extern "C" fn(*mut ffi::sqlite3_file, *const c_void, c_int, i64) -> c_int;
 
-impl Kept {
+impl HeldFrames {
     /// Writes what is kept to `real` with `write`; SQLite's code on failure. What failed to be
     /// written stays kept, to be written again at the next chance: SQLite was told it was
     /// written, and a transaction survives some errors (a statement that fails with a full
@@ -222,7 +221,7 @@ unsafe extern "C" fn open(
         return rc;
     }
     let wal = flags & ffi::SQLITE_OPEN_WAL != 0;
-    let kept = (wal && unsafe { database_is_power_safe(name) }).then(|| Kept {
+    let kept = (wal && unsafe { database_is_power_safe(name) }).then(|| HeldFrames {
         offset: 0,
         bytes: Vec::new(),
         asked: 0,

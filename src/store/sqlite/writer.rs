@@ -41,11 +41,9 @@ const STATEMENT_CACHE: usize = 64;
 
 /// How often the checkpointer copies what was committed from the WAL into the database file.
 /// Each checkpoint syncs the WAL and the database file, and a commit that syncs meanwhile waits
-/// longer: at 10 a second that was the tail of one call in flight (submit to outcome p99
-/// 1.77-1.94 ms; at 1 s 0.93-1.08 ms; p50 ~0.7 ms either way). Rarer checkpoints leave more for
-/// the writer's own ([`WRITER_CHECKPOINT_PAGES`]): at 64 agents the p99 rose from ~31 to ~37 ms
-/// while the median and p90 fell (docs/benchmarks.md, "SQLite's allocations and the
-/// checkpointer's interval").
+/// longer: ten a second made the tail of one call in flight; rarer checkpoints leave more for
+/// the writer's own ([`WRITER_CHECKPOINT_PAGES`]). Measured in docs/benchmarks-notes.md ("SQLite's
+/// allocations and the checkpointer's interval").
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
 /// How often the checkpointer compares the database's files with those opened.
@@ -54,11 +52,9 @@ const LOOK_EVERY: Duration = Duration::from_millis(100);
 /// WAL pages (32 MiB) after which the writer checkpoints by itself. Under steady load the WAL
 /// only starts over from its beginning after a checkpoint the writer runs (the checkpointer's
 /// never catches up with a writer that keeps committing), so this bounds the WAL file, and how
-/// often the writer spends a commit's time copying pages and syncing the database file: at
-/// 4,096 pages that was about 6% of its time at 64 agents (SQLite's default, 1,000, would be
-/// every few groups). 16,384 was a little faster still, but each of its rarer checkpoints is a
-/// longer pause: the 64-agent p99 rose from 24 to 30 ms, where at 8,192 it is 26 ms. Measured
-/// in docs/benchmarks.md.
+/// often the writer spends a commit's time copying pages and syncing the database file
+/// (SQLite's default, 1,000, would be every few groups; larger values are a little faster but
+/// each rarer checkpoint is a longer pause). Measured in docs/benchmarks-notes.md.
 pub const WRITER_CHECKPOINT_PAGES: u32 = 8_192;
 
 /// The receipts of the commits since the events were last read back, with their calls.
@@ -191,7 +187,7 @@ impl WriteConnection {
         synchronous: Synchronous,
         notary: Option<Arc<Notary>>,
     ) -> Result<Self> {
-        let conn = connect(path, synchronous, Role::Writer)?;
+        let conn = connect(path, synchronous, ConnectionKind::Writer)?;
         let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(Error::Internal(format!(
@@ -229,7 +225,7 @@ impl WriteConnection {
             signer,
             sealed: Arc::default(),
         };
-        let checkpointer = connect(path, synchronous, Role::Checkpointer)?;
+        let checkpointer = connect(path, synchronous, ConnectionKind::Checkpointer)?;
         let (home, commits) = (Arc::downgrade(&writer.home), Arc::clone(&writer.commits));
         thread::Builder::new()
             .name("sqlite-checkpoint".into())
@@ -416,7 +412,7 @@ impl WriteConnection {
 
 /// Which of the writer's two connections [`connect`] opens.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Role {
+enum ConnectionKind {
     /// The one that writes: its commits' WAL writes go out together (see `coalesced_wal`)
     /// where that is safe, under `synchronous = FULL`.
     Writer,
@@ -425,9 +421,9 @@ enum Role {
 }
 
 /// A read-write connection to the database file with the store's settings.
-fn connect(path: &Path, synchronous: Synchronous, role: Role) -> Result<Connection> {
+fn connect(path: &Path, synchronous: Synchronous, role: ConnectionKind) -> Result<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let coalesced = role == Role::Writer && synchronous == Synchronous::Full;
+    let coalesced = role == ConnectionKind::Writer && synchronous == Synchronous::Full;
     let conn = match coalesced.then(coalesced_wal::register) {
         Some(Ok(())) => Connection::open_with_flags_and_vfs(path, flags, coalesced_wal::VFS)?,
         Some(Err(code)) => {
@@ -516,8 +512,8 @@ pub struct SqliteTx {
     /// Whether the write running is its group's only one (one call in flight). Its receipts are
     /// then held back from the signer, each handed over once the writer has another to sign,
     /// so the last is signed here at the commit, which would wait for it anyway: handing it
-    /// over would wake the signer for nothing (measured with one call in flight: the signer's
-    /// 43 µs per call gone, the writer's up by 13, the call's CPU 6% less; docs/benchmarks.md).
+    /// over would wake the signer for nothing (measured with one call in flight in
+    /// docs/benchmarks-notes.md).
     /// In a larger group each receipt goes to the signer at once, and the rest of the group
     /// runs while it is signed.
     holds: bool,
