@@ -60,6 +60,9 @@
 //! on one, naming its edges): settings a component owns live with it (`store::StoreSettings`,
 //! `receipts::ReceiptsMode`), and `config` only gathers them.
 
+// Every line of unsafe code is in the `sqlite-ffi` crate (SQLite's allocator and WAL VFS).
+#![forbid(unsafe_code)]
+
 pub mod auth;
 pub mod broker;
 pub mod commands;

@@ -46,10 +46,10 @@ pub use postgres::PostgresStore;
 pub use reads::{BackendReads, PoolStats};
 pub use receipt_rows::StoredReceipt;
 pub use settings::StoreSettings;
-pub use sqlite::allocator as sqlite_allocator;
 pub use sqlite::{
     CHECKPOINT_EVERY, ProcessLock, SqliteStore, Synchronous, WRITER_CHECKPOINT_PAGES,
 };
+pub use sqlite_ffi::allocator as sqlite_allocator;
 
 /// The broker's durable state: every part below, from one backend. What startup opens and the
 /// broker holds; each other part of the broker needs only the part it names.

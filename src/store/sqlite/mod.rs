@@ -8,9 +8,9 @@
 //! `synchronous=FULL` by default: a commit is on disk before it is acknowledged, even across
 //! power loss.
 
-pub mod allocator;
-mod coalesced_wal;
 mod lifecycle;
+#[cfg(test)]
+mod wal_tests;
 mod webhooks;
 mod writer;
 

@@ -22,7 +22,7 @@ use rusqlite::{Connection, OpenFlags, Params, ToSql, params, params_from_iter};
 
 use tokio::sync::{Notify, mpsc};
 
-use super::{Synchronous, coalesced_wal};
+use super::Synchronous;
 use crate::domain::receipt::{ChainLink, Sealed};
 use crate::domain::{Call, CallKey, Event, EventKind};
 use crate::error::{Error, Result, StorageFault};
@@ -35,6 +35,7 @@ use crate::store::primitives::{Decode, Param, Run, SqlTx, read_chain_head};
 use crate::store::receipt_rows::{self, NewReceipt, ReceiptForm};
 use crate::store::rows::{ColumnNames, NamedRow, event_from_row};
 use crate::store::statements as sql;
+use sqlite_ffi::coalesced_wal;
 
 /// Enough for every statement of the write path (about 30) and a few shapes of `IN` lists.
 const STATEMENT_CACHE: usize = 64;

@@ -75,6 +75,23 @@ pub fn install() -> Result<(), c_int> {
     }
 }
 
+/// Whether SQLite allocates through mimalloc now ([`install`] took): its configured `xFree` is
+/// mimalloc's, and its rounding is ours.
+pub fn in_use() -> bool {
+    let mut used = std::mem::MaybeUninit::<ffi::sqlite3_mem_methods>::zeroed();
+    // SQLite writes its current methods into `used`.
+    let rc = unsafe { ffi::sqlite3_config(ffi::SQLITE_CONFIG_GETMALLOC, used.as_mut_ptr()) };
+    if rc != ffi::SQLITE_OK {
+        return false;
+    }
+    let used = unsafe { used.assume_init() };
+    let address = |f: Option<unsafe extern "C" fn(*mut c_void)>| f.map(|f| f as usize);
+    address(used.xFree) == address(methods().xFree)
+        && used
+            .xRoundup
+            .is_some_and(|round| unsafe { round(13) } == 16)
+}
+
 /// SQLite's allocator interface over mimalloc.
 pub fn methods() -> ffi::sqlite3_mem_methods {
     ffi::sqlite3_mem_methods {
