@@ -155,8 +155,6 @@ impl Seal {
 }
 
 impl Sealing {
-    /// The signature: the signing thread's, waited for if it is being signed, or signed here if
-    /// the thread has not started on it.
     /// The payload being sealed.
     pub fn payload(&self) -> &str {
         &self.seal.payload
@@ -167,6 +165,8 @@ impl Sealing {
         self.notary.key_id()
     }
 
+    /// The signature: the signing thread's, waited for if it is being signed, or signed here if
+    /// the thread has not started on it.
     pub fn signature(self) -> String {
         let mut state = self
             .seal
