@@ -57,6 +57,8 @@ pub fn call(c: &Call) -> pb::Call {
             .map(super::escalation_messages::escalation),
         approval: c.approval.as_ref().map(approval),
         requested_by: c.requested_by.clone(),
+        host: String::new(),
+        action: None,
     }
 }
 
@@ -416,6 +418,7 @@ pub fn grant(g: &Grant, now: Timestamp) -> pb::Grant {
             .iter()
             .map(|a| a.identity.as_str().to_owned())
             .collect(),
+        kind: String::new(),
     }
 }
 
@@ -423,6 +426,7 @@ pub fn rule(r: &Rule) -> pb::Rule {
     pb::Rule {
         id: r.id.to_string(),
         tool: r.tool.as_str().to_owned(),
+        kind: String::new(),
         matcher: Some(matcher(&r.matcher)),
         effect: rule_effect(r.effect) as i32,
         priority: r.priority,
