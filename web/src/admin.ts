@@ -8,6 +8,7 @@ import { create } from "@bufbuild/protobuf";
 import { type Api, describeError, isPermissionDenied } from "./api";
 import { effectName, grantText, matcherText, ruleText, statusName, when } from "./describe";
 import { h } from "./dom";
+import { hostView } from "./host";
 import { inputView } from "./input";
 import { jsonView, revealed } from "./json";
 import { receiptButton } from "./receipt";
@@ -107,6 +108,7 @@ export class HistoryView {
             h("code", {}, c.tool),
             c.title ? [" ", h("span", { class: "title" }, revealed(c.title))] : null,
           ),
+          hostView(c),
           inputView(c, `${c.tool} call ${c.callId}`).el,
           c.outcome?.inputEdited ? [h("p", { class: "meta" }, "approved with an edited input, which ran:"), jsonView(c.outcome.inputJson)] : null,
           h(
@@ -306,7 +308,7 @@ export class RulesView {
           value: { tool: text("tool"), sessionId: text("session") || "explain", agent: text("agent"), workspace: text("workspace"), inputJson: text("input") || "{}" },
         },
       });
-      const by = r.rule ? ` (rule ${r.rule.id}: ${matcherText(r.rule.matcher)})` : r.grant ? ` (grant ${r.grant.id})` : "";
+      const by = r.rule ? ` (rule ${r.rule.id}: ${matcherText(r.rule.matcher, r.rule.kind !== "")})` : r.grant ? ` (grant ${r.grant.id})` : "";
       this.explained.textContent = `${statusName(r.verdict)}${r.decidedBy ? ` by ${r.decidedBy}` : ""}${by}: ${r.reason}`;
     } catch (error) {
       this.explained.textContent = describeError(error);

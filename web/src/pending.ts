@@ -7,9 +7,10 @@
 import { create } from "@bufbuild/protobuf";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import { type Api, ConnectError, Code, describeError, isPermissionDenied } from "./api";
-import { approvalText, grantPreview, span, statusName } from "./describe";
+import { approvalText, grantPreview, scopeLabel, span, statusName } from "./describe";
 import { h } from "./dom";
 import { Decision, type DecideResponse } from "./gen/approvals/v1/approver_pb";
+import { actionDetail, hostView } from "./host";
 import { type Call, InputMatcherSchema, type Outcome, Scope } from "./gen/approvals/v1/types_pb";
 import { inputView, type InputView, mcpView, prose } from "./input";
 import { parseEdit, pretty, revealed } from "./json";
@@ -190,14 +191,11 @@ export class PendingView {
     const outcome = h("p", { class: "outcome", role: "status" });
     const approvals = h("p", { class: "approvals" });
 
-    const scope = h(
-      "select",
-      { name: "scope", "aria-label": `Remember the decision on ${label}` },
-      h("option", { value: String(Scope.ONCE) }, "Once"),
-      h("option", { value: String(Scope.SESSION) }, "This session"),
-      h("option", { value: String(Scope.WORKSPACE), disabled: call.workspace === "" }, "This workspace"),
-      h("option", { value: String(Scope.ALWAYS) }, "Always (this agent)"),
+    // A host call's choices name the action and say they hold on every host (./host).
+    const scopes = [Scope.ONCE, Scope.SESSION, Scope.WORKSPACE, Scope.ALWAYS].map((s) =>
+      h("option", { value: String(s), disabled: s === Scope.WORKSPACE && call.workspace === "" }, scopeLabel(call, s, false)),
     );
+    const scope = h("select", { name: "scope", "aria-label": `Remember the decision on ${label}` }, scopes);
     const inputs = h(
       "select",
       { name: "matcher", "aria-label": `Which inputs the grant for ${label} matches` },
@@ -208,6 +206,7 @@ export class PendingView {
     const showPreview = () => {
       const s = Number(scope.value) as Scope;
       inputs.hidden = s === Scope.ONCE;
+      for (const option of scopes) option.textContent = scopeLabel(call, Number(option.value) as Scope, inputs.value === "any");
       preview.textContent = grantPreview(call, s, inputs.value === "any");
     };
     scope.addEventListener("change", showPreview);
@@ -238,6 +237,7 @@ export class PendingView {
     const detail = h(
       "div",
       { class: "detail", hidden: true },
+      actionDetail(call),
       h("button", { type: "button", "aria-label": `Explain what would decide ${label}`, onClick: () => void this.explain(call, explain) }, "Explain"),
       explain,
     );
@@ -276,6 +276,7 @@ export class PendingView {
     const el = h(
       "article",
       { class: "card", tabindex: "-1", "aria-labelledby": titleId, "data-call": call.callId, "data-session": call.sessionId },
+      hostView(call),
       input.el,
       mcpView(call),
       h(
