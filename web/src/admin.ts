@@ -1,7 +1,8 @@
 // The audit and policy views: history of decided calls (newest first, each with its title,
 // what it ran and its outcome told apart at a glance; filtered by tool, session, agent,
 // outcome and decider; paged), grants (what each covers, when it expires, revoke) and rules
-// (list, create, delete, Explain). They use
+// (list, create, delete, Explain); a grant or rule with a kind (issue 48) says it covers that
+// action on every host. They use
 // AdminService, so they need an admin token; with an approver's token they say so and nothing
 // else breaks.
 import { create } from "@bufbuild/protobuf";
@@ -219,7 +220,15 @@ export class RulesView {
       { class: "rule-form", "aria-label": "Create a rule" },
       h("h3", {}, "New rule"),
       field("id", "rule id", { required: "" }),
-      field("tool", "tool glob (shell, mcp__github__*)", { required: "" }),
+      field("tool", "tool glob (shell, mcp__github__*)"),
+      // A kind makes the rule match that action on every host (calls from host adapters only);
+      // the tool glob may then stay empty, and the matcher tests the action's fields.
+      h(
+        "select",
+        { name: "kind", "aria-label": "Action kind (any host)" },
+        h("option", { value: "" }, "no kind: this tool only"),
+        ["shell", "edit", "write", "read", "fetch", "mcp", "other"].map((k) => h("option", { value: k }, `${k}, on every host`)),
+      ),
       effect,
       h("input", { type: "number", name: "priority", value: "0", "aria-label": "Priority" }),
       field("description", "description (a deny rule's reason)"),
@@ -278,7 +287,7 @@ export class RulesView {
     }
     try {
       const rule = await this.api.admin.createRule({
-        rule: { id: text("id"), tool: text("tool"), effect: Number(text("effect")) as Effect, priority: Number(text("priority") || "0"), description: text("description"), matcher },
+        rule: { id: text("id"), tool: text("tool"), kind: text("kind"), effect: Number(text("effect")) as Effect, priority: Number(text("priority") || "0"), description: text("description"), matcher },
       });
       this.message.textContent = `Rule ${rule.id} created: ${ruleText(rule)}; it applies to calls submitted from now on.`;
       form.reset();

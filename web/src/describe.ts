@@ -142,9 +142,10 @@ export function grantText(g: Grant): string {
 }
 
 export function ruleText(r: Rule): string {
-  // A rule with a kind matches that action on every host; an empty tool glob then means any tool.
+  // A rule with a kind matches that action on every host; its tool glob is then `*` (any tool)
+  // unless the operator narrowed it.
   const what = r.kind
-    ? `${r.kind} actions on every host${r.tool ? ` of tools ${JSON.stringify(r.tool)}` : ""}`
+    ? `${r.kind} actions on every host${r.tool && r.tool !== "*" ? `, of tools ${JSON.stringify(r.tool)}` : ""}`
     : `tools ${JSON.stringify(r.tool)}`;
   return `${effectName(r.effect)} ${what} for ${matcherText(r.matcher, r.kind !== "")} (priority ${r.priority}, from ${r.source})`;
 }
