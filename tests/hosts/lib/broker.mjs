@@ -162,10 +162,15 @@ export class Broker {
     throw new Error(`no pending call ${callId} within ${timeoutMs / 1000}s; pending: ${JSON.stringify(await this.pending())}`);
   }
 
-  /** Waits until the first pending call the predicate accepts; returns it. */
-  async waitForPendingWhere(predicate, what, timeoutMs = 60_000) {
+  /**
+   * Waits until the first pending call the predicate accepts; returns it. `gaveUp()` ends the
+   * wait early with its error (the host exited, say); it returns undefined to go on.
+   */
+  async waitForPendingWhere(predicate, what, timeoutMs = 60_000, gaveUp = () => undefined) {
     const deadline = Date.now() + timeoutMs;
     while (Date.now() < deadline) {
+      const reason = gaveUp();
+      if (reason !== undefined) throw new Error(`no pending call (${what}): ${reason}`);
       const call = (await this.pending()).find(predicate);
       if (call) return call;
       await sleep(100);

@@ -177,3 +177,29 @@ export function copilot(dirs, { model, broker, prompt = "Do the task." }) {
     }),
   });
 }
+
+// --- an ACP agent behind `approval-broker acp-proxy` ---------------------------------------
+
+/** The ACP agent: `@agentclientprotocol/claude-agent-acp` (Claude Code through the Claude Agent
+ * SDK), started with the Node 22 the tests run on. */
+export const ACP_AGENT = [process.execPath, join(NODE_MODULES, "@agentclientprotocol", "claude-agent-acp", "dist", "index.js")];
+
+/** The agent's Claude settings: ask before acting (`default`; without it the agent starts in
+ * `auto`, which asks nobody), and ask for every shell command, edit, write and fetch (without
+ * the `ask` rules, commands Claude Code deems read-only, `git status` among them, run unasked):
+ * so each such call asks the editor, that is the proxy, for permission. */
+export function acpAgentSettings() {
+  return { permissions: { defaultMode: "default", ask: ["Bash", "Edit", "Write", "NotebookEdit", "WebFetch"] } };
+}
+
+/** The editor's agent command as docs/hosts.md gives it: the proxy in front of the agent. */
+export function acpProxyCommand(brokerUrl) {
+  return ["approval-broker", ["acp-proxy", "--broker", brokerUrl, "--timeout", HOOK_WAIT, "--", ...ACP_AGENT]];
+}
+
+/** The agent's environment: the scripted Anthropic model, nothing sent anywhere else. */
+export function acpEnvironment(dirs, modelUrl) {
+  writeJson(join(dirs.home, ".claude", "settings.json"), acpAgentSettings());
+  // Claude Code refuses to start as root with permissions bypassed unless told it is sandboxed.
+  return claudeEnvironment(dirs, modelUrl, { IS_SANDBOX: "1" });
+}

@@ -1,0 +1,38 @@
+// An Agent Client Protocol agent (`@agentclientprotocol/claude-agent-acp`: Claude Code through
+// the Claude Agent SDK) started behind `approval-broker acp-proxy`, driven by an editor played
+// with `@agentclientprotocol/sdk`'s client and by a scripted Anthropic Messages server on
+// 127.0.0.1: the model asks for a `Bash` command that writes a file, the agent asks for
+// permission, the proxy asks the broker, an approver decides, and the file on disk says whether
+// it ran. The editor never sees the permission request.
+import assert from "node:assert/strict";
+import { acpTurn, toolCallState } from "./lib/acp.mjs";
+import { acpEnvironment, acpProxyCommand } from "./lib/hosts.mjs";
+import { anthropicModel } from "./lib/models/anthropic.mjs";
+import { shellSuite } from "./lib/shell-suite.mjs";
+
+/** One prompt turn through the proxy, reported as a host run. */
+async function acpHost(dirs, { model, broker }) {
+  const [command, args] = acpProxyCommand(broker);
+  const turn = await acpTurn({ command, args, cwd: dirs.workspace, env: acpEnvironment(dirs, model), prompt: "Do the task." });
+  assert.deepEqual(turn.permissionRequests, [], "a permission request reached the editor: the proxy must answer it");
+  return { code: 0, stdout: JSON.stringify(turn.updates), stderr: turn.stderr, turn };
+}
+
+shellSuite({
+  name: "acp",
+  host: acpHost,
+  model: anthropicModel,
+  tool: "Bash",
+  input: (command) => ({ command, description: "Write ran.txt" }),
+  callIdPrefix: "toolu_01",
+  hostTool: "Bash",
+  // An ACP permission answer is an option id: it cannot carry an edited input or a reason.
+  edits: false,
+  deniedText: /refused permission/,
+  unreachableText: /refused permission/,
+  check: (result) => {
+    const state = toolCallState(JSON.parse(result.run.stdout), result.script.callId);
+    assert.equal(state.status, "completed");
+    assert.equal(state.kind, "execute");
+  },
+});
