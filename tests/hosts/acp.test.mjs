@@ -11,8 +11,8 @@ import { anthropicModel } from "./lib/models/anthropic.mjs";
 import { shellSuite } from "./lib/shell-suite.mjs";
 
 /** One prompt turn through the proxy, reported as a host run. */
-async function acpHost(dirs, { model, broker }) {
-  const [command, args] = acpProxyCommand(broker);
+async function acpHost(dirs, { model, broker, wait }) {
+  const [command, args] = acpProxyCommand(broker, wait);
   const turn = await acpTurn({ command, args, cwd: dirs.workspace, env: acpEnvironment(dirs, model), prompt: "Do the task." });
   assert.deepEqual(turn.permissionRequests, [], "a permission request reached the editor: the proxy must answer it");
   return { code: 0, stdout: JSON.stringify(turn.updates), stderr: turn.stderr, turn };
@@ -30,6 +30,7 @@ shellSuite({
   edits: false,
   deniedText: /refused permission/,
   unreachableText: /refused permission/,
+  timeoutText: /refused permission/,
   check: (result) => {
     const state = toolCallState(JSON.parse(result.run.stdout), result.script.callId);
     assert.equal(state.status, "completed");

@@ -36,7 +36,7 @@ export function claudeEnvironment(dirs, modelUrl, extra = {}) {
 }
 
 /** `~/.claude/settings.json`'s hook entry, as docs/hosts.md gives it. */
-export function claudeSettings(brokerUrl) {
+export function claudeSettings(brokerUrl, wait = HOOK_WAIT) {
   return {
     hooks: {
       PreToolUse: [
@@ -45,7 +45,7 @@ export function claudeSettings(brokerUrl) {
           hooks: [
             {
               type: "command",
-              command: `approval-broker hook claude-code --broker ${brokerUrl} --timeout ${HOOK_WAIT}`,
+              command: `approval-broker hook claude-code --broker ${brokerUrl} --timeout ${wait}`,
               timeout: 90,
               onFailure: "block",
             },
@@ -57,8 +57,8 @@ export function claudeSettings(brokerUrl) {
 }
 
 /** `claude -p` in the workspace, its hook set in HOME's settings. */
-export function claudeCode(dirs, { model, broker, prompt = "Do the task." }) {
-  writeJson(join(dirs.home, ".claude", "settings.json"), claudeSettings(broker));
+export function claudeCode(dirs, { model, broker, wait, prompt = "Do the task." }) {
+  writeJson(join(dirs.home, ".claude", "settings.json"), claudeSettings(broker, wait));
   return runHost(bin("claude"), ["-p", prompt, "--output-format", "json"], {
     cwd: dirs.workspace,
     env: claudeEnvironment(dirs, model),
@@ -68,8 +68,8 @@ export function claudeCode(dirs, { model, broker, prompt = "Do the task." }) {
 // --- Codex ---------------------------------------------------------------------------------
 
 /** `$CODEX_HOME/config.toml`: the scripted provider, and the hook entries docs/hosts.md gives. */
-export function codexConfig(modelUrl, brokerUrl) {
-  const hook = `approval-broker hook codex --broker ${brokerUrl} --timeout ${HOOK_WAIT}`;
+export function codexConfig(modelUrl, brokerUrl, wait = HOOK_WAIT) {
+  const hook = `approval-broker hook codex --broker ${brokerUrl} --timeout ${wait}`;
   return `# The scripted model on loopback (a Responses API provider); gpt-5.5 is in Codex's catalog,
 # so it offers its usual tools.
 model = "gpt-5.5"
@@ -102,10 +102,10 @@ timeout = 90
 }
 
 /** `codex exec` in the workspace (sandbox workspace-write), hooks trusted for this run. */
-export function codex(dirs, { model, broker, prompt = "Do the task." }) {
+export function codex(dirs, { model, broker, wait, prompt = "Do the task." }) {
   const codexHome = join(dirs.home, ".codex");
   mkdirSync(codexHome, { recursive: true });
-  writeFileSync(join(codexHome, "config.toml"), codexConfig(model, broker));
+  writeFileSync(join(codexHome, "config.toml"), codexConfig(model, broker, wait));
   return runHost(
     bin("codex"),
     ["exec", "--skip-git-repo-check", "--dangerously-bypass-hook-trust", "--sandbox", "workspace-write", "--json", prompt],
@@ -117,7 +117,7 @@ export function codex(dirs, { model, broker, prompt = "Do the task." }) {
 
 /** `~/.gemini/settings.json`: API-key auth (the scripted model), no telemetry or update
  * checks, and the `BeforeTool` hook docs/hosts.md gives. */
-export function geminiSettings(brokerUrl) {
+export function geminiSettings(brokerUrl, wait = HOOK_WAIT) {
   return {
     security: { auth: { selectedType: "gemini-api-key" } },
     general: { disableAutoUpdate: true, disableUpdateNag: true },
@@ -131,7 +131,7 @@ export function geminiSettings(brokerUrl) {
             {
               name: "approval-broker",
               type: "command",
-              command: `approval-broker hook gemini-cli --broker ${brokerUrl} --timeout ${HOOK_WAIT}`,
+              command: `approval-broker hook gemini-cli --broker ${brokerUrl} --timeout ${wait}`,
               timeout: 90_000,
             },
           ],
@@ -142,8 +142,8 @@ export function geminiSettings(brokerUrl) {
 }
 
 /** `gemini -p` headless in the workspace, `--approval-mode yolo` (the hook is the gate). */
-export function geminiCli(dirs, { model, broker, prompt = "Do the task." }) {
-  writeJson(join(dirs.home, ".gemini", "settings.json"), geminiSettings(broker));
+export function geminiCli(dirs, { model, broker, wait, prompt = "Do the task." }) {
+  writeJson(join(dirs.home, ".gemini", "settings.json"), geminiSettings(broker, wait));
   return runHost(
     bin("gemini"),
     ["--skip-trust", "-m", "gemini-2.5-pro", "--approval-mode", "yolo", "-p", prompt, "-o", "json"],
@@ -154,19 +154,19 @@ export function geminiCli(dirs, { model, broker, prompt = "Do the task." }) {
 // --- Copilot CLI ---------------------------------------------------------------------------
 
 /** `.github/hooks/approval-broker.json` in the repository: the hook docs/hosts.md gives. */
-export function copilotHooks(brokerUrl) {
+export function copilotHooks(brokerUrl, wait = HOOK_WAIT) {
   return {
     version: 1,
     hooks: {
-      preToolUse: [{ type: "command", bash: `approval-broker hook copilot --broker ${brokerUrl} --timeout ${HOOK_WAIT}`, timeoutSec: 90 }],
+      preToolUse: [{ type: "command", bash: `approval-broker hook copilot --broker ${brokerUrl} --timeout ${wait}`, timeoutSec: 90 }],
     },
   };
 }
 
 /** `copilot -p` offline against the scripted Chat Completions model, the folder trusted for
  * this prompt (so the repository's hooks load). */
-export function copilot(dirs, { model, broker, prompt = "Do the task." }) {
-  writeJson(join(dirs.workspace, ".github", "hooks", "approval-broker.json"), copilotHooks(broker));
+export function copilot(dirs, { model, broker, wait, prompt = "Do the task." }) {
+  writeJson(join(dirs.workspace, ".github", "hooks", "approval-broker.json"), copilotHooks(broker, wait));
   return runHost(bin("copilot"), ["-p", prompt, "--trust-folder", "--no-auto-update", "--log-level", "none"], {
     cwd: dirs.workspace,
     env: hostEnvironment(dirs, {
@@ -193,8 +193,8 @@ export function acpAgentSettings() {
 }
 
 /** The editor's agent command as docs/hosts.md gives it: the proxy in front of the agent. */
-export function acpProxyCommand(brokerUrl) {
-  return ["approval-broker", ["acp-proxy", "--broker", brokerUrl, "--timeout", HOOK_WAIT, "--", ...ACP_AGENT]];
+export function acpProxyCommand(brokerUrl, wait = HOOK_WAIT) {
+  return ["approval-broker", ["acp-proxy", "--broker", brokerUrl, "--timeout", wait, "--", ...ACP_AGENT]];
 }
 
 /** The agent's environment: the scripted Anthropic model, nothing sent anywhere else. */

@@ -9,11 +9,11 @@ import { Script } from "./models/server.mjs";
 import { testDirectories } from "./run.mjs";
 
 /**
- * `host(dirs, { model, broker })` runs the host; `model(script)` starts its scripted model
+ * `host(dirs, { model, broker, wait })` runs the host (`wait`: the hook's `--timeout`); `model(script)` starts its scripted model
  * server; `tool` and `input(command)` say how that host's model asks for a shell command;
  * `approver(call)` decides the pending call (none: nobody decides, e.g. the broker is down).
  */
-export async function shellScenario({ broker, brokerUrl = broker.url, name, host, model, tool, input, callId, command, approver, prepare }) {
+export async function shellScenario({ broker, brokerUrl = broker.url, wait, name, host, model, tool, input, callId, command, approver, prepare }) {
   const dirs = testDirectories(name);
   const script = new Script({ tool, input: input(command), callId, text: "Finished." });
   const server = await model(script);
@@ -21,7 +21,7 @@ export async function shellScenario({ broker, brokerUrl = broker.url, name, host
     prepare?.(dirs);
     let seen;
     let finished;
-    const running = host(dirs, { model: server.url, broker: brokerUrl }).then((run) => {
+    const running = host(dirs, { model: server.url, broker: brokerUrl, wait }).then((run) => {
       finished = run;
       return run;
     });

@@ -1,9 +1,10 @@
-// The four promises every hook adapter keeps, as tests one host's suite registers with its real
+// The promises every hook adapter keeps, as tests one host's suite registers with its real
 // binary: approved (the command runs exactly as approved), approved with an edit (the
 // approver's command runs, not the model's), denied (nothing runs; the model reads the reason),
-// broker down (nothing runs; the model reads that the broker could not be reached). Each host's
-// file says how to run the host, which model API it speaks and how its model asks for a shell
-// command.
+// nobody decides in time (nothing runs; the call is cancelled at the broker; the model reads
+// why), broker down (nothing runs; the model reads that the broker could not be reached). Each
+// host's file says how to run the host, which model API it speaks and how its model asks for a
+// shell command.
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import { Broker, freePort } from "./broker.mjs";
@@ -11,13 +12,14 @@ import { newCallId } from "./run.mjs";
 import { shellScenario, withCommand } from "./scenario.mjs";
 
 /**
- * `spec`: `name` (as in `hook <name>`), `host(dirs, {model, broker})`, `model(script)`, `tool`,
- * `input(command)`, `callIdPrefix`, `hostTool` (the tool name the broker is shown),
+ * `spec`: `name` (as in `hook <name>`), `host(dirs, {model, broker, wait})`, `model(script)`,
+ * `tool`, `input(command)`, `callIdPrefix`, `hostTool` (the tool name the broker is shown),
  * `edits` (false when the host cannot run an edited input; the test then proves the edit is
- * refused rather than the model's input run), `deniedText` and `unreachableText` (what the model
- * reads when denied, or when the broker is down; by default the approver's reason and "could
- * not be reached": a host whose protocol carries no reason, as ACP's permission answer, says
- * its own words), `check(result, stored)` (the host's own checks on an approved call).
+ * refused rather than the model's input run), `deniedText`, `timeoutText` and
+ * `unreachableText` (what the model reads when denied, when nobody decides in time, or when the
+ * broker is down; by default the approver's reason, "No approver decided within" and "could not
+ * be reached": a host whose protocol carries no reason, as ACP's permission answer, says its own
+ * words), `check(result, stored)` (the host's own checks on an approved call).
  */
 export function shellSuite(spec) {
   let broker;
@@ -80,6 +82,23 @@ export function shellSuite(spec) {
     });
     assert.equal(result.ran, undefined);
     assert.match(result.script.toolResult, spec.deniedText ?? /Not on the release branch\./);
+    t.diagnostic(`the model read: ${result.script.toolResult}`);
+  });
+
+  test(`${spec.name}: nobody decides in time, the command does not run, the call is cancelled and the model reads why`, async (t) => {
+    let pending;
+    const result = await scenario({
+      command: "echo late > ran.txt",
+      wait: "3s",
+      // The approver only looks: the call is pending, and nobody decides.
+      approver: (call) => {
+        pending = call;
+      },
+    });
+    assert.equal(result.ran, undefined);
+    assert.match(result.script.toolResult, spec.timeoutText ?? /No approver decided within 3s/);
+    const stored = await broker.getCall(pending.sessionId, pending.callId);
+    assert.equal(stored.status, "CALL_STATUS_CANCELLED");
     t.diagnostic(`the model read: ${result.script.toolResult}`);
   });
 
