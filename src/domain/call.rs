@@ -3,7 +3,8 @@
 use super::escalation::Escalation;
 use super::policy::{Approval, Prejudged};
 use super::{
-    AgentId, BatchId, CallId, Outcome, OutcomeKind, SessionId, Timestamp, ToolInput, ToolName, code,
+    Action, AgentId, BatchId, CallId, Host, Outcome, OutcomeKind, SessionId, Timestamp, ToolInput,
+    ToolName, code,
 };
 use crate::error::Error;
 
@@ -43,6 +44,8 @@ pub struct NewCall {
     pub deadline: Option<Timestamp>,
     /// The human the agent acts for (empty: none named); never an approver of the call.
     pub requested_by: String,
+    /// The agent host whose call this is, when an adapter named it.
+    pub host: Option<Host>,
     /// Rule and grant matchers judged against the input before the submit was queued, so the
     /// write transaction need not (see [`Prejudged`]).
     pub prejudged: Prejudged,
@@ -90,6 +93,10 @@ impl NewCall {
             escalation: None,
             requested_by: self.requested_by.clone(),
             approval: None,
+            host: self.host,
+            action: self
+                .host
+                .map(|h| Action::of(h, &self.tool, &self.input, &self.workspace)),
         }
     }
 }
@@ -117,6 +124,11 @@ pub struct Call {
     /// Who may decide it and the votes so far, when a requirement was fixed on it at submit;
     /// `None`: any approver decides, alone.
     pub approval: Option<Approval>,
+    /// The agent host whose call this is, when an adapter named it.
+    pub host: Option<Host>,
+    /// What the call does in terms common to every host, read from its host, tool and input
+    /// (see [`Action::of`]); `None` without a host.
+    pub action: Option<Action>,
 }
 
 impl Call {
@@ -143,6 +155,8 @@ impl Call {
     /// in batch `batch`, requested at time zero, nothing else set; adjust what a test needs.
     pub fn sample(agent: &str, session: &str, call_id: &str, tool: &str, batch: &str) -> Call {
         Call {
+            action: None,
+            host: None,
             key: CallKey {
                 agent: AgentId::from_stored(agent.into()),
                 session: SessionId::from_stored(session.into()),

@@ -3,6 +3,7 @@
 //! with which; which rule or grant decides a call). Nothing here touches the network or the
 //! database.
 
+pub mod action;
 mod batch;
 mod call;
 mod cancel;
@@ -22,6 +23,7 @@ pub mod time;
 mod visibility;
 pub mod webhook;
 
+pub use action::{Action, Host, Kind};
 pub use batch::{MAX_BATCH_CALLS, NewBatch, OnDeny, SubmitItem, SubmitReport, SubmitResult};
 pub use call::{Call, CallKey, NewCall, Status};
 pub use cancel::{CancelReport, CancelScope, CancelTarget};

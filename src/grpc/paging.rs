@@ -267,6 +267,7 @@ mod tests {
 
     fn rule(id: &str, effect: RuleEffect, priority: i32) -> Rule {
         Rule {
+            kind: None,
             approvers: None,
             id: RuleId::parse("id", id).unwrap(),
             tool: Glob::parse("tool", "*").unwrap(),

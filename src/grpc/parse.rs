@@ -131,6 +131,7 @@ fn new_call(
         supersede_key: optional_name(&field("supersede_key"), spec.supersede_key, 256)?,
         deadline,
         requested_by: requested_by(&field("requested_by"), spec.requested_by)?,
+        host: crate::domain::Host::parse(&field("host"), &spec.host)?,
         prejudged: Default::default(),
     })
 }
@@ -443,10 +444,20 @@ pub fn rule(field: &str, rule: Option<pb::Rule>, max_input_bytes: usize) -> Resu
         .transpose()?;
     let approvers = crate::domain::policy::approvers_of(effect, approvers)
         .map_err(|e| Error::invalid(at("approvers"), e.to_string()))?;
+    let kind = match rule.kind.as_str() {
+        "" => None,
+        kind => Some(crate::domain::Kind::parse(&at("kind"), kind)?),
+    };
+    // A rule naming a kind may leave out the tool: every host's tool for that kind.
+    let tool = match (rule.tool.as_str(), kind) {
+        ("", Some(_)) => "*",
+        (tool, _) => tool,
+    };
     Rule {
         approvers,
         id: RuleId::parse(&at("id"), &rule.id)?,
-        tool: Glob::parse(&at("tool"), &rule.tool)?,
+        tool: Glob::parse(&at("tool"), tool)?,
+        kind,
         matcher: matcher(&at("matcher"), rule.matcher, max_input_bytes, false)?
             .unwrap_or(Matcher::Any),
         effect,

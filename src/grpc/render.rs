@@ -57,8 +57,11 @@ pub fn call(c: &Call) -> pb::Call {
             .map(super::escalation_messages::escalation),
         approval: c.approval.as_ref().map(approval),
         requested_by: c.requested_by.clone(),
-        host: String::new(),
-        action: None,
+        host: c.host.map(|h| h.as_str().to_owned()).unwrap_or_default(),
+        action: c.action.as_ref().map(|a| pb::Action {
+            kind: a.kind.as_str().to_owned(),
+            fields_json: a.fields.as_str().to_owned(),
+        }),
     }
 }
 
@@ -418,7 +421,7 @@ pub fn grant(g: &Grant, now: Timestamp) -> pb::Grant {
             .iter()
             .map(|a| a.identity.as_str().to_owned())
             .collect(),
-        kind: String::new(),
+        kind: spec.kind.map(|k| k.as_str().to_owned()).unwrap_or_default(),
     }
 }
 
@@ -426,7 +429,7 @@ pub fn rule(r: &Rule) -> pb::Rule {
     pb::Rule {
         id: r.id.to_string(),
         tool: r.tool.as_str().to_owned(),
-        kind: String::new(),
+        kind: r.kind.map(|k| k.as_str().to_owned()).unwrap_or_default(),
         matcher: Some(matcher(&r.matcher)),
         effect: rule_effect(r.effect) as i32,
         priority: r.priority,

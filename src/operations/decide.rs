@@ -13,14 +13,14 @@ use std::time::Instant;
 
 use super::routing::{self, Voted};
 use super::ruling::{decide_by_ruling, skip_rest_of_batch};
-use super::tx::{PolicyTx, Resolved, Stored, WriteTx, batches_of, complete_batches};
+use super::tx::{PolicyTx, Resolved, Stored, WriteTx, batches_of, complete_batches, tools_of};
 use crate::domain::policy::{
     Effect, Gate, Grant, GrantScope, GrantSpec, Matcher, Person, Prejudged, Remember, Scope,
     Subject, Vote,
 };
 use crate::domain::{
-    Call, CallKey, DecideReport, DecidedBy, Decision, OnDeny, Outcome, OutcomeKind, Timestamp,
-    ToolResultTexts, Verdict,
+    Call, CallKey, DecideReport, DecidedBy, Decision, Kind, OnDeny, Outcome, OutcomeKind,
+    Timestamp, ToolName, ToolResultTexts, Verdict,
 };
 use crate::error::{Error, Result};
 use crate::meters;
@@ -69,8 +69,10 @@ pub async fn decide_in(
         .as_ref()
         .map(|remember| grant_spec(&call, decision, remember, now))
         .transpose()?;
-    if grant.is_some() {
-        tx.lock_policy(&call.key.agent, &[&call.tool], true).await?;
+    if let Some(spec) = &grant {
+        let host_calls = spec.kind.map(|_| super::tx::host_calls());
+        let tools: Vec<&ToolName> = std::iter::once(&call.tool).chain(host_calls).collect();
+        tx.lock_policy(&call.key.agent, &tools, true).await?;
     }
     let mut outcome = approver_outcome(&call, decision, texts, now);
     if call.outcome.is_none()
@@ -275,14 +277,22 @@ fn grant_spec(
         Scope::Always => GrantScope::Always,
         Scope::Once => return Err(Error::Internal("a ONCE decision has no grant".into())),
     };
+    // A host's call of a common kind is remembered as that action, so the decision holds for
+    // the same action asked by another host's tool (docs/hosts.md); any other call, as its tool
+    // and input. Either way the default is exactly what was decided.
+    let (kind, exact) = match &call.action {
+        Some(action) if action.kind != Kind::Other => (Some(action.kind), &action.fields),
+        _ => (None, &call.input),
+    };
     Ok(GrantSpec {
         agent: call.key.agent.clone(),
         scope,
         tool: call.tool.clone(),
+        kind,
         matcher: remember
             .matcher
             .clone()
-            .unwrap_or_else(|| Matcher::Exact(call.input.clone())),
+            .unwrap_or_else(|| Matcher::Exact(exact.clone())),
         effect: match decision.verdict {
             Verdict::Approve => Effect::Allow,
             Verdict::Deny => Effect::Deny,
@@ -332,7 +342,11 @@ async fn pending_covered_by(
     now: Timestamp,
 ) -> Result<Vec<Stored>> {
     let pending = tx
-        .pending_in_scope(&spec.agent, &spec.tool, &spec.scope)
+        .pending_in_scope(
+            &spec.agent,
+            spec.kind.is_none().then_some(&spec.tool),
+            &spec.scope,
+        )
         .await?;
     Ok(pending
         .into_iter()
@@ -363,9 +377,15 @@ async fn decide_covered(
         return Ok((decided, skipped));
     }
     let rules = tx.rules().await?;
-    let grants = tx
-        .live_grants(&grant.spec.agent, None, &[&grant.spec.tool], now)
-        .await?;
+    // The grants of every covered call's tool: a grant of an action kind covers calls of other
+    // tools, whose own grants (a denial, say) still come first.
+    let tools = tools_of(
+        covered
+            .iter()
+            .map(|s| &s.call.tool)
+            .chain([&grant.spec.tool]),
+    );
+    let grants = tx.live_grants(&grant.spec.agent, None, &tools, now).await?;
     for Stored { rowid, call } in covered {
         let requirement = call.approval.as_ref().map(|a| &a.requirement);
         if let Some((own, siblings)) = decide_by_ruling(

@@ -85,6 +85,19 @@ pub async fn explain(
         }),
     };
     let mut reason = ruling.explain();
+    // Which host's call the rule or grant of an action kind matched, and as what.
+    let by_kind = (rule.as_ref().and_then(|r| r.kind)).or(grant.as_ref().and_then(|g| g.spec.kind));
+    if by_kind.is_some()
+        && let Some(call) = &stored
+        && let (Some(host), Some(action)) = (call.host, &call.action)
+    {
+        reason.push_str(&format!(
+            "; the call is {host}'s `{}`, read as the {} action {}",
+            call.tool,
+            action.kind,
+            action.fields.as_str()
+        ));
+    }
     if ruling.rule().is_none() {
         for note in &kept_out {
             reason.push_str("; ");

@@ -26,7 +26,10 @@ pub async fn revoke_grants(
         Some(first) => {
             // A submit reading these grants finishes first; every later one sees them revoked.
             let agent = first.spec.agent.clone();
-            let tools = tools_of(named.iter().map(|g| &g.spec.tool));
+            let host_calls = named.iter().any(|g| g.spec.kind.is_some());
+            let tools = tools_of(
+                (named.iter().map(|g| &g.spec.tool)).chain(host_calls.then(super::tx::host_calls)),
+            );
             tx.lock_policy(&agent, &tools, true).await?;
             let ids: Vec<i64> = named.iter().map(|g| g.id).collect();
             let revoked = tx.revoke(&ids, by, now).await?;

@@ -52,10 +52,13 @@ pub async fn submit_in(
     // which calls are stored already: only those are read. A count of the agent's pending
     // calls taken with them serves the cap unless the batch supersedes the session's pending
     // calls before the cap is checked (calls superseded by key are superseded after it).
+    let host_calls = batch.calls.iter().any(|c| c.host.is_some());
     let locked = tx
         .lock_submit(
             batch,
-            &tools_of(batch.calls.iter().map(|c| &c.tool)),
+            &tools_of(
+                (batch.calls.iter().map(|c| &c.tool)).chain(host_calls.then(super::tx::host_calls)),
+            ),
             batch.pending_cap.filter(|_| !batch.supersede_pending),
         )
         .await?;

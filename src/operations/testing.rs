@@ -133,6 +133,7 @@ pub fn shown_call(call_id: &str, tool: &str, now: Timestamp) -> NewCall {
 /// A call of `tool` with `input` (JSON text, already canonical).
 pub fn call(call_id: &str, tool: &str, input: &str) -> NewCall {
     NewCall {
+        host: None,
         index: 0,
         path: String::new(),
         call_id: CallId::from_stored(call_id.into()),

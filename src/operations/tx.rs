@@ -255,10 +255,12 @@ pub trait PolicyTx: Send {
     /// Marks these grants revoked, unless they already are; returns those it marked.
     async fn revoke(&mut self, ids: &[i64], by: &str, now: Timestamp) -> Result<Vec<Grant>>;
     /// Pending calls of `agent` calling `tool` in the scope of a grant, oldest first.
+    /// The pending calls of `agent` in `scope` a new grant may cover: of `tool`, or, for a grant
+    /// of an action kind (`None`), every host call (whatever its tool).
     async fn pending_in_scope(
         &mut self,
         agent: &AgentId,
-        tool: &ToolName,
+        tool: Option<&ToolName>,
         scope: &GrantScope,
     ) -> Result<Vec<Stored>>;
     async fn find_rule(&mut self, id: &RuleId) -> Result<Option<Rule>>;
@@ -315,6 +317,16 @@ pub(super) async fn complete_batches(tx: &mut impl WriteTx, resolved: &[Resolved
         }
     }
     Ok(())
+}
+
+/// The key under which calls from agent hosts are locked beside their tools (see
+/// [`PolicyTx::lock_policy`]): a grant of an action kind may cover a host call of any tool, so
+/// creating or revoking one takes this key exclusively, and a submit holding a host call takes
+/// it shared. No tool has this name: tool names hold no control characters.
+pub(super) fn host_calls() -> &'static ToolName {
+    static KEY: std::sync::LazyLock<ToolName> =
+        std::sync::LazyLock::new(|| ToolName::from_stored("\u{1}host calls".to_owned()));
+    &KEY
 }
 
 /// The distinct tools of some calls, sorted.

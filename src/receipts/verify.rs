@@ -336,6 +336,8 @@ mod tests {
     fn decided(call_id: &str, kind: OutcomeKind) -> Call {
         let input = ToolInput::from_stored(r#"{"command":"ls -la","cwd":"/tmp"}"#.into());
         Call {
+            action: None,
+            host: None,
             key: CallKey {
                 agent: AgentId::parse("agent", "build-bot").unwrap(),
                 session: SessionId::parse("session_id", "s1").unwrap(),

@@ -140,7 +140,8 @@ impl PolicyCache {
 pub fn of_tools(grants: &[Grant], tools: &[&ToolName], now: Timestamp) -> Vec<Grant> {
     grants
         .iter()
-        .filter(|g| g.is_live(now) && tools.contains(&&g.spec.tool))
+        // A grant of an action kind may cover a call of any tool.
+        .filter(|g| g.is_live(now) && (g.spec.kind.is_some() || tools.contains(&&g.spec.tool)))
         .cloned()
         .collect()
 }

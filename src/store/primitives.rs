@@ -21,8 +21,8 @@ use crate::domain::policy::{
 };
 use crate::domain::receipt::ChainLink;
 use crate::domain::{
-    AgentId, BatchId, Call, CallKey, EventKind, NewBatch, NewCall, OnDeny, Outcome, SessionId,
-    Timestamp, ToolInput, ToolName,
+    AgentId, BatchId, Call, CallKey, EventKind, Host, Kind, NewBatch, NewCall, OnDeny, Outcome,
+    SessionId, Timestamp, ToolInput, ToolName,
 };
 use crate::error::{Error, Result};
 use crate::operations::{Placement, PolicyTx, Resolved, Stored, SubmitLocks, WriteTx};
@@ -432,6 +432,7 @@ impl<T: SqlTx> WriteTx for T {
             Param::OptInt(call.deadline.map(Timestamp::as_micros)),
             Param::Int(now.as_micros()),
             Param::OptText((!call.requested_by.is_empty()).then_some(&call.requested_by)),
+            Param::OptText(call.host.map(Host::as_str)),
         ];
         let statement = match (with_batch, decided) {
             (None, None) => Self::INSERT_CALL,
@@ -758,6 +759,7 @@ impl<T: SqlTx> PolicyTx for T {
             Param::Text(spec.source.call_id.as_str()),
             Param::Text(&spec.reason),
             Param::Text(&authors),
+            Param::OptText(spec.kind.map(Kind::as_str)),
         ];
         let id = first(
             self.rows(Run::write(sql::INSERT_GRANT, &params), id)
@@ -825,11 +827,12 @@ impl<T: SqlTx> PolicyTx for T {
     async fn pending_in_scope(
         &mut self,
         agent: &AgentId,
-        tool: &ToolName,
+        tool: Option<&ToolName>,
         scope: &GrantScope,
     ) -> Result<Vec<Stored>> {
-        let (statement, value) = sql::pending_in_scope(scope);
-        let mut params = vec![Param::Text(agent.as_str()), Param::Text(tool.as_str())];
+        let (statement, value) = sql::pending_in_scope(scope, tool.is_none());
+        let mut params = vec![Param::Text(agent.as_str())];
+        params.extend(tool.map(|tool| Param::Text(tool.as_str())));
         params.extend(value.map(Param::Text));
         self.rows(Run::read(statement, &params), |row| stored(row))
             .await
@@ -858,6 +861,7 @@ impl<T: SqlTx> PolicyTx for T {
             Param::Int(rule.created_at.as_micros()),
             Param::Int(rule.mode.code()),
             Param::Text(&escalation),
+            Param::OptText(rule.kind.map(Kind::as_str)),
         ];
         let inserted = self.execute(Run::write(sql::INSERT_RULE, &params)).await? == 1;
         if inserted && let Some(approvers) = &rule.approvers {

@@ -134,8 +134,8 @@ use crate::domain::policy::{
 };
 use crate::domain::receipt::Sealed;
 use crate::domain::{
-    AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Event, EventKind, Outcome, OutcomeKind,
-    SessionId, Status, Timestamp, ToolInput, ToolName,
+    Action, AgentId, BatchId, Call, CallId, CallKey, DecidedBy, Event, EventKind, Host, Kind,
+    Outcome, OutcomeKind, SessionId, Status, Timestamp, ToolInput, ToolName,
 };
 use crate::error::{Error, Result};
 use crate::operations::Stored;
@@ -147,6 +147,10 @@ pub fn call_from_row(row: &(impl Columns + ?Sized)) -> Result<Call> {
         .ok_or_else(|| Error::Internal(format!("unknown stored status {status_code}")))?;
     let text = |name: &str| -> Result<String> { Ok(row.opt_text(name)?.unwrap_or_default()) };
     let input = ToolInput::from_stored(row.text("input")?);
+    let tool = ToolName::from_stored(row.text("tool")?);
+    let workspace = row.text("workspace")?;
+    let host = row.opt_text("host")?.as_deref().and_then(Host::from_stored);
+    let action = host.map(|h| Action::of(h, &tool, &input, &workspace));
     let outcome = match status {
         Status::Pending => None,
         Status::Decided(kind) => Some(Outcome {
@@ -175,17 +179,19 @@ pub fn call_from_row(row: &(impl Columns + ?Sized)) -> Result<Call> {
         batch_id: BatchId::from_stored(row.text("batch_id")?),
         position: row.int("position")? as u32,
         batch_size: row.int("size")? as u32,
-        tool: ToolName::from_stored(row.text("tool")?),
+        tool,
         input,
         title: row.text("title")?,
         message: row.text("message")?,
-        workspace: row.text("workspace")?,
+        workspace,
         supersede_key: row.opt_text("supersede_key")?,
         deadline: row.opt_int("deadline")?.map(Timestamp::from_micros),
         created_at: Timestamp::from_micros(row.int("created_at")?),
         outcome,
         escalation: escalation_from_row(row)?,
         requested_by: row.opt_text("requested_by")?.unwrap_or_default(),
+        host,
+        action,
         approval: match row.opt_text("requirement")? {
             None => None,
             Some(requirement) => Some(Approval {
@@ -349,6 +355,7 @@ pub fn grant_from_row(row: &(impl Columns + ?Sized)) -> Result<Grant> {
             agent,
             scope,
             tool: ToolName::from_stored(row.text("tool")?),
+            kind: stored_kind(row)?,
             matcher: stored_matcher(&row.text("matcher")?)?,
             effect,
             authors: Person::list_from_stored(
@@ -373,6 +380,7 @@ pub fn rule_from_row(row: &(impl Columns + ?Sized)) -> Result<Rule> {
         id: RuleId::from_stored(row.text("id")?),
         tool: Glob::parse("tool", &tool)
             .map_err(|e| Error::Internal(format!("a stored tool glob is invalid: {e}")))?,
+        kind: stored_kind(row)?,
         matcher: stored_matcher(&row.text("matcher")?)?,
         effect: RuleEffect::from_code(effect_code)
             .ok_or_else(|| Error::Internal(format!("unknown stored rule effect {effect_code}")))?,
@@ -391,6 +399,16 @@ pub fn rule_from_row(row: &(impl Columns + ?Sized)) -> Result<Rule> {
             Some(text) => Some(stored_approvers(&text)?),
         },
     })
+}
+
+/// A rule's or grant's action kind; `NULL` for one that names a tool.
+fn stored_kind(row: &(impl Columns + ?Sized)) -> Result<Option<Kind>> {
+    row.opt_text("kind")?
+        .map(|text| {
+            Kind::from_stored(&text)
+                .ok_or_else(|| Error::Internal(format!("unknown stored action kind `{text}`")))
+        })
+        .transpose()
 }
 
 /// A shadow verdict from a row of `statements::SHADOW_VERDICTS_OF_CALL`.

@@ -34,7 +34,7 @@ macro_rules! call_columns {
              (SELECT r.seq FROM events r WHERE r.call_rowid = c.id AND r.kind = ",
             $crate::domain::code!(EventKind::Resolved),
             ") AS resolved_seq, c.escalation, c.next_step, c.next_step_at, c.requested_by, \
-             c.requirement, c.votes"
+             c.requirement, c.votes, c.host"
         )
     };
 }
@@ -54,7 +54,7 @@ macro_rules! select_calls {
 macro_rules! grant_columns {
     () => {
         "id, agent, scope, session_id, workspace, tool, matcher, effect, created_by, created_at, \
-         expires_at, revoked_at, revoked_by, source_session, source_call, reason, authors"
+         expires_at, revoked_at, revoked_by, source_session, source_call, reason, authors, kind"
     };
 }
 
@@ -71,7 +71,7 @@ macro_rules! select_rules {
     ($($rest:expr),*) => {
         concat!(
             "SELECT id, tool, matcher, effect, priority, description, source, created_at, mode, \
-             escalation, approvers FROM rules ",
+             escalation, approvers, kind FROM rules ",
             $($rest),*
         )
     };
@@ -80,8 +80,9 @@ macro_rules! select_rules {
 /// A new call, unless its (agent, session, call id) is stored already; returns its row id.
 /// Postgres wraps it to write the Requested event in the same statement; on SQLite the trigger
 /// `calls_requested_event` (migration 0004) writes it. Pending, or with the outcome columns
-/// given after the fourteen (see [`INSERT_DECIDED_CALL`]). `$14`: who the agent acts for
-/// (`NULL`: nobody named), stored with every call, decided at submit or not.
+/// given after the fifteen (see [`INSERT_DECIDED_CALL`]). `$14`: who the agent acts for
+/// (`NULL`: nobody named), stored with every call, decided at submit or not; `$15` its host
+/// (`NULL`: none named).
 macro_rules! insert_call {
     () => {
         insert_call!("", "")
@@ -89,9 +90,9 @@ macro_rules! insert_call {
     ($columns:literal, $values:literal) => {
         concat!(
             "INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input, title, \
-             message, workspace, supersede_key, deadline, created_at, requested_by",
+             message, workspace, supersede_key, deadline, created_at, requested_by, host",
             $columns,
-            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14",
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15",
             $values,
             ") ON CONFLICT (session_id, agent, call_id) DO NOTHING RETURNING id"
         )
@@ -99,12 +100,12 @@ macro_rules! insert_call {
 }
 
 /// [`insert_call`] of a call a rule or grant decided as it arrived, with its outcome: the
-/// columns [`resolve_call`] sets, in its order, as `$15` to `$21`.
+/// columns [`resolve_call`] sets, in its order, as `$16` to `$22`.
 macro_rules! insert_decided_call {
     () => {
         insert_call!(
             ", status, decided_at, decided_by, reason, tool_result, run_input, input_edited",
-            ", $15, $16, $17, $18, $19, $20, $21"
+            ", $16, $17, $18, $19, $20, $21, $22"
         )
     };
 }
@@ -285,13 +286,13 @@ macro_rules! new_batch {
     };
 }
 /// Postgres: [`INSERT_CALL_AND_EVENT`] of the first call of a new batch, and the batch (its
-/// `on_deny` `$15`, its `size` `$16`), in one statement.
+/// `on_deny` `$16`, its `size` `$17`), in one statement.
 pub const INSERT_BATCH_CALL_AND_EVENT: &str =
-    with_requested_event!(new_batch!("$15", "$16"), insert_call!());
+    with_requested_event!(new_batch!("$16", "$17"), insert_call!());
 /// Postgres: [`INSERT_DECIDED_CALL_AND_EVENT`] of the first call of a new batch, and the batch
-/// (its `on_deny` `$22`, its `size` `$23`), in one statement.
+/// (its `on_deny` `$23`, its `size` `$24`), in one statement.
 pub const INSERT_BATCH_DECIDED_CALL_AND_EVENT: &str =
-    with_requested_event!(new_batch!("$22", "$23"), insert_decided_call!());
+    with_requested_event!(new_batch!("$23", "$24"), insert_decided_call!());
 /// Postgres: [`RESOLVE_CALL`] and the call's Resolved event, in one statement (one round trip);
 /// returns the batch id and the event's `id`. SQLite runs the two statements: it has no
 /// data-modifying `WITH`, and a statement costs it no round trip.
@@ -420,13 +421,31 @@ pub const PENDING_IN_ALWAYS_SCOPE: &str = select_calls!(
     pending!(),
     " ORDER BY c.id"
 );
+/// The pending calls a grant of an action kind may cover: agent `$1`'s calls from any host
+/// (whatever their tool; the grant's matcher judges their action), in session (or workspace)
+/// `$2`.
+pub const PENDING_HOST_CALLS_IN_SESSION_SCOPE: &str = select_calls!(
+    "WHERE c.agent = $1 AND c.host IS NOT NULL AND c.status = ",
+    pending!(),
+    " AND c.session_id = $2 ORDER BY c.id"
+);
+pub const PENDING_HOST_CALLS_IN_WORKSPACE_SCOPE: &str = select_calls!(
+    "WHERE c.agent = $1 AND c.host IS NOT NULL AND c.status = ",
+    pending!(),
+    " AND c.workspace = $2 ORDER BY c.id"
+);
+pub const PENDING_HOST_CALLS_IN_ALWAYS_SCOPE: &str = select_calls!(
+    "WHERE c.agent = $1 AND c.host IS NOT NULL AND c.status = ",
+    pending!(),
+    " ORDER BY c.id"
+);
 
 pub const RULES: &str = select_rules!();
 pub const FIND_RULE: &str = select_rules!("WHERE id = $1");
 /// A rule, unless one with its id exists.
 pub const INSERT_RULE: &str = "INSERT INTO rules \
-     (id, tool, matcher, effect, priority, description, source, created_at, mode, escalation) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (id) DO NOTHING";
+     (id, tool, matcher, effect, priority, description, source, created_at, mode, escalation, \
+     kind) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (id) DO NOTHING";
 /// Rule `$2`'s mode becomes `$1`.
 pub const SET_RULE_MODE: &str = "UPDATE rules SET mode = $1 WHERE id = $2";
 /// What shadow rule `$2` would have done (`$3`) with call row `$1`, recorded at its submit.
@@ -444,8 +463,8 @@ pub const DELETE_RULES_FROM: &str = "DELETE FROM rules WHERE source = $1";
 
 pub const INSERT_GRANT: &str = "INSERT INTO grants \
      (agent, scope, session_id, workspace, tool, matcher, effect, created_by, created_at, \
-     expires_at, source_session, source_call, reason, authors) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING id";
+     expires_at, source_session, source_call, reason, authors, kind) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) RETURNING id";
 /// The latest grant the decision of call ($1, $2, $3) created.
 pub const GRANT_FROM_CALL: &str = select_grants!(
     "WHERE agent = $1 AND source_session = $2 AND source_call = $3 ORDER BY id DESC LIMIT 1"
@@ -495,12 +514,20 @@ pub const ADVANCE_PRUNED_THROUGH: &str =
 pub const PRUNED_THROUGH: &str = "SELECT pruned_through FROM retention";
 
 /// The statement reading the pending calls a new grant of `scope` covers (`$1` agent, `$2`
-/// tool), and the scope's value it takes as `$3` (none for `Always`).
-pub fn pending_in_scope(scope: &GrantScope) -> (&'static str, Option<&str>) {
-    match scope {
-        GrantScope::Session(session) => (PENDING_IN_SESSION_SCOPE, Some(session.as_str())),
-        GrantScope::Workspace(workspace) => (PENDING_IN_WORKSPACE_SCOPE, Some(workspace)),
-        GrantScope::Always => (PENDING_IN_ALWAYS_SCOPE, None),
+/// tool), and the scope's value it takes as `$3` (none for `Always`); for a grant of an action
+/// kind (`by_kind`), every host call's (`$1` agent, the scope's value `$2`).
+pub fn pending_in_scope(scope: &GrantScope, by_kind: bool) -> (&'static str, Option<&str>) {
+    match (scope, by_kind) {
+        (GrantScope::Session(session), false) => (PENDING_IN_SESSION_SCOPE, Some(session.as_str())),
+        (GrantScope::Session(session), true) => {
+            (PENDING_HOST_CALLS_IN_SESSION_SCOPE, Some(session.as_str()))
+        }
+        (GrantScope::Workspace(workspace), false) => (PENDING_IN_WORKSPACE_SCOPE, Some(workspace)),
+        (GrantScope::Workspace(workspace), true) => {
+            (PENDING_HOST_CALLS_IN_WORKSPACE_SCOPE, Some(workspace))
+        }
+        (GrantScope::Always, false) => (PENDING_IN_ALWAYS_SCOPE, None),
+        (GrantScope::Always, true) => (PENDING_HOST_CALLS_IN_ALWAYS_SCOPE, None),
     }
 }
 
@@ -537,11 +564,12 @@ pub const AGENT_SESSION_GRANTS: &str = select_grants!(
      AND (session_id IS NULL OR session_id = $3) ORDER BY id"
 );
 
-/// Agent `$2`'s grants active at `$1` for any of `tools` tools (`$3`...), and, given a
-/// session, only those of that session or of no session, oldest first.
+/// Agent `$2`'s grants active at `$1` for any of `tools` tools (`$3`...) or for an action
+/// kind (any tool), and, given a session, only those of that session or of no session, oldest
+/// first.
 pub fn live_grants(tools: usize, session: bool) -> String {
     let mut sql = format!(
-        "{} AND tool IN ({})",
+        "{} AND (tool IN ({}) OR kind IS NOT NULL)",
         select_grants!(
             "WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $1) AND agent = $2"
         ),
@@ -597,8 +625,8 @@ mod tests {
             (INSERT_BATCH, 6),
             (DELETE_BATCH, 1),
             (RESIZE_BATCH, 2),
-            (INSERT_CALL, 14),
-            (INSERT_DECIDED_CALL, 21),
+            (INSERT_CALL, 15),
+            (INSERT_DECIDED_CALL, 22),
             (RESOLVE_CALL, 8),
             (COMPLETE_BATCH_AT_SEQ, 2),
             (APPEND_EVENT, 3),
@@ -610,9 +638,12 @@ mod tests {
             (PENDING_IN_SESSION_SCOPE, 3),
             (PENDING_IN_WORKSPACE_SCOPE, 3),
             (PENDING_IN_ALWAYS_SCOPE, 2),
+            (PENDING_HOST_CALLS_IN_SESSION_SCOPE, 2),
+            (PENDING_HOST_CALLS_IN_WORKSPACE_SCOPE, 2),
+            (PENDING_HOST_CALLS_IN_ALWAYS_SCOPE, 1),
             (RULES, 0),
             (FIND_RULE, 1),
-            (INSERT_RULE, 10),
+            (INSERT_RULE, 11),
             (SET_RULE_MODE, 2),
             (INSERT_SHADOW_VERDICT, 3),
             (SHADOW_VERDICTS_OF_CALL, 3),
@@ -627,7 +658,7 @@ mod tests {
             (RECORD_EVENT, 3),
             (DELETE_RULE, 1),
             (DELETE_RULES_FROM, 1),
-            (INSERT_GRANT, 14),
+            (INSERT_GRANT, 15),
             (GRANT_FROM_CALL, 3),
             (GRANT_BY_ID, 1),
             (ACTIVE_SESSION_GRANTS, 3),
@@ -700,10 +731,10 @@ mod tests {
         let (_schema, mut conn) = migrated_schema("statements").await;
         let mut all = every_statement();
         all.extend([
-            (INSERT_CALL_AND_EVENT.to_owned(), 14),
-            (INSERT_DECIDED_CALL_AND_EVENT.to_owned(), 21),
-            (INSERT_BATCH_CALL_AND_EVENT.to_owned(), 16),
-            (INSERT_BATCH_DECIDED_CALL_AND_EVENT.to_owned(), 23),
+            (INSERT_CALL_AND_EVENT.to_owned(), 15),
+            (INSERT_DECIDED_CALL_AND_EVENT.to_owned(), 22),
+            (INSERT_BATCH_CALL_AND_EVENT.to_owned(), 17),
+            (INSERT_BATCH_DECIDED_CALL_AND_EVENT.to_owned(), 24),
             (APPEND_EVENT_AT_ID.to_owned(), 3),
             (RESOLVE_CALL_AND_EVENT.to_owned(), 8),
             (RESOLVE_CALL_COMPLETING_AND_EVENT.to_owned(), 8),

@@ -26,6 +26,7 @@ mod explain;
 mod export;
 mod governance;
 mod grants;
+mod host_actions;
 mod group_commit;
 mod idempotency;
 mod inbox;

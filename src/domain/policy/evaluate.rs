@@ -195,14 +195,20 @@ impl<'p> Ruling<'p> {
                 ..
             } => match rule.effect {
                 RuleEffect::Deny => format!(
-                    "deny rule `{}` (priority {}) matches ({} for tool {}); deny rules come first",
-                    rule.id, rule.priority, rule.matcher, rule.tool
+                    "deny rule `{}` (priority {}) matches ({} {}); deny rules come first",
+                    rule.id,
+                    rule.priority,
+                    rule.matcher,
+                    rule.names()
                 ),
                 _ => format!(
-                    "allow rule `{}` (priority {}) matches ({} for tool {}); no deny rule, and no \
+                    "allow rule `{}` (priority {}) matches ({} {}); no deny rule, and no \
                      ask rule of higher or equal priority, does: the operator's rule decides, \
                      not a person (no requirement's approvers are asked)",
-                    rule.id, rule.priority, rule.matcher, rule.tool
+                    rule.id,
+                    rule.priority,
+                    rule.matcher,
+                    rule.names()
                 ),
             },
             Ruling::Decided {
@@ -226,15 +232,21 @@ impl<'p> Ruling<'p> {
                     .collect::<Vec<_>>()
                     .join(", ");
                 format!(
-                    "{effect} grant {} ({scope}, agent `{}`, tool `{}`, {}; made by {authors}) \
+                    "{effect} grant {} ({scope}, agent `{}`, {}, {}; made by {authors}) \
                      matches, and its authors could decide the call themselves; no rule decides",
-                    grant.id, spec.agent, spec.tool, spec.matcher
+                    grant.id,
+                    spec.agent,
+                    spec.names(),
+                    spec.matcher
                 )
             }
             Ruling::AskHuman { rule: Some(rule) } => format!(
-                "ask rule `{}` (priority {}) matches ({} for tool {}): a human decides, whatever \
+                "ask rule `{}` (priority {}) matches ({} {}): a human decides, whatever \
                  the grants say",
-                rule.id, rule.priority, rule.matcher, rule.tool
+                rule.id,
+                rule.priority,
+                rule.matcher,
+                rule.names()
             ),
             Ruling::AskHuman { rule: None } => {
                 "no rule and no live grant matches: a human decides".to_owned()
@@ -251,6 +263,7 @@ mod tests {
 
     fn rule(id: &str, tool: &str, effect: RuleEffect, priority: i32) -> Rule {
         Rule {
+            kind: None,
             approvers: None,
             id: RuleId::parse("id", id).unwrap(),
             tool: Glob::parse("tool", tool).unwrap(),
@@ -269,6 +282,7 @@ mod tests {
         Grant {
             id,
             spec: GrantSpec {
+                kind: None,
                 agent: AgentId::default_owner(),
                 scope,
                 tool: ToolName::parse("tool", "shell").unwrap(),

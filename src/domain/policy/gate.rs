@@ -328,6 +328,8 @@ mod tests {
 
     fn call(requested_by: &str, approvers: Option<Approvers>) -> Call {
         Call {
+            action: None,
+            host: None,
             key: key(),
             batch_id: BatchId::generate(),
             position: 0,
@@ -352,6 +354,7 @@ mod tests {
 
     fn grant(authors: Vec<Person>) -> GrantSpec {
         GrantSpec {
+            kind: None,
             agent: key().agent,
             scope: GrantScope::Always,
             tool: ToolName::from_stored("t".into()),

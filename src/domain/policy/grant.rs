@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use super::{Matcher, Person, Subject};
-use crate::domain::{AgentId, CallKey, SessionId, Timestamp, ToolName, Verdict, code};
+use crate::domain::{AgentId, CallKey, Kind, SessionId, Timestamp, ToolName, Verdict, code};
 
 /// How long a decision is remembered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -132,7 +132,12 @@ impl Remember {
 pub struct GrantSpec {
     pub agent: AgentId,
     pub scope: GrantScope,
+    /// The tool of the decided call: what the grant covers, unless `kind` is set.
     pub tool: ToolName,
+    /// Set when the decided call came from a host with an action of a common kind (not
+    /// `other`): the grant covers that action, whichever host's tool asks for it, and `matcher`
+    /// tests the action's fields.
+    pub kind: Option<Kind>,
     pub matcher: Matcher,
     pub effect: Effect,
     /// Who decided, as recorded in outcomes: `approver:<identity>` (display only; see
@@ -182,17 +187,28 @@ impl Grant {
 }
 
 impl GrantSpec {
+    /// What it applies to, for people: tool `Bash`, or the shell action of any host's tool.
+    pub fn names(&self) -> String {
+        match self.kind {
+            Some(kind) => format!(
+                "the {kind} action of any host's tool (remembered from tool `{}`)",
+                self.tool
+            ),
+            None => format!("tool `{}`", self.tool),
+        }
+    }
+
     /// Whether a grant on these terms covers `subject` (agent, tool, scope and input).
     pub fn covers(&self, subject: &Subject<'_>) -> bool {
         let spec = self;
         spec.agent == *subject.agent
-            && spec.tool == *subject.tool
+            && (spec.kind.is_some() || spec.tool == *subject.tool)
             && match &spec.scope {
                 GrantScope::Session(session) => session == subject.session,
                 GrantScope::Workspace(workspace) => workspace == subject.workspace,
                 GrantScope::Always => true,
             }
-            && spec.matcher.matches(&subject.input)
+            && super::target_matches(spec.kind, &spec.matcher, subject)
     }
 }
 

@@ -35,7 +35,7 @@ pub use rule::{
 pub use rule_replay::{Disagreement, MAX_REPLAY_SAMPLES, ReplayRange, ReplayTally};
 pub use shadow::{RuleVerdict, ShadowVerdict, candidate_verdict, shadow_verdicts};
 
-use super::{AgentId, Call, SessionId, ToolInput, ToolName};
+use super::{Action, AgentId, Call, Kind, SessionId, ToolInput, ToolName};
 
 /// The facts about a call that rules and grants look at.
 pub struct Subject<'a> {
@@ -45,6 +45,37 @@ pub struct Subject<'a> {
     pub workspace: &'a str,
     pub tool: &'a ToolName,
     pub input: InputView<'a>,
+    /// What the call does in common terms, when its host is known: what a rule naming a kind,
+    /// and a grant remembered from a host's call, match.
+    pub action: Option<ActionView<'a>>,
+}
+
+/// A call's [`Action`] as matchers see it.
+pub struct ActionView<'a> {
+    pub kind: Kind,
+    /// Its fields. Never prejudged: the prejudged results are of the tool's own input.
+    pub fields: InputView<'a>,
+}
+
+impl<'a> ActionView<'a> {
+    pub fn new(action: &'a Action) -> Self {
+        Self {
+            kind: action.kind,
+            fields: InputView::new(&action.fields),
+        }
+    }
+}
+
+/// What a rule or a grant names: a tool (its own input matched), or an action kind (the
+/// action's fields matched), whichever host asks.
+pub fn target_matches(kind: Option<Kind>, matcher: &Matcher, subject: &Subject<'_>) -> bool {
+    match kind {
+        None => matcher.matches(&subject.input),
+        Some(kind) => subject
+            .action
+            .as_ref()
+            .is_some_and(|a| a.kind == kind && matcher.matches(&a.fields)),
+    }
 }
 
 impl<'a> Subject<'a> {
@@ -61,17 +92,20 @@ impl<'a> Subject<'a> {
             workspace,
             tool,
             input: InputView::new(input),
+            action: None,
         }
     }
 
     pub fn of_call(call: &'a Call) -> Self {
-        Self::new(
+        let mut subject = Self::new(
             &call.key.agent,
             &call.key.session,
             &call.workspace,
             &call.tool,
             &call.input,
-        )
+        );
+        subject.action = call.action.as_ref().map(ActionView::new);
+        subject
     }
 
     /// The same subject, its input's matchers answered from `prejudged` where it has them.

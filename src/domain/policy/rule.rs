@@ -2,9 +2,10 @@
 //! glob, optionally narrows the input with a matcher, and allows, denies or asks (forces a
 //! human). Rules come from the policy file (loaded at start) and from AdminService.
 //!
-//! The policy file is JSON: `{"rules": [{"id": "...", "tool": "...", "effect": "allow" |
-//! "deny" | "ask", "priority": 0, "match": {...}, "description": "...", "mode": "enforce" |
-//! "shadow" | "disabled"}]}`; only `id`, `tool` and `effect` are required (no `match` means any
+//! The policy file is JSON: `{"rules": [{"id": "...", "tool": "...", "kind": "shell", "effect":
+//! "allow" | "deny" | "ask", "priority": 0, "match": {...}, "description": "...", "mode":
+//! "enforce" | "shadow" | "disabled"}]}`; only `id`, `tool` (or `kind`: an action kind, whichever
+//! host's tool asks, see `domain::action`) and `effect` are required (no `match` means any
 //! input, no `mode` means `enforce`). An ask rule may also carry an `"escalation"` ladder (see
 //! `domain::escalation`). Unknown keys are refused, so a typo
 //! never silently widens a rule.
@@ -15,8 +16,8 @@ use std::fmt;
 use serde_json::Value;
 
 use super::{Approvers, Glob, Matcher, RuleMode, Subject};
-use crate::domain::Timestamp;
 use crate::domain::escalation::Ladder;
+use crate::domain::{Kind, Timestamp};
 use crate::error::{Error, Result};
 
 /// At most this many bytes in a rule id and a rule's description.
@@ -138,8 +139,11 @@ impl RuleSource {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
     pub id: RuleId,
-    /// The tools it applies to.
+    /// The tools it applies to (`*` when the rule names a kind and no tool).
     pub tool: Glob,
+    /// The action kind it applies to, whichever host's tool asks (see `domain::action`); its
+    /// matcher then tests the action's fields. `None`: the tool's own input.
+    pub kind: Option<Kind>,
     pub matcher: Matcher,
     pub effect: RuleEffect,
     /// Higher first (see [`super::evaluate`]).
@@ -159,13 +163,25 @@ pub struct Rule {
 
 impl Rule {
     pub fn covers(&self, subject: &Subject<'_>) -> bool {
-        self.tool.matches(subject.tool.as_str()) && self.matcher.matches(&subject.input)
+        self.tool.matches(subject.tool.as_str())
+            && super::target_matches(self.kind, &self.matcher, subject)
+    }
+
+    /// What it applies to, for people: `for tool Bash`, or `for the shell action of any
+    /// host's tool`.
+    pub fn names(&self) -> String {
+        match (self.kind, self.tool.as_str()) {
+            (Some(kind), "*") => format!("for the {kind} action of any host's tool"),
+            (Some(kind), tool) => format!("for the {kind} action of tool {tool}"),
+            (None, tool) => format!("for tool {tool}"),
+        }
     }
 
     /// Whether `other` says the same (ignoring where and when it was created).
     pub fn same_terms_as(&self, other: &Rule) -> bool {
         self.id == other.id
             && self.tool == other.tool
+            && self.kind == other.kind
             && self.matcher == other.matcher
             && self.effect == other.effect
             && self.priority == other.priority
@@ -194,9 +210,10 @@ impl Rule {
         let object = value
             .as_object()
             .ok_or_else(|| Error::invalid("rule", "must be a JSON object"))?;
-        const KEYS: [&str; 9] = [
+        const KEYS: [&str; 10] = [
             "id",
             "tool",
+            "kind",
             "effect",
             "priority",
             "match",
@@ -237,9 +254,19 @@ impl Rule {
             .get("approvers")
             .map(|a| Approvers::from_json("approvers", a))
             .transpose()?;
+        let kind = string("kind")?
+            .map(|k| Kind::parse("kind", k))
+            .transpose()?;
+        // A kind rule may leave out the tool: every host's tool for that kind.
+        let tool = match (string("tool")?, kind) {
+            (Some(tool), _) => tool,
+            (None, Some(_)) => "*",
+            (None, None) => return Err(Error::invalid("tool", "is required (or `kind`)")),
+        };
         Rule {
             id: RuleId::parse("id", required("id")?)?,
-            tool: Glob::parse("tool", required("tool")?)?,
+            tool: Glob::parse("tool", tool)?,
+            kind,
             matcher,
             approvers: approvers_of(effect, approvers)?,
             effect,

@@ -125,6 +125,7 @@ mod tests {
 
     fn rule(id: &str, effect: RuleEffect, priority: i32, mode: RuleMode) -> Rule {
         Rule {
+            kind: None,
             id: RuleId::parse("id", id).unwrap(),
             tool: Glob::parse("tool", "shell").unwrap(),
             matcher: Matcher::Any,

@@ -358,14 +358,28 @@ mod tests {
     /// The migrations of this build but `left_out`, as a binary from before it knew them
     /// (copied into `dir`).
     async fn migrations_without(dir: &Path, left_out: u32) -> sqlx::migrate::Migrator {
-        let older = dir.join("migrations");
+        migrations_where(dir, "migrations", |version| version != left_out).await
+    }
+
+    /// The migrations before `version`: what a binary from before it had applied to a file.
+    async fn migrations_before(dir: &Path, version: u32) -> sqlx::migrate::Migrator {
+        migrations_where(dir, "migrations-before", |v| v < version).await
+    }
+
+    /// The migrations of this build whose version `keep` keeps, copied into `dir`/`name`.
+    async fn migrations_where(
+        dir: &Path,
+        name: &str,
+        keep: impl Fn(u32) -> bool,
+    ) -> sqlx::migrate::Migrator {
+        let older = dir.join(name);
         std::fs::create_dir(&older).unwrap();
         let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
         for entry in std::fs::read_dir(here).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_str().unwrap().to_owned();
             let version: u32 = name[..4].parse().unwrap();
-            if version != left_out {
+            if keep(version) {
                 std::fs::copy(&path, older.join(name)).unwrap();
             }
         }
@@ -424,7 +438,12 @@ mod tests {
         let pool = sqlx::SqlitePool::connect_with(options.clone())
             .await
             .unwrap();
-        older.run(&pool).await.unwrap();
+        // The file as a binary from before 0017 left it (later migrations come after 0017).
+        migrations_before(dir.path(), 17)
+            .await
+            .run(&pool)
+            .await
+            .unwrap();
         sqlx::raw_sql(
             "INSERT INTO batches VALUES ('b1', 'a', 's', 0, 2, 1), ('b2', 'z', 's', 0, 1, 2);
              INSERT INTO calls (agent, session_id, call_id, batch_id, position, tool, input,
@@ -608,6 +627,7 @@ mod tests {
             default_escalation: None,
             default_approvers: None,
             calls: vec![NewCall {
+                host: None,
                 index: 0,
                 path: "batch.calls[0]".into(),
                 call_id: CallId::from_stored(call_id.into()),
