@@ -471,6 +471,9 @@ pub enum Command {
     /// Stand between an MCP client and an MCP server, putting every tool call through a running
     /// broker; see `mcp-gateway --help`.
     McpGateway(crate::mcp::McpGatewayArgs),
+    /// Stand between an editor (an Agent Client Protocol client) and an ACP agent, answering the
+    /// agent's permission requests through a running broker; see `acp-proxy --help`.
+    AcpProxy(crate::acp::AcpProxyArgs),
     /// Write the audit of a time range as JSON Lines (one object per call), read from the
     /// database directly (`--database-url`); safe while the broker runs.
     Export(crate::export::ExportArgs),

@@ -63,6 +63,7 @@
 // Every line of unsafe code is in the `sqlite-ffi` crate (SQLite's allocator and WAL VFS).
 #![forbid(unsafe_code)]
 
+pub mod acp;
 pub mod auth;
 pub mod broker;
 pub mod commands;

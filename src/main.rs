@@ -33,6 +33,10 @@ async fn run(sqlite_allocator: Result<(), std::ffi::c_int>) -> ExitCode {
     if let Some(Command::McpGateway(gateway)) = &config.command {
         return approval_broker::mcp::run(gateway).await;
     }
+    // Likewise: the proxy's standard output is the editor's ACP channel.
+    if let Some(Command::AcpProxy(proxy)) = &config.command {
+        return approval_broker::acp::run(proxy).await;
+    }
     if let Some(Command::Verify(args)) = &config.command {
         return approval_broker::commands::verify::run(args, &config.store).await;
     }
@@ -93,7 +97,11 @@ async fn serve(config: Config) -> ExitCode {
         }
         Some(Command::HashToken { token }) => return hash_token(token.clone()),
         Some(
-            Command::Hook(_) | Command::McpGateway(_) | Command::Export(_) | Command::Verify(_),
+            Command::Hook(_)
+            | Command::McpGateway(_)
+            | Command::AcpProxy(_)
+            | Command::Export(_)
+            | Command::Verify(_),
         ) => {
             unreachable!("answered above")
         }
