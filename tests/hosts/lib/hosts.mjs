@@ -120,7 +120,7 @@ export function codex(dirs, { model, broker, wait, prompt = "Do the task." }) {
 export function geminiSettings(brokerUrl, wait = HOOK_WAIT) {
   return {
     security: { auth: { selectedType: "gemini-api-key" } },
-    general: { disableAutoUpdate: true, disableUpdateNag: true },
+    general: { enableAutoUpdate: false, enableAutoUpdateNotification: false },
     privacy: { usageStatisticsEnabled: false },
     telemetry: { enabled: false },
     hooks: {
