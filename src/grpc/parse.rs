@@ -561,6 +561,7 @@ pub fn explain(req: pb::ExplainRequest, max_input_bytes: usize) -> Result<Explai
             workspace: name("inline.workspace", c.workspace, MAX_WORKSPACE_BYTES)?,
             tool: ToolName::parse("inline.tool", c.tool)?,
             input: ToolInput::parse("inline.input_json", &c.input_json, max_input_bytes)?,
+            host: crate::domain::Host::parse("inline.host", &c.host)?,
         }),
         None => Err(Error::invalid(
             "call",

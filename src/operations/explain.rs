@@ -6,10 +6,10 @@
 use super::routing::requirement_of;
 use super::tx::{PolicyTx, WriteTx};
 use crate::domain::policy::{
-    Approval, Decider, Gate, Ruling, Subject, evaluate_gated, shadow_verdicts,
+    ActionView, Approval, Decider, Gate, Ruling, Subject, evaluate_gated, shadow_verdicts,
 };
 use crate::domain::policy::{ExplainTarget, Explanation};
-use crate::domain::{Call, Timestamp};
+use crate::domain::{Action, Call, Timestamp};
 use crate::error::Result;
 
 /// Explains `target` inside `tx`, a read transaction (nothing is written, and it is dropped).
@@ -22,6 +22,17 @@ pub async fn explain(
         ExplainTarget::Stored(key) => tx.find_call(key).await?.map(|stored| stored.call),
         ExplainTarget::Inline { .. } => None,
     };
+    // A call described inline with its host is read as a stored one would be.
+    let inline_action = match target {
+        ExplainTarget::Inline {
+            host: Some(host),
+            tool,
+            input,
+            workspace,
+            ..
+        } => Some(Action::of(*host, tool, input, workspace)),
+        _ => None,
+    };
     let subject = match (target, &stored) {
         (
             ExplainTarget::Inline {
@@ -30,9 +41,14 @@ pub async fn explain(
                 workspace,
                 tool,
                 input,
+                ..
             },
             _,
-        ) => Subject::new(agent, session, workspace, tool, input),
+        ) => {
+            let mut subject = Subject::new(agent, session, workspace, tool, input);
+            subject.action = inline_action.as_ref().map(ActionView::new);
+            subject
+        }
         (ExplainTarget::Stored(_), Some(call)) => Subject::of_call(call),
         (ExplainTarget::Stored(key), None) => {
             return Err(key.not_found());
@@ -87,13 +103,21 @@ pub async fn explain(
     let mut reason = ruling.explain();
     // Which host's call the rule or grant of an action kind matched, and as what.
     let by_kind = (rule.as_ref().and_then(|r| r.kind)).or(grant.as_ref().and_then(|g| g.spec.kind));
+    let host_call = match (target, &stored) {
+        (ExplainTarget::Inline { host, tool, .. }, _) => {
+            host.zip(inline_action.as_ref()).map(|(h, a)| (h, tool, a))
+        }
+        (ExplainTarget::Stored(_), Some(call)) => call
+            .host
+            .zip(call.action.as_ref())
+            .map(|(h, a)| (h, &call.tool, a)),
+        (ExplainTarget::Stored(_), None) => None,
+    };
     if by_kind.is_some()
-        && let Some(call) = &stored
-        && let (Some(host), Some(action)) = (call.host, &call.action)
+        && let Some((host, tool, action)) = host_call
     {
         reason.push_str(&format!(
-            "; the call is {host}'s `{}`, read as the {} action {}",
-            call.tool,
+            "; the call is {host}'s `{tool}`, read as the {} action {}",
             action.kind,
             action.fields.as_str()
         ));
@@ -142,6 +166,7 @@ mod tests {
             workspace: String::new(),
             tool: ToolName::from_stored(tool.into()),
             input: ToolInput::from_stored("{}".into()),
+            host: None,
         }
     }
 

@@ -158,6 +158,39 @@ async fn a_rule_naming_a_kind_decides_that_action_on_every_host_and_nothing_else
         explained.reason
     );
 
+    // Explain on a call described inline, with its host, tries the kind rules too.
+    let inline = |host: &str| pb::ExplainCall {
+        session_id: "s".into(),
+        workspace: "/repo".into(),
+        tool: "run_shell_command".into(),
+        input_json: r#"{"command":"git status"}"#.into(),
+        host: host.into(),
+        ..Default::default()
+    };
+    let explain = |call| {
+        let mut admin = app.admin();
+        async move {
+            admin
+                .explain(pb::ExplainRequest {
+                    call: Some(pb::explain_request::Call::Inline(call)),
+                })
+                .await
+                .expect("explain")
+                .into_inner()
+        }
+    };
+    let as_gemini = explain(inline("gemini-cli")).await;
+    assert_eq!(as_gemini.decided_by, by_rule);
+    assert!(
+        as_gemini
+            .reason
+            .contains("gemini-cli's `run_shell_command`"),
+        "{}",
+        as_gemini.reason
+    );
+    let without_host = explain(inline("")).await;
+    assert_eq!(without_host.verdict, pb::CallStatus::Pending as i32);
+
     // A kind the broker does not know is refused naming the field.
     let refused = app
         .admin()

@@ -2,7 +2,7 @@
 //! asked of a stored call or of one described inline; and what the rules in shadow would do.
 
 use super::{Approval, Effect, Grant, Rule, ShadowVerdict};
-use crate::domain::{AgentId, Call, CallKey, DecidedBy, SessionId, ToolInput, ToolName};
+use crate::domain::{AgentId, Call, CallKey, DecidedBy, Host, SessionId, ToolInput, ToolName};
 
 /// The call Explain is about.
 #[derive(Debug, Clone)]
@@ -14,6 +14,8 @@ pub enum ExplainTarget {
         workspace: String,
         tool: ToolName,
         input: ToolInput,
+        /// The host asking, if any: its action is tried against kind rules and grants.
+        host: Option<Host>,
     },
 }
 

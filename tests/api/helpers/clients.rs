@@ -223,6 +223,7 @@ pub async fn explain_inline(
         workspace: workspace.into(),
         tool: tool.into(),
         input_json: input_json.into(),
+        host: String::new(),
     };
     app.admin()
         .explain(pb::ExplainRequest {
