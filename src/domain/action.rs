@@ -383,7 +383,9 @@ impl Reading<'_> {
             ),
             "view" => self.file(Kind::Read, &["path"], &[]),
             "web_fetch" => self.fetch(self.text("url")),
-            "apply_patch" => {
+            // A patch as raw text (the hook submits it as `{"patch": ...}`), under its own name
+            // or, in the PascalCase hooks, as `Edit`.
+            "apply_patch" | "Edit" if tool == "apply_patch" || self.text("patch").is_some() => {
                 let patch = self.text("patch").or_else(|| self.text("command"))?;
                 let path = patch_paths(patch).into_iter().next()?;
                 Some((
@@ -615,6 +617,22 @@ mod tests {
                 json!({"path": "/repo/src/x.rs", "patch": patch})
             )
         );
+        let copilot_patch = "*** Begin Patch\n*** Add File: b.txt\n+hi\n*** End Patch\n";
+        for tool in ["apply_patch", "Edit"] {
+            assert_eq!(
+                action(
+                    Host::Copilot,
+                    tool,
+                    json!({"patch": copilot_patch}),
+                    "/repo"
+                ),
+                (
+                    Kind::Edit,
+                    json!({"path": "/repo/b.txt", "patch": copilot_patch})
+                ),
+                "{tool}"
+            );
+        }
         assert_eq!(
             action(
                 Host::ClaudeCode,
