@@ -8,8 +8,12 @@ import { spawn } from "node:child_process";
 import { Readable, Writable } from "node:stream";
 import { client, ndJsonStream } from "@agentclientprotocol/sdk";
 
-/** Runs one prompt turn; resolves `{ stopReason, sessionId, updates, permissionRequests, stderr }`. */
-export async function acpTurn({ command, args, cwd, env, prompt, timeoutMs = 180_000 }) {
+/**
+ * Runs one prompt turn; resolves `{ stopReason, sessionId, updates, permissionRequests, stderr }`.
+ * `during({ agent, sessionId })`, when given, runs while the prompt is under way (an editor's
+ * user cancelling the turn, say).
+ */
+export async function acpTurn({ command, args, cwd, env, prompt, during, timeoutMs = 180_000 }) {
   const child = spawn(command, args, { cwd, env, stdio: ["pipe", "pipe", "pipe"], detached: true });
   let stderr = "";
   child.stderr.on("data", (chunk) => {
@@ -40,7 +44,8 @@ export async function acpTurn({ command, args, cwd, env, prompt, timeoutMs = 180
         clientInfo: { name: "approval-broker-host-tests", version: "0.0.0" },
       });
       const session = await agent.request("session/new", { cwd, mcpServers: [] });
-      const reply = await agent.request("session/prompt", { sessionId: session.sessionId, prompt: [{ type: "text", text: prompt }] });
+      const prompting = agent.request("session/prompt", { sessionId: session.sessionId, prompt: [{ type: "text", text: prompt }] });
+      const [reply] = await Promise.all([prompting, during?.({ agent, sessionId: session.sessionId })]);
       return { stopReason: reply.stopReason, sessionId: session.sessionId };
     });
     const result = await Promise.race([turn, timedOut]);
