@@ -101,15 +101,23 @@ timeout = 90
 `;
 }
 
-/** `codex exec` in the workspace (sandbox workspace-write), hooks trusted for this run. */
-export function codex(dirs, { model, broker, wait, prompt = "Do the task." }) {
+/** Writes `$CODEX_HOME/config.toml` in the test's HOME; returns the environment Codex runs with. */
+export function codexEnvironment(dirs, { model, broker, wait }) {
   const codexHome = join(dirs.home, ".codex");
   mkdirSync(codexHome, { recursive: true });
   writeFileSync(join(codexHome, "config.toml"), codexConfig(model, broker, wait));
+  return hostEnvironment(dirs, { CODEX_HOME: codexHome, SCRIPTED_OPENAI_KEY: "sk-scripted" });
+}
+
+export const CODEX = bin("codex");
+
+/** `codex exec` in the workspace (sandbox workspace-write), hooks trusted for this run. */
+export function codex(dirs, { model, broker, wait, prompt = "Do the task." }) {
+  const env = codexEnvironment(dirs, { model, broker, wait });
   return runHost(
     bin("codex"),
     ["exec", "--skip-git-repo-check", "--dangerously-bypass-hook-trust", "--sandbox", "workspace-write", "--json", prompt],
-    { cwd: dirs.workspace, env: hostEnvironment(dirs, { CODEX_HOME: codexHome, SCRIPTED_OPENAI_KEY: "sk-scripted" }) },
+    { cwd: dirs.workspace, env },
   );
 }
 
