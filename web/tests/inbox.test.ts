@@ -47,11 +47,18 @@ function unique(prefix: string): string {
   return `${prefix}-${seq}`;
 }
 
-async function submit(session: string, calls: { id: string; tool?: string; input?: string; title?: string; message?: string }[]) {
+async function submit(session: string, calls: { id: string; tool?: string; input?: string; title?: string; message?: string; host?: string }[]) {
   return clients.agent.submit({
     batch: {
       sessionId: session,
-      calls: calls.map((c) => ({ callId: c.id, tool: c.tool ?? "shell", inputJson: c.input ?? '{"command":"ls"}', title: c.title ?? "", message: c.message ?? "" })),
+      calls: calls.map((c) => ({
+        callId: c.id,
+        tool: c.tool ?? "shell",
+        inputJson: c.input ?? '{"command":"ls"}',
+        title: c.title ?? "",
+        message: c.message ?? "",
+        host: c.host ?? "",
+      })),
     },
   });
 }
@@ -642,5 +649,110 @@ describe("history shows what was decided", () => {
     await waitShown(["h3"]);
     await search({ decidedBy: "approver:bob", outcome: "APPROVED" });
     await waitShown(["h1"]);
+  });
+});
+
+// Issue 48: a call a host adapter submits (`CallSpec.host`) says which host asked and what it
+// does in the words every host shares (`Call.action`), beside the raw tool and input, which stay
+// the fact; a remembered decision on it covers the action on every host, and says so.
+describe("the inbox shows which host asked and what the call does", () => {
+  test("a Codex call shows the host, the kind and the command beside the raw tool and input; a call without a host looks as before", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-host");
+    await submit(session, [
+      { id: "x1", tool: "Bash", input: '{"command":"git status"}', host: "codex", title: "Check the tree" },
+      { id: "p1", tool: "shell", input: '{"command":"git status"}' },
+    ]);
+    const x1 = card(page, session, "x1");
+    const action = x1.locator("p.action");
+    await action.waitFor();
+    assert.equal(await action.locator(".host").textContent(), "Codex");
+    assert.equal(await action.locator(".kind").textContent(), "shell");
+    assert.equal(await action.locator(".key-field").textContent(), "git status");
+    // The raw tool and input are shown as ever.
+    assert.equal(await x1.locator("code.tool").textContent(), "Bash");
+    assert.equal(await x1.locator("pre.command").textContent(), "git status");
+    // The scope choice says the remembered decision holds for the action on every host.
+    const scope = x1.getByLabel("Remember the decision on Bash call x1");
+    assert.deepEqual(await scope.locator("option").allTextContents(), [
+      "Once",
+      "For `git status` (shell) on every host, this session",
+      "For `git status` (shell) on every host, this workspace",
+      "For `git status` (shell) on every host, always (this agent)",
+    ]);
+    await scope.selectOption({ index: 1 });
+    await x1.getByText(/every later shell action, on every host \(whichever tool asks for it, not only "Bash"\)/).waitFor();
+    await x1.getByLabel("Which inputs the grant for Bash call x1 matches").selectOption("any");
+    assert.equal(await scope.locator("option").nth(1).textContent(), "For any shell action on every host, this session");
+    // Details holds the action's fields, as rules and grants test them.
+    await x1.getByRole("button", { name: "Details of Bash call x1" }).click();
+    await x1.getByLabel("The shell action's fields").getByText('"command": "git status"').waitFor();
+
+    const p1 = card(page, session, "p1");
+    await p1.locator("pre.command").waitFor();
+    assert.equal(await p1.locator("p.action").count(), 0, "no host line without a host");
+    assert.deepEqual(await p1.getByLabel("Remember the decision on shell call p1").locator("option").allTextContents(), [
+      "Once",
+      "This session",
+      "This workspace",
+      "Always (this agent)",
+    ]);
+  });
+
+  test("a command holding markup is shown as text, never run as HTML", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-host-html");
+    const command = `echo <img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>`;
+    await submit(session, [{ id: "i1", tool: "Bash", input: JSON.stringify({ command }), host: "claude-code", title: "<b>bold</b>" }]);
+    const c = card(page, session, "i1");
+    const key = c.locator("p.action .key-field");
+    await key.waitFor();
+    assert.equal(await key.textContent(), command);
+    assert.equal(await c.locator("p.action .host").textContent(), "Claude Code");
+    assert.equal(await c.locator("img, script, b").count(), 0, "no element made from the call's text");
+    assert.match((await c.locator("select[name=scope] option").nth(1).textContent()) ?? "", /^For `echo <img src=x/);
+    await page.waitForTimeout(200);
+    assert.equal(await page.evaluate(() => (window as unknown as { __pwned?: number }).__pwned), undefined);
+  });
+
+  test("remembering a Codex shell call for the session approves the same command from Gemini CLI; Grants shows its kind", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-host-grant");
+    await submit(session, [{ id: "g1", tool: "Bash", input: '{"command":"git status"}', host: "codex" }]);
+    const c = card(page, session, "g1");
+    await c.getByLabel("Remember the decision on Bash call g1").selectOption({ label: "For `git status` (shell) on every host, this session" });
+    await c.getByRole("button", { name: "Approve Bash call g1" }).click();
+    assert.equal((await outcomeOf(session, "g1")).status, CallStatus.APPROVED);
+
+    const second = await submit(session, [{ id: "g2", tool: "run_shell_command", input: '{"command":"git status"}', host: "gemini-cli" }]);
+    const decided = second.outcomes.find((o) => o.callId === "g2");
+    assert.equal(decided?.status, CallStatus.APPROVED, "the grant covers the action on another host");
+    assert.match(decided?.decidedBy ?? "", /^grant:\d+$/);
+    const grantId = decided!.decidedBy.slice("grant:".length);
+
+    await page.getByRole("tab", { name: "Grants" }).click();
+    await page.locator(`li[data-grant="${grantId}"]`).getByText('ALLOW shell actions on every host (made on "Bash")').waitFor();
+  });
+
+  test("a rule made for the shell kind, without a tool, is listed with its kind and decides a host's shell call", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const id = unique("no-rm-anywhere");
+    await page.getByRole("tab", { name: "Rules" }).click();
+    const form = page.getByRole("form", { name: "Create a rule" });
+    await form.getByLabel("rule id").fill(id);
+    await form.getByLabel("Action kind (any host)").selectOption("shell");
+    await form.getByLabel("Effect").selectOption({ label: "DENY" });
+    await form.getByLabel(/^Inputs:/).fill("command ^= rm -rf");
+    await form.getByRole("button", { name: "Create rule" }).click();
+    const row = page.locator(`li[data-rule="${id}"]`);
+    await row.getByText('DENY shell actions on every host for actions where command starts with "rm -rf"').waitFor();
+    try {
+      const session = unique("s-host-rule");
+      const reply = await submit(session, [{ id: "r1", tool: "run_shell_command", input: '{"command":"rm -rf build"}', host: "gemini-cli" }]);
+      assert.equal(reply.outcomes.find((o) => o.callId === "r1")?.decidedBy, `policy:${id}`);
+    } finally {
+      await page.getByRole("button", { name: `Delete rule ${id}` }).click();
+      await row.waitFor({ state: "detached" });
+    }
   });
 });
