@@ -9,7 +9,7 @@ import { create } from "@bufbuild/protobuf";
 import { type Api, describeError, isPermissionDenied } from "./api";
 import { effectName, grantText, matcherText, ruleText, statusName, when } from "./describe";
 import { h } from "./dom";
-import { hostView } from "./host";
+import { HOSTS, hostName, hostView } from "./host";
 import { inputView } from "./input";
 import { jsonView, revealed } from "./json";
 import { receiptButton } from "./receipt";
@@ -247,6 +247,13 @@ export class RulesView {
       field("session", "session"),
       field("agent", "agent (empty: default)"),
       field("workspace", "workspace"),
+      // With a host, rules and grants of an action kind are tried too, as on a submit from it.
+      h(
+        "select",
+        { name: "host", "aria-label": "Host (none: any agent)" },
+        h("option", { value: "" }, "no host"),
+        HOSTS.map((host) => h("option", { value: host }, hostName(host))),
+      ),
       h("textarea", { name: "input", rows: "3", "aria-label": "Input JSON", placeholder: "{}" }),
       h("button", { type: "submit" }, "Explain"),
       this.explained,
@@ -314,7 +321,14 @@ export class RulesView {
       const r = await this.api.admin.explain({
         call: {
           case: "inline",
-          value: { tool: text("tool"), sessionId: text("session") || "explain", agent: text("agent"), workspace: text("workspace"), inputJson: text("input") || "{}" },
+          value: {
+            tool: text("tool"),
+            sessionId: text("session") || "explain",
+            agent: text("agent"),
+            workspace: text("workspace"),
+            inputJson: text("input") || "{}",
+            host: text("host"),
+          },
         },
       });
       const by = r.rule ? ` (rule ${r.rule.id}: ${matcherText(r.rule.matcher, r.rule.kind !== "")})` : r.grant ? ` (grant ${r.grant.id})` : "";

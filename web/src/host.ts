@@ -19,6 +19,9 @@ const HOST_NAMES: Record<string, string> = {
   acp: "ACP agent",
 };
 
+/** Every host a call may name, in the order people are shown them. */
+export const HOSTS = Object.keys(HOST_NAMES);
+
 /** A key field longer than this (in characters) is cut on this line; the input below holds it
  * whole (folded, and unfolded before any approval). */
 const KEY_FIELD_AT = 200;

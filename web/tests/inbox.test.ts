@@ -750,6 +750,14 @@ describe("the inbox shows which host asked and what the call does", () => {
       const session = unique("s-host-rule");
       const reply = await submit(session, [{ id: "r1", tool: "run_shell_command", input: '{"command":"rm -rf build"}', host: "gemini-cli" }]);
       assert.equal(reply.outcomes.find((o) => o.callId === "r1")?.decidedBy, `policy:${id}`);
+      // Explain of a call described inline tries kind rules once it names its host.
+      const explain = page.getByRole("form", { name: "Explain a call" });
+      await explain.getByLabel("tool", { exact: true }).fill("Bash");
+      await explain.getByLabel("agent (empty: default)").fill("agent-a");
+      await explain.getByLabel("Input JSON").fill('{"command":"rm -rf build"}');
+      await explain.getByLabel("Host (none: any agent)").selectOption({ label: "Codex" });
+      await explain.getByRole("button", { name: "Explain" }).click();
+      await explain.getByText(`DENIED by policy:${id}`).waitFor();
     } finally {
       await page.getByRole("button", { name: `Delete rule ${id}` }).click();
       await row.waitFor({ state: "detached" });
