@@ -161,20 +161,21 @@ export function geminiCli(dirs, { model, broker, wait, prompt = "Do the task." }
 
 // --- Copilot CLI ---------------------------------------------------------------------------
 
-/** `.github/hooks/approval-broker.json` in the repository: the hook docs/hosts.md gives. */
-export function copilotHooks(brokerUrl, wait = HOOK_WAIT) {
+/** `.github/hooks/approval-broker.json` in the repository: the hook docs/hosts.md gives, under
+ * `preToolUse` (Copilot's own dialect) or `PreToolUse` (its Claude-style one). */
+export function copilotHooks(brokerUrl, wait = HOOK_WAIT, event = "preToolUse") {
   return {
     version: 1,
     hooks: {
-      preToolUse: [{ type: "command", bash: `approval-broker hook copilot --broker ${brokerUrl} --timeout ${wait}`, timeoutSec: 90 }],
+      [event]: [{ type: "command", bash: `approval-broker hook copilot --broker ${brokerUrl} --timeout ${wait}`, timeoutSec: 90 }],
     },
   };
 }
 
 /** `copilot -p` offline against the scripted Chat Completions model, the folder trusted for
  * this prompt (so the repository's hooks load). */
-export function copilot(dirs, { model, broker, wait, prompt = "Do the task." }) {
-  writeJson(join(dirs.workspace, ".github", "hooks", "approval-broker.json"), copilotHooks(broker, wait));
+export function copilot(dirs, { model, broker, wait, event, prompt = "Do the task." }) {
+  writeJson(join(dirs.workspace, ".github", "hooks", "approval-broker.json"), copilotHooks(broker, wait, event));
   return runHost(bin("copilot"), ["-p", prompt, "--trust-folder", "--no-auto-update", "--log-level", "none"], {
     cwd: dirs.workspace,
     env: hostEnvironment(dirs, {

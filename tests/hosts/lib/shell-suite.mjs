@@ -12,7 +12,8 @@ import { newCallId } from "./run.mjs";
 import { shellScenario, withCommand } from "./scenario.mjs";
 
 /**
- * `spec`: `name` (as in `hook <name>`), `host(dirs, {model, broker, wait})`, `model(script)`,
+ * `spec`: `name` (as in `hook <name>`), `label` (the tests' prefix; default the name),
+ * `host(dirs, {model, broker, wait})`, `model(script)`,
  * `tool`, `input(command)`, `callIdPrefix`, `hostTool` (the tool name the broker is shown),
  * `edits` (false when the host cannot run an edited input; the test then proves the edit is
  * refused rather than the model's input run), `deniedText`, `timeoutText` and
@@ -22,6 +23,7 @@ import { shellScenario, withCommand } from "./scenario.mjs";
  * words), `check(result, stored)` (the host's own checks on an approved call).
  */
 export function shellSuite(spec) {
+  const label = spec.label ?? spec.name;
   let broker;
   before(async () => {
     broker = await Broker.started();
@@ -42,7 +44,7 @@ export function shellSuite(spec) {
       ...options,
     });
 
-  test(`${spec.name}: approved, the command runs exactly as approved, and the broker records the call's host`, async (t) => {
+  test(`${label}: approved, the command runs exactly as approved, and the broker records the call's host`, async (t) => {
     const result = await scenario({
       command: "echo approved > ran.txt",
       approver: (call) => broker.decide(call, { approve: true }),
@@ -62,7 +64,7 @@ export function shellSuite(spec) {
     t.diagnostic(`the model read: ${result.script.toolResult}`);
   });
 
-  test(`${spec.name}: approved with an edit, the approver's command runs and not the model's`, async (t) => {
+  test(`${label}: approved with an edit, the approver's command runs and not the model's`, async (t) => {
     const result = await scenario({
       command: "echo model > ran.txt",
       approver: (call) => broker.decide(call, { approve: true, editedInput: withCommand(call, "echo edited > ran.txt") }),
@@ -75,7 +77,7 @@ export function shellSuite(spec) {
     }
   });
 
-  test(`${spec.name}: denied, the command does not run and the model reads the denial and its reason`, async (t) => {
+  test(`${label}: denied, the command does not run and the model reads the denial and its reason`, async (t) => {
     const result = await scenario({
       command: "echo denied > ran.txt",
       approver: (call) => broker.decide(call, { approve: false, reason: "Not on the release branch." }),
@@ -85,7 +87,7 @@ export function shellSuite(spec) {
     t.diagnostic(`the model read: ${result.script.toolResult}`);
   });
 
-  test(`${spec.name}: nobody decides in time, the command does not run, the call is cancelled and the model reads why`, async (t) => {
+  test(`${label}: nobody decides in time, the command does not run, the call is cancelled and the model reads why`, async (t) => {
     let pending;
     const result = await scenario({
       command: "echo late > ran.txt",
@@ -102,7 +104,7 @@ export function shellSuite(spec) {
     t.diagnostic(`the model read: ${result.script.toolResult}`);
   });
 
-  test(`${spec.name}: broker down, the command does not run and the model reads that the broker could not be reached`, async (t) => {
+  test(`${label}: broker down, the command does not run and the model reads that the broker could not be reached`, async (t) => {
     const nobody = `http://127.0.0.1:${await freePort()}`;
     const result = await scenario({ command: "echo unreachable > ran.txt", brokerUrl: nobody });
     assert.equal(result.ran, undefined);
