@@ -732,6 +732,16 @@ describe("the inbox shows which host asked and what the call does", () => {
 
     await page.getByRole("tab", { name: "Grants" }).click();
     await page.locator(`li[data-grant="${grantId}"]`).getByText('ALLOW shell actions on every host (made on "Bash")').waitFor();
+
+    // History shows the host line beside what ran, as the card did.
+    await page.getByRole("tab", { name: "History" }).click();
+    const history = page.locator("#history");
+    await history.getByLabel("session", { exact: true }).fill(session);
+    await history.getByRole("button", { name: "Search" }).click();
+    const g2 = history.locator(`li.history-row[data-call="g2"]`);
+    assert.equal(await g2.locator("p.action .host").textContent(), "Gemini CLI");
+    assert.equal(await g2.locator("p.action .key-field").textContent(), "git status");
+    assert.equal(await g2.locator("code").first().textContent(), "run_shell_command");
   });
 
   test("a rule made for the shell kind, without a tool, is listed with its kind and decides a host's shell call", async () => {
