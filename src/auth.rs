@@ -9,6 +9,11 @@
 //! recorded in an outcome is the token's identity, never a field of the request. An auditor is
 //! admitted where an approver is and sees every call, but may not decide. With no tokens
 //! configured, auth is off: every caller is [`Caller::Anonymous`] (the laptop default).
+//!
+//! Beside the static tokens, an identity provider's JWTs ([`jwt`]): the gate tries the static
+//! tokens first, then verifies a JWT against the issuer's keys ([`jwks`] fetches them, and
+//! [`KeyPrefetch`] does so before the gate when a token names a key not cached yet), and takes
+//! its role, identity and groups from its claims. Either way the handler gets one [`Caller`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,9 +22,13 @@ use sha2::{Digest, Sha256};
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
+pub mod jwks;
+pub mod jwt;
+
 use crate::domain::policy::group_name;
 use crate::domain::{AgentId, Identity, Viewer};
 use crate::error::{Error, Result};
+use tonic::codegen::http;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -338,23 +347,128 @@ impl Caller {
 #[derive(Clone)]
 pub struct Gate {
     tokens: Option<Arc<Tokens>>,
+    jwt: Option<Arc<jwt::Verifier>>,
     required: Role,
 }
 
 impl Gate {
-    /// `tokens: None` means auth is off and everyone is admitted anonymously.
+    /// `tokens: None` (and no JWT issuer, see [`Gate::with_jwt`]) means auth is off and
+    /// everyone is admitted anonymously.
     pub fn new(tokens: Option<Arc<Tokens>>, required: Role) -> Self {
-        Self { tokens, required }
+        Self {
+            tokens,
+            jwt: None,
+            required,
+        }
+    }
+
+    /// Also admits JWTs this verifier accepts (auth is then on, static tokens or not).
+    pub fn with_jwt(mut self, jwt: Option<Arc<jwt::Verifier>>) -> Self {
+        self.jwt = jwt;
+        self
+    }
+
+    /// The role, identity and groups `token` stands for: a static token, else a JWT.
+    fn authenticate(&self, token: &str) -> Result<(Role, Arc<str>, Arc<[String]>), Status> {
+        if let Some(entry) = self.tokens.as_deref().and_then(|t| t.authenticate(token)) {
+            let identity: Arc<str> = Arc::from(entry.identity.as_str());
+            return Ok((entry.role, identity, Arc::clone(&entry.groups)));
+        }
+        match &self.jwt {
+            Some(verifier) if jwt::Verifier::looks_like_jwt(token) => {
+                let principal = verifier.verify(token).map_err(Status::from)?;
+                Ok((principal.role, principal.identity, principal.groups))
+            }
+            _ => Err(Status::unauthenticated("unknown token")),
+        }
+    }
+}
+
+/// The bearer token of `headers`, if it carries one.
+fn bearer(headers: &http::HeaderMap) -> Option<&str> {
+    let value = headers.get("authorization")?.to_str().ok()?;
+    value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .map(str::trim)
+}
+
+/// Before any gate runs: a JWT naming a signing key the verifier has not cached makes it fetch
+/// the issuer's keys (rate-limited, see [`jwt::Verifier::prepare`]), since the gate itself
+/// cannot wait. It admits and refuses nothing; the gate does.
+#[derive(Clone)]
+pub struct KeyPrefetch {
+    jwt: Option<Arc<jwt::Verifier>>,
+}
+
+impl KeyPrefetch {
+    pub fn new(jwt: Option<Arc<jwt::Verifier>>) -> Self {
+        Self { jwt }
+    }
+}
+
+impl<S> tower_layer::Layer<S> for KeyPrefetch {
+    type Service = KeyPrefetchService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        KeyPrefetchService {
+            jwt: self.jwt.clone(),
+            inner,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct KeyPrefetchService<S> {
+    jwt: Option<Arc<jwt::Verifier>>,
+    inner: S,
+}
+
+impl<S, B> tower_service::Service<http::Request<B>> for KeyPrefetchService<S>
+where
+    S: tower_service::Service<http::Request<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send + 'static>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let token = self.jwt.as_ref().and_then(|jwt| {
+            bearer(request.headers())
+                .filter(|t| jwt::Verifier::looks_like_jwt(t))
+                .map(|t| (Arc::clone(jwt), t.to_owned()))
+        });
+        let Some((jwt, token)) = token else {
+            return Box::pin(self.inner.call(request));
+        };
+        // The clone that was made ready is the one called (tower's usual swap).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            jwt.prepare(&token).await;
+            inner.call(request).await
+        })
     }
 }
 
 impl Interceptor for Gate {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        let Some(tokens) = &self.tokens else {
+        if self.tokens.is_none() && self.jwt.is_none() {
             CallerNote::note(&request, Arc::from("anonymous"));
             request.extensions_mut().insert(Caller::Anonymous);
             return Ok(request);
-        };
+        }
         let header = request
             .metadata()
             .get("authorization")
@@ -368,22 +482,19 @@ impl Interceptor for Gate {
             })
             .map(str::trim)
             .ok_or_else(|| Status::unauthenticated("`authorization` must be `Bearer <token>`"))?;
-        let entry = tokens
-            .authenticate(token)
-            .ok_or_else(|| Status::unauthenticated("unknown token"))?;
+        let (role, identity, groups) = self.authenticate(token)?;
         crate::connections::vouch(request.extensions());
-        let identity: Arc<str> = Arc::from(entry.identity.as_str());
         CallerNote::note(&request, Arc::clone(&identity));
-        if !entry.role.admits(self.required) {
+        if !role.admits(self.required) {
             return Err(Status::permission_denied(format!(
-                "a token with role `{}` may not call this service (it needs `{}`)",
-                entry.role, self.required
+                "a token with role `{role}` may not call this service (it needs `{}`)",
+                self.required
             )));
         }
         request.extensions_mut().insert(Caller::Authenticated {
-            role: entry.role,
+            role,
             identity,
-            groups: Arc::clone(&entry.groups),
+            groups,
         });
         Ok(request)
     }

@@ -251,6 +251,51 @@ pub struct AuthSettings {
     /// Bearer tokens inline, in the same form, entries separated by `;` or new lines.
     #[arg(long, env = TOKENS_ENV, hide_env_values = true)]
     pub tokens: Option<String>,
+
+    /// The OpenID issuer whose JWTs are accepted as bearer tokens (beside the static tokens),
+    /// exactly as its tokens' `iss` spell it. Its keys come from `--jwt-jwks-url`, else from
+    /// `<issuer>/.well-known/openid-configuration`. See docs/identity.md.
+    #[arg(long, env = "APPROVALS_JWT_ISSUER", requires = "jwt_audience")]
+    pub jwt_issuer: Option<String>,
+
+    /// The audience a JWT's `aud` must include (the broker's client id or API identifier).
+    #[arg(long, env = "APPROVALS_JWT_AUDIENCE", requires = "jwt_issuer")]
+    pub jwt_audience: Option<String>,
+
+    /// The issuer's JWKS URL, instead of discovery.
+    #[arg(long, env = "APPROVALS_JWT_JWKS_URL", requires = "jwt_issuer")]
+    pub jwt_jwks_url: Option<String>,
+
+    /// Claim values mapped to roles: `ROLE=VALUE[,VALUE]` entries separated by `;`, e.g.
+    /// `admin=broker-admins;approver=approvers;agent=approval-agents`. Required with an issuer.
+    #[arg(long, env = "APPROVALS_JWT_ROLES")]
+    pub jwt_roles: Option<String>,
+
+    /// The claims whose values `--jwt-roles` maps (comma-separated; a string claim is read as
+    /// space-separated values, a dotted name reads a nested claim: `realm_access.roles`).
+    #[arg(long, env = "APPROVALS_JWT_ROLE_CLAIMS", default_value = "roles")]
+    pub jwt_role_claims: String,
+
+    /// The claim naming a person (approver, auditor, admin): `email` or `sub`.
+    #[arg(long, env = "APPROVALS_JWT_IDENTITY_CLAIM", default_value = "email")]
+    pub jwt_identity_claim: String,
+
+    /// The claim naming an agent (a service client): `client_id`, `azp` or `sub`.
+    #[arg(long, env = "APPROVALS_JWT_AGENT_CLAIM", default_value = "client_id")]
+    pub jwt_agent_claim: String,
+
+    /// The claim listing a person's approver groups.
+    #[arg(long, env = "APPROVALS_JWT_GROUPS_CLAIM", default_value = "groups")]
+    pub jwt_groups_claim: String,
+
+    /// How far the broker's clock and the issuer's may disagree on `exp` and `nbf`.
+    #[arg(long, env = "APPROVALS_JWT_CLOCK_SKEW", default_value = "60s", value_parser = parse_duration)]
+    pub jwt_clock_skew: Duration,
+
+    /// The least time between two fetches of the issuer's keys caused by tokens naming a key
+    /// id not cached (forged tokens cannot make the broker fetch more often).
+    #[arg(long, env = "APPROVALS_JWT_KEYS_REFETCH_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub jwt_keys_refetch_interval: Duration,
 }
 
 /// How calls are judged before a person sees them.
@@ -570,6 +615,51 @@ impl Config {
         }
         // Parsed together, so the same token under two sources is refused like one listed twice.
         crate::auth::Tokens::parse(&text, "--tokens-file and --tokens together").map(Some)
+    }
+}
+
+impl Config {
+    /// The JWT verifier settings; `None` without `--jwt-issuer`. An issuer without a role
+    /// mapping, or with an unusable URL, stops the broker.
+    pub fn jwt(&self) -> crate::Result<Option<(crate::auth::jwt::Settings, crate::auth::jwks::HttpKeys)>> {
+        use crate::auth::jwt::{ClaimMapping, Settings};
+        let auth = &self.auth;
+        let (Some(issuer), Some(audience)) = (&auth.jwt_issuer, &auth.jwt_audience) else {
+            return Ok(None);
+        };
+        let roles_setting = "--jwt-roles / APPROVALS_JWT_ROLES";
+        let roles = auth.jwt_roles.as_deref().ok_or_else(|| {
+            crate::Error::invalid(
+                roles_setting,
+                "is required with --jwt-issuer: it says which claim values make an agent, an \
+                 approver, an auditor or an admin",
+            )
+        })?;
+        let roles = ClaimMapping::parse_roles(roles)
+            .map_err(|why| crate::Error::invalid(roles_setting, why))?;
+        let keys = crate::auth::jwks::HttpKeys::new(issuer, auth.jwt_jwks_url.as_deref())
+            .map_err(|why| crate::Error::invalid("--jwt-issuer / --jwt-jwks-url", why))?;
+        let role_claims = auth
+            .jwt_role_claims
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let settings = Settings {
+            issuer: issuer.clone(),
+            audience: audience.clone(),
+            clock_skew: auth.jwt_clock_skew,
+            refetch_interval: auth.jwt_keys_refetch_interval,
+            claims: ClaimMapping {
+                identity_claim: auth.jwt_identity_claim.clone(),
+                agent_claim: auth.jwt_agent_claim.clone(),
+                role_claims,
+                roles,
+                groups_claim: auth.jwt_groups_claim.clone(),
+            },
+        };
+        Ok(Some((settings, keys)))
     }
 }
 

@@ -110,13 +110,28 @@ pub async fn run(
 
     let tokens = config.tokens()?.map(Arc::new);
     match &tokens {
+        None if config.auth.jwt_issuer.is_some() => {}
         None => tracing::warn!(
             "authentication is OFF: no tokens are configured (--tokens-file, APPROVALS_TOKENS), \
              so anyone who reaches this port may act as any agent, approver or admin"
         ),
         Some(tokens) => tracing::info!(tokens = tokens.len(), "bearer-token authentication on"),
     }
-    let gate = |role| Gate::new(tokens.clone(), role);
+    let jwt = match config.jwt()? {
+        None => None,
+        Some((settings, keys)) => {
+            tracing::info!(
+                issuer = %settings.issuer,
+                "JWT bearer tokens of {} accepted; its keys are fetched in the background",
+                settings.issuer
+            );
+            let verifier = Arc::new(crate::auth::jwt::Verifier::new(settings, Arc::new(keys)));
+            verifier.fetch_keys_in_background();
+            Some(verifier)
+        }
+    };
+    let authenticated = tokens.is_some() || jwt.is_some();
+    let gate = |role| Gate::new(tokens.clone(), role).with_jwt(jwt.clone());
     let max = config.requests.max_message_bytes;
     let agent = InterceptedService::new(
         AgentServiceServer::new(AgentApi::new(Arc::clone(&broker)))
@@ -177,7 +192,7 @@ pub async fn run(
         .accept_http1(config.serve.inbox)
         // Outermost first: the page's files, then gRPC-Web turned into gRPC, so the limits
         // below see every call in one form.
-        .layer(InboxPage::new(config.serve.inbox, tokens.is_none()))
+        .layer(InboxPage::new(config.serve.inbox, !authenticated))
         .layer(GrpcWebLayer::new())
         // Counted after gRPC-Web is turned into gRPC, and outside the limits' rewriting, so
         // every RPC is counted once, with the status its client reads.
@@ -188,6 +203,8 @@ pub async fn run(
             tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
         ]))
         .layer(MessageLimitStatus)
+        // A JWT naming a key not cached yet has the keys fetched before its gate verifies it.
+        .layer(crate::auth::KeyPrefetch::new(jwt.clone()))
         .max_concurrent_streams(config.connections.max_concurrent_streams)
         .http2_keepalive_interval(Some(config.connections.keepalive_interval))
         .http2_keepalive_timeout(Some(config.connections.keepalive_timeout));
@@ -251,7 +268,7 @@ pub async fn run(
                 listener,
                 config
                     .connections
-                    .limits(config.serve.inbox, tokens.is_some()),
+                    .limits(config.serve.inbox, authenticated),
                 tls,
             ),
             drain,
