@@ -30,6 +30,7 @@ mod host_actions;
 mod group_commit;
 mod idempotency;
 mod inbox;
+mod jwt;
 mod limits;
 mod lookalikes;
 mod numbers;
