@@ -27,6 +27,7 @@ mod export;
 mod governance;
 mod grants;
 mod host_actions;
+mod host_hooks;
 mod group_commit;
 mod idempotency;
 mod inbox;
