@@ -227,6 +227,7 @@ async fn every_host_s_call_a_person_approves_is_allowed_in_the_host_s_shape() {
         let call = the_pending_call(&app, case.session).await;
         let input = case.input();
         assert_eq!(call.workspace, "/work/repo", "{}", case.name());
+        assert_eq!(call.host, case.command, "CallSpec.host: {}", case.name());
         let submitted: Value = serde_json::from_str(&call.input_json).unwrap();
         match case.fixture {
             // Cursor's events other than preToolUse carry no tool input: the hook builds one.
