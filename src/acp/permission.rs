@@ -19,10 +19,11 @@
 //!   else the ACP `kind` (`execute`, `edit`, `read`, ...), else `other`.
 //! - input: `rawInput` when it is a JSON object (the agent's own arguments, e.g.
 //!   `{"command": "git status"}`). Otherwise an object built from what the request shows:
-//!   `{"kind", "title", "path", "locations", "diffs", "rawInput"}`, each key present only when
-//!   known: `path` is `locations[0].path`, else the first diff's path; `locations` is the ACP
-//!   list as sent (`[{path, line?}]`); `diffs` the `{type: "diff"}` content items as
-//!   `[{path, oldText, newText}]`; `rawInput` a raw input that is not an object.
+//!   `{"kind", "title", "path", "locations", "oldText", "newText", "diffs", "rawInput"}`, each
+//!   key present only when known: `path` is `locations[0].path`, else the first diff's path;
+//!   `locations` is the ACP list as sent (`[{path, line?}]`); one `{type: "diff"}` content item
+//!   gives `oldText` (null for a new file) and `newText`, several give `diffs`, a list of
+//!   `{path, oldText, newText}`; `rawInput` is a raw input that is not an object.
 //!   A normaliser reads such a call as: kind = the ACP `kind` (or the tool name), command =
 //!   `rawInput.command` / input `command` for `execute`, path = `locations[0].path` / `path`
 //!   for files.
@@ -196,8 +197,15 @@ impl PermissionRequest {
         if let Some(locations) = locations.filter(|l| !l.is_empty()) {
             input.insert("locations".into(), Value::Array(locations.clone()));
         }
-        if !diffs.is_empty() {
-            input.insert("diffs".into(), Value::Array(diffs));
+        match <[Value; 1]>::try_from(diffs) {
+            Ok([diff]) => {
+                input.insert("oldText".into(), diff["oldText"].clone());
+                input.insert("newText".into(), diff["newText"].clone());
+            }
+            Err(diffs) if !diffs.is_empty() => {
+                input.insert("diffs".into(), Value::Array(diffs));
+            }
+            Err(_) => {}
         }
         if let Some(raw) = self.tool_call.get("rawInput").filter(|raw| !raw.is_null()) {
             input.insert("rawInput".into(), raw.clone());
@@ -525,7 +533,25 @@ mod tests {
             json!({
                 "kind": "edit", "title": "Edit a.txt", "path": "/repo/a.txt",
                 "locations": [{"path": "/repo/a.txt", "line": 3}],
-                "diffs": [{"path": "/repo/a.txt", "oldText": "a", "newText": "b"}],
+                "oldText": "a", "newText": "b",
+            })
+        );
+        let two = super::tests::request(json!({
+            "sessionId": "s1",
+            "toolCall": {
+                "toolCallId": "t3", "kind": "edit",
+                "content": [{"type": "diff", "path": "/r/a", "oldText": null, "newText": "1"},
+                            {"type": "diff", "path": "/r/b", "oldText": "x", "newText": "2"}],
+            },
+            "options": [],
+        }))
+        .unwrap();
+        assert_eq!(
+            Value::Object(two.input()),
+            json!({
+                "kind": "edit", "path": "/r/a",
+                "diffs": [{"path": "/r/a", "oldText": null, "newText": "1"},
+                          {"path": "/r/b", "oldText": "x", "newText": "2"}],
             })
         );
         let bare = super::tests::request(json!({

@@ -4,6 +4,7 @@
 
 mod helpers;
 
+mod acp_proxy;
 mod admin;
 mod agent_stream;
 mod approver_stream;
