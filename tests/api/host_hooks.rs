@@ -508,3 +508,23 @@ async fn a_policy_rule_answers_without_a_person() {
                "permissionDecisionReason": "Approved through the approval broker (policy:shell-tests)."})
     );
 }
+
+#[tokio::test]
+async fn a_gemini_edit_that_drops_a_key_is_denied_not_merged_over_the_model_s_input() {
+    let app = spawn_app().await;
+    let case = &CASES[2];
+    assert_eq!(case.name(), "gemini_cli/before_tool");
+    let hook = case.start(&broker_url(&app), &[]);
+    let call = the_pending_call(&app, case.session).await;
+    let mut request = decide_request(case.session, &call.call_id, pb::Decision::Approve, "");
+    // Gemini CLI would merge this over `{command, description}` and keep the description.
+    request.edited_input_json = json!({"command": "ls -l"}).to_string();
+    app.approver().decide(request).await.expect("approve");
+    let answer = finish(hook).await.answer(&case.name());
+    assert_eq!(
+        answer,
+        json!({"decision": "deny", "reason": "The approver approved an edited input, but Gemini \
+               CLI merges an edited input over the model's and cannot drop `description`; the \
+               tool was not run."})
+    );
+}
