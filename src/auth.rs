@@ -369,15 +369,17 @@ impl Gate {
     }
 
     /// The role, identity and groups `token` stands for: a static token, else a JWT.
-    fn authenticate(&self, token: &str) -> Result<(Role, Arc<str>, Arc<[String]>), Status> {
+    fn authenticate(&self, token: &str) -> Result<jwt::Principal, Status> {
         if let Some(entry) = self.tokens.as_deref().and_then(|t| t.authenticate(token)) {
-            let identity: Arc<str> = Arc::from(entry.identity.as_str());
-            return Ok((entry.role, identity, Arc::clone(&entry.groups)));
+            return Ok(jwt::Principal {
+                role: entry.role,
+                identity: Arc::from(entry.identity.as_str()),
+                groups: Arc::clone(&entry.groups),
+            });
         }
         match &self.jwt {
             Some(verifier) if jwt::Verifier::looks_like_jwt(token) => {
-                let principal = verifier.verify(token).map_err(Status::from)?;
-                Ok((principal.role, principal.identity, principal.groups))
+                verifier.verify(token).map_err(Status::from)
             }
             _ => Err(Status::unauthenticated("unknown token")),
         }
@@ -482,7 +484,11 @@ impl Interceptor for Gate {
             })
             .map(str::trim)
             .ok_or_else(|| Status::unauthenticated("`authorization` must be `Bearer <token>`"))?;
-        let (role, identity, groups) = self.authenticate(token)?;
+        let jwt::Principal {
+            role,
+            identity,
+            groups,
+        } = self.authenticate(token)?;
         crate::connections::vouch(request.extensions());
         CallerNote::note(&request, Arc::clone(&identity));
         if !role.admits(self.required) {

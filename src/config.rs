@@ -621,7 +621,9 @@ impl Config {
 impl Config {
     /// The JWT verifier settings; `None` without `--jwt-issuer`. An issuer without a role
     /// mapping, or with an unusable URL, stops the broker.
-    pub fn jwt(&self) -> crate::Result<Option<(crate::auth::jwt::Settings, crate::auth::jwks::HttpKeys)>> {
+    pub fn jwt(
+        &self,
+    ) -> crate::Result<Option<(crate::auth::jwt::Settings, crate::auth::jwks::HttpKeys)>> {
         use crate::auth::jwt::{ClaimMapping, Settings};
         let auth = &self.auth;
         let (Some(issuer), Some(audience)) = (&auth.jwt_issuer, &auth.jwt_audience) else {

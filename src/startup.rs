@@ -266,9 +266,7 @@ pub async fn run(
         .serve_with_incoming_shutdown(
             connections::admit(
                 listener,
-                config
-                    .connections
-                    .limits(config.serve.inbox, authenticated),
+                config.connections.limits(config.serve.inbox, authenticated),
                 tls,
             ),
             drain,
