@@ -1,6 +1,6 @@
 //! `approval-broker hook copilot`: GitHub Copilot CLI's `preToolUse` and `permissionRequest`
-//! hooks, answered by the broker (shapes: docs/design/agent-hosts.md §3, GitHub's hooks
-//! configuration reference).
+//! hooks, answered by the broker (shapes: docs/design/agent-hosts.md §3, GitHub's "Copilot CLI
+//! hooks reference", which documents `modifiedArgs` and the exit codes).
 //!
 //! Copilot speaks two dialects, picked by the event key of the hook file: camelCase `preToolUse`
 //! (`{sessionId, timestamp (ms), cwd, toolName, toolArgs}`; answered
