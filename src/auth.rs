@@ -397,7 +397,8 @@ fn bearer(headers: &http::HeaderMap) -> Option<&str> {
 
 /// Before any gate runs: a JWT naming a signing key the verifier has not cached makes it fetch
 /// the issuer's keys (rate-limited, see [`jwt::Verifier::prepare`]), since the gate itself
-/// cannot wait. It admits and refuses nothing; the gate does.
+/// cannot wait. Every other request passes straight through. It admits and refuses nothing; the
+/// gate does.
 #[derive(Clone)]
 pub struct KeyPrefetch {
     jwt: Option<Arc<jwt::Verifier>>,
@@ -434,8 +435,13 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send + 'static>,
+    /// The inner call as it is, unless a JWT's keys must be fetched first: no allocation on the
+    /// path of static tokens, or with no issuer configured.
+    type Future = futures_util::future::Either<
+        S::Future,
+        std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send + 'static>,
+        >,
     >;
 
     fn poll_ready(
@@ -448,19 +454,19 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let token = self.jwt.as_ref().and_then(|jwt| {
             bearer(request.headers())
-                .filter(|t| jwt::Verifier::looks_like_jwt(t))
+                .filter(|t| jwt::Verifier::looks_like_jwt(t) && jwt.needs_keys(t))
                 .map(|t| (Arc::clone(jwt), t.to_owned()))
         });
         let Some((jwt, token)) = token else {
-            return Box::pin(self.inner.call(request));
+            return futures_util::future::Either::Left(self.inner.call(request));
         };
         // The clone that was made ready is the one called (tower's usual swap).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
+        futures_util::future::Either::Right(Box::pin(async move {
             jwt.prepare(&token).await;
             inner.call(request).await
-        })
+        }))
     }
 }
 

@@ -424,17 +424,24 @@ impl Verifier {
     /// again, unless a fetch happened within the refetch interval. Never fails: the gate then
     /// refuses what it still cannot verify.
     pub async fn prepare(&self, token: &str) {
-        let Ok(parts) = split(token) else { return };
-        let Some(kid) = parts.kid else {
-            if !self.current_keys().keys.is_empty() {
-                return;
-            }
-            return self.refetch_if_due().await;
-        };
-        if self.current_keys().knows(&kid) {
-            return;
+        if self.needs_keys(token) {
+            self.refetch_if_due().await
         }
-        self.refetch_if_due().await
+    }
+
+    /// Whether `token` names a key not cached (or no key while none is): then [`prepare`]
+    /// may fetch. A token that is no JWT needs nothing; the gate refuses it.
+    ///
+    /// [`prepare`]: Verifier::prepare
+    pub fn needs_keys(&self, token: &str) -> bool {
+        let Ok(parts) = split(token) else {
+            return false;
+        };
+        let keys = self.current_keys();
+        match parts.kid {
+            Some(kid) => !keys.knows(&kid),
+            None => keys.keys.is_empty(),
+        }
     }
 
     async fn refetch_if_due(&self) {
