@@ -364,3 +364,30 @@ async fn a_broker_whose_provider_is_down_starts_refuses_jwts_saying_so_and_keeps
         .await
         .expect("static tokens keep working");
 }
+
+#[test]
+fn an_issuer_without_a_role_mapping_or_with_keys_in_clear_stops_the_broker_naming_the_setting() {
+    let mut config = Config::for_tests("sqlite::memory:");
+    config.auth.jwt_issuer = Some("https://idp.example.com".into());
+    config.auth.jwt_audience = Some(AUDIENCE.into());
+    let err = config.jwt().map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("--jwt-roles"), "{err}");
+    config.auth.jwt_roles = Some("approver=approver;root=x".into());
+    let err = config.jwt().map(|_| ()).unwrap_err().to_string();
+    assert!(
+        err.contains("--jwt-roles") && err.contains("`root`"),
+        "{err}"
+    );
+    config.auth.jwt_roles = Some("approver=approver".into());
+    assert!(config.jwt().unwrap().is_some());
+    // Keys fetched over plain http from another host could be swapped on the way.
+    config.auth.jwt_issuer = Some("http://idp.example.com".into());
+    let err = config.jwt().map(|_| ()).unwrap_err().to_string();
+    assert!(
+        err.contains("--jwt-issuer") && err.contains("https://"),
+        "{err}"
+    );
+    config.auth.jwt_issuer = Some("https://idp.example.com".into());
+    config.auth.jwt_jwks_url = Some("http://keys.example.com/jwks".into());
+    assert!(config.jwt().is_err());
+}
