@@ -510,7 +510,8 @@ pub enum Command {
         token: Option<String>,
     },
     /// Answer an agent host's approval hook through a running broker (prints the host's
-    /// decision JSON); see `hook claude-code --help`.
+    /// decision JSON): `hook claude-code`, `codex`, `gemini-cli`, `copilot` or `cursor`; see
+    /// docs/hosts.md.
     #[command(subcommand)]
     Hook(crate::hook::HookCommand),
     /// Stand between an MCP client and an MCP server, putting every tool call through a running

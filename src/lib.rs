@@ -23,8 +23,10 @@
 //!   the broker (besides it, it uses `auth`, `events`, `receipts` and `stream_slots`).
 //! - `inbox/`: the approval web page, served beside gRPC on the same port; the page's requests
 //!   are gRPC-Web to the same services, through the same tokens and limits.
-//! - `hook/`, `mcp/`: adapters for the agents people run (Claude Code's hooks; any MCP client and
-//!   server), gRPC clients of the broker like any agent.
+//! - `hook/`, `acp/`, `mcp/`: adapters for the agents people run (the approval hooks of Claude
+//!   Code, Codex, Gemini CLI, Copilot and Cursor on one shared core, `hook/host_call.rs`; an Agent
+//!   Client Protocol proxy between an editor and its agent; any MCP client and server), gRPC
+//!   clients of the broker like any agent.
 //! - `broker/`: the one facade every surface calls; it judges large inputs ahead (`prejudge`),
 //!   runs a write through the store, then hands what committed to the one after-commit step
 //!   (`EventBus::committed`) and, after a submit, tells the deadline sweeper.
