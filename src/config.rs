@@ -30,6 +30,8 @@ pub struct Config {
     #[command(flatten)]
     pub serve: ServeSettings,
     #[command(flatten)]
+    pub push: crate::push::PushFlags,
+    #[command(flatten)]
     pub store: StoreSettings,
     #[command(flatten)]
     pub requests: RequestLimits,

@@ -86,6 +86,7 @@ pub mod meters;
 pub mod operations;
 pub mod private_files;
 pub mod proto;
+pub mod push;
 pub mod receipts;
 pub mod retention;
 pub mod startup;

@@ -81,6 +81,17 @@ pub async fn run(
     }
     let bus = EventBus::new(store.clone(), config.streams.event_buffer as usize).await?;
     let dispatcher = Dispatcher::new(store.clone(), Arc::clone(&bus), config.webhook_delivery());
+    // Web Push (docs/notifications.md): sent from the events committed from now on.
+    let push = crate::push::start(
+        &config.push,
+        database.key_home(),
+        store.clone(),
+        &bus,
+        config.webhook_delivery().egress,
+        config.webhooks.timeout,
+        config.webhooks.retry_min,
+    )
+    .await?;
     let sweeper = DeadlineSweeper::new(store.clone(), Arc::clone(&bus));
     // Steps and calls that fell due while the broker was down fire and expire before anything
     // is served.
@@ -140,7 +151,7 @@ pub async fn run(
         gate(Role::Agent),
     );
     let approver = InterceptedService::new(
-        ApproverServiceServer::new(ApproverApi::new(Arc::clone(&broker)))
+        ApproverServiceServer::new(ApproverApi::new(Arc::clone(&broker)).with_push(push))
             .max_decoding_message_size(max)
             .max_encoding_message_size(reply_limit),
         gate(Role::Approver),

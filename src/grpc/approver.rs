@@ -44,11 +44,33 @@ pub const LATEST_SEQ_HEADER: &str = "approvals-latest-seq";
 
 pub struct ApproverApi {
     broker: Arc<Broker>,
+    /// Web Push subscriptions (`crate::push`); `None` when push is off.
+    push: Option<Arc<crate::push::Registry>>,
 }
 
 impl ApproverApi {
     pub fn new(broker: Arc<Broker>) -> Self {
-        Self { broker }
+        Self { broker, push: None }
+    }
+
+    /// Serves the push RPCs with `push` (`None`: they answer FAILED_PRECONDITION).
+    pub fn with_push(mut self, push: Option<Arc<crate::push::Registry>>) -> Self {
+        self.push = push;
+        self
+    }
+
+    fn push(&self) -> Result<&crate::push::Registry> {
+        self.push.as_deref().ok_or_else(|| {
+            Error::FailedPrecondition("Web Push is off on this broker (--push)".into())
+        })
+    }
+}
+
+/// Who owns a push subscription: the token's identity, `anonymous` while auth is off.
+fn push_owner(caller: &Caller) -> String {
+    match caller {
+        Caller::Anonymous => "anonymous".to_owned(),
+        Caller::Authenticated { identity, .. } => identity.to_string(),
     }
 }
 
@@ -156,6 +178,45 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
             self.broker.receipt_keys(),
             self.broker.receipt_key().as_ref(),
         )))
+    }
+
+    async fn get_push_key(
+        &self,
+        _request: Request<pb::GetPushKeyRequest>,
+    ) -> Result<Response<pb::GetPushKeyResponse>, Status> {
+        Ok(Response::new(pb::GetPushKeyResponse {
+            vapid_public_key: self.push()?.public_key().to_owned(),
+        }))
+    }
+
+    async fn add_push_subscription(
+        &self,
+        request: Request<pb::AddPushSubscriptionRequest>,
+    ) -> Result<Response<pb::AddPushSubscriptionResponse>, Status> {
+        let caller = Caller::of(&request);
+        let r = request.into_inner();
+        self.push()?
+            .add(
+                &push_owner(&caller),
+                &caller.viewer(),
+                &r.endpoint,
+                &r.p256dh,
+                &r.auth,
+            )
+            .await?;
+        Ok(Response::new(pb::AddPushSubscriptionResponse {}))
+    }
+
+    async fn remove_push_subscription(
+        &self,
+        request: Request<pb::RemovePushSubscriptionRequest>,
+    ) -> Result<Response<pb::RemovePushSubscriptionResponse>, Status> {
+        let caller = Caller::of(&request);
+        let endpoint = request.into_inner().endpoint;
+        let removed = self.push()?.remove(&push_owner(&caller), &endpoint).await?;
+        Ok(Response::new(pb::RemovePushSubscriptionResponse {
+            removed,
+        }))
     }
 }
 

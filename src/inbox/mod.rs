@@ -34,7 +34,7 @@ struct Asset {
 
 /// The page's files, as `npm run build` wrote them (file names without hashes, so the build is
 /// reproducible and the paths fixed).
-const ASSETS: [Asset; 3] = [
+const ASSETS: [Asset; 6] = [
     Asset {
         path: "/",
         content_type: "text/html; charset=utf-8",
@@ -50,13 +50,31 @@ const ASSETS: [Asset; 3] = [
         content_type: "text/css; charset=utf-8",
         bytes: include_bytes!("../../web/dist/inbox.css"),
     },
+    // Web Push (docs/notifications.md): the service worker, at the root so that its scope is the
+    // whole page; the manifest that makes the inbox installable; its icon.
+    Asset {
+        path: "/sw.js",
+        content_type: "text/javascript; charset=utf-8",
+        bytes: include_bytes!("../../web/dist/sw.js"),
+    },
+    Asset {
+        path: "/manifest.webmanifest",
+        content_type: "application/manifest+json",
+        bytes: include_bytes!("../../web/dist/manifest.webmanifest"),
+    },
+    Asset {
+        path: "/icon.svg",
+        content_type: "image/svg+xml",
+        bytes: include_bytes!("../../web/dist/icon.svg"),
+    },
 ];
 
 /// The page may load only its own files and talk only to its own origin; no other site may
 /// frame it (an approve button under someone else's page is a click away from a forged
 /// approval).
 const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
-     style-src 'self'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; \
+     style-src 'self'; img-src 'self' data:; connect-src 'self'; manifest-src 'self'; \
+     worker-src 'self'; base-uri 'none'; \
      form-action 'none'; frame-ancestors 'none'";
 
 /// What browsers ask for by themselves on every page load; the page has no icon.
@@ -227,6 +245,9 @@ mod tests {
             ("/index.html", "text/html; charset=utf-8"),
             ("/inbox.js", "text/javascript; charset=utf-8"),
             ("/inbox.css", "text/css; charset=utf-8"),
+            ("/sw.js", "text/javascript; charset=utf-8"),
+            ("/manifest.webmanifest", "application/manifest+json"),
+            ("/icon.svg", "image/svg+xml"),
         ] {
             let asset = asset(path).unwrap_or_else(|| panic!("{path} is served"));
             let response = serve(asset, &Method::GET);

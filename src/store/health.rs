@@ -341,6 +341,32 @@ impl Webhooks for Watched {
 }
 
 #[async_trait]
+impl crate::store::PushSubscriptions for Watched {
+    async fn add_push_subscription(
+        &self,
+        subscription: &crate::store::StoredPushSubscription,
+    ) -> Result<()> {
+        self.read(self.inner.add_push_subscription(subscription).await)
+    }
+
+    async fn remove_push_subscription(&self, endpoint: &str, approver: &str) -> Result<bool> {
+        self.read(
+            self.inner
+                .remove_push_subscription(endpoint, approver)
+                .await,
+        )
+    }
+
+    async fn drop_push_subscription(&self, endpoint: &str) -> Result<()> {
+        self.read(self.inner.drop_push_subscription(endpoint).await)
+    }
+
+    async fn push_subscriptions(&self) -> Result<Vec<crate::store::StoredPushSubscription>> {
+        self.read(self.inner.push_subscriptions().await)
+    }
+}
+
+#[async_trait]
 impl Lifecycle for Watched {
     async fn prune_decided(
         &self,

@@ -13,6 +13,7 @@ mod listing;
 mod policy_cache;
 mod postgres;
 mod primitives;
+pub mod push_rows;
 mod reads;
 pub mod receipt_rows;
 mod retention;
@@ -43,6 +44,7 @@ use crate::error::Result;
 
 pub use database::{DATABASE_URL_SETTING, Database};
 pub use postgres::PostgresStore;
+pub use push_rows::StoredPushSubscription;
 pub use reads::{BackendReads, PoolStats};
 pub use receipt_rows::StoredReceipt;
 pub use settings::StoreSettings;
@@ -53,9 +55,29 @@ pub use sqlite_ffi::allocator as sqlite_allocator;
 
 /// The broker's durable state: every part below, from one backend. What startup opens and the
 /// broker holds; each other part of the broker needs only the part it names.
-pub trait Store: Calls + Deadlines + EventLog + Policies + Webhooks + Lifecycle + Receipts {}
+pub trait Store:
+    Calls + Deadlines + EventLog + Policies + Webhooks + Lifecycle + Receipts + PushSubscriptions
+{
+}
 
-impl<T: Calls + Deadlines + EventLog + Policies + Webhooks + Lifecycle + Receipts> Store for T {}
+impl<
+    T: Calls + Deadlines + EventLog + Policies + Webhooks + Lifecycle + Receipts + PushSubscriptions,
+> Store for T
+{
+}
+
+/// Web Push subscriptions (`crate::push`): kept per approver, read whole by the sender.
+#[async_trait]
+pub trait PushSubscriptions: Backend {
+    /// Keeps `subscription`, replacing one with the same endpoint.
+    async fn add_push_subscription(&self, subscription: &StoredPushSubscription) -> Result<()>;
+    /// Forgets `endpoint` if `approver` added it; whether it did.
+    async fn remove_push_subscription(&self, endpoint: &str, approver: &str) -> Result<bool>;
+    /// Forgets `endpoint` whoever added it (the push service said it is gone).
+    async fn drop_push_subscription(&self, endpoint: &str) -> Result<()>;
+    /// Every subscription.
+    async fn push_subscriptions(&self) -> Result<Vec<StoredPushSubscription>>;
+}
 
 /// What every part of a store shares: the reads both backends answer alike, from their own
 /// pools ([`BackendReads`]). The parts' read methods default to them; a backend writes only what

@@ -29,6 +29,7 @@
 
 mod approval;
 mod lifecycle;
+mod push;
 mod webhooks;
 
 use std::sync::Arc;

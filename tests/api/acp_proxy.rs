@@ -549,3 +549,73 @@ async fn the_proxy_exits_with_the_agents_code() {
     let (code, stderr, _) = editor.finish().await;
     assert_eq!(code, 7, "{stderr}");
 }
+
+#[tokio::test]
+async fn a_request_without_raw_input_is_submitted_from_what_it_shows() {
+    let app = spawn_app().await;
+    let mut editor = Editor::start(&broker_url(&app), &[]);
+    editor.open_session(CWD).await;
+    // Gemini CLI's way: no raw input and no tool name; the file and the diff are shown.
+    let shown = json!({
+        "toolCallId": "replace-1", "status": "pending", "kind": "edit",
+        "title": "Writing to a.txt",
+        "locations": [{"path": "/work/project/a.txt"}],
+        "content": [{"type": "diff", "path": "/work/project/a.txt", "oldText": "a", "newText": "b"}],
+    });
+    let mut announced = shown.clone();
+    announced["sessionUpdate"] = json!("tool_call");
+    let script = json!([
+        {"update": announced},
+        {"ask": {"toolCall": shown, "options": [
+            {"optionId": "proceed_always", "name": "Allow All Edits", "kind": "allow_always"},
+            {"optionId": "proceed_once", "name": "Allow", "kind": "allow_once"},
+            {"optionId": "cancel", "name": "Reject", "kind": "reject_once"},
+        ]}},
+    ]);
+    editor.prompt(script).await;
+
+    let call = pending_call(&app, "replace-1").await;
+    assert_eq!(call.tool, "edit");
+    assert_eq!(
+        serde_json::from_str::<Value>(&call.input_json).unwrap(),
+        json!({
+            "kind": "edit", "title": "Writing to a.txt", "path": "/work/project/a.txt",
+            "locations": [{"path": "/work/project/a.txt"}], "oldText": "a", "newText": "b",
+        })
+    );
+    let action = call.action.clone().expect("an action");
+    assert_eq!(action.kind, "edit");
+    assert_eq!(
+        serde_json::from_str::<Value>(&action.fields_json).unwrap()["path"],
+        "/work/project/a.txt"
+    );
+    approve(&app, SESSION, "replace-1").await;
+    assert_eq!(
+        editor.answer_the_agent_got().await["result"]["outcome"],
+        selected("proceed_once")
+    );
+    editor.finish().await;
+}
+
+#[tokio::test]
+async fn a_line_from_the_agent_that_cannot_be_read_never_reaches_the_editor() {
+    let app = spawn_app().await;
+    let mut editor = Editor::start(&broker_url(&app), &[]);
+    editor.open_session(CWD).await;
+    // A lone surrogate: JavaScript's JSON.parse reads this request; a strict reader does not.
+    let unreadable = r#"{"jsonrpc":"2.0","id":9,"method":"session/request_permission","params":{"sessionId":"sess-1","toolCall":{"toolCallId":"t\ud800"},"options":[]}}"#;
+    let turn = editor
+        .prompt(json!([{"raw": unreadable}, {"raw": "plain text"}]))
+        .await;
+    editor.response(turn).await;
+    let (_, stderr, editor) = editor.finish().await;
+    for line in &editor.received {
+        let text = String::from_utf8_lossy(line);
+        assert!(
+            !text.contains("ud800") && !text.contains("plain text"),
+            "{text}"
+        );
+    }
+    assert!(stderr.contains("not JSON"), "{stderr}");
+    assert!(all_calls(&app).await.is_empty());
+}

@@ -37,6 +37,7 @@ mod limits;
 mod lookalikes;
 mod numbers;
 mod policy_cache;
+mod push;
 mod receipts;
 mod recovery;
 mod replay;

@@ -8,6 +8,7 @@ import { $, h } from "./dom";
 import type { Call } from "./gen/approvals/v1/types_pb";
 import { Live, type LinkState } from "./live";
 import { PendingView } from "./pending";
+import { followLinks, pushSupported, renewPush, subscribePush } from "./push";
 
 const TITLE = "Approval inbox";
 
@@ -32,13 +33,15 @@ function signIn(error?: string, withToken = true): void {
   };
 }
 
-function notifier(): (call: Call) => void {
+function notifier(api: Api): (call: Call) => void {
   const button = $("notify") as HTMLButtonElement;
   if (!("Notification" in window)) return () => {};
   button.hidden = Notification.permission !== "default";
   button.onclick = async () => {
     await Notification.requestPermission();
     button.hidden = Notification.permission !== "default";
+    // Web Push too, where the browser can: notifications while the inbox is closed.
+    if (Notification.permission === "granted" && pushSupported()) subscribePush(api).catch((error) => console.warn("push subscription failed:", error));
   };
   return (call) => {
     if (Notification.permission !== "granted" || !document.hidden) return;
@@ -55,7 +58,7 @@ function open(session: Session): void {
     forgetSession();
     location.reload();
   };
-  const notify = notifier();
+  const notify = notifier(api);
   const connection = $("connection");
   const away = $("away");
   let pending: PendingView;
@@ -141,6 +144,8 @@ function open(session: Session): void {
     action();
   });
   void live.run();
+  renewPush(api);
+  followLinks(main);
 }
 
 const session = savedSession();

@@ -50,7 +50,8 @@ export class Broker {
   port = 0;
 
   /** `tokens: false` runs the broker without tokens (authentication off, the laptop default). */
-  constructor(private readonly options: { tokens: boolean } = { tokens: true }) {}
+  /** `args`: more flags for the broker (the push test allows its loopback push service). */
+  constructor(private readonly options: { tokens: boolean; args?: string[] } = { tokens: true }) {}
 
   get url(): string {
     return `http://127.0.0.1:${this.port}`;
@@ -61,7 +62,7 @@ export class Broker {
     const log = openSync(join(this.dir, "broker.log"), "a");
     this.process = spawn(
       BROKER,
-      ["--listen", `127.0.0.1:${this.port}`, "--metrics-listen", "off", "--database-url", `sqlite://${join(this.dir, "approvals.db")}`],
+      ["--listen", `127.0.0.1:${this.port}`, "--metrics-listen", "off", "--database-url", `sqlite://${join(this.dir, "approvals.db")}`, ...(this.options.args ?? [])],
       {
         env: { PATH: process.env.PATH ?? "", RUST_LOG: "info", ...(this.options.tokens ? { APPROVALS_TOKENS: TOKEN_LINES } : {}) },
         stdio: ["ignore", log, log],

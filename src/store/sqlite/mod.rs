@@ -9,6 +9,7 @@
 //! power loss.
 
 mod lifecycle;
+mod push;
 #[cfg(test)]
 mod wal_tests;
 mod webhooks;
