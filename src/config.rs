@@ -55,6 +55,8 @@ pub struct Config {
     pub lifecycle: LifecycleSettings,
     #[command(flatten)]
     pub receipts: ReceiptsSettings,
+    #[command(flatten)]
+    pub slack: SlackFlags,
 }
 
 /// What happens to calls nobody answers (see `domain::escalation`).
@@ -777,6 +779,134 @@ impl Config {
             inbox_url: self.webhooks.inbox_url.clone(),
             egress: std::sync::Arc::new(self.webhook_egress()),
         }
+    }
+}
+
+// --- Slack app mode (issue 49) ------------------------------------------------------------------
+
+/// Slack app mode: pending calls posted to channels with Approve / Deny / Open, and the clicks
+/// decided through the same gate (docs/notifications.md). Off unless `--slack-file` is set.
+#[derive(Debug, Clone, Args)]
+pub struct SlackFlags {
+    /// A JSON file of the channels calls are posted to and the people who may decide from Slack:
+    /// `{"channels": [{"channel", "workspace", "tool", "group"}], "people": [{"slack_user",
+    /// "email", "identity", "groups"}]}`. Setting it turns Slack app mode on.
+    #[arg(id = "slack_file", long = "slack-file", env = "APPROVALS_SLACK_FILE")]
+    pub file: Option<PathBuf>,
+
+    /// A file holding the bot token (`xoxb-…`); or set APPROVALS_SLACK_BOT_TOKEN.
+    #[arg(
+        id = "slack_bot_token_file",
+        long = "slack-bot-token-file",
+        env = "APPROVALS_SLACK_BOT_TOKEN_FILE"
+    )]
+    pub bot_token_file: Option<PathBuf>,
+
+    /// The bot token itself: set it in the environment (a flag would show it in `ps`).
+    #[arg(
+        id = "slack_bot_token",
+        long = "slack-bot-token",
+        env = "APPROVALS_SLACK_BOT_TOKEN",
+        hide = true,
+        hide_env_values = true
+    )]
+    pub bot_token: Option<String>,
+
+    /// A file holding the app's signing secret; or set APPROVALS_SLACK_SIGNING_SECRET.
+    #[arg(
+        id = "slack_signing_secret_file",
+        long = "slack-signing-secret-file",
+        env = "APPROVALS_SLACK_SIGNING_SECRET_FILE"
+    )]
+    pub signing_secret_file: Option<PathBuf>,
+
+    /// The signing secret itself: set it in the environment.
+    #[arg(
+        id = "slack_signing_secret",
+        long = "slack-signing-secret",
+        env = "APPROVALS_SLACK_SIGNING_SECRET",
+        hide = true,
+        hide_env_values = true
+    )]
+    pub signing_secret: Option<String>,
+
+    /// Slack's Web API base URL (a test points it at a loopback server, which
+    /// --webhook-allow-hosts must then allow).
+    #[arg(id = "slack_api_url", long = "slack-api-url", env = "APPROVALS_SLACK_API_URL", default_value = crate::slack::DEFAULT_API_URL)]
+    pub api_url: String,
+
+    /// Attempts at one Web API call (post, update, thread) before it is given up; the waits
+    /// between them are --webhook-retry-min doubling up to --webhook-retry-max.
+    #[arg(id = "slack_attempts", long = "slack-attempts", env = "APPROVALS_SLACK_ATTEMPTS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub attempts: u32,
+}
+
+impl Config {
+    /// Slack app mode's settings, when `--slack-file` turns it on: the file, the token and the
+    /// signing secret read, and the API URL checked against the egress policy, at start.
+    pub fn slack(&self) -> crate::Result<Option<crate::slack::SlackSettings>> {
+        let Some(path) = &self.slack.file else {
+            return Ok(None);
+        };
+        let (routes, people) = setting_file(
+            "--slack-file / APPROVALS_SLACK_FILE",
+            path,
+            crate::slack::parse_file,
+        )?;
+        let secret = |value: &Option<String>, file: &Option<PathBuf>, setting: &str| {
+            let text = match (value, file) {
+                (Some(value), None) => value.clone(),
+                (None, Some(file)) => {
+                    setting_file(setting, file, |t| Ok::<_, String>(t.to_owned()))?
+                }
+                (Some(_), Some(_)) => {
+                    return Err(crate::Error::invalid(
+                        setting,
+                        "set either the file or the variable, not both",
+                    ));
+                }
+                (None, None) => {
+                    return Err(crate::Error::invalid(
+                        setting,
+                        "is required when --slack-file is set",
+                    ));
+                }
+            };
+            let text = text.trim().to_owned();
+            if text.is_empty() {
+                return Err(crate::Error::invalid(setting, "is empty"));
+            }
+            Ok(text)
+        };
+        let bot_token = secret(
+            &self.slack.bot_token,
+            &self.slack.bot_token_file,
+            "--slack-bot-token-file / APPROVALS_SLACK_BOT_TOKEN",
+        )?;
+        let signing_secret = secret(
+            &self.slack.signing_secret,
+            &self.slack.signing_secret_file,
+            "--slack-signing-secret-file / APPROVALS_SLACK_SIGNING_SECRET",
+        )?;
+        let api_url =
+            crate::domain::webhook::WebhookUrl::parse("--slack-api-url", &self.slack.api_url)?;
+        let egress = self.webhook_egress();
+        egress
+            .check_url(&api_url)
+            .map_err(|reason| crate::Error::invalid("--slack-api-url", reason))?;
+        Ok(Some(crate::slack::SlackSettings {
+            api_url: api_url.as_str().to_owned(),
+            bot_token,
+            signing_secret,
+            routes,
+            people,
+            inbox_url: self.webhooks.inbox_url.clone(),
+            timeout: self.webhooks.timeout,
+            retry_min: self.webhooks.retry_min,
+            retry_max: self.webhooks.retry_max.max(self.webhooks.retry_min),
+            attempts: self.slack.attempts,
+            egress: std::sync::Arc::new(egress),
+        }))
     }
 }
 

@@ -23,6 +23,9 @@
 //!   the broker (besides it, it uses `auth`, `events`, `receipts` and `stream_slots`).
 //! - `inbox/`: the approval web page, served beside gRPC on the same port; the page's requests
 //!   are gRPC-Web to the same services, through the same tokens and limits.
+//! - `slack/`: Slack app mode: pending calls posted from the event log with Approve / Deny /
+//!   Open, and Slack's signed clicks (one HTTP path on the same port) decided through the broker
+//!   like any decision.
 //! - `hook/`, `acp/`, `mcp/`: adapters for the agents people run (the approval hooks of Claude
 //!   Code, Codex, Gemini CLI, Copilot and Cursor on one shared core, `hook/host_call.rs`; an Agent
 //!   Client Protocol proxy between an editor and its agent; any MCP client and server), gRPC
@@ -89,6 +92,7 @@ pub mod proto;
 pub mod push;
 pub mod receipts;
 pub mod retention;
+pub mod slack;
 pub mod startup;
 pub mod store;
 pub mod stream_slots;

@@ -47,6 +47,7 @@ pub async fn run(
     // An invalid policy file stops the broker before anything else happens.
     let policy_rules = config.policy_rules()?;
     let file_webhooks = config.webhooks_file()?;
+    let slack_settings = config.slack()?;
     let default_escalation = config.escalation_ladder()?;
     let reply_limit = config.reply_limit()?;
     let database = config.store.database()?;
@@ -107,6 +108,20 @@ pub async fn run(
         tokio::spawn(health::probe_while_open(Arc::clone(&store))),
         tokio::spawn(Arc::clone(&dispatcher).run()),
     ];
+    // Slack app mode: posts the calls committed from now on, from the event log.
+    let slack = match slack_settings {
+        Some(settings) => {
+            let slack = crate::slack::Slack::new(settings);
+            let feed = bus.feed_after(store.latest_seq().await?);
+            tracing::info!(
+                path = crate::slack::interactivity::PATH,
+                "Slack app mode on: clicks are taken at {}",
+                crate::slack::interactivity::PATH
+            );
+            Some((Arc::clone(&slack), tokio::spawn(slack.post_from(feed))))
+        }
+        None => None,
+    };
 
     let (stop, stopping) = watch::channel(false);
     let mut broker = Broker::new(store, bus, sweeper, config.limits(), stopping)
@@ -199,10 +214,15 @@ pub async fn run(
         // Every request's log lines carry its RPC; the broker's own spans add the session and
         // call ids. With traces on, it continues the caller's `traceparent`.
         .trace_fn(crate::traces::rpc_span)
-        // HTTP/1.1 only for browsers on `http://`: the page and gRPC-Web (see `inbox`).
-        .accept_http1(config.serve.inbox)
-        // Outermost first: the page's files, then gRPC-Web turned into gRPC, so the limits
-        // below see every call in one form.
+        // HTTP/1.1 only for browsers on `http://` (the page and gRPC-Web, see `inbox`) and for
+        // Slack's clicks.
+        .accept_http1(config.serve.inbox || slack.is_some())
+        // Outermost first: Slack's signed clicks (one path), the page's files, then gRPC-Web
+        // turned into gRPC, so the limits below see every call in one form.
+        .layer(crate::slack::interactivity::SlackInteractivity::new(
+            slack.as_ref().map(|(slack, _)| Arc::clone(slack)),
+            Arc::clone(&broker),
+        ))
         .layer(InboxPage::new(config.serve.inbox, !authenticated))
         .layer(GrpcWebLayer::new())
         // Counted after gRPC-Web is turned into gRPC, and outside the limits' rewriting, so
@@ -296,6 +316,9 @@ pub async fn run(
             Ok(())
         }
     };
+    if let Some((_, poster)) = &slack {
+        poster.abort();
+    }
     for task in background.into_iter().chain(retention) {
         task.abort();
     }

@@ -47,6 +47,7 @@ mod retention;
 mod routing;
 mod rules;
 mod shadow;
+mod slack;
 mod storage;
 mod supersede;
 mod surface;

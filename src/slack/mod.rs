@@ -1,0 +1,385 @@
+//! Slack app mode: each pending call posted to the channel its route names, with Approve, Deny
+//! and Open buttons; the message updated when the call is decided anywhere; reminders,
+//! escalations and recorded votes threaded under it; and the buttons answered through the one
+//! gate (`Broker::decide`), as the approver the Slack user is mapped to.
+//!
+//! - this file: the settings, the `--slack-file` (channels and people), and the poster, which
+//!   reads the committed event log (as webhook delivery does), so Slack being slow or down never
+//!   slows a decision: posting happens after the fact, retried a bounded number of times;
+//! - `blocks`: the messages (Block Kit, escaped, bounded); `api`: the Web API client;
+//! - `signature`: `X-Slack-Signature` and replays; `interactivity`: the HTTP endpoint Slack
+//!   POSTs clicks to, on the gRPC port.
+//!
+//! Nothing here ever decides a call itself: a click becomes a `Decision` whose approver and
+//! groups come from the configured mapping, and the broker's gate judges it like any other.
+
+pub mod api;
+pub mod blocks;
+pub mod interactivity;
+pub mod signature;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::domain::identity::Identity;
+use crate::domain::policy::group_name;
+use crate::domain::{Call, CallKey, Event, EventKind};
+use crate::error::{Error, Result};
+use crate::events::Feed;
+use crate::webhooks::egress::EgressPolicy;
+
+use self::api::WebApi;
+use self::signature::Verifier;
+
+/// Slack's Web API, unless `--slack-api-url` says otherwise (tests: a loopback server).
+pub const DEFAULT_API_URL: &str = "https://slack.com/api";
+
+/// Which channel a call goes to: the first route whose every named field matches the call
+/// (its workspace, its tool, a group of its requirement); a field left out matches any call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub channel: String,
+    pub workspace: Option<String>,
+    pub tool: Option<String>,
+    pub group: Option<String>,
+}
+
+impl Route {
+    fn matches(&self, call: &Call) -> bool {
+        let groups: &[String] = call
+            .approval
+            .as_ref()
+            .map_or(&[], |a| &a.requirement.approvers.groups);
+        self.workspace.as_ref().is_none_or(|w| *w == call.workspace)
+            && self.tool.as_ref().is_none_or(|t| t == call.tool.as_str())
+            && self.group.as_ref().is_none_or(|g| groups.contains(g))
+    }
+}
+
+/// A person who may decide from Slack: their Slack user id (or the email `users.info` gives for
+/// it), the approver identity they are (canonical, like every identity), and their groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlackPerson {
+    pub slack_user: Option<String>,
+    pub email: Option<String>,
+    pub identity: String,
+    pub groups: Vec<String>,
+}
+
+/// Everything Slack app mode needs, parsed and checked at start.
+#[derive(Clone)]
+pub struct SlackSettings {
+    pub api_url: String,
+    pub bot_token: String,
+    pub signing_secret: String,
+    pub routes: Vec<Route>,
+    pub people: Vec<SlackPerson>,
+    /// The inbox's base URL, for the Open button (`--webhooks-inbox-url`).
+    pub inbox_url: Option<String>,
+    pub timeout: Duration,
+    pub retry_min: Duration,
+    pub retry_max: Duration,
+    /// Attempts at one Web API call before it is given up (logged).
+    pub attempts: u32,
+    pub egress: Arc<EgressPolicy>,
+}
+
+impl std::fmt::Debug for SlackSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlackSettings")
+            .field("api_url", &self.api_url)
+            .field("routes", &self.routes)
+            .field("people", &self.people.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads `--slack-file`: `{"channels": [{"channel", "workspace"?, "tool"?, "group"?}],
+/// "people": [{"slack_user"? , "email"?, "identity", "groups"?}]}`. Errors name the entry.
+pub fn parse_file(text: &str) -> Result<(Vec<Route>, Vec<SlackPerson>)> {
+    let value: Value = crate::domain::json::parse("slack file", text)?;
+    let object = value
+        .as_object()
+        .ok_or_else(|| Error::invalid("slack file", "must be a JSON object"))?;
+    for key in object.keys() {
+        if key != "channels" && key != "people" {
+            return Err(Error::invalid(
+                "slack file",
+                format!("unknown key `{key}` (expected `channels` and `people`)"),
+            ));
+        }
+    }
+    let list = |name: &str| -> Result<Vec<Value>> {
+        match object.get(name) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => Ok(items.clone()),
+            Some(_) => Err(Error::invalid(name, "must be a list")),
+        }
+    };
+    let text_field = |entry: &Value, at: &str, key: &str| -> Result<Option<String>> {
+        match entry.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if !s.trim().is_empty() => Ok(Some(s.trim().to_owned())),
+            Some(_) => Err(Error::invalid(
+                format!("{at}.{key}"),
+                "must be a non-empty string",
+            )),
+        }
+    };
+    let check_keys = |entry: &Value, at: &str, known: &[&str]| -> Result<()> {
+        let object = entry
+            .as_object()
+            .ok_or_else(|| Error::invalid(at, "must be an object"))?;
+        match object.keys().find(|k| !known.contains(&k.as_str())) {
+            Some(key) => Err(Error::invalid(
+                at,
+                format!("unknown key `{key}` (known: {})", known.join(", ")),
+            )),
+            None => Ok(()),
+        }
+    };
+    let mut routes = Vec::new();
+    for (i, entry) in list("channels")?.iter().enumerate() {
+        let at = format!("channels[{i}]");
+        check_keys(entry, &at, &["channel", "workspace", "tool", "group"])?;
+        let channel = text_field(entry, &at, "channel")?
+            .ok_or_else(|| Error::invalid(format!("{at}.channel"), "is required"))?;
+        if !channel
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '#')
+        {
+            return Err(Error::invalid(
+                format!("{at}.channel"),
+                "a channel id (C0123ABC) or name (#approvals)",
+            ));
+        }
+        let group = match text_field(entry, &at, "group")? {
+            Some(g) => Some(group_name(&format!("{at}.group"), &g)?),
+            None => None,
+        };
+        routes.push(Route {
+            channel,
+            workspace: text_field(entry, &at, "workspace")?,
+            tool: text_field(entry, &at, "tool")?,
+            group,
+        });
+    }
+    let mut people: Vec<SlackPerson> = Vec::new();
+    for (i, entry) in list("people")?.iter().enumerate() {
+        let at = format!("people[{i}]");
+        check_keys(entry, &at, &["slack_user", "email", "identity", "groups"])?;
+        let slack_user = text_field(entry, &at, "slack_user")?;
+        let email = text_field(entry, &at, "email")?.map(|e| e.to_lowercase());
+        if slack_user.is_none() && email.is_none() {
+            return Err(Error::invalid(
+                &at,
+                "needs `slack_user` (U0123ABC) or `email`",
+            ));
+        }
+        let typed = text_field(entry, &at, "identity")?
+            .ok_or_else(|| Error::invalid(format!("{at}.identity"), "is required"))?;
+        let identity = Identity::parse(&format!("{at}.identity"), &typed)?.into_string();
+        let mut groups = Vec::new();
+        match entry.get("groups") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(names)) => {
+                for (j, name) in names.iter().enumerate() {
+                    let field = format!("{at}.groups[{j}]");
+                    let name = name
+                        .as_str()
+                        .ok_or_else(|| Error::invalid(&field, "must be a string"))?;
+                    let name = group_name(&field, name)?;
+                    if !groups.contains(&name) {
+                        groups.push(name);
+                    }
+                }
+            }
+            Some(_) => return Err(Error::invalid(format!("{at}.groups"), "must be a list")),
+        }
+        groups.sort();
+        if let Some(user) = &slack_user
+            && let Some(first) = people
+                .iter()
+                .position(|p| p.slack_user.as_ref() == Some(user))
+        {
+            return Err(Error::invalid(
+                format!("{at}.slack_user"),
+                format!("`{user}` is already mapped by people[{first}]: one person, one entry"),
+            ));
+        }
+        people.push(SlackPerson {
+            slack_user,
+            email,
+            identity,
+            groups,
+        });
+    }
+    Ok((routes, people))
+}
+
+/// Where a call's message is: its channel and timestamp (Slack's id of a message).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Posted {
+    pub channel: String,
+    pub ts: String,
+}
+
+/// Slack app mode, running: the Web API client, the request verifier, and the messages posted.
+pub struct Slack {
+    settings: SlackSettings,
+    api: WebApi,
+    verifier: Verifier,
+    /// The message of each call posted by this process.
+    messages: Mutex<HashMap<CallKey, Posted>>,
+}
+
+impl Slack {
+    pub fn new(settings: SlackSettings) -> Arc<Self> {
+        let api = WebApi::new(
+            &settings.api_url,
+            settings.bot_token.clone(),
+            settings.timeout,
+            Arc::clone(&settings.egress),
+        );
+        let verifier = Verifier::new(&settings.signing_secret);
+        Arc::new(Self {
+            settings,
+            api,
+            verifier,
+            messages: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The channel a call goes to, if a route names one.
+    fn channel_for(&self, call: &Call) -> Option<&str> {
+        self.settings
+            .routes
+            .iter()
+            .find(|r| r.matches(call))
+            .map(|r| r.channel.as_str())
+    }
+
+    fn posted(&self, key: &CallKey) -> Option<Posted> {
+        self.messages
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    /// Posts, updates and threads from the committed events `feed` yields, until it ends.
+    pub async fn post_from(self: Arc<Self>, mut feed: Feed) {
+        loop {
+            match feed.next().await {
+                Ok(delivery) => self.tell(&delivery.event).await,
+                Err(err) => {
+                    tracing::warn!(error = %err, "the Slack poster's event feed ended");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// What one committed event does to Slack.
+    async fn tell(&self, event: &Event) {
+        let call = &event.call;
+        match event.kind {
+            EventKind::Requested => {
+                let Some(channel) = self.channel_for(call) else {
+                    return;
+                };
+                let mut body = blocks::pending(call, self.settings.inbox_url.as_deref());
+                body["channel"] = json!(channel);
+                body["unfurl_links"] = json!(false);
+                body["unfurl_media"] = json!(false);
+                if let Some(answer) = self.call_with_retries("chat.postMessage", &body).await {
+                    let posted = Posted {
+                        channel: answer["channel"].as_str().unwrap_or(channel).to_owned(),
+                        ts: answer["ts"].as_str().unwrap_or_default().to_owned(),
+                    };
+                    if !posted.ts.is_empty() {
+                        self.messages
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .insert(call.key.clone(), posted);
+                    }
+                }
+            }
+            EventKind::Resolved => {
+                let Some(posted) = self.posted(&call.key) else {
+                    return;
+                };
+                let body = blocks::decided(call, self.settings.inbox_url.as_deref());
+                self.update(&posted, body).await;
+                self.messages
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&call.key);
+            }
+            EventKind::ApprovalRecorded => {
+                let Some(posted) = self.posted(&call.key) else {
+                    return;
+                };
+                let body = blocks::pending(call, self.settings.inbox_url.as_deref());
+                self.update(&posted, body).await;
+                if let Some(vote) = call.approval.as_ref().and_then(|a| a.votes.last()) {
+                    let verb = if vote.approve { "approved" } else { "denied" };
+                    let note = format!("{} {verb}; {}", vote.approver, blocks::requirement(call));
+                    self.in_thread(&posted, &note).await;
+                }
+            }
+            EventKind::Reminded | EventKind::Escalated => {
+                let Some(posted) = self.posted(&call.key) else {
+                    return;
+                };
+                let what = if event.kind == EventKind::Reminded {
+                    "Reminder"
+                } else {
+                    "Escalated"
+                };
+                let waited = event
+                    .fired_step()
+                    .map(|s| format!(" for {}", humantime::format_duration(s.after)))
+                    .unwrap_or_default();
+                let note = format!("{what}: this call is still waiting{waited}.");
+                self.in_thread(&posted, &note).await;
+            }
+        }
+    }
+
+    async fn update(&self, posted: &Posted, mut body: Value) {
+        body["channel"] = json!(posted.channel);
+        body["ts"] = json!(posted.ts);
+        self.call_with_retries("chat.update", &body).await;
+    }
+
+    async fn in_thread(&self, posted: &Posted, note: &str) {
+        let mut body = blocks::thread_note(note);
+        body["channel"] = json!(posted.channel);
+        body["thread_ts"] = json!(posted.ts);
+        self.call_with_retries("chat.postMessage", &body).await;
+    }
+
+    /// Calls `method`, retrying failures with a doubling backoff up to `attempts` in all; the
+    /// answer, or `None` (logged) when every attempt failed.
+    async fn call_with_retries(&self, method: &str, body: &Value) -> Option<Value> {
+        let mut wait = self.settings.retry_min;
+        for attempt in 1..=self.settings.attempts.max(1) {
+            match self.api.call(method, body).await {
+                Ok(answer) => return Some(answer),
+                Err(error) if attempt < self.settings.attempts => {
+                    tracing::warn!(%method, %error, attempt, "Slack Web API call failed; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(self.settings.retry_max);
+                }
+                Err(error) => {
+                    tracing::warn!(%method, %error, attempt, "Slack Web API call failed; given up");
+                }
+            }
+        }
+        None
+    }
+}

@@ -1,0 +1,872 @@
+//! Slack app mode, black box: a real broker posts pending calls to a loopback stand-in for
+//! Slack's Web API, which checks every request against Slack's documented shapes (method, bot
+//! token, JSON body, required fields) and every message against Block Kit's documented limits;
+//! clicks are POSTed to the broker's interactivity endpoint signed as Slack signs them (HMAC
+//! computed here with the `hmac` crate, not the broker's code; `.ci/slack` signs them again with
+//! `slack_sdk`). Each click is decided through the one gate: a quorum needs two people, the
+//! requester cannot approve their own call, a person outside the groups is refused, a Slack
+//! user the broker does not know is told so, ephemerally; forged, replayed and stale requests
+//! decide nothing. The message is updated when the call is decided, in Slack or in the inbox.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hmac::{Hmac, KeyInit as _, Mac as _};
+use http_body_util::{BodyExt as _, Full};
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
+
+use approval_broker::config::Config;
+use approval_broker::domain::policy::Approvers;
+use approval_broker::proto::v1 as pb;
+
+use crate::helpers::{self, Backend, PATIENCE, TestApp, approve, call, states, submit_one};
+
+const BOT_TOKEN: &str = "xoxb-test-token";
+const SIGNING_SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
+const CHANNEL: &str = "C0APPROVALS";
+
+// --- the stand-in for Slack ---------------------------------------------------------------------
+
+/// One request the stand-in got.
+#[derive(Debug, Clone)]
+struct Received {
+    path: String,
+    body: Value,
+}
+
+/// Slack's Web API on loopback: answers `chat.postMessage`, `chat.update` and `users.info` as
+/// Slack does, takes the ephemeral answers POSTed to `response_url`s, and records what was
+/// wrong with any request (a test ends by asserting there was nothing).
+struct FakeSlack {
+    address: SocketAddr,
+    received: Arc<Mutex<Vec<Received>>>,
+    problems: Arc<Mutex<Vec<String>>>,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+/// What is wrong with a message, by Block Kit's documented limits.
+fn block_kit_problems(body: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            problems.push(what);
+        }
+    };
+    let text = body["text"].as_str().unwrap_or_default();
+    check(text.chars().count() <= 40_000, "text over 40000".into());
+    let Some(blocks) = body.get("blocks") else {
+        check(!text.is_empty(), "neither text nor blocks".into());
+        return problems;
+    };
+    let blocks = blocks.as_array().cloned().unwrap_or_default();
+    check(
+        (1..=50).contains(&blocks.len()),
+        format!("{} blocks", blocks.len()),
+    );
+    for block in &blocks {
+        match block["type"].as_str() {
+            Some("section") => {
+                let t = block["text"]["text"].as_str().unwrap_or_default();
+                check(
+                    block["text"]["type"] == "mrkdwn" || block["text"]["type"] == "plain_text",
+                    "section text type".into(),
+                );
+                check(
+                    (1..=3000).contains(&t.chars().count()),
+                    format!("section text of {}", t.chars().count()),
+                );
+            }
+            Some("context") => {
+                let elements = block["elements"].as_array().cloned().unwrap_or_default();
+                check(
+                    (1..=10).contains(&elements.len()),
+                    "context elements".into(),
+                );
+                for e in elements {
+                    check(
+                        e["text"].as_str().unwrap_or_default().chars().count() <= 3000,
+                        "context text".into(),
+                    );
+                }
+            }
+            Some("actions") => {
+                let elements = block["elements"].as_array().cloned().unwrap_or_default();
+                check(
+                    (1..=25).contains(&elements.len()),
+                    "actions elements".into(),
+                );
+                check(
+                    block["block_id"].as_str().is_none_or(|b| b.len() <= 255),
+                    "block_id".into(),
+                );
+                for button in elements {
+                    check(
+                        button["type"] == "button",
+                        "an action that is no button".into(),
+                    );
+                    let label = button["text"]["text"].as_str().unwrap_or_default();
+                    check(
+                        button["text"]["type"] == "plain_text"
+                            && (1..=75).contains(&label.chars().count()),
+                        "button text".into(),
+                    );
+                    let id = button["action_id"].as_str().unwrap_or_default();
+                    check((1..=255).contains(&id.len()), "action_id".into());
+                    check(
+                        button["value"]
+                            .as_str()
+                            .is_none_or(|v| v.chars().count() <= 2000),
+                        "button value".into(),
+                    );
+                    check(
+                        button["url"]
+                            .as_str()
+                            .is_none_or(|u| u.chars().count() <= 3000),
+                        "button url".into(),
+                    );
+                    check(
+                        button["style"]
+                            .as_str()
+                            .is_none_or(|s| s == "primary" || s == "danger"),
+                        "button style".into(),
+                    );
+                }
+            }
+            other => check(false, format!("block type {other:?}")),
+        }
+    }
+    problems
+}
+
+impl FakeSlack {
+    async fn start(emails: &[(&str, &str)]) -> FakeSlack {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let received: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let problems: Arc<Mutex<Vec<String>>> = Arc::default();
+        let emails: Arc<Vec<(String, String)>> = Arc::new(
+            emails
+                .iter()
+                .map(|(u, e)| (u.to_string(), e.to_string()))
+                .collect(),
+        );
+        let (r, p) = (Arc::clone(&received), Arc::clone(&problems));
+        let server = tokio::spawn(async move {
+            let counter = Arc::new(Mutex::new(0u32));
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (r, p, emails, counter) = (
+                    Arc::clone(&r),
+                    Arc::clone(&p),
+                    Arc::clone(&emails),
+                    Arc::clone(&counter),
+                );
+                tokio::spawn(async move {
+                    let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                        let (r, p, emails, counter) = (
+                            Arc::clone(&r),
+                            Arc::clone(&p),
+                            Arc::clone(&emails),
+                            Arc::clone(&counter),
+                        );
+                        async move {
+                            let answer = answer(request, &r, &p, &emails, &counter).await;
+                            Ok::<_, std::convert::Infallible>(
+                                Response::builder()
+                                    .header("content-type", "application/json; charset=utf-8")
+                                    .body(Full::new(Bytes::from(answer.to_string())))
+                                    .unwrap(),
+                            )
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        FakeSlack {
+            address,
+            received,
+            problems,
+            _server: server,
+        }
+    }
+
+    fn api_url(&self) -> String {
+        format!("http://{}/api", self.address)
+    }
+
+    fn response_url(&self) -> String {
+        format!("http://{}/actions/T0TEAM/1/respond", self.address)
+    }
+
+    fn received(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+
+    /// The first request to `path` that `accept` takes, waiting for it up to [`PATIENCE`].
+    async fn wait_for(&self, path: &str, accept: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            if let Some(found) = self
+                .received()
+                .into_iter()
+                .find(|r| r.path == path && accept(&r.body))
+            {
+                return found.body;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "nothing to {path} that the test waits for; got {:#?}",
+                self.received()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The ephemeral answer to the `n`th click (from 1), as its text.
+    async fn ephemeral(&self, n: usize) -> String {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let answers: Vec<Value> = self
+                .received()
+                .into_iter()
+                .filter(|r| r.path.starts_with("/actions/"))
+                .map(|r| r.body)
+                .collect();
+            if let Some(answer) = answers.get(n - 1) {
+                assert_eq!(answer["response_type"], "ephemeral", "{answer}");
+                assert_eq!(answer["replace_original"], false, "{answer}");
+                return answer["text"].as_str().unwrap_or_default().to_owned();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no answer to click {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn assert_no_problems(&self) {
+        let problems = self.problems.lock().unwrap().clone();
+        assert!(
+            problems.is_empty(),
+            "requests Slack would refuse: {problems:#?}"
+        );
+    }
+}
+
+/// The stand-in's answer to one request, after checking it as Slack documents it.
+async fn answer(
+    request: Request<hyper::body::Incoming>,
+    received: &Mutex<Vec<Received>>,
+    problems: &Mutex<Vec<String>>,
+    emails: &[(String, String)],
+    counter: &Mutex<u32>,
+) -> Value {
+    let path = request.uri().path().to_owned();
+    let method = request.method().clone();
+    let header = |name: &str| {
+        request
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let (authorization, content_type) = (header("authorization"), header("content-type"));
+    let bytes = request.into_body().collect().await.unwrap().to_bytes();
+    let mut wrong = Vec::new();
+    if method != hyper::Method::POST {
+        wrong.push(format!("{path}: method {method}"));
+    }
+    let body: Value = if path == "/api/users.info" {
+        if content_type != "application/x-www-form-urlencoded" {
+            wrong.push(format!("{path}: content-type {content_type}"));
+        }
+        let form = String::from_utf8_lossy(&bytes).into_owned();
+        json!({"user": form.strip_prefix("user=").unwrap_or_default()})
+    } else {
+        if content_type != "application/json; charset=utf-8" {
+            wrong.push(format!("{path}: content-type {content_type}"));
+        }
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+    };
+    let is_api = path.starts_with("/api/");
+    if is_api && authorization != format!("Bearer {BOT_TOKEN}") {
+        wrong.push(format!("{path}: authorization `{authorization}`"));
+    }
+    if !is_api && !authorization.is_empty() {
+        wrong.push(format!("{path}: the bot token sent to a response_url"));
+    }
+    let reply = match path.as_str() {
+        "/api/chat.postMessage" | "/api/chat.update" => {
+            if !body["channel"].is_string() {
+                wrong.push(format!("{path}: no channel"));
+            }
+            if path == "/api/chat.update" && !body["ts"].is_string() {
+                wrong.push(format!("{path}: no ts"));
+            }
+            wrong.extend(
+                block_kit_problems(&body)
+                    .into_iter()
+                    .map(|p| format!("{path}: {p}")),
+            );
+            let ts = match body["ts"].as_str() {
+                Some(ts) => ts.to_owned(),
+                None => {
+                    let mut n = counter.lock().unwrap();
+                    *n += 1;
+                    format!("1765000000.{:06}", *n)
+                }
+            };
+            json!({"ok": true, "channel": body["channel"], "ts": ts, "message": {"text": body["text"]}})
+        }
+        "/api/users.info" => {
+            let user = body["user"].as_str().unwrap_or_default();
+            match emails.iter().find(|(u, _)| u == user) {
+                Some((_, email)) => {
+                    json!({"ok": true, "user": {"id": user, "profile": {"email": email}}})
+                }
+                None => json!({"ok": false, "error": "user_not_found"}),
+            }
+        }
+        p if p.starts_with("/actions/") => json!({"ok": true}),
+        _ => {
+            wrong.push(format!("unknown method {path}"));
+            json!({"ok": false, "error": "unknown_method"})
+        }
+    };
+    received.lock().unwrap().push(Received { path, body });
+    problems.lock().unwrap().extend(wrong);
+    reply
+}
+
+// --- clicks -------------------------------------------------------------------------------------
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// `v0=` + hex HMAC-SHA256 of `v0:<timestamp>:<body>`, as Slack signs.
+fn slack_signature(secret: &str, timestamp: &str, body: &str) -> String {
+    let mut mac = Hmac::<sha2_hmac::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(format!("v0:{timestamp}:{body}").as_bytes());
+    let hex: String = mac
+        .finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("v0={hex}")
+}
+
+fn form_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'*' => {
+                (b as char).to_string()
+            }
+            b' ' => "+".into(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+static CLICKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The form body Slack POSTs for a click on `action` of `message` by `user`.
+fn click_body(slack: &FakeSlack, user: &str, action: &str, message: &Value) -> String {
+    let button = message["blocks"]
+        .as_array()
+        .and_then(|blocks| blocks.iter().find(|b| b["type"] == "actions"))
+        .and_then(|b| b["elements"].as_array())
+        .and_then(|e| e.iter().find(|b| b["action_id"] == action))
+        .unwrap_or_else(|| panic!("no {action} button in {message}"));
+    let payload = json!({
+        "type": "block_actions",
+        "user": {"id": user, "username": user.to_lowercase(), "team_id": "T0TEAM"},
+        "api_app_id": "A0APP",
+        "team": {"id": "T0TEAM", "domain": "example"},
+        "channel": {"id": CHANNEL, "name": "approvals"},
+        "container": {"type": "message", "message_ts": "1765000000.000001", "channel_id": CHANNEL},
+        "message": {"ts": "1765000000.000001", "text": message["text"], "blocks": message["blocks"]},
+        "response_url": slack.response_url(),
+        // Unique per click, as Slack's are: two clicks are two signed requests.
+        "trigger_id": format!("1.2.{}", CLICKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
+        "actions": [{
+            "type": "button", "action_id": action, "block_id": "decide",
+            "value": button["value"], "text": button["text"], "action_ts": "1765000001.000000",
+        }],
+    });
+    format!("payload={}", form_encode(&payload.to_string()))
+}
+
+/// POSTs `body` to the broker's interactivity endpoint with the given headers; the status.
+async fn post(app: &TestApp, path: &str, body: &str, headers: &[(&str, String)]) -> u16 {
+    let stream = TcpStream::connect(app.address).await.expect("connect");
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    let mut request = Request::post(path)
+        .header("host", app.address.to_string())
+        .header("content-type", "application/x-www-form-urlencoded");
+    for (name, value) in headers {
+        request = request.header(*name, value);
+    }
+    let request = request
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap();
+    sender
+        .send_request(request)
+        .await
+        .expect("answer")
+        .status()
+        .as_u16()
+}
+
+/// GETs `path` from the broker; the status.
+async fn get(app: &TestApp, path: &str) -> u16 {
+    let stream = TcpStream::connect(app.address).await.expect("connect");
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    let request = Request::get(path)
+        .header("host", app.address.to_string())
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    sender
+        .send_request(request)
+        .await
+        .expect("answer")
+        .status()
+        .as_u16()
+}
+
+/// Clicks as Slack would: signed now with the app's secret. The status.
+async fn click(app: &TestApp, slack: &FakeSlack, user: &str, action: &str, message: &Value) -> u16 {
+    let body = click_body(slack, user, action, message);
+    let timestamp = unix_now().to_string();
+    let signature = slack_signature(SIGNING_SECRET, &timestamp, &body);
+    post(
+        app,
+        "/slack/interactivity",
+        &body,
+        &[
+            ("x-slack-request-timestamp", timestamp),
+            ("x-slack-signature", signature),
+        ],
+    )
+    .await
+}
+
+// --- the broker ---------------------------------------------------------------------------------
+
+/// Slack app mode on against `slack`, with alice, bob and carol in `ops`, dave in `dev`, erin
+/// mapped by email; every call routed to one channel and needing `quorum` of `ops`.
+fn configure(slack: &FakeSlack, dir: &std::path::Path, quorum: u32) -> impl FnOnce(&mut Config) {
+    let file = dir.join("slack.json");
+    std::fs::write(
+        &file,
+        json!({
+            "channels": [{"channel": CHANNEL}],
+            "people": [
+                {"slack_user": "U0ALICE", "identity": "alice", "groups": ["ops"]},
+                {"slack_user": "U0BOB", "identity": "Bob", "groups": ["ops"]},
+                {"slack_user": "U0CAROL", "identity": "carol", "groups": ["ops"]},
+                {"slack_user": "U0DAVE", "identity": "dave", "groups": ["dev"]},
+                {"email": "erin@example.com", "identity": "erin", "groups": ["ops"]},
+            ],
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let api_url = slack.api_url();
+    move |config: &mut Config| {
+        crate::webhooks::allow_loopback(config);
+        config.webhooks.retry_min = Duration::from_millis(20);
+        config.webhooks.retry_max = Duration::from_millis(200);
+        config.webhooks.inbox_url = Some("https://approvals.example.com".into());
+        config.slack.file = Some(file);
+        config.slack.bot_token = Some(BOT_TOKEN.into());
+        config.slack.signing_secret = Some(SIGNING_SECRET.into());
+        config.slack.api_url = api_url;
+        config.policy.default_approvers = Some(Approvers {
+            groups: vec!["ops".into()],
+            quorum,
+            ..Approvers::default()
+        });
+    }
+}
+
+/// Starts the stand-in and a broker on `backend` posting to it.
+async fn start(backend: Backend, quorum: u32) -> (TestApp, FakeSlack, tempfile::TempDir) {
+    let slack = FakeSlack::start(&[("U0ERIN", "Erin@Example.com")]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let app = helpers::spawn_app_on(backend, configure(&slack, dir.path(), quorum)).await;
+    (app, slack, dir)
+}
+
+/// Submits `call_id` (by `requested_by`, if any) and returns its message once it is posted.
+async fn submit_and_see_posted(
+    app: &TestApp,
+    slack: &FakeSlack,
+    call_id: &str,
+    requested_by: &str,
+) -> Value {
+    let spec = pb::CallSpec {
+        requested_by: requested_by.into(),
+        ..call(call_id, "Bash", r#"{"command":"make deploy"}"#)
+    };
+    submit_one(app, "s1", spec).await;
+    slack
+        .wait_for("/api/chat.postMessage", |b| {
+            b["thread_ts"].is_null() && b.to_string().contains(call_id)
+        })
+        .await
+}
+
+async fn is_pending(app: &TestApp, call_id: &str) -> bool {
+    matches!(
+        states(app, "s1", &[call_id]).await.remove(0).state,
+        Some(pb::call_state::State::Pending(_))
+    )
+}
+
+async fn wait_outcome(app: &TestApp, call_id: &str) -> pb::Outcome {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(pb::call_state::State::Outcome(outcome)) =
+            states(app, "s1", &[call_id]).await.remove(0).state
+        {
+            return outcome;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{call_id} stays pending"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Defines `name::sqlite` and `name::postgres` for `async fn name(backend)`: each test starts
+/// its own stand-in for Slack before the broker, which must know its address.
+macro_rules! slack_tests {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$name(crate::helpers::Backend::Sqlite).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[cfg_attr(
+                    not(approvals_test_postgres),
+                    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
+                )]
+                async fn postgres() {
+                    super::$name(crate::helpers::Backend::postgres()).await;
+                }
+            }
+        )*
+    };
+}
+
+slack_tests!(
+    a_pending_call_is_posted_and_a_quorum_of_two_mapped_approvers_decides_it_from_slack,
+    the_requester_cannot_approve_their_own_call_from_slack,
+    a_person_outside_the_required_groups_is_refused_from_slack,
+    a_slack_user_the_broker_does_not_know_is_refused_ephemerally,
+    a_person_mapped_by_email_decides_as_that_identity,
+    forged_replayed_and_stale_clicks_are_refused_and_decide_nothing,
+    a_decision_made_in_the_inbox_updates_the_slack_message,
+    mentions_and_links_in_an_input_reach_slack_escaped,
+);
+
+// --- the tests ----------------------------------------------------------------------------------
+
+async fn a_pending_call_is_posted_and_a_quorum_of_two_mapped_approvers_decides_it_from_slack(
+    backend: Backend,
+) {
+    let (app, slack, _dir) = start(backend, 2).await;
+    let message = submit_and_see_posted(&app, &slack, "c1", "").await;
+    assert_eq!(message["channel"], CHANNEL);
+    let shown = message.to_string();
+    assert!(
+        shown.contains("Bash") && shown.contains("make deploy"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("needs 2 approvals"),
+        "the requirement is shown: {shown}"
+    );
+    assert!(
+        shown.contains("https://approvals.example.com/#call/"),
+        "Open links the inbox: {shown}"
+    );
+
+    assert_eq!(
+        click(&app, &slack, "U0ALICE", "approve", &message).await,
+        200
+    );
+    let first = slack.ephemeral(1).await;
+    assert!(
+        first.contains("recorded") && first.contains("alice"),
+        "{first}"
+    );
+    assert!(
+        is_pending(&app, "c1").await,
+        "one approval of two decides nothing"
+    );
+
+    // The same person again is still one person.
+    assert_eq!(
+        click(&app, &slack, "U0ALICE", "approve", &message).await,
+        200
+    );
+    slack.ephemeral(2).await;
+    assert!(
+        is_pending(&app, "c1").await,
+        "alice twice is not two approvers"
+    );
+
+    assert_eq!(click(&app, &slack, "U0BOB", "approve", &message).await, 200);
+    let outcome = wait_outcome(&app, "c1").await;
+    assert_eq!(outcome.status(), pb::CallStatus::Approved);
+    assert!(
+        outcome.decided_by.contains("alice") && outcome.decided_by.contains("bob"),
+        "{}",
+        outcome.decided_by
+    );
+
+    let ts = message_ts(&slack, "c1");
+    let updated = slack
+        .wait_for("/api/chat.update", |b| {
+            b["ts"] == ts.as_str() && b.to_string().contains("APPROVED")
+        })
+        .await;
+    assert!(
+        !updated.to_string().contains("\"action_id\":\"approve\""),
+        "a decided call's message has no buttons left: {updated}"
+    );
+    slack.assert_no_problems();
+}
+
+/// The `ts` Slack gave the message of `call_id`.
+fn message_ts(slack: &FakeSlack, call_id: &str) -> String {
+    let posted = slack
+        .received()
+        .into_iter()
+        .position(|r| {
+            r.path == "/api/chat.postMessage"
+                && r.body["thread_ts"].is_null()
+                && r.body.to_string().contains(call_id)
+        })
+        .expect("posted");
+    // The stand-in numbers the messages it is asked to post, in order.
+    let n = slack.received()[..=posted]
+        .iter()
+        .filter(|r| r.path == "/api/chat.postMessage" && r.body["ts"].is_null())
+        .count();
+    format!("1765000000.{n:06}")
+}
+
+async fn the_requester_cannot_approve_their_own_call_from_slack(backend: Backend) {
+    let (app, slack, _dir) = start(backend, 1).await;
+    // `CAROL` is carol, however the agent spells her.
+    let message = submit_and_see_posted(&app, &slack, "c1", "CAROL").await;
+    assert_eq!(
+        click(&app, &slack, "U0CAROL", "approve", &message).await,
+        200
+    );
+    let answer = slack.ephemeral(1).await;
+    assert!(answer.starts_with("Not decided"), "{answer}");
+    assert!(is_pending(&app, "c1").await);
+    // Another member of the group still can.
+    click(&app, &slack, "U0ALICE", "approve", &message).await;
+    assert_eq!(
+        wait_outcome(&app, "c1").await.status(),
+        pb::CallStatus::Approved
+    );
+    slack.assert_no_problems();
+}
+
+async fn a_person_outside_the_required_groups_is_refused_from_slack(backend: Backend) {
+    let (app, slack, _dir) = start(backend, 1).await;
+    let message = submit_and_see_posted(&app, &slack, "c1", "").await;
+    for action in ["approve", "deny"] {
+        click(&app, &slack, "U0DAVE", action, &message).await;
+    }
+    for n in [1, 2] {
+        let answer = slack.ephemeral(n).await;
+        assert!(answer.starts_with("Not decided"), "{answer}");
+    }
+    assert!(
+        is_pending(&app, "c1").await,
+        "dave is in dev, the call needs ops"
+    );
+    slack.assert_no_problems();
+}
+
+async fn a_slack_user_the_broker_does_not_know_is_refused_ephemerally(backend: Backend) {
+    let (app, slack, _dir) = start(backend, 1).await;
+    let message = submit_and_see_posted(&app, &slack, "c1", "").await;
+    assert_eq!(
+        click(&app, &slack, "U0NOBODY", "approve", &message).await,
+        200
+    );
+    let answer = slack.ephemeral(1).await;
+    assert!(
+        answer.contains("not mapped to an approver") && answer.contains("U0NOBODY"),
+        "{answer}"
+    );
+    assert!(is_pending(&app, "c1").await);
+    slack.assert_no_problems();
+}
+
+async fn a_person_mapped_by_email_decides_as_that_identity(backend: Backend) {
+    let (app, slack, _dir) = start(backend, 1).await;
+    let message = submit_and_see_posted(&app, &slack, "c1", "").await;
+    click(&app, &slack, "U0ERIN", "deny", &message).await;
+    let outcome = wait_outcome(&app, "c1").await;
+    assert_eq!(outcome.status(), pb::CallStatus::Denied);
+    assert_eq!(outcome.decided_by, "approver:erin");
+    slack.wait_for("/api/users.info", |_| true).await;
+    slack.assert_no_problems();
+}
+
+async fn forged_replayed_and_stale_clicks_are_refused_and_decide_nothing(backend: Backend) {
+    let (app, slack, _dir) = start(backend, 1).await;
+    let message = submit_and_see_posted(&app, &slack, "c1", "").await;
+    let body = click_body(&slack, "U0ALICE", "approve", &message);
+    let now = unix_now().to_string();
+    let headers = |timestamp: &str, signature: String| {
+        vec![
+            ("x-slack-request-timestamp", timestamp.to_owned()),
+            ("x-slack-signature", signature),
+        ]
+    };
+    let path = "/slack/interactivity";
+    // Signed with another secret; the body changed after signing; no signature; stale.
+    let forged = slack_signature("not-the-secret", &now, &body);
+    assert_eq!(post(&app, path, &body, &headers(&now, forged)).await, 401);
+    let signed = slack_signature(SIGNING_SECRET, &now, &body);
+    let altered = body.replace("U0ALICE", "U0BOB00");
+    assert_eq!(
+        post(&app, path, &altered, &headers(&now, signed.clone())).await,
+        401
+    );
+    assert_eq!(post(&app, path, &body, &[]).await, 401);
+    let old = (unix_now() - 6 * 60).to_string();
+    let stale = slack_signature(SIGNING_SECRET, &old, &body);
+    assert_eq!(post(&app, path, &body, &headers(&old, stale)).await, 401);
+    assert!(
+        is_pending(&app, "c1").await,
+        "no refused request decided anything"
+    );
+
+    // A deny, replayed: the first is taken, the copy refused.
+    let deny = click_body(&slack, "U0ALICE", "deny", &message);
+    let signed = slack_signature(SIGNING_SECRET, &now, &deny);
+    assert_eq!(
+        post(&app, path, &deny, &headers(&now, signed.clone())).await,
+        200
+    );
+    assert_eq!(post(&app, path, &deny, &headers(&now, signed)).await, 401);
+    assert_eq!(
+        wait_outcome(&app, "c1").await.status(),
+        pb::CallStatus::Denied
+    );
+    // Only POST.
+    assert_eq!(get(&app, path).await, 405);
+    slack.assert_no_problems();
+}
+
+async fn a_decision_made_in_the_inbox_updates_the_slack_message(backend: Backend) {
+    let (app, slack, _dir) = start(backend, 1).await;
+    submit_and_see_posted(&app, &slack, "c1", "").await;
+    let ts = message_ts(&slack, "c1");
+    // Auth is off in this broker: the approver names themself (alice@example.com).
+    approve(&app, "s1", "c1").await;
+    let updated = slack
+        .wait_for("/api/chat.update", |b| b["ts"] == ts.as_str())
+        .await;
+    assert_eq!(updated["channel"], CHANNEL);
+    assert!(updated.to_string().contains("APPROVED"), "{updated}");
+    slack.assert_no_problems();
+}
+
+async fn mentions_and_links_in_an_input_reach_slack_escaped(backend: Backend) {
+    let (app, slack, _dir) = start(backend, 1).await;
+    let input = json!({
+        "command": "echo <!channel> <@U0ALICE> <https://evil.example|click me> ``` *bold* &amp;",
+    });
+    let spec = pb::CallSpec {
+        title: "<!here> ping".into(),
+        ..call("c1", "Bash", &input.to_string())
+    };
+    submit_one(&app, "s1", spec).await;
+    let message = slack.wait_for("/api/chat.postMessage", |_| true).await;
+    let texts: Vec<String> = message["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|b| {
+            let mut t = vec![b["text"]["text"].as_str().unwrap_or_default().to_owned()];
+            if let Some(elements) = b["elements"].as_array() {
+                t.extend(
+                    elements
+                        .iter()
+                        .filter_map(|e| e["text"].as_str().map(str::to_owned)),
+                );
+            }
+            t
+        })
+        .chain([message["text"].as_str().unwrap().to_owned()])
+        .collect();
+    let all = texts.join("\n");
+    for markup in [
+        "<!channel>",
+        "<@U0ALICE>",
+        "<https://evil.example",
+        "<!here>",
+    ] {
+        assert!(
+            !all.contains(markup),
+            "{markup} reached Slack as markup: {all}"
+        );
+    }
+    assert!(
+        all.contains("&lt;!channel&gt;") && all.contains("&lt;@U0ALICE&gt;"),
+        "{all}"
+    );
+    assert!(
+        all.contains("&amp;amp;"),
+        "an entity typed is shown as typed: {all}"
+    );
+    let code = texts
+        .iter()
+        .find(|t| t.starts_with("```"))
+        .expect("a code block");
+    assert_eq!(
+        code.matches("```").count(),
+        2,
+        "the input cannot close its code block: {code}"
+    );
+    slack.assert_no_problems();
+}
