@@ -143,6 +143,7 @@ pub fn audit_line(call: &Call, inputs: bool) -> Value {
         "decidedBy": outcome.map(|o| o.decided_by.to_string()),
         "reason": outcome.map(|o| o.reason.as_str()),
         "inputEdited": outcome.is_some_and(|o| o.input_edited),
+        "responded": outcome.is_some_and(|o| o.responded()),
     });
     if inputs {
         line["inputJson"] = json!(call.input.as_str());

@@ -724,6 +724,7 @@ proptest! {
             scope,
             matcher: kind.clone().map(|kind| pb::InputMatcher { kind: Some(kind) }),
             grant_expires_in: expires.map(|seconds| prost_types::Duration { seconds, nanos: 0 }),
+            response: String::new(),
         };
         let once = scope == 0 || scope == 1;
         let fault = if !(agent.is_empty() || is_id(&agent, MAX_ID)) {
@@ -732,8 +733,11 @@ proptest! {
             Some("session_id")
         } else if !is_id(&call_id, MAX_ID) {
             Some("call_id")
-        } else if decision != 1 && decision != 2 {
+        } else if !(1..=3).contains(&decision) {
             Some("decision")
+        } else if decision == 3 {
+            // DECISION_RESPOND without its message (docs/answers.md).
+            Some("response")
         } else if !edited_input_json.is_empty() && (decision == 2 || !is_input(&edited_input_json, max_input)) {
             Some("edited_input_json")
         } else if !is_line(&approver, MAX_APPROVER) {

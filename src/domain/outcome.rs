@@ -148,6 +148,20 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// Whether a person answered the call with a message instead of running it (a
+    /// [`Decision::responds`]): a DENIED outcome decided by people, whose reason is their message
+    /// and whose tool result is exactly [`ToolResultTexts::responded`] of it. That text is fixed
+    /// (not configurable) and quotes the message as a JSON string, so no denial's text (which
+    /// always reads `<denied text> Reason: ...` or the denied text alone) is taken for one,
+    /// and the marker needs no column of its own: a receipt rebuilt from the stored call says the
+    /// same.
+    pub fn responded(&self) -> bool {
+        self.kind == OutcomeKind::Denied
+            && matches!(self.decided_by, DecidedBy::Approver(_))
+            && !self.reason.is_empty()
+            && self.tool_result == ToolResultTexts::responded(&self.reason)
+    }
+
     /// Whether the Resolved event of this outcome is at or before sequence number `upto`.
     pub fn is_logged_by(&self, upto: u64) -> bool {
         self.seq.is_some_and(|seq| seq <= upto)
@@ -186,6 +200,11 @@ pub struct Decision {
     pub viewer: super::Viewer,
     /// Remember this decision as a grant (a scope other than ONCE).
     pub remember: Option<super::policy::Remember>,
+    /// DENY only: the person answers the model instead (`reason` is their message, never
+    /// empty): the call is not run and its tool result carries the message as their words
+    /// ([`ToolResultTexts::responded`]). The gate, quorum and SKIP_REST treat it as the denial
+    /// it is.
+    pub responds: bool,
     /// For a remembered decision: the matchers that may decide the pending calls its grant
     /// covers (the grant's own, rules', other grants'), judged against their inputs before the
     /// decision was queued, so the write transaction need not (see [`Prejudged`]).
@@ -227,7 +246,10 @@ impl Decision {
     /// nothing that runs, so a denial repeated with another reason is a repeat (the first
     /// reason stands).
     pub fn check_against(&self, standing: &Outcome, submitted: &ToolInput) -> Result<()> {
-        let same_verdict = standing.kind == self.verdict.kind();
+        // A response repeated is a repeat; a denial after a response (or a response after a
+        // denial) is not: the model reads one or the other, and the second would be told it did.
+        let same_verdict =
+            standing.kind == self.verdict.kind() && standing.responded() == self.responds;
         let would_run = self.edited_input.as_ref().unwrap_or(submitted);
         let same_input =
             self.verdict == Verdict::Deny || standing.run_input.as_ref() == Some(would_run);
@@ -235,6 +257,9 @@ impl Decision {
             return Ok(());
         }
         let what = match standing.kind {
+            OutcomeKind::Denied if standing.responded() => {
+                "DENIED with a response to the model".to_owned()
+            }
             OutcomeKind::Approved if standing.input_edited => {
                 "APPROVED with an edited input".to_owned()
             }
@@ -247,6 +272,9 @@ impl Decision {
         )))
     }
 }
+
+/// What the model reads before a person's response (see [`ToolResultTexts::responded`]).
+pub const RESPONDED: &str = "The user did not run this tool call and answered instead:";
 
 /// The tool-result texts the model reads for each outcome but APPROVED. Configurable; a
 /// reason, when there is one, is appended as " Reason: ...".
@@ -289,6 +317,16 @@ impl ToolResultTexts {
             OutcomeKind::Cancelled => &self.cancelled,
         };
         Self::with_reason(base, reason)
+    }
+
+    /// The tool result of a person's response (`DECISION_RESPOND`): their message, quoted as a
+    /// JSON string so where it ends is unambiguous, after a fixed text that says the call did
+    /// not run and these are the person's words.
+    pub fn responded(message: &str) -> String {
+        format!(
+            "{RESPONDED} {}",
+            serde_json::Value::String(message.to_owned())
+        )
     }
 
     /// `base`, with " Reason: ..." appended when there is a reason.
@@ -334,6 +372,35 @@ mod tests {
             "The user denied this tool call. Reason: too risky"
         );
         assert_eq!(texts.render(OutcomeKind::Approved, "fine"), "");
+    }
+
+    #[test]
+    fn a_response_is_marked_and_no_denial_passes_for_one() {
+        let texts = ToolResultTexts::default();
+        let by = DecidedBy::Approver("ana".into());
+        let at = Timestamp::from_micros(1);
+        let message = r#"use "npm ci" instead"#;
+        let mut answered = texts.outcome(OutcomeKind::Denied, by.clone(), message, at);
+        answered.tool_result = ToolResultTexts::responded(message);
+        assert!(answered.responded());
+        assert_eq!(
+            answered.tool_result,
+            r#"The user did not run this tool call and answered instead: "use \"npm ci\" instead""#
+        );
+        // A denial with the same reason, a response text from a grant or with no message: not.
+        let denied = texts.outcome(OutcomeKind::Denied, by.clone(), message, at);
+        assert!(!denied.responded());
+        let by_grant = Outcome {
+            decided_by: DecidedBy::Grant(3),
+            ..answered.clone()
+        };
+        assert!(!by_grant.responded());
+        let empty = Outcome {
+            reason: String::new(),
+            tool_result: ToolResultTexts::responded(""),
+            ..answered
+        };
+        assert!(!empty.responded());
     }
 
     #[test]

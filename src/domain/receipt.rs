@@ -96,7 +96,8 @@ pub fn subject_name(call: &Call) -> String {
 /// `tool`, `input`, `shown` (`title`, `message`, `hiddenCharacters`), `runs` (what runs: its
 /// `digest`, whether `edited`, and its `input` when edited or not the call's own; `null` when
 /// the call does not run), `outcome`, `reason`, `decidedBy`, `times` (`requestedAt`,
-/// `decidedAt`, `deadline`).
+/// `decidedAt`, `deadline`); and `responded: true` only when a person answered the model with
+/// `reason` instead of running the call (`Outcome::responded`).
 pub fn payload(call: &Call, link: &ChainLink) -> Option<String> {
     let outcome = call.outcome.as_ref()?;
     let input = call.input.as_str();
@@ -125,6 +126,11 @@ pub fn payload(call: &Call, link: &ChainLink) -> Option<String> {
     json::write_stored(input, predicate.key("input"));
     json::write_string(&outcome.kind.to_string(), predicate.key("outcome"));
     json::write_string(&outcome.reason, predicate.key("reason"));
+    // Only on a response (so every other receipt keeps its bytes): the person answered the
+    // model with `reason` instead of running the call.
+    if outcome.responded() {
+        predicate.key("responded").push_str("true");
+    }
     write_runs(call, &input_digest, predicate.key("runs"));
     {
         let mut shown = ObjectWriter::open(predicate.key("shown"));
@@ -268,7 +274,7 @@ mod tests {
             })
         })
         .collect();
-        Some(json!({
+        let mut statement = json!({
             "_type": STATEMENT_TYPE,
             "subject": [{"name": subject_name(call), "digest": {"sha256": input_digest}}],
             "predicateType": PREDICATE_TYPE,
@@ -295,7 +301,11 @@ mod tests {
                     "deadline": call.deadline.map(rfc3339),
                 },
             },
-        }))
+        });
+        if outcome.responded() {
+            statement["predicate"]["responded"] = json!(true);
+        }
+        Some(statement)
     }
 
     fn parse_stored(text: &str) -> Value {
@@ -370,6 +380,13 @@ mod tests {
                 decided_by: DecidedBy::Deadline,
                 ..approved(None, false)
             },
+            // A person's response to the model: `responded` is written.
+            Outcome {
+                kind: OutcomeKind::Denied,
+                reason: "use \"npm ci\"".into(),
+                tool_result: crate::domain::ToolResultTexts::responded("use \"npm ci\""),
+                ..approved(None, false)
+            },
         ];
         let mut checked = 0;
         for (input, as_it_is) in inputs {
@@ -405,7 +422,7 @@ mod tests {
             }
             outcomes.truncate(outcomes.len() - 2);
         }
-        assert_eq!(checked, 11 * 7 * 2);
+        assert_eq!(checked, 11 * 8 * 2);
         // The three fields' warnings, in their order, where all three hide characters.
         let call = decided("{\"text\":\"zero\u{200b}width\"}", approved(None, false));
         let call = Call {

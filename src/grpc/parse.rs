@@ -258,13 +258,14 @@ pub fn decide(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey
         session: SessionId::parse("session_id", req.session_id)?,
         call_id: CallId::parse("call_id", req.call_id)?,
     };
-    let verdict = match pb::Decision::try_from(req.decision) {
-        Ok(pb::Decision::Approve) => Verdict::Approve,
-        Ok(pb::Decision::Deny) => Verdict::Deny,
+    let (verdict, responds) = match pb::Decision::try_from(req.decision) {
+        Ok(pb::Decision::Approve) => (Verdict::Approve, false),
+        Ok(pb::Decision::Deny) => (Verdict::Deny, false),
+        Ok(pb::Decision::Respond) => (Verdict::Deny, true),
         Ok(pb::Decision::Unspecified) => {
             return Err(Error::invalid(
                 "decision",
-                "must be DECISION_APPROVE or DECISION_DENY",
+                "must be DECISION_APPROVE, DECISION_DENY or DECISION_RESPOND",
             ));
         }
         Err(_) => {
@@ -274,6 +275,7 @@ pub fn decide(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey
             ));
         }
     };
+    let response = response(responds, req.response, &req.reason, req.scope)?;
     let edited_input = if req.edited_input_json.is_empty() {
         None
     } else if verdict == Verdict::Deny {
@@ -290,7 +292,11 @@ pub fn decide(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey
     };
     // Required unless a token names the approver; see `auth::Caller::approver`.
     let approver = line("approver", req.approver, 256)?;
-    let reason = text("reason", req.reason, MAX_REASON_BYTES)?;
+    // A response's message is the outcome's reason: what the receipt and the audit record.
+    let reason = match response {
+        Some(message) => message,
+        None => text("reason", req.reason, MAX_REASON_BYTES)?,
+    };
     let scope = scope("scope", req.scope)?;
     let remember = if scope == Scope::Once {
         if req.matcher.is_some() {
@@ -334,9 +340,47 @@ pub fn decide(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey
             approver_groups: None,
             viewer: crate::domain::Viewer::Operator,
             remember,
+            responds,
             prejudged: Default::default(),
         },
     ))
+}
+
+/// The message of a DECISION_RESPOND (required, not blank, and not remembered: it answers this
+/// call only), `None` for another decision, which may not carry one.
+fn response(responds: bool, response: String, reason: &str, scope: i32) -> Result<Option<String>> {
+    if !responds {
+        if !response.is_empty() {
+            return Err(Error::invalid(
+                "response",
+                "is only for DECISION_RESPOND (a denial's reason goes in `reason`)",
+            ));
+        }
+        return Ok(None);
+    }
+    let response = text("response", response, MAX_REASON_BYTES)?;
+    if response.trim().is_empty() {
+        return Err(Error::invalid(
+            "response",
+            "is required with DECISION_RESPOND: the message for the model, not empty",
+        ));
+    }
+    if !reason.is_empty() {
+        return Err(Error::invalid(
+            "reason",
+            "is not used with DECISION_RESPOND: the message goes in `response`",
+        ));
+    }
+    if !matches!(
+        pb::Scope::try_from(scope),
+        Ok(pb::Scope::Unspecified | pb::Scope::Once)
+    ) {
+        return Err(Error::invalid(
+            "scope",
+            "a response answers this call only: DECISION_RESPOND is SCOPE_ONCE",
+        ));
+    }
+    Ok(Some(response))
 }
 
 /// A scope; UNSPECIFIED is ONCE.

@@ -149,6 +149,7 @@ fn outcome_of(c: &Call, sealed: bool) -> Option<pb::Outcome> {
             .map(|i| i.as_str().to_owned())
             .unwrap_or_default(),
         input_edited: o.input_edited,
+        responded: o.responded(),
         batch_id: c.batch_id.as_str().to_owned(),
         position: c.position,
         decided_by_approvers: o.decided_by.approvers(),

@@ -251,6 +251,10 @@ fn approver_outcome(
             seq: None,
             receipt: None,
         },
+        Verdict::Deny if decision.responds => Outcome {
+            tool_result: ToolResultTexts::responded(&decision.reason),
+            ..texts.outcome(OutcomeKind::Denied, by, &decision.reason, now)
+        },
         Verdict::Deny => texts.outcome(OutcomeKind::Denied, by, &decision.reason, now),
     }
 }
@@ -547,6 +551,39 @@ mod tests {
         let outcome = report.call.outcome.unwrap();
         assert_eq!(outcome.run_input, Some(edited));
         assert!(outcome.input_edited);
+    }
+
+    #[tokio::test]
+    async fn a_response_is_a_denial_whose_tool_result_carries_the_message() {
+        let db = Db::new().await;
+        let mut tx = pending(&db, &["a", "b"]).await;
+        let respond = Decision {
+            responds: true,
+            ..decision(Verdict::Deny, "run the tests first")
+        };
+        let now = Timestamp::now();
+        let report = decide_in(&mut tx, &key("s", "a"), &respond, &texts(), now)
+            .await
+            .unwrap();
+        let outcome = report.call.outcome.unwrap();
+        assert_eq!(outcome.kind, OutcomeKind::Denied);
+        assert!(outcome.responded());
+        assert_eq!(outcome.run_input, None);
+        assert_eq!(
+            outcome.tool_result,
+            "The user did not run this tool call and answered instead: \"run the tests first\""
+        );
+        // The same response again is a repeat; a plain denial is not the answer that stands.
+        let again = decide_in(&mut tx, &key("s", "a"), &respond, &texts(), now)
+            .await
+            .unwrap();
+        assert!(again.replayed);
+        let deny = decision(Verdict::Deny, "run the tests first");
+        let err = decide_in(&mut tx, &key("s", "a"), &deny, &texts(), now)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        assert!(err.to_string().contains("a response to the model"), "{err}");
     }
 
     #[tokio::test]

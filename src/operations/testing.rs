@@ -182,6 +182,7 @@ pub fn decision(verdict: Verdict, reason: &str) -> Decision {
         approver_groups: None,
         viewer: crate::domain::Viewer::Operator,
         remember: None,
+        responds: false,
         prejudged: Default::default(),
     }
 }

@@ -89,6 +89,7 @@ fn call_data(event: &Event) -> Value {
             "decided_at": rfc3339(outcome.decided_at),
             "reason": outcome.reason,
             "input_edited": outcome.input_edited,
+            "responded": outcome.responded(),
         });
         data["batch_completed"] = json!(event.batch_completed);
     }

@@ -7,6 +7,7 @@ mod helpers;
 mod acp_proxy;
 mod admin;
 mod agent_stream;
+mod answers;
 mod approver_stream;
 mod audit;
 mod auth;

@@ -1,11 +1,12 @@
 // The pending calls, grouped by session and batch (newest batch first), each a card a person
-// can approve, deny with a reason, edit then approve, or open; a whole batch in one action. Each
-// card shows what would run (./input) above the agent's title, and an input partly folded away
-// is unfolded by a first Approve, never approved unseen. A call another UI (or a rule, a grant,
-// the deadline) decided turns into its outcome with who decided it; a decision this page loses
-// to another shows the outcome that stands, not an error.
+// can approve, deny with a reason, answer the model instead (./answers), edit then approve, or
+// open; a whole batch in one action. Each card shows what would run (./input) above the agent's
+// title, and an input partly folded away is unfolded by a first Approve, never approved unseen.
+// A call another UI (or a rule, a grant, the deadline) decided turns into its outcome with who
+// decided it; a decision this page loses to another shows the outcome that stands, not an error.
 import { create } from "@bufbuild/protobuf";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
+import { respondControls, responseNote } from "./answers";
 import { type Api, ConnectError, Code, describeError, isPermissionDenied } from "./api";
 import { approvalText, grantPreview, scopeLabel, span, statusName } from "./describe";
 import { h } from "./dom";
@@ -223,6 +224,7 @@ export class PendingView {
 
     const reason = h("input", { type: "text", name: "reason", "aria-label": `Reason to deny ${label}`, placeholder: "reason (shown to the model)" });
     const denyForm = h("form", { class: "deny-form", hidden: true }, reason, h("button", { type: "submit", class: "deny" }, "Deny"), h("button", { type: "button", onClick: () => (denyForm.hidden = true) }, "Cancel"));
+    const respond = respondControls(label, (message) => void this.decide(card, { decision: Decision.RESPOND, response: message }));
     const editor = h("textarea", { name: "edit", rows: "8", spellcheck: "false", "aria-label": `Edited input of ${label} (JSON)` });
     const editError = h("p", { class: "error", role: "alert" });
     const editForm = h(
@@ -246,6 +248,7 @@ export class PendingView {
       { class: "actions" },
       h("button", { type: "button", class: "approve", "aria-label": `Approve ${label}`, onClick: () => card.approve() }, "Approve"),
       h("button", { type: "button", class: "deny", "aria-label": `Deny ${label}`, onClick: () => this.openDeny(card) }, "Deny…"),
+      respond.button,
       h("button", { type: "button", "aria-label": `Edit the input of ${label}, then approve`, onClick: () => this.openEdit(card) }, "Edit…"),
       h("button", { type: "button", "aria-expanded": "false", "aria-label": `Details of ${label}`, onClick: (e) => { detail.hidden = !detail.hidden; (e.currentTarget as HTMLElement).setAttribute("aria-expanded", String(!detail.hidden)); } }, "Details"),
       h("label", { class: "scope" }, "Remember ", scope, inputs),
@@ -291,6 +294,7 @@ export class PendingView {
       approvals,
       actions,
       denyForm,
+      respond.form,
       editForm,
       detail,
       outcome,
@@ -343,7 +347,7 @@ export class PendingView {
 
   private async decide(
     card: Card,
-    d: { decision: Decision; reason?: string; editedInputJson?: string; scope?: Scope; matcher?: ReturnType<typeof create<typeof InputMatcherSchema>> },
+    d: { decision: Decision; reason?: string; response?: string; editedInputJson?: string; scope?: Scope; matcher?: ReturnType<typeof create<typeof InputMatcherSchema>> },
   ): Promise<void> {
     if (card.decided) return;
     const c = card.call;
@@ -357,6 +361,7 @@ export class PendingView {
         approver: this.api.approverName,
         decision: d.decision,
         reason: d.reason ?? "",
+        response: d.response ?? "",
         editedInputJson: d.editedInputJson ?? "",
         scope: d.scope,
         matcher: d.matcher,
@@ -389,7 +394,9 @@ export class PendingView {
     card.el.classList.add("decided", `status-${statusName(outcome.status).toLowerCase()}`);
     card.el.querySelectorAll("form, .actions").forEach((n) => ((n as HTMLElement).hidden = true));
     const parts = [`${statusName(outcome.status)} by ${outcome.decidedBy}`];
-    if (outcome.reason) parts.push(`reason: ${outcome.reason}`);
+    const answered = responseNote(outcome);
+    if (answered) parts.push(answered);
+    else if (outcome.reason) parts.push(`reason: ${outcome.reason}`);
     if (outcome.inputEdited) parts.push("with an edited input");
     card.outcome.classList.remove("error");
     card.outcome.textContent = parts.join(" · ");

@@ -120,6 +120,26 @@ describe("the approval inbox in Chromium", () => {
     assert.match(outcome.toolResult, /never delete the root/);
   });
 
+  test("respond sends the model a message instead of running the call; an empty one is not sent", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-respond");
+    await submit(session, [{ id: "c1", input: '{"command":"npm install"}' }]);
+    const c = card(page, session, "c1");
+    await c.getByRole("button", { name: "Respond to shell call c1 with a message instead of running it" }).click();
+    const box = c.getByLabel("Message to the model instead of running shell call c1");
+    await box.fill("   ");
+    await c.getByRole("button", { name: "Send response" }).click();
+    await c.getByText("Not sent: write a message for the model").waitFor();
+    assert.ok(await isPending(session, "c1"), "an empty response is never sent");
+    await box.fill('Use "npm ci" instead');
+    await c.getByRole("button", { name: "Send response" }).click();
+    const outcome = await outcomeOf(session, "c1");
+    assert.equal(outcome.status, CallStatus.DENIED);
+    assert.equal(outcome.responded, true);
+    assert.equal(outcome.toolResult, 'The user did not run this tool call and answered instead: "Use \\"npm ci\\" instead"');
+    await c.locator(".outcome", { hasText: 'answered the model: “Use "npm ci" instead”' }).waitFor();
+  });
+
   test("edit then approve gives the agent the edited input; invalid JSON is refused before sending", async () => {
     const page = await openInbox(TOKENS.alice);
     const session = unique("s-edit");

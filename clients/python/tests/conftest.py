@@ -140,6 +140,8 @@ class Decision:
     approve: bool
     reason: str = ""
     edited_input_json: str = ""
+    # A message for the model instead of running the call (DECISION_RESPOND; `approve` ignored).
+    response: str = ""
 
 
 async def pending_calls(target: str, session_id: str) -> list[types_pb2.Call]:
@@ -175,8 +177,15 @@ async def decide(
                 approver_pb2.DecideRequest(
                     session_id=session_id,
                     call_id=d.call_id,
-                    decision=approver_pb2.DECISION_APPROVE if d.approve else approver_pb2.DECISION_DENY,
+                    decision=(
+                        approver_pb2.DECISION_RESPOND
+                        if d.response
+                        else approver_pb2.DECISION_APPROVE
+                        if d.approve
+                        else approver_pb2.DECISION_DENY
+                    ),
                     reason=d.reason,
+                    response=d.response,
                     edited_input_json=d.edited_input_json,
                     approver="alice@example.com",
                     agent=agent,

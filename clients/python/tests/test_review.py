@@ -59,9 +59,30 @@ async def test_review_returns_one_outcome_per_call_in_the_batch_order(broker_pro
     assert approved.input == {"path": "build.sh", "lines": 10}
     assert approved.decided_by == "approver:alice@example.com"
     assert not denied.approved and denied.input == {}
+    assert not denied.responded
     assert denied.tool_result == "The user denied this tool call. Reason: never delete the build directory"
     assert skipped.tool_result == "Not run: another tool call in the same batch was denied."
     assert skipped.decided_by == "broker"
+
+
+async def test_a_response_comes_back_denied_and_marked_with_the_persons_words(broker_process: BrokerProcess) -> None:
+    session = new_session()
+    approver = asyncio.create_task(
+        approve_when_pending(
+            broker_process.target, session, [Decision("toolu_02", approve=False, response="Move it to build.old instead")]
+        )
+    )
+    async with Broker(broker_process.target) as broker:
+        (answered,) = await broker.review(session, [TURN[1]], timeout=30)
+    await approver
+
+    assert answered.status is Status.DENIED and not answered.approved
+    assert answered.responded
+    assert answered.reason == "Move it to build.old instead"
+    assert answered.tool_result == (
+        'The user did not run this tool call and answered instead: "Move it to build.old instead"'
+    )
+    assert answered.input == {}
 
 
 async def test_independent_batches_and_concurrent_reviews_share_one_stream(broker_process: BrokerProcess) -> None:

@@ -105,6 +105,7 @@ export interface OutcomeFields {
   toolResult?: string;
   inputJson?: string;
   inputEdited?: boolean;
+  responded?: boolean;
   batchId?: string;
   position?: number;
   decidedAt?: Date | undefined;
@@ -130,6 +131,11 @@ export class Outcome {
   /** For APPROVED: the canonical JSON text of the input to run (the one its receipt signed). */
   readonly inputJson: string;
   readonly inputEdited: boolean;
+  /**
+   * True when a person answered the model instead of running the call (status DENIED):
+   * `reason` is their message, and `toolResult` carries it marked as their words.
+   */
+  readonly responded: boolean;
   readonly batchId: string;
   readonly position: number;
   readonly decidedAt: Date | undefined;
@@ -148,6 +154,7 @@ export class Outcome {
     this.toolResult = fields.toolResult ?? "";
     this.inputJson = fields.inputJson ?? "";
     this.inputEdited = fields.inputEdited ?? false;
+    this.responded = fields.responded ?? false;
     this.batchId = fields.batchId ?? "";
     this.position = fields.position ?? 0;
     this.decidedAt = fields.decidedAt;
@@ -187,6 +194,7 @@ export class Outcome {
       toolResult: outcome.toolResult,
       inputJson: outcome.inputJson,
       inputEdited: outcome.inputEdited,
+      responded: outcome.responded,
       batchId: outcome.batchId,
       position: outcome.position,
       decidedAt: outcome.decidedAt ? timestampDate(outcome.decidedAt) : undefined,

@@ -202,6 +202,8 @@ export interface Decision {
   approve: boolean;
   reason?: string;
   editedInputJson?: string;
+  /** A message for the model instead of running the call (DECISION_RESPOND; `approve` ignored). */
+  response?: string;
   /** The agent of the call, when the broker has tokens (the agent token's identity). */
   agent?: string;
   /** How long the decision holds: a grant for the session, the workspace, always. */
@@ -246,8 +248,9 @@ export async function decide(target: Endpoint, sessionId: string, decisions: Dec
       {
         sessionId,
         callId: d.callId,
-        decision: d.approve ? ProtoDecision.APPROVE : ProtoDecision.DENY,
+        decision: d.response ? ProtoDecision.RESPOND : d.approve ? ProtoDecision.APPROVE : ProtoDecision.DENY,
         reason: d.reason ?? "",
+        response: d.response ?? "",
         editedInputJson: d.editedInputJson ?? "",
         approver: "alice@example.com",
         agent: d.agent ?? "",

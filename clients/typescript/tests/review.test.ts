@@ -51,10 +51,30 @@ describe("review against a real broker", () => {
     assert.equal(outcome.status, Status.DENIED);
     assert.equal(outcome.approved, false);
     assert.equal(outcome.reason, "not on prod");
+    assert.equal(outcome.responded, false);
     assert.match(outcome.toolResult, /denied/i);
     assert.match(outcome.toolResult, /not on prod/);
     assert.equal(outcome.inputJson, "");
     assert.deepEqual(outcome.input, {});
+  });
+
+  test("a response comes back denied, marked, with the person's words for the model", async () => {
+    const session = newSession();
+    const approving = approveWhenPending(process_.target, session, [
+      { callId: "toolu_01", approve: false, response: "Use ls -l; the cwd is /srv already" },
+    ]);
+    const [outcome] = await broker.review(session, [SHELL], { timeoutMs: 30_000 });
+    await approving;
+    assert.ok(outcome);
+    assert.equal(outcome.status, Status.DENIED);
+    assert.equal(outcome.approved, false);
+    assert.equal(outcome.responded, true);
+    assert.equal(outcome.reason, "Use ls -l; the cwd is /srv already");
+    assert.equal(
+      outcome.toolResult,
+      'The user did not run this tool call and answered instead: "Use ls -l; the cwd is /srv already"',
+    );
+    assert.equal(outcome.inputJson, "");
   });
 
   test("an edited approval runs the approver's input", async () => {

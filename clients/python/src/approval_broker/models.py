@@ -90,6 +90,9 @@ class Outcome:
     tool_result: str = ""
     input_json: str = ""
     input_edited: bool = False
+    # True when a person answered the model instead of running the call (status DENIED):
+    # `reason` is their message, and `tool_result` carries it marked as their words.
+    responded: bool = False
     batch_id: str = ""
     position: int = 0
     decided_at: datetime | None = None
@@ -122,6 +125,7 @@ class Outcome:
             tool_result=outcome.tool_result,
             input_json=outcome.input_json,
             input_edited=outcome.input_edited,
+            responded=outcome.responded,
             batch_id=outcome.batch_id,
             position=outcome.position,
             decided_at=outcome.decided_at.ToDatetime(tzinfo=timezone.utc) if outcome.HasField("decided_at") else None,

@@ -256,6 +256,17 @@ for (const mode of MODES) {
       }
     });
 
+    test("a person's response reaches the model as the call's result, in their words, and nothing runs", async () => {
+      const { ran, prompt, approval } = await turn([READ_A], [{ callId: "call_1", approve: false, response: "Read b.txt instead" }]);
+      assert.deepEqual(ran, []);
+      const [result] = toolResultsIn(prompt);
+      assert.equal(result?.[0], "call_1");
+      assert.equal(result?.[1], "execution-denied");
+      assert.equal(result?.[2], 'The user did not run this tool call and answered instead: "Read b.txt instead"');
+      assert.equal(approval.outcome("call_1")?.responded, true);
+      assert.equal(approval.outcome("call_1")?.status, Status.DENIED);
+    });
+
     test("an approver's edit is what runs, and what the history records as the call's input", async () => {
       const { ran, prompt, ui, history } = await turn([READ_A, READ_B], [
         { callId: "call_1", approve: true, editedInputJson: '{"path":"safe.txt"}' },

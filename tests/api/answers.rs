@@ -1,0 +1,322 @@
+//! The answers people ask for (docs/answers.md): a person may answer a call with a message for
+//! the model instead of running it. The call is DENIED and marked `responded`, the agent's tool
+//! result carries the message as the person's words, the receipt and every read say so, and the
+//! response passes the same gate as a denial (groups, quorum denials, who may withdraw).
+
+use approval_broker::auth::hash_token;
+use approval_broker::config::Config;
+use approval_broker::proto::v1 as pb;
+use base64::Engine;
+use tonic::Code;
+
+use crate::helpers::*;
+use crate::routing::approver_as;
+
+const MESSAGE: &str = r#"Use "npm ci" instead; the lock file is what we ship."#;
+const ANSWER: &str = r#"The user did not run this tool call and answered instead: "Use \"npm ci\" instead; the lock file is what we ship.""#;
+
+fn respond_request(session: &str, call_id: &str, message: &str) -> pb::DecideRequest {
+    pb::DecideRequest {
+        response: message.into(),
+        ..decide_request(session, call_id, pb::Decision::Respond, "")
+    }
+}
+
+async fn a_response_denies_the_call_and_the_agent_reads_the_persons_words(app: TestApp) {
+    submit(
+        &app,
+        batch(
+            "s",
+            vec![call("c1", "shell", r#"{"command":"npm install"}"#)],
+        ),
+    )
+    .await;
+    let mut events = Subscription::open(&app, pb::CallFilter::default(), Some(0)).await;
+    let decided = app
+        .approver()
+        .decide(respond_request("s", "c1", MESSAGE))
+        .await
+        .expect("respond")
+        .into_inner();
+    let outcome = decided.outcome.expect("decided");
+    assert_eq!(status_of(&outcome), CallStatus::Denied);
+    assert!(outcome.responded);
+    assert_eq!(outcome.reason, MESSAGE);
+    assert_eq!(outcome.tool_result, ANSWER);
+    assert_eq!(outcome.input_json, "", "nothing runs");
+
+    // What the agent reads, with a receipt that says the same.
+    let agent = outcome_of(&app, "s", "c1").await;
+    assert!(agent.responded);
+    assert_eq!(agent.tool_result, ANSWER);
+    assert_eq!(as_approvers_see(&agent), outcome);
+    assert!(!agent.receipt.is_empty(), "signed, with the key configured");
+    {
+        let envelope: serde_json::Value = serde_json::from_str(&agent.receipt).unwrap();
+        let payload = base64::engine::general_purpose::STANDARD
+            .decode(envelope["payload"].as_str().unwrap())
+            .unwrap();
+        let statement: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+        assert_eq!(statement["predicate"]["responded"], true);
+        assert_eq!(statement["predicate"]["outcome"], "DENIED");
+        assert_eq!(statement["predicate"]["reason"], MESSAGE);
+        assert_eq!(statement["predicate"]["runs"], serde_json::Value::Null);
+    }
+
+    // The audit: the call as ListCalls reads it, and its Resolved event.
+    let listed = all_calls(&app).await;
+    assert!(
+        listed[0]
+            .outcome
+            .as_ref()
+            .expect("listed outcome")
+            .responded
+    );
+    loop {
+        if let Some(pb::approver_event::Event::Resolved(resolved)) = events.next().await.event {
+            assert!(resolved.responded);
+            assert_eq!(resolved.tool_result, ANSWER);
+            break;
+        }
+    }
+
+    // The same response again is a repeat; a plain denial, or an approval, is refused.
+    let again = app
+        .approver()
+        .decide(respond_request("s", "c1", MESSAGE))
+        .await
+        .expect("repeat")
+        .into_inner();
+    assert!(again.replayed);
+    let deny = app
+        .approver()
+        .decide(decide_request("s", "c1", pb::Decision::Deny, "no"))
+        .await;
+    assert_status(deny, Code::FailedPrecondition, "a response to the model");
+    let approve = app
+        .approver()
+        .decide(decide_request("s", "c1", pb::Decision::Approve, ""))
+        .await;
+    assert_status(approve, Code::FailedPrecondition, "a response to the model");
+}
+
+async fn a_denial_is_not_marked_as_a_response(app: TestApp) {
+    submit(&app, batch("s", vec![call("c1", "shell", "{}")])).await;
+    let outcome = deny(&app, "s", "c1", MESSAGE).await.outcome.unwrap();
+    assert!(!outcome.responded);
+    assert!(
+        outcome
+            .tool_result
+            .starts_with("The user denied this tool call.")
+    );
+    // A response after a denial is not the answer that stands.
+    let late = app
+        .approver()
+        .decide(respond_request("s", "c1", MESSAGE))
+        .await;
+    assert_status(late, Code::FailedPrecondition, "DENIED");
+}
+
+async fn a_response_without_a_message_or_remembered_is_refused_naming_the_field(app: TestApp) {
+    submit(&app, batch("s", vec![call("c1", "shell", "{}")])).await;
+    for (request, field) in [
+        (respond_request("s", "c1", ""), "response"),
+        (respond_request("s", "c1", "  \n "), "response"),
+        (
+            pb::DecideRequest {
+                reason: "why".into(),
+                ..respond_request("s", "c1", MESSAGE)
+            },
+            "reason",
+        ),
+        (
+            pb::DecideRequest {
+                scope: pb::Scope::Session as i32,
+                ..respond_request("s", "c1", MESSAGE)
+            },
+            "scope",
+        ),
+        (
+            pb::DecideRequest {
+                response: MESSAGE.into(),
+                ..decide_request("s", "c1", pb::Decision::Deny, "")
+            },
+            "response",
+        ),
+    ] {
+        let refused = app.approver().decide(request).await;
+        assert_status(refused, Code::InvalidArgument, field);
+    }
+    let call = get_call(&app, "s", "c1").await;
+    assert_eq!(
+        call.status,
+        CallStatus::Pending as i32,
+        "nothing was decided"
+    );
+}
+
+async fn a_response_skips_the_rest_of_a_skip_rest_batch(app: TestApp) {
+    submit(
+        &app,
+        batch(
+            "s",
+            vec![call("c1", "shell", "{}"), call("c2", "shell", "{}")],
+        ),
+    )
+    .await;
+    let decided = app
+        .approver()
+        .decide(respond_request("s", "c1", MESSAGE))
+        .await
+        .expect("respond")
+        .into_inner();
+    assert_eq!(decided.skipped_count, 1);
+    let skipped = outcome_of(&app, "s", "c2").await;
+    assert_eq!(status_of(&skipped), CallStatus::Skipped);
+    assert!(!skipped.responded);
+}
+
+const BOT: &str = "token-of-bot";
+const ALICE: &str = "token-of-alice";
+const CAROL: &str = "token-of-carol";
+const DAVE: &str = "token-of-dave";
+const ROOT: &str = "token-of-root";
+
+/// `alice` is in ops, `carol` in sec, `dave` in no group; `bot` submits.
+fn with_groups(config: &mut Config) {
+    config.auth.tokens = Some(format!(
+        "agent bot {}\napprover alice {} groups=ops\napprover carol {} groups=sec\n\
+         approver dave {}\nadmin root {}",
+        hash_token(BOT),
+        hash_token(ALICE),
+        hash_token(CAROL),
+        hash_token(DAVE),
+        hash_token(ROOT),
+    ));
+}
+
+/// `deploy` calls need two approvals from ops or sec; `bot` submits `ids` of it in session `s`.
+async fn two_person_deploys(app: &TestApp, ids: &[&str]) {
+    let mut rule = rule("two-person", "deploy", pb::Effect::Ask, 0, None);
+    rule.approvers = Some(pb::Approvers {
+        groups: vec!["ops".into(), "sec".into()],
+        quorum: 2,
+        ..Default::default()
+    });
+    crate::routing::admin_as(&app.channel, ROOT)
+        .create_rule(pb::CreateRuleRequest { rule: Some(rule) })
+        .await
+        .expect("create rule");
+    let calls = ids.iter().map(|id| call(id, "deploy", "{}")).collect();
+    AgentServiceClient::with_interceptor(app.channel.clone(), crate::routing::bearer(BOT))
+        .submit(pb::SubmitRequest {
+            batch: Some(pb::BatchSpec {
+                on_deny: pb::OnDeny::Independent as i32,
+                ..batch("s", calls)
+            }),
+        })
+        .await
+        .expect("submit");
+}
+
+async fn decide_as(
+    app: &TestApp,
+    token: &str,
+    mut request: pb::DecideRequest,
+) -> Result<pb::DecideResponse, tonic::Status> {
+    request.agent = "bot".into();
+    request.approver = String::new();
+    approver_as(&app.channel, token)
+        .decide(request)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// For each approver, a response is answered exactly as a denial is: refused the same way
+/// (someone outside the rule's groups cannot know of the call), and a single one decides a call
+/// that needs two approvals (any denial denies).
+async fn a_response_passes_the_same_gate_as_a_denial(app: TestApp) {
+    two_person_deploys(&app, &["d1", "d2", "d3", "d4"]).await;
+    let respond = |id: &str| respond_request("s", id, MESSAGE);
+    let deny = |id: &str| decide_request("s", id, pb::Decision::Deny, "no");
+
+    // Dave is in neither group: the call does not exist for him, whichever he sends.
+    let denied = decide_as(&app, DAVE, deny("d1")).await.unwrap_err();
+    let responded = decide_as(&app, DAVE, respond("d1")).await.unwrap_err();
+    assert_eq!(denied.code(), Code::NotFound);
+    assert_eq!(responded.code(), denied.code());
+    assert_eq!(responded.message(), denied.message(), "word for word");
+
+    // One approval, then one response: the call is denied by the response, as by a denial.
+    decide_as(
+        &app,
+        ALICE,
+        decide_request("s", "d2", pb::Decision::Approve, ""),
+    )
+    .await
+    .unwrap();
+    let answered = decide_as(&app, CAROL, respond("d2")).await.unwrap();
+    let outcome = answered.outcome.expect("decided");
+    assert_eq!(status_of(&outcome), CallStatus::Denied);
+    assert!(outcome.responded);
+    assert_eq!(outcome.decided_by, "approver:carol");
+
+    // A single response decides a call no one approved yet, as a single denial does.
+    let by_denial = decide_as(&app, CAROL, deny("d3")).await.unwrap();
+    let by_response = decide_as(&app, CAROL, respond("d4")).await.unwrap();
+    assert_eq!(
+        by_denial.outcome.map(|o| o.status),
+        by_response.outcome.map(|o| o.status)
+    );
+}
+
+/// The agent itself may withdraw its call with a denial (it was never to run); a response from
+/// it is answered the same way: what a denial may do, a response may, and no more.
+async fn an_agents_response_to_its_own_call_is_treated_as_its_denial(app: TestApp) {
+    let bot_as_approver = "token-of-bot-approving";
+    AgentServiceClient::with_interceptor(app.channel.clone(), crate::routing::bearer(BOT))
+        .submit(pb::SubmitRequest {
+            batch: Some(pb::BatchSpec {
+                on_deny: pb::OnDeny::Independent as i32,
+                ..batch(
+                    "s",
+                    vec![call("c1", "shell", "{}"), call("c2", "shell", "{}")],
+                )
+            }),
+        })
+        .await
+        .expect("submit");
+    let denied = decide_as(
+        &app,
+        bot_as_approver,
+        decide_request("s", "c1", pb::Decision::Deny, ""),
+    )
+    .await
+    .map(|r| r.outcome.map(|o| o.status));
+    let responded = decide_as(&app, bot_as_approver, respond_request("s", "c2", MESSAGE))
+        .await
+        .map(|r| r.outcome.map(|o| o.status));
+    match (denied, responded) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b),
+        (Err(a), Err(b)) => assert_eq!(a.code(), b.code()),
+        (a, b) => panic!("a denial gave {a:?}, a response {b:?}"),
+    }
+}
+
+fn with_groups_and_the_bot_approving(config: &mut Config) {
+    with_groups(config);
+    let tokens = config.auth.tokens.take().unwrap();
+    config.auth.tokens = Some(format!(
+        "{tokens}\napprover bot {}",
+        hash_token("token-of-bot-approving")
+    ));
+}
+
+backend_tests! {
+    a_response_denies_the_call_and_the_agent_reads_the_persons_words => crate::receipts::with_key,
+    a_denial_is_not_marked_as_a_response,
+    a_response_without_a_message_or_remembered_is_refused_naming_the_field,
+    a_response_skips_the_rest_of_a_skip_rest_batch,
+    a_response_passes_the_same_gate_as_a_denial => super::with_groups,
+    an_agents_response_to_its_own_call_is_treated_as_its_denial => super::with_groups_and_the_bot_approving,
+}
