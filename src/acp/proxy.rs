@@ -535,7 +535,18 @@ impl Proxy {
 }
 
 async fn cancel_at_broker(broker: &BrokerAddress, session_id: &str, call_id: &str, reason: &str) {
-    match review::cancel(broker, session_id, call_id, reason).await {
+    // A cancel can overtake the submit it cancels (the editor cancelled while the call was still
+    // on its way to the broker): the broker then has nothing to cancel yet, and the call would
+    // wait for nobody. So an unconfirmed cancel is tried again, a little later, twice.
+    let mut result = review::cancel(broker, session_id, call_id, reason).await;
+    for wait in CANCEL_AGAIN_AFTER {
+        if !matches!(result, Ok(Review::TimedOut { cancelled: false })) {
+            break;
+        }
+        tokio::time::sleep(wait).await;
+        result = review::cancel(broker, session_id, call_id, reason).await;
+    }
+    match result {
         Ok(Review::TimedOut { cancelled: true }) => {}
         Ok(Review::TimedOut { cancelled: false }) => warn(&format!(
             "session `{session_id}`, tool call `{call_id}`: the broker did not confirm the cancel"
@@ -550,6 +561,12 @@ async fn cancel_at_broker(broker: &BrokerAddress, session_id: &str, call_id: &st
         )),
     }
 }
+
+/// When an unconfirmed cancel is tried again (see [`cancel_at_broker`]).
+const CANCEL_AGAIN_AFTER: [std::time::Duration; 2] = [
+    std::time::Duration::from_millis(500),
+    std::time::Duration::from_secs(2),
+];
 
 /// A JSON-RPC id as a map key: `1` and `"1"` stay apart.
 fn id_key(id: &Value) -> String {

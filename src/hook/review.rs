@@ -377,13 +377,16 @@ impl BrokerClient {
                 let result = response.into_inner().result.unwrap_or_default();
                 if let Some(outcome) = result
                     .already_decided
-                    .into_iter()
+                    .iter()
                     .find(|o| o.call_id == call_id && o.status != pb::CallStatus::Cancelled as i32)
                 {
-                    return Review::Decided(Box::new(outcome));
+                    return Review::Decided(Box::new(outcome.clone()));
                 }
+                // Cancelled now, or already (an earlier cancel of the same call).
                 Review::TimedOut {
-                    cancelled: result.cancelled.iter().any(|o| o.call_id == call_id),
+                    cancelled: (result.cancelled.iter())
+                        .chain(&result.already_decided)
+                        .any(|o| o.call_id == call_id),
                 }
             }
             _ => Review::TimedOut { cancelled: false },
