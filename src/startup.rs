@@ -111,7 +111,7 @@ pub async fn run(
     // Slack app mode: posts the calls committed from now on, from the event log.
     let slack = match slack_settings {
         Some(settings) => {
-            let slack = crate::slack::Slack::new(settings);
+            let slack = crate::slack::Slack::new(settings, store.clone());
             let feed = bus.feed_after(store.latest_seq().await?);
             tracing::info!(
                 path = crate::slack::interactivity::PATH,

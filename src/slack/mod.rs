@@ -18,8 +18,7 @@ pub mod blocks;
 pub mod interactivity;
 pub mod signature;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -29,6 +28,7 @@ use crate::domain::policy::group_name;
 use crate::domain::{Call, CallKey, Event, EventKind};
 use crate::error::{Error, Result};
 use crate::events::Feed;
+use crate::store::SlackMessages;
 use crate::webhooks::egress::EgressPolicy;
 
 use self::api::WebApi;
@@ -220,24 +220,28 @@ pub fn parse_file(text: &str) -> Result<(Vec<Route>, Vec<SlackPerson>)> {
     Ok((routes, people))
 }
 
-/// Where a call's message is: its channel and timestamp (Slack's id of a message).
+/// Where a call's message is: its channel and timestamp (Slack's id of a message), and whether
+/// this process posted it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Posted {
     pub channel: String,
     pub ts: String,
+    pub ours: bool,
 }
 
-/// Slack app mode, running: the Web API client, the request verifier, and the messages posted.
+/// Slack app mode, running: the Web API client, the request verifier, and where the messages
+/// are (in the store, so a restart or another replica finds them).
 pub struct Slack {
     settings: SlackSettings,
     api: WebApi,
     verifier: Verifier,
-    /// The message of each call posted by this process.
-    messages: Mutex<HashMap<CallKey, Posted>>,
+    store: Arc<dyn SlackMessages>,
+    /// This process's name in the claims.
+    owner: String,
 }
 
 impl Slack {
-    pub fn new(settings: SlackSettings) -> Arc<Self> {
+    pub fn new(settings: SlackSettings, store: Arc<dyn SlackMessages>) -> Arc<Self> {
         let api = WebApi::new(
             &settings.api_url,
             settings.bot_token.clone(),
@@ -249,7 +253,8 @@ impl Slack {
             settings,
             api,
             verifier,
-            messages: Mutex::new(HashMap::new()),
+            store,
+            owner: uuid::Uuid::new_v4().simple().to_string(),
         })
     }
 
@@ -262,12 +267,32 @@ impl Slack {
             .map(|r| r.channel.as_str())
     }
 
-    fn posted(&self, key: &CallKey) -> Option<Posted> {
-        self.messages
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key)
-            .cloned()
+    /// The message of `key`, once Slack answered its post.
+    async fn posted(&self, key: &CallKey) -> Option<Posted> {
+        match self.store.slack_message(key).await {
+            Ok(Some(stored)) if !stored.ts.is_empty() => Some(Posted {
+                ours: stored.owner == self.owner,
+                channel: stored.channel,
+                ts: stored.ts,
+            }),
+            Ok(_) => None,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read which Slack message a call was posted as");
+                None
+            }
+        }
+    }
+
+    /// Whether this process posts `key` (the first to claim it, in the whole fleet).
+    async fn claim(&self, key: &CallKey) -> bool {
+        let at = crate::domain::Timestamp::now().as_micros();
+        match self.store.claim_slack_message(key, &self.owner, at).await {
+            Ok(claimed) => claimed,
+            Err(error) => {
+                tracing::warn!(%error, "cannot claim a call's Slack message; not posting it");
+                false
+            }
+        }
     }
 
     /// Posts, updates and threads from the committed events `feed` yields, until it ends.
@@ -291,48 +316,49 @@ impl Slack {
                 let Some(channel) = self.channel_for(call) else {
                     return;
                 };
+                if !self.claim(&call.key).await {
+                    return;
+                }
                 let mut body = blocks::pending(call, self.settings.inbox_url.as_deref());
                 body["channel"] = json!(channel);
                 body["unfurl_links"] = json!(false);
                 body["unfurl_media"] = json!(false);
                 if let Some(answer) = self.call_with_retries("chat.postMessage", &body).await {
-                    let posted = Posted {
-                        channel: answer["channel"].as_str().unwrap_or(channel).to_owned(),
-                        ts: answer["ts"].as_str().unwrap_or_default().to_owned(),
-                    };
-                    if !posted.ts.is_empty() {
-                        self.messages
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .insert(call.key.clone(), posted);
+                    let channel = answer["channel"].as_str().unwrap_or(channel);
+                    let ts = answer["ts"].as_str().unwrap_or_default();
+                    if let Err(error) = self
+                        .store
+                        .record_slack_message(&call.key, channel, ts)
+                        .await
+                    {
+                        tracing::warn!(%error, "cannot store which Slack message a call was posted as");
                     }
                 }
             }
             EventKind::Resolved => {
-                let Some(posted) = self.posted(&call.key) else {
+                let Some(posted) = self.posted(&call.key).await else {
                     return;
                 };
                 let body = blocks::decided(call, self.settings.inbox_url.as_deref());
                 self.update(&posted, body).await;
-                self.messages
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&call.key);
             }
             EventKind::ApprovalRecorded => {
-                let Some(posted) = self.posted(&call.key) else {
+                let Some(posted) = self.posted(&call.key).await else {
                     return;
                 };
                 let body = blocks::pending(call, self.settings.inbox_url.as_deref());
                 self.update(&posted, body).await;
-                if let Some(vote) = call.approval.as_ref().and_then(|a| a.votes.last()) {
+                if posted.ours
+                    && let Some(vote) = call.approval.as_ref().and_then(|a| a.votes.last())
+                {
                     let verb = if vote.approve { "approved" } else { "denied" };
                     let note = format!("{} {verb}; {}", vote.approver, blocks::requirement(call));
                     self.in_thread(&posted, &note).await;
                 }
             }
             EventKind::Reminded | EventKind::Escalated => {
-                let Some(posted) = self.posted(&call.key) else {
+                // Only the poster threads, so a fleet replies once.
+                let Some(posted) = self.posted(&call.key).await.filter(|p| p.ours) else {
                     return;
                 };
                 let what = if event.kind == EventKind::Reminded {

@@ -367,6 +367,24 @@ impl crate::store::PushSubscriptions for Watched {
 }
 
 #[async_trait]
+impl crate::store::SlackMessages for Watched {
+    async fn claim_slack_message(&self, key: &CallKey, owner: &str, at: i64) -> Result<bool> {
+        self.read(self.inner.claim_slack_message(key, owner, at).await)
+    }
+
+    async fn record_slack_message(&self, key: &CallKey, channel: &str, ts: &str) -> Result<()> {
+        self.read(self.inner.record_slack_message(key, channel, ts).await)
+    }
+
+    async fn slack_message(
+        &self,
+        key: &CallKey,
+    ) -> Result<Option<crate::store::StoredSlackMessage>> {
+        self.read(self.inner.slack_message(key).await)
+    }
+}
+
+#[async_trait]
 impl Lifecycle for Watched {
     async fn prune_decided(
         &self,

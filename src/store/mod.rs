@@ -19,6 +19,7 @@ pub mod receipt_rows;
 mod retention;
 mod rows;
 mod settings;
+pub mod slack_rows;
 pub(crate) mod sqlite;
 pub mod statements;
 mod webhook_rows;
@@ -48,6 +49,7 @@ pub use push_rows::StoredPushSubscription;
 pub use reads::{BackendReads, PoolStats};
 pub use receipt_rows::StoredReceipt;
 pub use settings::StoreSettings;
+pub use slack_rows::StoredSlackMessage;
 pub use sqlite::{
     CHECKPOINT_EVERY, ProcessLock, SqliteStore, Synchronous, WRITER_CHECKPOINT_PAGES,
 };
@@ -56,14 +58,43 @@ pub use sqlite_ffi::allocator as sqlite_allocator;
 /// The broker's durable state: every part below, from one backend. What startup opens and the
 /// broker holds; each other part of the broker needs only the part it names.
 pub trait Store:
-    Calls + Deadlines + EventLog + Policies + Webhooks + Lifecycle + Receipts + PushSubscriptions
+    Calls
+    + Deadlines
+    + EventLog
+    + Policies
+    + Webhooks
+    + Lifecycle
+    + Receipts
+    + PushSubscriptions
+    + SlackMessages
 {
 }
 
 impl<
-    T: Calls + Deadlines + EventLog + Policies + Webhooks + Lifecycle + Receipts + PushSubscriptions,
+    T: Calls
+        + Deadlines
+        + EventLog
+        + Policies
+        + Webhooks
+        + Lifecycle
+        + Receipts
+        + PushSubscriptions
+        + SlackMessages,
 > Store for T
 {
+}
+
+/// Slack app mode (`crate::slack`): which message each call was posted as, and by which broker
+/// process, so one process of a fleet posts each call and its message is updated after a restart.
+#[async_trait]
+pub trait SlackMessages: Backend {
+    /// Claims the posting of `key`'s message for `owner` (`at`: microseconds since the epoch);
+    /// whether this claim was the first.
+    async fn claim_slack_message(&self, key: &CallKey, owner: &str, at: i64) -> Result<bool>;
+    /// Records where the claimed message was posted.
+    async fn record_slack_message(&self, key: &CallKey, channel: &str, ts: &str) -> Result<()>;
+    /// The message of `key`, if its posting was claimed.
+    async fn slack_message(&self, key: &CallKey) -> Result<Option<StoredSlackMessage>>;
 }
 
 /// Web Push subscriptions (`crate::push`): kept per approver, read whole by the sender.

@@ -30,6 +30,7 @@
 mod approval;
 mod lifecycle;
 mod push;
+mod slack;
 mod webhooks;
 
 use std::sync::Arc;

@@ -595,6 +595,7 @@ slack_tests!(
     a_person_mapped_by_email_decides_as_that_identity,
     forged_replayed_and_stale_clicks_are_refused_and_decide_nothing,
     a_decision_made_in_the_inbox_updates_the_slack_message,
+    a_message_posted_before_a_restart_is_updated_after_it,
     mentions_and_links_in_an_input_reach_slack_escaped,
 );
 
@@ -808,6 +809,30 @@ async fn a_decision_made_in_the_inbox_updates_the_slack_message(backend: Backend
         .await;
     assert_eq!(updated["channel"], CHANNEL);
     assert!(updated.to_string().contains("APPROVED"), "{updated}");
+    slack.assert_no_problems();
+}
+
+/// Which message a call was posted as is stored, not remembered: a broker started again on the
+/// same database updates it.
+async fn a_message_posted_before_a_restart_is_updated_after_it(backend: Backend) {
+    let (app, slack, dir) = start(backend, 1).await;
+    submit_and_see_posted(&app, &slack, "c1", "").await;
+    let ts = message_ts(&slack, "c1");
+    let app = app.restart_with(configure(&slack, dir.path(), 1)).await;
+    approve(&app, "s1", "c1").await;
+    let updated = slack
+        .wait_for("/api/chat.update", |b| b["ts"] == ts.as_str())
+        .await;
+    assert!(updated.to_string().contains("APPROVED"), "{updated}");
+    let posts = slack
+        .received()
+        .iter()
+        .filter(|r| r.path == "/api/chat.postMessage" && r.body["thread_ts"].is_null())
+        .count();
+    assert_eq!(
+        posts, 1,
+        "the call was posted once, not again after the restart"
+    );
     slack.assert_no_problems();
 }
 

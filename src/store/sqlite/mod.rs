@@ -10,6 +10,7 @@
 
 mod lifecycle;
 mod push;
+mod slack;
 #[cfg(test)]
 mod wal_tests;
 mod webhooks;
