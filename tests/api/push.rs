@@ -294,7 +294,46 @@ backend_tests!(
     a_subscription_the_push_service_says_is_gone_is_dropped => super::with_push,
     a_push_service_that_never_answers_holds_no_decision => super::with_push,
     subscriptions_are_validated_and_removed_only_by_their_owner => super::with_push,
+    a_reminder_and_an_escalation_are_pushed_again_for_the_same_call => super::with_push,
 );
+
+async fn a_reminder_and_an_escalation_are_pushed_again_for_the_same_call(app: TestApp) {
+    let step = |millis: u64, kind: pb::EscalationStepKind| pb::EscalationStep {
+        after: Some(prost_types::Duration {
+            seconds: 0,
+            nanos: i32::try_from(millis * 1_000_000).unwrap(),
+        }),
+        kind: kind as i32,
+        endpoints: Vec::new(),
+    };
+    let nag = pb::Rule {
+        escalation: vec![
+            step(200, pb::EscalationStepKind::Reminder),
+            step(400, pb::EscalationStepKind::Escalation),
+        ],
+        ..rule("nag", "remind", pb::Effect::Ask, 0, None)
+    };
+    admin_as(&app.channel, ROOT)
+        .create_rule(pb::CreateRuleRequest { rule: Some(nag) })
+        .await
+        .expect("create rule");
+    let service = PushService::start().await;
+    let browser = Browser::new();
+    subscribe(&app, DAVE, &browser, &service.endpoint("/dave")).await;
+    submit_as_bot(&app, call("n1", "remind", r#"{"command":"make release"}"#)).await;
+    let pushed = service.wait_for("/dave", 3).await;
+    for p in &pushed {
+        assert_eq!(p.topic, topic_of("n1"), "each replaces the last");
+        assert_eq!(p.urgency, "high");
+    }
+    browser.capture(
+        &pushed[2],
+        serde_json::json!({"kind": "reminder", "tool": "remind", "line": "make release"}),
+    );
+    decide_as(&app, DAVE, "n1").await;
+    let pushed = service.wait_for("/dave", 4).await;
+    assert_eq!(pushed[3].urgency, "normal", "the withdrawal");
+}
 
 async fn each_subscription_gets_the_calls_its_owner_may_decide_and_a_withdrawal_when_decided(
     app: TestApp,

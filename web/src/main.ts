@@ -8,7 +8,7 @@ import { $, h } from "./dom";
 import type { Call } from "./gen/approvals/v1/types_pb";
 import { Live, type LinkState } from "./live";
 import { PendingView } from "./pending";
-import { followLinks, pushSupported, renewPush, subscribePush } from "./push";
+import { followLinks, forgetPush, pushSupported, renewPush, subscribePush } from "./push";
 
 const TITLE = "Approval inbox";
 
@@ -54,7 +54,8 @@ function open(session: Session): void {
   $("sign-in").hidden = true;
   const signOut = $("sign-out");
   signOut.hidden = false;
-  signOut.onclick = () => {
+  signOut.onclick = async () => {
+    await forgetPush(api);
     forgetSession();
     location.reload();
   };

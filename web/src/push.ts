@@ -35,6 +35,21 @@ export async function subscribePush(api: Api): Promise<PushSubscription> {
   return subscription;
 }
 
+/** On sign-out: this browser stops getting this person's pushes (the broker forgets the
+ * subscription, and the browser drops it). Never throws: signing out must not fail. */
+export async function forgetPush(api: Api): Promise<void> {
+  try {
+    if (!pushSupported()) return;
+    const registration = await navigator.serviceWorker.getRegistration("/");
+    const subscription = await registration?.pushManager.getSubscription();
+    if (!subscription) return;
+    await api.approver.removePushSubscription({ endpoint: subscription.endpoint });
+    await subscription.unsubscribe();
+  } catch (error) {
+    console.warn("push subscription not removed:", error);
+  }
+}
+
 /** After sign-in: a browser that already allowed notifications renews its subscription (the
  * approver's groups as the token has them now), without asking anything. */
 export function renewPush(api: Api): void {

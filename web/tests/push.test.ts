@@ -204,6 +204,23 @@ describe("Web Push in Chromium", () => {
     }
     console.log(`submit -> notification shown (ms): ${shownTimes.join(", ")}; median ${median(shownTimes)}`);
     console.log(`click Approve -> outcome at the agent (ms): ${decidedTimes.join(", ")}; median ${median(decidedTimes)}`);
+  });
+
+  test("signing out removes this browser's subscription at the broker", async () => {
+    let unsubscribed = false;
+    await page.exposeFunction("unsubscribed", () => {
+      unsubscribed = true;
+    });
+    // The test's stand-in subscription, as getSubscription now answers it.
+    await page.evaluate((endpoint) => {
+      PushManager.prototype.getSubscription = async () =>
+        ({ endpoint, unsubscribe: async () => ((window as unknown as { unsubscribed: () => void }).unsubscribed(), true) }) as unknown as PushSubscription;
+    }, `http://127.0.0.1:${pushPort}/push/chromium-1`);
+    await page.getByRole("button", { name: "Sign out" }).click();
+    await page.getByRole("button", { name: "Open the inbox" }).waitFor();
+    assert.ok(unsubscribed, "the browser dropped it");
+    const again = await grpcClients(broker).adminApprover.removePushSubscription({ endpoint: `http://127.0.0.1:${pushPort}/push/chromium-1` });
+    assert.equal(again.removed, false, "the broker had forgotten it already");
     await context.close();
   });
 });
