@@ -90,6 +90,8 @@ impl RawReceipt {
             escalation: None,
             requested_by: String::new(),
             approval: None,
+            host: None,
+            action: None,
             outcome: Some(Outcome {
                 kind: OutcomeKind::Approved,
                 decided_at: now,

@@ -515,9 +515,23 @@ fn configure(slack: &FakeSlack, dir: &std::path::Path, quorum: u32) -> impl FnOn
 
 /// Starts the stand-in and a broker on `backend` posting to it.
 async fn start(backend: Backend, quorum: u32) -> (TestApp, FakeSlack, tempfile::TempDir) {
+    start_with(backend, quorum, |_| {}).await
+}
+
+/// As [`start`], with `more` settings.
+async fn start_with(
+    backend: Backend,
+    quorum: u32,
+    more: impl FnOnce(&mut Config),
+) -> (TestApp, FakeSlack, tempfile::TempDir) {
     let slack = FakeSlack::start(&[("U0ERIN", "Erin@Example.com")]).await;
     let dir = tempfile::tempdir().unwrap();
-    let app = helpers::spawn_app_on(backend, configure(&slack, dir.path(), quorum)).await;
+    let slack_settings = configure(&slack, dir.path(), quorum);
+    let app = helpers::spawn_app_on(backend, |config| {
+        slack_settings(config);
+        more(config);
+    })
+    .await;
     (app, slack, dir)
 }
 
@@ -596,6 +610,7 @@ slack_tests!(
     forged_replayed_and_stale_clicks_are_refused_and_decide_nothing,
     a_decision_made_in_the_inbox_updates_the_slack_message,
     a_message_posted_before_a_restart_is_updated_after_it,
+    reminders_and_escalations_are_threaded_under_the_message,
     mentions_and_links_in_an_input_reach_slack_escaped,
 );
 
@@ -833,6 +848,28 @@ async fn a_message_posted_before_a_restart_is_updated_after_it(backend: Backend)
         posts, 1,
         "the call was posted once, not again after the restart"
     );
+    slack.assert_no_problems();
+}
+
+async fn reminders_and_escalations_are_threaded_under_the_message(backend: Backend) {
+    let ladder = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        ladder.path(),
+        r#"{"steps": [{"after": "300ms"}, {"after": "600ms", "kind": "escalation"}]}"#,
+    )
+    .unwrap();
+    let path = ladder.path().to_owned();
+    let (app, slack, _dir) = start_with(backend, 1, move |c| c.escalation.file = Some(path)).await;
+    submit_and_see_posted(&app, &slack, "c1", "").await;
+    let ts = message_ts(&slack, "c1");
+    for lead in ["Reminder", "Escalated"] {
+        let reply = slack
+            .wait_for("/api/chat.postMessage", |b| {
+                b["thread_ts"] == ts.as_str() && b["text"].as_str().unwrap_or("").starts_with(lead)
+            })
+            .await;
+        assert_eq!(reply["channel"], CHANNEL, "{reply}");
+    }
     slack.assert_no_problems();
 }
 
