@@ -11,3 +11,10 @@ CREATE TABLE push_subscriptions (
     created_at BIGINT NOT NULL
 );
 CREATE INDEX push_subscriptions_by_approver ON push_subscriptions (approver);
+
+-- Which replica pushes an event: the first to insert its sequence number (the others skip it),
+-- so that a fleet sends each push once. Old rows are pruned as new ones come.
+CREATE TABLE push_claims (
+    seq        BIGINT PRIMARY KEY,
+    claimed_at BIGINT NOT NULL
+);

@@ -57,6 +57,15 @@ impl Sender {
             EventKind::Resolved => NoticeKind::Withdrawn,
             _ => return,
         };
+        // One replica of a fleet pushes each event.
+        match self.store.claim_push_event(event.seq).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot claim an event's pushes");
+                return;
+            }
+        }
         let subscriptions = match self.store.push_subscriptions().await {
             Ok(subscriptions) => subscriptions,
             Err(err) => {

@@ -364,6 +364,10 @@ impl crate::store::PushSubscriptions for Watched {
     async fn push_subscriptions(&self) -> Result<Vec<crate::store::StoredPushSubscription>> {
         self.read(self.inner.push_subscriptions().await)
     }
+
+    async fn claim_push_event(&self, seq: u64) -> Result<bool> {
+        self.read(self.inner.claim_push_event(seq).await)
+    }
 }
 
 #[async_trait]

@@ -108,6 +108,8 @@ pub trait PushSubscriptions: Backend {
     async fn drop_push_subscription(&self, endpoint: &str) -> Result<()>;
     /// Every subscription.
     async fn push_subscriptions(&self) -> Result<Vec<StoredPushSubscription>>;
+    /// Claims the pushes of event `seq` for this process: `false` when another replica did.
+    async fn claim_push_event(&self, seq: u64) -> Result<bool>;
 }
 
 /// What every part of a store shares: the reads both backends answer alike, from their own

@@ -205,12 +205,16 @@ fn topic_of(call_id: &str) -> String {
 }
 
 fn with_push(config: &mut Config) {
-    config.webhooks.allow_hosts = vec!["127.0.0.0/8".parse().expect("a network")];
-    config.webhooks.retry_min = Duration::from_millis(20);
     // Postgres needs the replicas' shared key; SQLite would make one beside the database.
     let dir = tempfile::tempdir().unwrap().keep();
     let key = dir.join("vapid.pem");
     approval_broker::push::Vapid::load_or_create(&key).unwrap();
+    with_push_key(config, key);
+}
+
+fn with_push_key(config: &mut Config, key: std::path::PathBuf) {
+    config.webhooks.allow_hosts = vec!["127.0.0.0/8".parse().expect("a network")];
+    config.webhooks.retry_min = Duration::from_millis(20);
     config.push.vapid_key = Some(key);
     config.auth.tokens = Some(format!(
         "agent bot {}\napprover alice {} groups=ops\napprover dave {}\nadmin root {}",
@@ -528,4 +532,34 @@ async fn subscriptions_are_validated_and_removed_only_by_their_owner(app: TestAp
     .await
     .expect_err("an agent cannot subscribe");
     assert_eq!(agent.code(), Code::PermissionDenied);
+}
+
+/// Two replicas on one Postgres database, both pushing from the shared log: each call is pushed
+/// once, whichever replica committed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
+)]
+async fn two_postgres_replicas_push_each_call_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("vapid.pem");
+    approval_broker::push::Vapid::load_or_create(&key).unwrap();
+    let first = spawn_app_on(Backend::postgres(), |c| with_push_key(c, key.clone())).await;
+    let second = first.replica(|c| with_push_key(c, key.clone())).await;
+    let service = PushService::start().await;
+    let browser = Browser::new();
+    subscribe(&first, DAVE, &browser, &service.endpoint("/dave")).await;
+    for i in 0..6 {
+        let app = if i % 2 == 0 { &first } else { &second };
+        submit_as_bot(app, call(&format!("c{i}"), "Bash", r#"{"command":"true"}"#)).await;
+    }
+    service.wait_for("/dave", 6).await;
+    // Both replicas follow the log; give a second pusher every chance to show.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut topics: Vec<String> = service.at("/dave").into_iter().map(|p| p.topic).collect();
+    topics.sort();
+    let mut wanted: Vec<String> = (0..6).map(|i| topic_of(&format!("c{i}"))).collect();
+    wanted.sort();
+    assert_eq!(topics, wanted, "each call pushed exactly once");
 }

@@ -60,4 +60,28 @@ impl PushSubscriptions for PostgresStore {
             })
             .collect()
     }
+
+    async fn claim_push_event(&self, seq: u64) -> Result<bool> {
+        let seq = i64::try_from(seq).unwrap_or(i64::MAX);
+        let claimed = sqlx::query(CLAIM_EVENT)
+            .bind(seq)
+            .bind(crate::domain::Timestamp::now().as_micros())
+            .execute(&self.pool)
+            .await?;
+        if seq % PRUNE_EVERY == 0 {
+            sqlx::query(PRUNE_CLAIMS)
+                .bind(seq - KEEP_CLAIMS)
+                .execute(&self.pool)
+                .await?;
+        }
+        Ok(claimed.rows_affected() == 1)
+    }
 }
+
+/// The first replica to insert an event's sequence number pushes it.
+const CLAIM_EVENT: &str =
+    "INSERT INTO push_claims (seq, claimed_at) VALUES ($1, $2) ON CONFLICT (seq) DO NOTHING";
+const PRUNE_CLAIMS: &str = "DELETE FROM push_claims WHERE seq < $1";
+/// Claims kept behind the newest: far more than any replica lags.
+const KEEP_CLAIMS: i64 = 100_000;
+const PRUNE_EVERY: i64 = 1_000;
