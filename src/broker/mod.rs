@@ -277,6 +277,22 @@ impl Broker {
         self.decide_in(key, decision).instrument(span).await
     }
 
+    /// What `decision` would do now (Remember, previewed: docs/answers.md), judged as
+    /// [`Broker::decide`] judges it and written in a transaction that is rolled back: nothing
+    /// is kept and nobody is told.
+    pub async fn preview_decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
+        match self.prejudge_covered(key, decision).await? {
+            Some(prejudged) => {
+                let decision = Decision {
+                    prejudged,
+                    ..decision.clone()
+                };
+                self.store.preview_decide(key, &decision).await
+            }
+            None => self.store.preview_decide(key, decision).await,
+        }
+    }
+
     async fn decide_in(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
         let store_span = || traces::when_on(|| tracing::info_span!("store.decide"));
         let report = match self.prejudge_covered(key, decision).await? {

@@ -139,6 +139,35 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         )))
     }
 
+    async fn preview_decision(
+        &self,
+        request: Request<pb::DecideRequest>,
+    ) -> Result<Response<pb::DecideResponse>, Status> {
+        let caller = Caller::of(&request);
+        let (key, mut decision) =
+            parse::decide(request.into_inner(), self.broker.limits().max_input_bytes)?;
+        if decision.remember.is_none() {
+            return Err(crate::error::Error::invalid(
+                "scope",
+                "a preview is of a decision remembered with SCOPE_SESSION, SCOPE_WORKSPACE or \
+                 SCOPE_ALWAYS",
+            )
+            .into());
+        }
+        decision.approver = caller.approver(decision.approver)?;
+        decision.approver_groups = caller.groups();
+        let viewer = caller.viewer();
+        decision.viewer = viewer.clone();
+        let mut report = self.broker.preview_decide(&key, &decision).await?;
+        report.skipped.retain(|c| c.visible_to(&viewer));
+        report.decided_by_grant.retain(|c| c.visible_to(&viewer));
+        Ok(Response::new(render::decide_response(
+            &report,
+            crate::domain::Timestamp::now(),
+            self.broker.limits().max_reply_bytes,
+        )))
+    }
+
     async fn list_pending(
         &self,
         request: Request<pb::ListPendingRequest>,

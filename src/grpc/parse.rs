@@ -457,10 +457,16 @@ fn condition(field: &str, c: pb::FieldCondition) -> Result<FieldCondition> {
         }
         Some(Test::Prefix(prefix)) => FieldTest::prefix(&at("prefix"), &prefix)?,
         Some(Test::Glob(glob)) => FieldTest::glob(&at("glob"), &glob)?,
+        Some(Test::CommandPrefix(words)) => {
+            FieldTest::command_prefix(&at("command_prefix"), &words)?
+        }
+        Some(Test::PathUnder(dir)) => FieldTest::path_under(&at("path_under"), &dir)?,
+        Some(Test::UrlHost(host)) => FieldTest::url_host(&at("url_host"), &host)?,
         None => {
             return Err(Error::invalid(
                 field,
-                "one of equals, equals_json, prefix or glob is required",
+                "one of equals, equals_json, prefix, glob, command_prefix, path_under or \
+                 url_host is required",
             ));
         }
     };

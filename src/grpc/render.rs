@@ -383,6 +383,9 @@ pub fn matcher(m: &Matcher) -> pb::InputMatcher {
                         FieldTest::Equals(value) => Test::EqualsJson(json::canonical(value)),
                         FieldTest::Prefix(p) => Test::Prefix(p.clone()),
                         FieldTest::Glob(g) => Test::Glob(g.as_str().to_owned()),
+                        FieldTest::CommandPrefix(w) => Test::CommandPrefix(w.clone()),
+                        FieldTest::PathUnder(d) => Test::PathUnder(d.clone()),
+                        FieldTest::UrlHost(h) => Test::UrlHost(h.clone()),
                     }),
                 })
                 .collect(),

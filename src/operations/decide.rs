@@ -211,6 +211,23 @@ pub async fn decide_in(
     Ok(report)
 }
 
+/// What `decision` would do now, without doing it: [`decide_in`] itself, in `tx`, which is
+/// dropped (rolled back) and never committed, so the preview cannot drift from the decision:
+/// the same gate, the same grant, the same evaluation of the pending calls it covers (a rule
+/// that outranks the grant still wins). Its report lists the pending calls the grant would
+/// decide now (`decided_by_grant`) and those it would skip. A grant's id in it was never kept.
+pub async fn preview(
+    mut tx: impl WriteTx + PolicyTx,
+    key: &CallKey,
+    decision: &Decision,
+    texts: &ToolResultTexts,
+) -> Result<DecideReport> {
+    let report = decide_in(&mut tx, key, decision, texts, Timestamp::now()).await;
+    // Never committed: dropping the transaction rolls back everything `decide_in` wrote.
+    drop(tx);
+    report
+}
+
 /// Whether `decision` writes nothing but its own call's outcome, whatever call it decides: an
 /// approval that remembers nothing (a denial may skip the rest of its batch; a grant decides the
 /// calls it covers). Postgres writes such a decision in one statement, where the call needs none

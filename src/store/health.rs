@@ -168,6 +168,10 @@ impl Calls for Watched {
         result
     }
 
+    async fn preview_decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
+        self.read(self.inner.preview_decide(key, decision).await)
+    }
+
     async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
         let result = self.inner.cancel(target).await;
         self.health

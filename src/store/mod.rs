@@ -137,6 +137,10 @@ pub trait Calls: Backend {
     /// grant and decides the pending calls the grant matches. One transaction.
     async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport>;
 
+    /// What [`decide`](Calls::decide) would report now, written in a transaction that is rolled
+    /// back: nothing is kept (`operations::decide::preview`).
+    async fn preview_decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport>;
+
     /// Cancels what `target` names; reports calls already decided as they stand.
     async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport>;
 

@@ -320,6 +320,10 @@ impl Calls for PostgresStore {
         decide::decide(self.begin_write().await?, key, decision, &self.texts).await
     }
 
+    async fn preview_decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
+        decide::preview(self.begin_write().await?, key, decision, &self.texts).await
+    }
+
     async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
         match &self.group {
             Some(group) => group.cancel(target).await,

@@ -2,6 +2,7 @@
 // created, and what each one covers after. Must say exactly what the broker matches, no more.
 import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
 import { CallStatus, Effect, Scope, type Call, type Grant, type InputMatcher, type Rule } from "./gen/approvals/v1/types_pb";
+import { narrowText } from "./answers";
 import { actionSummary, actionWords } from "./host";
 
 export function statusName(status: CallStatus): string {
@@ -38,6 +39,10 @@ export function matcherText(matcher: InputMatcher | undefined, onAction = false)
                 return `${c.field} starts with ${JSON.stringify(t.value)}`;
               case "glob":
                 return `${c.field} matches ${JSON.stringify(t.value)}`;
+              case "commandPrefix":
+              case "pathUnder":
+              case "urlHost":
+                return narrowText(t.case, c.field, t.value);
               default:
                 return `${c.field} ?`;
             }

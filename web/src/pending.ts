@@ -6,7 +6,7 @@
 // decided it; a decision this page loses to another shows the outcome that stands, not an error.
 import { create } from "@bufbuild/protobuf";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
-import { respondControls, responseNote } from "./answers";
+import { Narrowing, respondControls, responseNote } from "./answers";
 import { type Api, ConnectError, Code, describeError, isPermissionDenied } from "./api";
 import { approvalText, grantPreview, scopeLabel, span, statusName } from "./describe";
 import { h } from "./dom";
@@ -41,6 +41,8 @@ interface Card {
   /** Unfolds the input, saying why nothing was approved yet. */
   reveal(): void;
 }
+
+type DecisionFields = { decision: Decision; reason?: string; response?: string; editedInputJson?: string; scope?: Scope; matcher?: ReturnType<typeof create<typeof InputMatcherSchema>> };
 
 const FILTER_FIELDS: (keyof Filters)[] = ["agent", "session", "tool", "workspace"];
 
@@ -197,18 +199,21 @@ export class PendingView {
       h("option", { value: String(s), disabled: s === Scope.WORKSPACE && call.workspace === "" }, scopeLabel(call, s, false)),
     );
     const scope = h("select", { name: "scope", "aria-label": `Remember the decision on ${label}` }, scopes);
+    const narrow = new Narrowing(call, label);
     const inputs = h(
       "select",
       { name: "matcher", "aria-label": `Which inputs the grant for ${label} matches` },
       h("option", { value: "exact" }, "exactly this input"),
       h("option", { value: "any" }, "any input"),
+      narrow.options,
     );
     const preview = h("p", { class: "grant-preview" });
     const showPreview = () => {
       const s = Number(scope.value) as Scope;
       inputs.hidden = s === Scope.ONCE;
       for (const option of scopes) option.textContent = scopeLabel(call, Number(option.value) as Scope, inputs.value === "any");
-      preview.textContent = grantPreview(call, s, inputs.value === "any");
+      preview.textContent = narrow.grantText(inputs.value, grantPreview(call, s, true)) ?? grantPreview(call, s, inputs.value === "any");
+      narrow.show(inputs.value, s !== Scope.ONCE);
     };
     scope.addEventListener("change", showPreview);
     inputs.addEventListener("change", showPreview);
@@ -218,7 +223,7 @@ export class PendingView {
       if (s === Scope.ONCE) return {};
       return {
         scope: s,
-        matcher: inputs.value === "any" ? create(InputMatcherSchema, { kind: { case: "any", value: {} } }) : undefined,
+        matcher: narrow.matcher(inputs.value) ?? (inputs.value === "any" ? create(InputMatcherSchema, { kind: { case: "any", value: {} } }) : undefined),
       };
     };
 
@@ -253,6 +258,7 @@ export class PendingView {
       h("button", { type: "button", "aria-expanded": "false", "aria-label": `Details of ${label}`, onClick: (e) => { detail.hidden = !detail.hidden; (e.currentTarget as HTMLElement).setAttribute("aria-expanded", String(!detail.hidden)); } }, "Details"),
       h("label", { class: "scope" }, "Remember ", scope, inputs),
       preview,
+      narrow.el,
     );
     denyForm.addEventListener("submit", (event) => {
       event.preventDefault();
@@ -307,6 +313,9 @@ export class PendingView {
       input,
       approve: () => {
         if (input.folded()) card.reveal();
+        else if (Number(scope.value) !== Scope.ONCE && narrow.mustPreview(inputs.value))
+          // Remember a prefix: previewed with what it would decide, saved by a second Approve.
+          void narrow.preview(inputs.value, () => this.api.approver.previewDecision(this.request(card, { decision: Decision.APPROVE, ...remembered() })));
         else void this.decide(card, { decision: Decision.APPROVE, ...remembered() });
       },
       reveal: () => {
@@ -345,27 +354,29 @@ export class PendingView {
     form.querySelector("textarea")!.focus();
   }
 
-  private async decide(
-    card: Card,
-    d: { decision: Decision; reason?: string; response?: string; editedInputJson?: string; scope?: Scope; matcher?: ReturnType<typeof create<typeof InputMatcherSchema>> },
-  ): Promise<void> {
-    if (card.decided) return;
+  /** The Decide (or PreviewDecision) request for `card`'s call. */
+  private request(card: Card, d: DecisionFields) {
     const c = card.call;
+    return {
+      sessionId: c.sessionId,
+      callId: c.callId,
+      agent: c.agent,
+      approver: this.api.approverName,
+      decision: d.decision,
+      reason: d.reason ?? "",
+      response: d.response ?? "",
+      editedInputJson: d.editedInputJson ?? "",
+      scope: d.scope,
+      matcher: d.matcher,
+    };
+  }
+
+  private async decide(card: Card, d: DecisionFields): Promise<void> {
+    if (card.decided) return;
     card.el.classList.add("busy");
     card.outcome.textContent = "Sending…";
     try {
-      const reply: DecideResponse = await this.api.approver.decide({
-        sessionId: c.sessionId,
-        callId: c.callId,
-        agent: c.agent,
-        approver: this.api.approverName,
-        decision: d.decision,
-        reason: d.reason ?? "",
-        response: d.response ?? "",
-        editedInputJson: d.editedInputJson ?? "",
-        scope: d.scope,
-        matcher: d.matcher,
-      });
+      const reply: DecideResponse = await this.api.approver.decide(this.request(card, d));
       if (reply.outcome) this.live.resolve(reply.outcome);
       if (reply.pending) {
         // A vote that leaves the call waiting for more approvers.

@@ -140,6 +140,32 @@ describe("the approval inbox in Chromium", () => {
     await c.locator(".outcome", { hasText: 'answered the model: “Use "npm ci" instead”' }).waitFor();
   });
 
+  test("remember commands starting with npm test: previewed with what it would decide, then saved; a chained command still asks", async () => {
+    const page = await openInbox(TOKENS.alice);
+    const session = unique("s-prefix");
+    for (const [id, command] of [["c1", "npm test"], ["c2", "npm test -- --watch"], ["c3", "npm test; rm -rf ~"]]) {
+      await submit(session, [{ id, input: JSON.stringify({ command }) }]);
+    }
+    const c = card(page, session, "c3");
+    await c.waitFor();
+    const c1 = card(page, session, "c1");
+    await c1.getByLabel("Remember the decision on shell call c1").selectOption({ label: "This session" });
+    await c1.getByLabel("Which inputs the grant for shell call c1 matches").selectOption({ label: "commands starting with…" });
+    const words = c1.getByLabel("What the grant for shell call c1 matches");
+    assert.equal(await words.inputValue(), "npm test");
+    await c1.locator(".narrow-text", { hasText: 'so never "npm test; rm -rf ~"' }).waitFor();
+    await c1.getByRole("button", { name: "Approve shell call c1" }).click();
+    await c1.getByText("Saving it also decides 1 pending call(s) now:").waitFor();
+    await c1.locator(".would-decide li", { hasText: "c2" }).waitFor();
+    assert.equal(await c1.locator(".would-decide li").count(), 1, "the chained command is not listed");
+    assert.ok(await isPending(session, "c1"), "a preview decides nothing");
+    assert.ok(await isPending(session, "c2"), "a preview decides nothing");
+    await c1.getByRole("button", { name: "Approve shell call c1" }).click();
+    assert.equal((await outcomeOf(session, "c1")).status, CallStatus.APPROVED);
+    assert.equal((await outcomeOf(session, "c2")).status, CallStatus.APPROVED);
+    assert.ok(await isPending(session, "c3"), "npm test; rm -rf ~ still asks");
+  });
+
   test("edit then approve gives the agent the edited input; invalid JSON is refused before sending", async () => {
     const page = await openInbox(TOKENS.alice);
     const session = unique("s-edit");

@@ -56,7 +56,24 @@ pub enum FieldTest {
     Prefix(String),
     /// The field is a string matching this glob.
     Glob(Glob),
+    /// The field is a command that is these words, or these words then a space and arguments
+    /// holding no shell metacharacter ([`SHELL_METACHARACTERS`]): `npm test` matches
+    /// `npm test -- --watch` but never `npm test; rm -rf ~` nor `npm testing` (Remember a
+    /// prefix, docs/answers.md).
+    CommandPrefix(String),
+    /// The field is a path that is this directory or under it, with no `..` segment.
+    PathUnder(String),
+    /// The field is an `http://` or `https://` URL whose host is this one (any port), without
+    /// user info.
+    UrlHost(String),
 }
+
+/// What may not follow a remembered command prefix: anything that could end the command and
+/// start another (`;`, `&`, `|`, a line break), redirect it (`<`, `>`), or run a command inside
+/// it (`$`, a backtick, parentheses), and the backslash that could escape into one of those.
+pub const SHELL_METACHARACTERS: &[char] = &[
+    ';', '&', '|', '<', '>', '(', ')', '$', '`', '\\', '\n', '\r',
+];
 
 impl FieldPath {
     pub fn parse(field: &str, text: &str) -> Result<Self> {
@@ -120,13 +137,122 @@ impl FieldTest {
         Ok(FieldTest::Glob(Glob::parse(field, pattern)?))
     }
 
+    /// `command_prefix`: words a command starts with, themselves free of shell metacharacters.
+    pub fn command_prefix(field: &str, prefix: &str) -> Result<Self> {
+        let words = prefix.trim();
+        if words.is_empty() {
+            return Err(Error::invalid(field, "must name the command's first words"));
+        }
+        check_value_size(field, words)?;
+        if let Some(c) = words.chars().find(|c| SHELL_METACHARACTERS.contains(c)) {
+            return Err(Error::invalid(
+                field,
+                format!("must not hold the shell metacharacter {c:?}: name the command's words"),
+            ));
+        }
+        Ok(FieldTest::CommandPrefix(words.to_owned()))
+    }
+
+    /// `path_under`: a directory, without a `..` segment (a trailing `/` is dropped).
+    pub fn path_under(field: &str, dir: &str) -> Result<Self> {
+        let trimmed = dir.trim_end_matches('/');
+        let dir = if trimmed.is_empty() && dir.starts_with('/') {
+            "/"
+        } else {
+            trimmed
+        };
+        if dir.is_empty() {
+            return Err(Error::invalid(field, "must name a directory"));
+        }
+        check_value_size(field, dir)?;
+        if has_parent_segment(dir) || dir.contains('\0') {
+            return Err(Error::invalid(field, "must not hold a `..` segment"));
+        }
+        Ok(FieldTest::PathUnder(dir.to_owned()))
+    }
+
+    /// `url_host`: a host name or address, compared case-insensitively.
+    pub fn url_host(field: &str, host: &str) -> Result<Self> {
+        let host = host.trim().to_ascii_lowercase();
+        let well_formed = !host.is_empty()
+            && host.chars().all(|c| {
+                c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']')
+            });
+        if !well_formed {
+            return Err(Error::invalid(
+                field,
+                "must be a host name or address, e.g. `registry.npmjs.org`",
+            ));
+        }
+        check_value_size(field, &host)?;
+        Ok(FieldTest::UrlHost(host))
+    }
+
     fn holds(&self, value: &Value) -> bool {
         match self {
+            FieldTest::CommandPrefix(words) => value
+                .as_str()
+                .is_some_and(|command| command_starts_with(command, words)),
+            FieldTest::PathUnder(dir) => {
+                value.as_str().is_some_and(|path| path_is_under(path, dir))
+            }
+            FieldTest::UrlHost(host) => value
+                .as_str()
+                .and_then(url_host)
+                .is_some_and(|found| found == *host),
             FieldTest::Equals(expected) => value == expected,
             FieldTest::Prefix(prefix) => value.as_str().is_some_and(|s| s.starts_with(prefix)),
             FieldTest::Glob(glob) => value.as_str().is_some_and(|s| glob.matches(s)),
         }
     }
+}
+
+/// Whether `command` is `words`, or `words` then a space and arguments free of
+/// [`SHELL_METACHARACTERS`].
+fn command_starts_with(command: &str, words: &str) -> bool {
+    match command.strip_prefix(words) {
+        Some("") => true,
+        Some(rest) => rest.starts_with(' ') && !rest.contains(SHELL_METACHARACTERS),
+        None => false,
+    }
+}
+
+/// Whether `path` is `dir` or under it, with no `..` segment anywhere (`/` and `\` both
+/// separate segments, so neither `/repo/../etc` nor `/repo\..\etc` is under `/repo`).
+fn path_is_under(path: &str, dir: &str) -> bool {
+    if has_parent_segment(path) || path.contains('\0') {
+        return false;
+    }
+    if dir == "/" {
+        return path.starts_with('/');
+    }
+    match path.strip_prefix(dir) {
+        Some(rest) => rest.is_empty() || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+fn has_parent_segment(path: &str) -> bool {
+    path.split(['/', '\\']).any(|segment| segment == "..")
+}
+
+/// The lower-cased host of an `http://` or `https://` URL; `None` for another scheme, a URL with
+/// user info (`https://good.example@evil.example/`), or a backslash in its authority (which
+/// browsers read as a `/`).
+fn url_host(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return None;
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.contains(['@', '\\']) || authority.is_empty() {
+        return None;
+    }
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => format!("[{}]", v6.split(']').next()?),
+        None => authority.split(':').next()?.to_owned(),
+    };
+    Some(host.to_ascii_lowercase())
 }
 
 fn check_value_size(field: &str, text: &str) -> Result<()> {
@@ -281,6 +407,11 @@ impl Matcher {
                             FieldTest::Equals(value) => ("equals", value.clone()),
                             FieldTest::Prefix(p) => ("prefix", Value::String(p.clone())),
                             FieldTest::Glob(g) => ("glob", Value::String(g.as_str().to_owned())),
+                            FieldTest::CommandPrefix(w) => {
+                                ("command_prefix", Value::String(w.clone()))
+                            }
+                            FieldTest::PathUnder(d) => ("path_under", Value::String(d.clone())),
+                            FieldTest::UrlHost(h) => ("url_host", Value::String(h.clone())),
                         };
                         object.insert(op.into(), value);
                         Value::Object(object)
@@ -348,7 +479,8 @@ fn condition_from_json(field: &str, value: &Value) -> Result<FieldCondition> {
     let [(op, operand)] = tests[..] else {
         return Err(Error::invalid(
             field,
-            "must have `field` and exactly one of `equals`, `prefix` or `glob`",
+            "must have `field` and exactly one of `equals`, `prefix`, `glob`, `command_prefix`, \
+             `path_under` or `url_host`",
         ));
     };
     let at = format!("{field}.{op}");
@@ -361,10 +493,16 @@ fn condition_from_json(field: &str, value: &Value) -> Result<FieldCondition> {
         "equals" => FieldTest::equals(&at, operand)?,
         "prefix" => FieldTest::prefix(&at, string()?)?,
         "glob" => FieldTest::glob(&at, string()?)?,
+        "command_prefix" => FieldTest::command_prefix(&at, string()?)?,
+        "path_under" => FieldTest::path_under(&at, string()?)?,
+        "url_host" => FieldTest::url_host(&at, string()?)?,
         other => {
             return Err(Error::invalid(
                 field,
-                format!("unknown condition `{other}` (use `equals`, `prefix` or `glob`)"),
+                format!(
+                    "unknown condition `{other}` (use `equals`, `prefix`, `glob`, \
+                     `command_prefix`, `path_under` or `url_host`)"
+                ),
             ));
         }
     };
@@ -388,6 +526,19 @@ impl fmt::Display for Matcher {
                         }
                         FieldTest::Prefix(p) => write!(f, "`{path}` starts with {p:?}")?,
                         FieldTest::Glob(g) => write!(f, "`{path}` matches glob {:?}", g.as_str())?,
+                        FieldTest::CommandPrefix(w) => write!(
+                            f,
+                            "`{path}` is the command {w:?}, or {w:?} followed by a space and \
+                             arguments with none of ; & | < > ( ) $ ` \\ or a line break"
+                        )?,
+                        FieldTest::PathUnder(d) => write!(
+                            f,
+                            "`{path}` is {d:?} or a path under it, with no `..` segment"
+                        )?,
+                        FieldTest::UrlHost(h) => write!(
+                            f,
+                            "`{path}` is an http or https URL on host {h:?} (any port, no user info)"
+                        )?,
                     }
                 }
                 Ok(())
@@ -411,6 +562,92 @@ mod tests {
     fn matches(m: &Matcher, text: &str) -> bool {
         let input = input(text);
         m.matches(&InputView::new(&input))
+    }
+
+    /// The trap: a prefix `npm test` must not approve `npm test; rm -rf ~`.
+    #[test]
+    fn a_command_prefix_matches_its_words_and_safe_arguments_only() {
+        let m = matcher(r#"{"fields": [{"field": "command", "command_prefix": "npm test"}]}"#);
+        let command = |c: &str| matches(&m, &serde_json::json!({ "command": c }).to_string());
+        for ok in [
+            "npm test",
+            "npm test -- --watch",
+            "npm test src/a.test.js 'quoted words'",
+        ] {
+            assert!(command(ok), "{ok}");
+        }
+        for trap in [
+            "npm test; rm -rf ~",
+            "npm test && rm -rf ~",
+            "npm test || curl evil.example",
+            "npm test | sh",
+            "npm test & rm -rf ~",
+            "npm test > ~/.bashrc",
+            "npm test < /etc/passwd",
+            "npm test $(rm -rf ~)",
+            "npm test `rm -rf ~`",
+            "npm test\nrm -rf ~",
+            "npm test\r\nrm -rf ~",
+            "npm test \\\nrm",
+            "npm testing",
+            "npm test\t; rm",
+            "npx npm test",
+            " npm test",
+        ] {
+            assert!(!command(trap), "{trap:?} must not match");
+        }
+        assert!(!matches(&m, r#"{"command": ["npm", "test"]}"#));
+        // Its own words may not hold a metacharacter, and its stored form reads back.
+        let err = FieldTest::command_prefix("p", "npm test;").unwrap_err();
+        assert!(err.to_string().contains("metacharacter"), "{err}");
+        assert_eq!(Matcher::from_json("m", &m.to_json(), 4096).unwrap(), m);
+        assert!(m.to_string().contains("none of ; & |"), "{m}");
+    }
+
+    #[test]
+    fn a_path_under_a_directory_never_climbs_out_of_it() {
+        let m = matcher(r#"{"fields": [{"field": "path", "path_under": "/repo/src/"}]}"#);
+        let path = |p: &str| matches(&m, &serde_json::json!({ "path": p }).to_string());
+        for ok in ["/repo/src", "/repo/src/a.rs", "/repo/src/deep/./b.rs"] {
+            assert!(path(ok), "{ok}");
+        }
+        for out in [
+            "/repo/srcs/a.rs",
+            "/repo/src/../../etc/passwd",
+            "/repo/src/..",
+            "/repo",
+            "/repo/src\\..\\x",
+            "repo/src/a",
+        ] {
+            assert!(!path(out), "{out:?} must not match");
+        }
+        assert!(FieldTest::path_under("p", "/repo/../etc").is_err());
+        assert_eq!(Matcher::from_json("m", &m.to_json(), 4096).unwrap(), m);
+    }
+
+    #[test]
+    fn a_url_host_is_the_host_itself_never_user_info_or_a_lookalike() {
+        let m = matcher(r#"{"fields": [{"field": "url", "url_host": "Registry.NPMjs.org"}]}"#);
+        let url = |u: &str| matches(&m, &serde_json::json!({ "url": u }).to_string());
+        for ok in [
+            "https://registry.npmjs.org/react",
+            "http://REGISTRY.npmjs.org:8080/x?y#z",
+            "https://registry.npmjs.org",
+        ] {
+            assert!(url(ok), "{ok}");
+        }
+        for other in [
+            "https://registry.npmjs.org@evil.example/",
+            "https://evil.example/?u=https://registry.npmjs.org",
+            "https://registry.npmjs.org.evil.example/",
+            "https://evil.example\\@registry.npmjs.org/",
+            "ftp://registry.npmjs.org/",
+            "registry.npmjs.org/react",
+        ] {
+            assert!(!url(other), "{other:?} must not match");
+        }
+        assert!(FieldTest::url_host("h", "evil.example/path").is_err());
+        assert_eq!(Matcher::from_json("m", &m.to_json(), 4096).unwrap(), m);
     }
 
     #[test]

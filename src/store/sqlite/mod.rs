@@ -37,7 +37,7 @@ use crate::domain::{
     SubmitReport, Timestamp, ToolResultTexts,
 };
 use crate::error::{Error, Result};
-use crate::operations::{Transactions, escalate, expire, explain, policy_admin};
+use crate::operations::{Transactions, decide, escalate, expire, explain, policy_admin};
 use crate::receipts::Notary;
 
 /// SQLite's `synchronous` setting for the database file.
@@ -204,6 +204,17 @@ impl Calls for SqliteStore {
 
     async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
         self.group.decide(key, decision).await
+    }
+
+    async fn preview_decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
+        // On the write connection, between groups of writes, in a transaction of its own that
+        // is rolled back.
+        let (key, decision, texts) = (key.clone(), decision.clone(), self.texts.clone());
+        self.group
+            .alone(move |writer| async move {
+                decide::preview(writer.begin_write().await?, &key, &decision, &texts).await
+            })
+            .await
     }
 
     async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
