@@ -23,6 +23,9 @@
 //!   the broker (besides it, it uses `auth`, `events`, `receipts` and `stream_slots`).
 //! - `inbox/`: the approval web page, served beside gRPC on the same port; the page's requests
 //!   are gRPC-Web to the same services, through the same tokens and limits.
+//! - `push/`: Web Push to approvers' browsers: the VAPID key, RFC 8291 encryption, and the
+//!   sender that follows the event log and pushes each call to the subscriptions whose owner
+//!   may decide it (`Call::visible_to`), off every decision's path.
 //! - `slack/`: Slack app mode: pending calls posted from the event log with Approve / Deny /
 //!   Open, and Slack's signed clicks (one HTTP path on the same port) decided through the broker
 //!   like any decision.
