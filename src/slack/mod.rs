@@ -409,3 +409,54 @@ impl Slack {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_slack_file_is_read_with_identities_canonical_and_groups_sorted() {
+        let (routes, people) = parse_file(
+            r##"{"channels": [{"channel": "C1", "workspace": "payments"}, {"channel": "#ops", "group": "ops"}],
+                "people": [{"slack_user": "U1", "identity": "Alice", "groups": ["ops", "dev", "ops"]},
+                           {"email": "Bob@Example.com", "identity": "bob"}]}"##,
+        )
+        .unwrap();
+        assert_eq!(routes.len(), 2);
+        assert_eq!(routes[1].group.as_deref(), Some("ops"));
+        assert_eq!(people[0].identity, "alice");
+        assert_eq!(people[0].groups, vec!["dev", "ops"]);
+        assert_eq!(people[1].email.as_deref(), Some("bob@example.com"));
+    }
+
+    #[test]
+    fn a_wrong_slack_file_is_refused_naming_the_entry() {
+        for (text, names) in [
+            (r#"{"channel": []}"#, "unknown key `channel`"),
+            (
+                r#"{"channels": [{"workspace": "x"}]}"#,
+                "channels[0].channel",
+            ),
+            (
+                r#"{"channels": [{"channel": "<!here>"}]}"#,
+                "channels[0].channel",
+            ),
+            (r#"{"people": [{"identity": "a"}]}"#, "people[0]"),
+            (
+                r#"{"people": [{"slack_user": "U1", "identity": "a,b"}]}"#,
+                "people[0].identity",
+            ),
+            (
+                r#"{"people": [{"slack_user": "U1", "identity": "a", "groups": ["o p"]}]}"#,
+                "people[0].groups[0]",
+            ),
+            (
+                r#"{"people": [{"slack_user": "U1", "identity": "a"}, {"slack_user": "U1", "identity": "b"}]}"#,
+                "already mapped by people[0]",
+            ),
+        ] {
+            let error = parse_file(text).unwrap_err().to_string();
+            assert!(error.contains(names), "{text}: {error}");
+        }
+    }
+}

@@ -201,6 +201,11 @@ impl FakeSlack {
         }
     }
 
+    /// Closes the port and every connection: Slack is down.
+    fn stop(&self) {
+        self._server.abort();
+    }
+
     fn api_url(&self) -> String {
         format!("http://{}/api", self.address)
     }
@@ -611,6 +616,7 @@ slack_tests!(
     a_decision_made_in_the_inbox_updates_the_slack_message,
     a_message_posted_before_a_restart_is_updated_after_it,
     reminders_and_escalations_are_threaded_under_the_message,
+    slack_down_never_stops_a_decision,
     mentions_and_links_in_an_input_reach_slack_escaped,
 );
 
@@ -871,6 +877,45 @@ async fn reminders_and_escalations_are_threaded_under_the_message(backend: Backe
         assert_eq!(reply["channel"], CHANNEL, "{reply}");
     }
     slack.assert_no_problems();
+}
+
+/// Posting runs after the commit, from the log: with Slack unreachable, a call is still
+/// submitted, decided in the inbox, and its outcome read by the agent.
+async fn slack_down_never_stops_a_decision(backend: Backend) {
+    let (app, slack, _dir) = start(backend, 1).await;
+    slack.stop();
+    for id in ["c1", "c2"] {
+        submit_one(&app, "s1", call(id, "Bash", "{}")).await;
+        approve(&app, "s1", id).await;
+        assert_eq!(
+            wait_outcome(&app, id).await.status(),
+            pb::CallStatus::Approved
+        );
+    }
+    assert!(slack.received().is_empty());
+}
+
+/// Slack's API on an internal address is refused at start unless the egress allow-list names it,
+/// as for webhooks: never found out by a delivery that tries.
+#[tokio::test]
+async fn a_slack_api_on_an_internal_address_is_refused_at_start_naming_the_setting() {
+    let slack = FakeSlack::start(&[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::for_tests(format!(
+        "sqlite://{}",
+        dir.path().join("approvals.db").display()
+    ));
+    configure(&slack, dir.path(), 1)(&mut config);
+    config.webhooks.allow_hosts.clear();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let refused = approval_broker::startup::run(listener, config, std::future::pending())
+        .await
+        .expect_err("the broker started");
+    let message = refused.to_string();
+    assert!(
+        message.contains("--slack-api-url") && message.contains("--webhook-allow-hosts"),
+        "{message}"
+    );
 }
 
 async fn mentions_and_links_in_an_input_reach_slack_escaped(backend: Backend) {
