@@ -25,10 +25,10 @@ use serde_json::{Value, json};
 
 use crate::domain::identity::Identity;
 use crate::domain::policy::group_name;
-use crate::domain::{Call, CallKey, Event, EventKind};
+use crate::domain::{Call, CallKey, CallQuery, Event, EventKind, Status};
 use crate::error::{Error, Result};
 use crate::events::Feed;
-use crate::store::SlackMessages;
+use crate::store::Store;
 use crate::webhooks::egress::EgressPolicy;
 
 use self::api::WebApi;
@@ -235,13 +235,13 @@ pub struct Slack {
     settings: SlackSettings,
     api: WebApi,
     verifier: Verifier,
-    store: Arc<dyn SlackMessages>,
+    store: Arc<dyn Store>,
     /// This process's name in the claims.
     owner: String,
 }
 
 impl Slack {
-    pub fn new(settings: SlackSettings, store: Arc<dyn SlackMessages>) -> Arc<Self> {
+    pub fn new(settings: SlackSettings, store: Arc<dyn Store>) -> Arc<Self> {
         let api = WebApi::new(
             &settings.api_url,
             settings.bot_token.clone(),
@@ -295,8 +295,12 @@ impl Slack {
         }
     }
 
-    /// Posts, updates and threads from the committed events `feed` yields, until it ends.
+    /// Posts the calls pending now that no broker posted (submitted while none ran Slack app
+    /// mode, or while this one was down), then posts, updates and threads from the committed
+    /// events `feed` yields, until it ends. A call both pending now and in the feed is posted
+    /// once: the claim decides.
     pub async fn post_from(self: Arc<Self>, mut feed: Feed) {
+        self.post_pending().await;
         loop {
             match feed.next().await {
                 Ok(delivery) => self.tell(&delivery.event).await,
@@ -308,33 +312,36 @@ impl Slack {
         }
     }
 
+    /// Posts every pending call a route names and nobody claimed, oldest first.
+    async fn post_pending(&self) {
+        let mut query = CallQuery {
+            statuses: vec![Status::Pending],
+            limit: 200,
+            ..CallQuery::default()
+        };
+        loop {
+            let page = match self.store.list_calls(&query).await {
+                Ok(page) => page,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot list the pending calls to post to Slack");
+                    return;
+                }
+            };
+            for call in &page.calls {
+                self.post_new(call).await;
+            }
+            match page.next {
+                Some(next) if !page.calls.is_empty() => query.after = Some(next),
+                _ => return,
+            }
+        }
+    }
+
     /// What one committed event does to Slack.
     async fn tell(&self, event: &Event) {
         let call = &event.call;
         match event.kind {
-            EventKind::Requested => {
-                let Some(channel) = self.channel_for(call) else {
-                    return;
-                };
-                if !self.claim(&call.key).await {
-                    return;
-                }
-                let mut body = blocks::pending(call, self.settings.inbox_url.as_deref());
-                body["channel"] = json!(channel);
-                body["unfurl_links"] = json!(false);
-                body["unfurl_media"] = json!(false);
-                if let Some(answer) = self.call_with_retries("chat.postMessage", &body).await {
-                    let channel = answer["channel"].as_str().unwrap_or(channel);
-                    let ts = answer["ts"].as_str().unwrap_or_default();
-                    if let Err(error) = self
-                        .store
-                        .record_slack_message(&call.key, channel, ts)
-                        .await
-                    {
-                        tracing::warn!(%error, "cannot store which Slack message a call was posted as");
-                    }
-                }
-            }
+            EventKind::Requested => self.post_new(call).await,
             EventKind::Resolved => {
                 let Some(posted) = self.posted(&call.key).await else {
                     return;
@@ -372,6 +379,31 @@ impl Slack {
                     .unwrap_or_default();
                 let note = format!("{what}: this call is still waiting{waited}.");
                 self.in_thread(&posted, &note).await;
+            }
+        }
+    }
+
+    /// Posts a pending call to the channel its route names, if this process claims it first.
+    async fn post_new(&self, call: &Call) {
+        let Some(channel) = self.channel_for(call) else {
+            return;
+        };
+        if !self.claim(&call.key).await {
+            return;
+        }
+        let mut body = blocks::pending(call, self.settings.inbox_url.as_deref());
+        body["channel"] = json!(channel);
+        body["unfurl_links"] = json!(false);
+        body["unfurl_media"] = json!(false);
+        if let Some(answer) = self.call_with_retries("chat.postMessage", &body).await {
+            let channel = answer["channel"].as_str().unwrap_or(channel);
+            let ts = answer["ts"].as_str().unwrap_or_default();
+            if let Err(error) = self
+                .store
+                .record_slack_message(&call.key, channel, ts)
+                .await
+            {
+                tracing::warn!(%error, "cannot store which Slack message a call was posted as");
             }
         }
     }

@@ -617,6 +617,7 @@ slack_tests!(
     a_message_posted_before_a_restart_is_updated_after_it,
     reminders_and_escalations_are_threaded_under_the_message,
     slack_down_never_stops_a_decision,
+    a_call_pending_before_slack_app_mode_started_is_posted_once,
     mentions_and_links_in_an_input_reach_slack_escaped,
 );
 
@@ -893,6 +894,35 @@ async fn slack_down_never_stops_a_decision(backend: Backend) {
         );
     }
     assert!(slack.received().is_empty());
+}
+
+/// A call submitted while no broker ran Slack app mode is posted when one starts, and once only
+/// (a restart does not post it again).
+async fn a_call_pending_before_slack_app_mode_started_is_posted_once(backend: Backend) {
+    let slack = FakeSlack::start(&[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let app = helpers::spawn_app_on(backend, |_| {}).await;
+    submit_one(&app, "s1", call("c1", "Bash", "{}")).await;
+    let app = app.restart_with(configure(&slack, dir.path(), 1)).await;
+    let message = slack
+        .wait_for("/api/chat.postMessage", |b| b.to_string().contains("c1"))
+        .await;
+    let app = app.restart_with(configure(&slack, dir.path(), 1)).await;
+    click(&app, &slack, "U0ALICE", "approve", &message).await;
+    assert_eq!(
+        wait_outcome(&app, "c1").await.status(),
+        pb::CallStatus::Approved
+    );
+    slack
+        .wait_for("/api/chat.update", |b| b.to_string().contains("APPROVED"))
+        .await;
+    let posts = slack
+        .received()
+        .iter()
+        .filter(|r| r.path == "/api/chat.postMessage" && r.body["thread_ts"].is_null())
+        .count();
+    assert_eq!(posts, 1, "posted once across two starts");
+    slack.assert_no_problems();
 }
 
 /// Slack's API on an internal address is refused at start unless the egress allow-list names it,
