@@ -285,8 +285,16 @@ impl Slack {
 
     /// Whether this process posts `key` (the first to claim it, in the whole fleet).
     async fn claim(&self, key: &CallKey) -> bool {
-        let at = crate::domain::Timestamp::now().as_micros();
-        match self.store.claim_slack_message(key, &self.owner, at).await {
+        let now = crate::domain::Timestamp::now();
+        let at = now.as_micros();
+        // A claim older than every attempt of a post could take is one whose post failed.
+        let longest = (self.settings.timeout + self.settings.retry_max) * self.settings.attempts;
+        let stale_before = at - longest.as_micros() as i64;
+        match self
+            .store
+            .claim_slack_message(key, &self.owner, at, stale_before)
+            .await
+        {
             Ok(claimed) => claimed,
             Err(error) => {
                 tracing::warn!(%error, "cannot claim a call's Slack message; not posting it");

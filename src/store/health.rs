@@ -376,8 +376,18 @@ impl crate::store::PushSubscriptions for Watched {
 
 #[async_trait]
 impl crate::store::SlackMessages for Watched {
-    async fn claim_slack_message(&self, key: &CallKey, owner: &str, at: i64) -> Result<bool> {
-        self.read(self.inner.claim_slack_message(key, owner, at).await)
+    async fn claim_slack_message(
+        &self,
+        key: &CallKey,
+        owner: &str,
+        at: i64,
+        stale_before: i64,
+    ) -> Result<bool> {
+        self.read(
+            self.inner
+                .claim_slack_message(key, owner, at, stale_before)
+                .await,
+        )
     }
 
     async fn record_slack_message(&self, key: &CallKey, channel: &str, ts: &str) -> Result<()> {

@@ -89,8 +89,15 @@ impl<
 #[async_trait]
 pub trait SlackMessages: Backend {
     /// Claims the posting of `key`'s message for `owner` (`at`: microseconds since the epoch);
-    /// whether this claim was the first.
-    async fn claim_slack_message(&self, key: &CallKey, owner: &str, at: i64) -> Result<bool>;
+    /// whether this claim was the first, or took over one made before `stale_before` whose post
+    /// never got an answer.
+    async fn claim_slack_message(
+        &self,
+        key: &CallKey,
+        owner: &str,
+        at: i64,
+        stale_before: i64,
+    ) -> Result<bool>;
     /// Records where the claimed message was posted.
     async fn record_slack_message(&self, key: &CallKey, channel: &str, ts: &str) -> Result<()>;
     /// The message of `key`, if its posting was claimed.

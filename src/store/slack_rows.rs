@@ -12,10 +12,14 @@ pub struct StoredSlackMessage {
     pub ts: String,
 }
 
-/// Claims a call's posting: one row per call, the first claim wins.
+/// Claims a call's posting: one row per call, the first claim wins; a claim whose post never
+/// got an answer (`ts` still empty) and that is older than `$6` may be taken over.
 pub const CLAIM: &str = "INSERT INTO slack_messages \
      (agent, session_id, call_id, owner, channel, ts, claimed_at) \
-     VALUES ($1, $2, $3, $4, '', '', $5) ON CONFLICT DO NOTHING";
+     VALUES ($1, $2, $3, $4, '', '', $5) \
+     ON CONFLICT (agent, session_id, call_id) DO UPDATE \
+     SET owner = excluded.owner, claimed_at = excluded.claimed_at \
+     WHERE slack_messages.ts = '' AND slack_messages.claimed_at < $6";
 
 /// Records where the claimed message was posted.
 pub const RECORD: &str = "UPDATE slack_messages SET channel = $1, ts = $2 \

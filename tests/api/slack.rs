@@ -618,6 +618,7 @@ slack_tests!(
     reminders_and_escalations_are_threaded_under_the_message,
     slack_down_never_stops_a_decision,
     a_call_pending_before_slack_app_mode_started_is_posted_once,
+    a_post_that_failed_every_attempt_is_made_at_the_next_start,
     mentions_and_links_in_an_input_reach_slack_escaped,
 );
 
@@ -922,6 +923,37 @@ async fn a_call_pending_before_slack_app_mode_started_is_posted_once(backend: Ba
         .filter(|r| r.path == "/api/chat.postMessage" && r.body["thread_ts"].is_null())
         .count();
     assert_eq!(posts, 1, "posted once across two starts");
+    slack.assert_no_problems();
+}
+
+/// A post Slack never answered leaves a claim that a later start takes over, once it is older
+/// than every attempt could take: the call is posted then.
+async fn a_post_that_failed_every_attempt_is_made_at_the_next_start(backend: Backend) {
+    let fast = |c: &mut Config| {
+        c.webhooks.timeout = Duration::from_millis(200);
+        c.slack.attempts = 2;
+    };
+    let (app, down, dir) = start_with(backend, 1, fast).await;
+    down.stop();
+    submit_one(&app, "s1", call("c1", "Bash", "{}")).await;
+    // Longer than two attempts can take (2 × (200ms timeout + 200ms longest wait)).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let slack = FakeSlack::start(&[]).await;
+    let settings = configure(&slack, dir.path(), 1);
+    let app = app
+        .restart_with(|c| {
+            settings(c);
+            fast(c);
+        })
+        .await;
+    let message = slack
+        .wait_for("/api/chat.postMessage", |b| b.to_string().contains("c1"))
+        .await;
+    click(&app, &slack, "U0ALICE", "approve", &message).await;
+    assert_eq!(
+        wait_outcome(&app, "c1").await.status(),
+        pb::CallStatus::Approved
+    );
     slack.assert_no_problems();
 }
 

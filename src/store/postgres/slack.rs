@@ -12,13 +12,20 @@ use crate::store::slack_rows::{CLAIM, RECORD, SELECT, StoredSlackMessage};
 
 #[async_trait]
 impl SlackMessages for PostgresStore {
-    async fn claim_slack_message(&self, key: &CallKey, owner: &str, at: i64) -> Result<bool> {
+    async fn claim_slack_message(
+        &self,
+        key: &CallKey,
+        owner: &str,
+        at: i64,
+        stale_before: i64,
+    ) -> Result<bool> {
         let done = sqlx::query(CLAIM)
             .bind(key.agent.as_str())
             .bind(key.session.as_str())
             .bind(key.call_id.as_str())
             .bind(owner)
             .bind(at)
+            .bind(stale_before)
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected() > 0)

@@ -12,7 +12,13 @@ use crate::store::slack_rows::{CLAIM, RECORD, SELECT, StoredSlackMessage};
 
 #[async_trait]
 impl SlackMessages for SqliteStore {
-    async fn claim_slack_message(&self, key: &CallKey, owner: &str, at: i64) -> Result<bool> {
+    async fn claim_slack_message(
+        &self,
+        key: &CallKey,
+        owner: &str,
+        at: i64,
+        stale_before: i64,
+    ) -> Result<bool> {
         let (key, owner) = (key.clone(), owner.to_owned());
         self.group
             .alone(move |writer| async move {
@@ -23,6 +29,7 @@ impl SlackMessages for SqliteStore {
                         key.call_id.as_str(),
                         owner,
                         at,
+                        stale_before,
                     ])? > 0)
                 })
             })
