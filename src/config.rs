@@ -56,6 +56,8 @@ pub struct Config {
     #[command(flatten)]
     pub receipts: ReceiptsSettings,
     #[command(flatten)]
+    pub links: crate::links::LinkFlags,
+    #[command(flatten)]
     pub slack: SlackFlags,
 }
 
@@ -777,6 +779,7 @@ impl Config {
             timeout: self.webhooks.timeout,
             lease: self.webhooks.lease,
             inbox_url: self.webhooks.inbox_url.clone(),
+            links: None,
             egress: std::sync::Arc::new(self.webhook_egress()),
         }
     }

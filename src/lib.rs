@@ -52,6 +52,8 @@
 //! - `receipts/`: signed receipts (DSSE over in-toto, Ed25519): the signing key and the offline
 //!   verifier; the statement itself is `domain::receipt`, and the store signs it in the
 //!   transaction that writes the outcome (`store::primitives`).
+//! - `links.rs`: signed approval links (HMAC-SHA256, a key kept like the receipt key): made and
+//!   opened through the broker (`broker::links`), carried by webhooks; a link never decides.
 //! - `commands/`: commands besides serving that drive several parts (`verify`, which checks
 //!   receipts offline or against a database), kept above the parts they use.
 //! - `events.rs`: the in-memory fan-out of committed events to every stream; `expiry.rs`: the
@@ -85,6 +87,7 @@ pub mod export;
 pub mod grpc;
 pub mod hook;
 pub mod inbox;
+pub mod links;
 #[cfg(test)]
 mod layering;
 pub mod mcp;

@@ -81,7 +81,20 @@ pub async fn run(
         tracing::info!(webhooks = hooks.len(), "webhooks file loaded");
     }
     let bus = EventBus::new(store.clone(), config.streams.event_buffer as usize).await?;
-    let dispatcher = Dispatcher::new(store.clone(), Arc::clone(&bus), config.webhook_delivery());
+    // Signed approval links (docs/answers.md): a key beside a SQLite database, or given; the
+    // broker makes and opens them, and webhooks carry one to each call.
+    let sqlite_file = match &database {
+        store::Database::Sqlite { path, .. } => Some(path.as_path()),
+        _ => None,
+    };
+    let link_key = config.links.key(sqlite_file)?.map(Arc::new);
+    let delivery = crate::webhooks::DeliverySettings {
+        links: link_key
+            .as_ref()
+            .map(|key| (Arc::clone(key), config.links.lifetime)),
+        ..config.webhook_delivery()
+    };
+    let dispatcher = Dispatcher::new(store.clone(), Arc::clone(&bus), delivery);
     // Web Push (docs/notifications.md): sent from the events committed from now on.
     let push = crate::push::start(
         &config.push,
@@ -131,6 +144,13 @@ pub async fn run(
         .with_retired_receipt_keys(&retired_keys);
     if let Some(dir) = backup_dir(&config, &database) {
         broker = broker.with_backup_dir(dir);
+    }
+    if let Some(key) = &link_key {
+        broker = broker.with_links(
+            Arc::clone(key),
+            config.links.lifetime,
+            config.webhooks.inbox_url.clone(),
+        );
     }
     let broker = Arc::new(broker);
 

@@ -37,6 +37,7 @@ use crate::traces;
 use crate::webhooks::Dispatcher;
 
 mod lifecycle;
+mod links;
 mod policy;
 mod prejudge;
 mod reads;
@@ -87,6 +88,8 @@ pub struct Broker {
     backup_dir: Option<std::path::PathBuf>,
     /// The key this broker's receipts verify with; `None` when receipts are off.
     receipt_key: Option<PublicKey>,
+    /// Signed approval links (`links.rs`); `None` when this broker makes none.
+    links: Option<links::Links>,
     /// Every key its receipts verify with: the current one first, then the retired ones
     /// (`--receipt-retired-keys`), each with its window. Empty when receipts are off.
     receipt_keys: KeySet,
@@ -123,6 +126,7 @@ impl Broker {
             backup_dir: None,
             receipt_key: None,
             receipt_keys: KeySet::default(),
+            links: None,
         }
     }
 

@@ -168,6 +168,35 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         )))
     }
 
+    async fn create_call_link(
+        &self,
+        request: Request<pb::CreateCallLinkRequest>,
+    ) -> Result<Response<pb::CreateCallLinkResponse>, Status> {
+        let viewer = Caller::of(&request).viewer();
+        let req = request.into_inner();
+        let key = parse::call_key(req.agent, req.session_id, req.call_id)?;
+        let made = self.broker.make_link(&key, &viewer).await?;
+        Ok(Response::new(pb::CreateCallLinkResponse {
+            link: made.link.token(),
+            url: made.url.unwrap_or_default(),
+            expires_at: Some(render::timestamp(crate::domain::Timestamp::from_micros(
+                made.link.expires.saturating_mul(1_000_000),
+            ))),
+        }))
+    }
+
+    async fn open_call_link(
+        &self,
+        request: Request<pb::OpenCallLinkRequest>,
+    ) -> Result<Response<pb::OpenCallLinkResponse>, Status> {
+        let viewer = Caller::of(&request).viewer();
+        let link = crate::links::CallLink::parse("link", &request.into_inner().link)?;
+        let call = self.broker.open_link(&link, &viewer).await?;
+        Ok(Response::new(pb::OpenCallLinkResponse {
+            call: Some(render::call(&call)),
+        }))
+    }
+
     async fn list_pending(
         &self,
         request: Request<pb::ListPendingRequest>,

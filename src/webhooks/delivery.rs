@@ -333,11 +333,13 @@ impl EndpointDelivery {
             let slot = Arc::clone(&slots).acquire_owned().await;
             let (client, hook) = (Arc::clone(&self.client), Arc::clone(&hook));
             let inbox = self.settings.inbox_url.clone();
+            let links = self.settings.links.clone();
             running.spawn(async move {
                 let _slot = slot;
                 let mut delivered = Vec::new();
                 for event in events {
-                    let body = payload::body(&event, hook.format, inbox.as_deref());
+                    let link = payload::signed_link(&event, inbox.as_deref(), links.as_ref());
+                    let body = payload::body(&event, hook.format, inbox.as_deref(), link);
                     let message = sign(&hook, payload::message_id(&event), Bytes::from(body));
                     if let Err(error) = client.post(&message).await {
                         return (delivered, Some(error));

@@ -58,6 +58,9 @@ pub struct DeliverySettings {
     pub lease: Duration,
     /// The inbox's base URL, for the links in Slack messages.
     pub inbox_url: Option<String>,
+    /// The key signed approval links are made with, and how long one lasts: with `inbox_url`,
+    /// every CloudEvents payload carries a link to its call (`data.link`; docs/answers.md).
+    pub links: Option<(Arc<crate::links::LinkKey>, Duration)>,
     /// Which addresses delivery may connect to (`--webhook-allow-hosts` widens it).
     pub egress: Arc<EgressPolicy>,
 }
@@ -71,6 +74,7 @@ impl Default for DeliverySettings {
             timeout: Duration::from_secs(10),
             lease: Duration::from_secs(15),
             inbox_url: None,
+            links: None,
             egress: Arc::default(),
         }
     }

@@ -16,13 +16,41 @@ pub fn message_id(event: &Event) -> String {
     format!("evt_{}", event.seq)
 }
 
-/// The body of `event` in `format`; `inbox_url` is the inbox's base URL for links.
-pub fn body(event: &Event, format: PayloadFormat, inbox_url: Option<&str>) -> Vec<u8> {
+/// The body of `event` in `format`; `inbox_url` is the inbox's base URL for links, `link` a
+/// signed approval link to its call ([`signed_link`]), carried by CloudEvents as `data.link`.
+pub fn body(
+    event: &Event,
+    format: PayloadFormat,
+    inbox_url: Option<&str>,
+    link: Option<String>,
+) -> Vec<u8> {
     let value = match format {
-        PayloadFormat::CloudEvents => cloud_event(event),
+        PayloadFormat::CloudEvents => {
+            let mut value = cloud_event(event);
+            if let Some(link) = link {
+                value["data"]["link"] = Value::String(link);
+            }
+            value
+        }
         PayloadFormat::Slack => slack_message(event, inbox_url),
     };
     serde_json::to_vec(&value).expect("JSON values always serialise")
+}
+
+/// A signed approval link to `event`'s call (docs/answers.md), when the broker has a link key and
+/// knows the inbox's URL. It expires a link's lifetime after the call was requested, so a retry
+/// sends the same body.
+pub fn signed_link(
+    event: &Event,
+    inbox_url: Option<&str>,
+    links: Option<&(std::sync::Arc<crate::links::LinkKey>, std::time::Duration)>,
+) -> Option<String> {
+    let (key, lifetime) = links?;
+    let call = &event.call;
+    Some(
+        key.sign(&call.key, call.created_at.saturating_add(*lifetime))
+            .url(inbox_url?),
+    )
 }
 
 /// The CloudEvents `type` of an event kind.
@@ -237,7 +265,7 @@ mod tests {
     fn a_fired_step_is_typed_by_its_kind_timed_when_due_and_names_its_step() {
         let event = fired(1, EventKind::Escalated);
         let body: Value =
-            serde_json::from_slice(&body(&event, PayloadFormat::CloudEvents, None)).unwrap();
+            serde_json::from_slice(&body(&event, PayloadFormat::CloudEvents, None, None)).unwrap();
         assert_eq!(body["type"], "approvals.v1.call.escalated");
         assert_eq!(body["time"], "1970-01-01T01:00:00.000000Z");
         assert_eq!(body["data"]["status"], "PENDING");
@@ -255,6 +283,6 @@ mod tests {
     }
 
     fn body_of_slack(event: &Event) -> Vec<u8> {
-        body(event, PayloadFormat::Slack, None)
+        body(event, PayloadFormat::Slack, None, None)
     }
 }

@@ -590,6 +590,213 @@ async fn a_command_prefix_remembered_from_one_host_holds_on_another(app: TestApp
     assert_eq!(status, CallStatus::Pending);
 }
 
+/// A link key of 32 bytes in a file of its own (kept for the test's life), and the inbox's URL.
+fn with_a_link_key(config: &mut Config) {
+    let dir = tempfile::tempdir().expect("temp dir").keep();
+    let path = dir.join("link-key");
+    std::fs::write(&path, [42u8; 32]).expect("key file");
+    config.links.key = Some(path);
+    config.webhooks.inbox_url = Some("https://approvals.example.com/".into());
+}
+
+fn with_a_short_lived_link(config: &mut Config) {
+    with_a_link_key(config);
+    config.links.lifetime = std::time::Duration::from_secs(1);
+}
+
+async fn create_link(
+    app: &TestApp,
+    call_id: &str,
+) -> Result<pb::CreateCallLinkResponse, tonic::Status> {
+    app.approver()
+        .create_call_link(pb::CreateCallLinkRequest {
+            session_id: "s".into(),
+            call_id: call_id.into(),
+            ..Default::default()
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+async fn open_link(app: &TestApp, link: &str) -> Result<pb::Call, tonic::Status> {
+    app.approver()
+        .open_call_link(pb::OpenCallLinkRequest { link: link.into() })
+        .await
+        .map(|r| r.into_inner().call.expect("a call"))
+}
+
+/// A signed link names one call: opened, it says which (the inbox then shows it after
+/// sign-in), and decides nothing; changed, made for another call, or for no call, it is refused.
+async fn a_signed_link_opens_its_call_and_never_decides_it(app: TestApp) {
+    submit(&app, batch("s", vec![call("c1", "shell", "{}")])).await;
+    submit(&app, batch("s", vec![call("c2", "shell", "{}")])).await;
+    let made = create_link(&app, "c1").await.expect("a link");
+    assert!(
+        made.url
+            .starts_with("https://approvals.example.com/#link=default/s/c1/"),
+        "{}",
+        made.url
+    );
+    assert_eq!(
+        made.url,
+        format!("https://approvals.example.com/#link={}", made.link)
+    );
+    assert!(made.expires_at.is_some());
+    let opened = open_link(&app, &made.link).await.expect("opens");
+    assert_eq!(
+        (opened.session_id.as_str(), opened.call_id.as_str()),
+        ("s", "c1")
+    );
+    assert_eq!(
+        opened.status,
+        CallStatus::Pending as i32,
+        "a link decides nothing"
+    );
+    assert_eq!(
+        get_call(&app, "s", "c1").await.status,
+        CallStatus::Pending as i32
+    );
+
+    // For another call (the same signature), or with a changed signature or expiry: refused.
+    let other = made.link.replacen("/c1/", "/c2/", 1);
+    let parts: Vec<&str> = made.link.rsplitn(3, '/').collect();
+    let (signature, expires) = (parts[0], parts[1]);
+    let mut flipped = signature.to_owned();
+    let last = flipped.pop().unwrap();
+    flipped.push(if last == 'A' { 'B' } else { 'A' });
+    let forged = made.link.replace(signature, &flipped);
+    let later = made.link.replace(
+        &format!("/{expires}/"),
+        &format!("/{}/", expires.parse::<i64>().unwrap() + 86_400),
+    );
+    for (what, link) in [
+        ("another call", other),
+        ("a changed signature", forged),
+        ("a later expiry", later),
+    ] {
+        let refused = open_link(&app, &link).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            Code::PermissionDenied,
+            "{what}: {}",
+            refused.message()
+        );
+        assert!(
+            refused.message().contains("does not verify"),
+            "{what}: {}",
+            refused.message()
+        );
+    }
+    assert_status(
+        open_link(&app, "not a link").await,
+        Code::InvalidArgument,
+        "link",
+    );
+    // No link for a call that does not exist.
+    assert_eq!(
+        create_link(&app, "nope").await.unwrap_err().code(),
+        Code::NotFound
+    );
+}
+
+async fn an_expired_link_is_refused(app: TestApp) {
+    submit(&app, batch("s", vec![call("c1", "shell", "{}")])).await;
+    let made = create_link(&app, "c1").await.expect("a link");
+    tokio::time::sleep(std::time::Duration::from_millis(2_100)).await;
+    let refused = open_link(&app, &made.link).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("expired"),
+        "{}",
+        refused.message()
+    );
+}
+
+/// Without `--link-key`, a SQLite broker makes its key beside its database; a Postgres broker,
+/// whose replicas must share one, makes no links and says how to have them.
+async fn without_a_link_key_sqlite_makes_one_and_postgres_makes_no_links(app: TestApp) {
+    submit(&app, batch("s", vec![call("c1", "shell", "{}")])).await;
+    let made = create_link(&app, "c1").await;
+    match app.backend {
+        Backend::Sqlite => {
+            let made = made.expect("a link with the generated key");
+            assert!(made.url.is_empty(), "no inbox URL configured");
+            open_link(&app, &made.link).await.expect("opens");
+        }
+        Backend::Postgres(_) => {
+            let refused = made.unwrap_err();
+            assert_eq!(refused.code(), Code::FailedPrecondition);
+            assert!(
+                refused.message().contains("--link-key"),
+                "{}",
+                refused.message()
+            );
+        }
+    }
+}
+
+/// Someone outside a call's groups cannot open a link to it: NOT_FOUND, as for an unknown call.
+async fn a_link_opens_a_call_only_for_who_may_see_it(app: TestApp) {
+    two_person_deploys(&app, &["d1"]).await;
+    let link = approver_as(&app.channel, ALICE)
+        .create_call_link(pb::CreateCallLinkRequest {
+            agent: "bot".into(),
+            session_id: "s".into(),
+            call_id: "d1".into(),
+        })
+        .await
+        .expect("alice may see it")
+        .into_inner()
+        .link;
+    let dave = approver_as(&app.channel, DAVE)
+        .open_call_link(pb::OpenCallLinkRequest { link: link.clone() })
+        .await
+        .unwrap_err();
+    assert_eq!(dave.code(), Code::NotFound);
+    let carol = approver_as(&app.channel, CAROL)
+        .open_call_link(pb::OpenCallLinkRequest { link })
+        .await
+        .expect("carol is in sec")
+        .into_inner();
+    assert_eq!(carol.call.unwrap().call_id, "d1");
+}
+
+fn with_groups_and_a_link_key(config: &mut Config) {
+    with_groups(config);
+    with_a_link_key(config);
+}
+
+fn with_a_link_key_and_loopback_webhooks(config: &mut Config) {
+    with_a_link_key(config);
+    crate::webhooks::allow_loopback(config);
+}
+
+/// A webhook's CloudEvents payload carries a signed link to its call, which opens it (and the
+/// same link on every retry: it expires a lifetime after the call was requested).
+async fn a_webhook_carries_a_signed_link_that_opens_its_call(app: TestApp) {
+    let receiver = crate::webhooks::Receiver::start().await;
+    app.admin()
+        .create_webhook(pb::CreateWebhookRequest {
+            id: "mail".into(),
+            url: receiver.url(),
+            ..Default::default()
+        })
+        .await
+        .expect("CreateWebhook");
+    submit(&app, batch("s", vec![call("c1", "shell", "{}")])).await;
+    let received = receiver.wait_for_ids(PATIENCE, 1).await;
+    let body = received[0].json();
+    let url = body["data"]["link"].as_str().expect("a link").to_owned();
+    let link = url
+        .strip_prefix("https://approvals.example.com/#link=")
+        .unwrap_or_else(|| panic!("{url}"));
+    let opened = open_link(&app, link)
+        .await
+        .expect("the webhook's link opens its call");
+    assert_eq!(opened.call_id, "c1");
+    assert_eq!(opened.status, CallStatus::Pending as i32);
+}
+
 backend_tests! {
     a_response_denies_the_call_and_the_agent_reads_the_persons_words => crate::receipts::with_key,
     a_denial_is_not_marked_as_a_response,
@@ -601,4 +808,9 @@ backend_tests! {
     a_path_under_a_directory_and_a_urls_host_preview_what_they_would_decide,
     a_preview_is_refused_as_the_decision_would_be,
     a_command_prefix_remembered_from_one_host_holds_on_another,
+    a_signed_link_opens_its_call_and_never_decides_it => super::with_a_link_key,
+    an_expired_link_is_refused => super::with_a_short_lived_link,
+    without_a_link_key_sqlite_makes_one_and_postgres_makes_no_links,
+    a_link_opens_a_call_only_for_who_may_see_it => super::with_groups_and_a_link_key,
+    a_webhook_carries_a_signed_link_that_opens_its_call => super::with_a_link_key_and_loopback_webhooks,
 }

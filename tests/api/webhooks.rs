@@ -213,7 +213,7 @@ impl Receiver {
     }
 
     /// Waits until the distinct message ids received number `n`.
-    async fn wait_for_ids(&self, patience: Duration, n: usize) -> Vec<Received> {
+    pub(crate) async fn wait_for_ids(&self, patience: Duration, n: usize) -> Vec<Received> {
         self.wait_for(patience, &format!("{n} distinct messages"), |got| {
             distinct_ids(got).len() >= n
         })

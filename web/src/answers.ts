@@ -1,10 +1,11 @@
 // The answers people ask for, on a card (docs/answers.md): Respond (answer the model with a
 // message instead of running the call) and Remember a prefix (commands starting with some words,
 // paths under a directory, URLs on a host), previewed with the pending calls it would decide
-// before it is saved. Kept apart from ./pending so the card only hooks them in. A response is
-// never sent empty: the broker would refuse it naming `response`, and the page says so first.
+// before it is saved; and signed approval links (#link=…), opened after sign-in. Kept apart from
+// ./pending and ./main, which only hook them in. A response is never sent empty: the broker
+// would refuse it naming `response`, and the page says so first.
 import { create } from "@bufbuild/protobuf";
-import { describeError } from "./api";
+import { type Api, describeError } from "./api";
 import { h } from "./dom";
 import type { DecideResponse } from "./gen/approvals/v1/approver_pb";
 import { type Call, CallStatus, type InputMatcher, InputMatcherSchema, type Outcome } from "./gen/approvals/v1/types_pb";
@@ -208,5 +209,26 @@ export class Narrowing {
     } catch (error) {
       this.list.textContent = `Not previewed: ${describeError(error)}`;
     }
+  }
+}
+
+/** A signed approval link (`#link=…`, docs/answers.md): once signed in, asks the broker which
+ * call it names (it checks the signature, the expiry and that this person may see the call),
+ * then shows that call as a notification's link does (./push). The link decides nothing. */
+export async function openSignedLink(api: Api, hash = location.hash): Promise<void> {
+  if (!hash.startsWith("#link=")) return;
+  const note = h("p", { class: "link-note", role: "status" }, "Opening the linked call…");
+  document.querySelector("main")?.prepend(note);
+  try {
+    const reply = await api.approver.openCallLink({ link: decodeURIComponent(hash.slice("#link=".length)) });
+    const call = reply.call;
+    if (!call) throw new Error("the broker named no call");
+    note.textContent = `Linked call: ${call.tool} ${call.callId} (session ${call.sessionId}).`;
+    const params = new URLSearchParams({ agent: call.agent, session: call.sessionId, call: call.callId });
+    history.replaceState(null, "", `#${params}`);
+    window.dispatchEvent(new HashChangeEvent("hashchange"));
+  } catch (error) {
+    note.className = "link-note error";
+    note.textContent = `This link does not open a call: ${describeError(error)}`;
   }
 }

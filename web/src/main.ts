@@ -8,6 +8,7 @@ import { $, h } from "./dom";
 import type { Call } from "./gen/approvals/v1/types_pb";
 import { Live, type LinkState } from "./live";
 import { PendingView } from "./pending";
+import { openSignedLink } from "./answers";
 import { followLinks, forgetPush, pushSupported, renewPush, subscribePush } from "./push";
 
 const TITLE = "Approval inbox";
@@ -147,6 +148,7 @@ function open(session: Session): void {
   void live.run();
   renewPush(api);
   followLinks(main);
+  void openSignedLink(api);
 }
 
 const session = savedSession();

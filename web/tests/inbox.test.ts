@@ -166,6 +166,27 @@ describe("the approval inbox in Chromium", () => {
     assert.ok(await isPending(session, "c3"), "npm test; rm -rf ~ still asks");
   });
 
+  test("a signed link opens its call after sign-in and decides nothing; a changed link is refused", async () => {
+    const session = unique("s-link");
+    await submit(session, [{ id: "c0" }, { id: "c1", input: '{"command":"make deploy"}' }]);
+    const made = await clients.approver.createCallLink({ sessionId: session, callId: "c1", agent: "agent-a" });
+    assert.ok(made.link.includes(`/${session}/c1/`), made.link);
+    const context = await browser.newContext({ viewport: { width: 1200, height: 900 } });
+    contexts.push(context);
+    const page = await context.newPage();
+    await page.goto(`${broker.url}/#link=${made.link}`);
+    await page.getByLabel("Token", { exact: true }).fill(TOKENS.alice);
+    await page.getByRole("button", { name: "Open the inbox" }).click();
+    await page.locator(".link-note", { hasText: `Linked call: shell c1 (session ${session}).` }).waitFor();
+    await page.locator(`article.card.linked[data-session="${session}"][data-call="c1"]`).waitFor();
+    assert.ok(await isPending(session, "c1"), "a link decides nothing");
+    // The same link with another call's id: refused, and said so.
+    await page.goto(`${broker.url}/#link=${made.link.replace("/c1/", "/c0/")}`);
+    await page.reload();
+    await page.locator(".link-note", { hasText: "This link does not open a call" }).waitFor();
+    assert.ok(await isPending(session, "c0"));
+  });
+
   test("edit then approve gives the agent the edited input; invalid JSON is refused before sending", async () => {
     const page = await openInbox(TOKENS.alice);
     const session = unique("s-edit");
