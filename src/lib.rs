@@ -54,6 +54,9 @@
 //!   transaction that writes the outcome (`store::primitives`).
 //! - `links.rs`: signed approval links (HMAC-SHA256, a key kept like the receipt key): made and
 //!   opened through the broker (`broker::links`), carried by webhooks; a link never decides.
+//! - `outbound.rs`: the one way out: every HTTP request the broker sends itself (webhooks, Web
+//!   Push, Slack's Web API, an identity provider's keys) connects there (the URL read once, the
+//!   address chosen by the egress policy, one TLS configuration).
 //! - `commands/`: commands besides serving that drive several parts (`verify`, which checks
 //!   receipts offline or against a database), kept above the parts they use.
 //! - `events.rs`: the in-memory fan-out of committed events to every stream; `expiry.rs`: the
@@ -87,12 +90,13 @@ pub mod export;
 pub mod grpc;
 pub mod hook;
 pub mod inbox;
-pub mod links;
 #[cfg(test)]
 mod layering;
+pub mod links;
 pub mod mcp;
 pub mod meters;
 pub mod operations;
+pub mod outbound;
 pub mod private_files;
 pub mod proto;
 pub mod push;

@@ -1,7 +1,6 @@
 //! Fetches an issuer's signing keys (its JWKS) over HTTPS: from an explicit URL, or from the
 //! `jwks_uri` its OpenID discovery document (`<issuer>/.well-known/openid-configuration`)
-//! names. Over hyper's HTTP/1.1 client and tokio-rustls against the Mozilla roots, as the
-//! webhooks send, so there is no second HTTP stack.
+//! names. Through the broker's one way out (`crate::outbound`), as the webhooks send.
 //!
 //! Plain `http://` is accepted only for a loopback host (a provider on the same machine, as in
 //! the tests): keys fetched in clear from elsewhere could be swapped for an attacker's, who
@@ -11,21 +10,16 @@
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt as _, Empty, Limited};
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::client::conn::http1::SendRequest;
 use hyper::header::{ACCEPT, HOST, HeaderValue, USER_AGENT};
 use hyper::{Request, Uri};
-use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
-use tokio_rustls::rustls::pki_types::ServerName;
-use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto};
 
 use super::jwt::KeySource;
+use crate::outbound::{Target, first_address};
 
 /// The largest discovery or JWKS document read.
 const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
@@ -36,7 +30,6 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 pub struct HttpKeys {
     issuer: String,
     jwks_url: Option<String>,
-    tls: TlsConnector,
 }
 
 impl HttpKeys {
@@ -49,7 +42,6 @@ impl HttpKeys {
         Ok(HttpKeys {
             issuer: issuer.to_owned(),
             jwks_url: jwks_url.map(str::to_owned),
-            tls: tls(),
         })
     }
 
@@ -82,26 +74,14 @@ impl HttpKeys {
     }
 
     async fn get_unbounded(&self, url: &str) -> Result<String, String> {
-        let uri = checked_url(url)?;
-        let host = uri.host().unwrap_or_default().to_owned();
-        let https = uri.scheme_str() == Some("https");
-        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
-        let tcp = TcpStream::connect((bare, port))
+        checked_url(url)?;
+        let target = Target::parse(url).map_err(|e| format!("{url}: {e}"))?;
+        // The URL was checked when it was configured (https, or http on loopback only).
+        let sender = target
+            .connect(first_address)
             .await
-            .map_err(|e| format!("cannot connect to {url}: {e}"))?;
-        if https {
-            let name = ServerName::try_from(bare.to_owned())
-                .map_err(|e| format!("{url}: invalid host name: {e}"))?;
-            let stream = self
-                .tls
-                .connect(name, tcp)
-                .await
-                .map_err(|e| format!("TLS with {url} failed: {e}"))?;
-            exchange(stream, &uri, url).await
-        } else {
-            exchange(tcp, &uri, url).await
-        }
+            .map_err(|e| format!("{url}: {}", e.into_message()))?;
+        exchange(sender, &target, url).await
     }
 }
 
@@ -121,24 +101,19 @@ impl KeySource for HttpKeys {
     }
 }
 
-async fn exchange<S>(stream: S, uri: &Uri, url: &str) -> Result<String, String>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| format!("HTTP with {url} failed: {e}"))?;
-    tokio::spawn(connection);
-    let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
-    let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let request = Request::get(path)
-        .header(HOST, authority)
+async fn exchange(
+    mut sender: SendRequest<Full<Bytes>>,
+    target: &Target,
+    url: &str,
+) -> Result<String, String> {
+    let request = Request::get(target.path())
+        .header(HOST, target.authority())
         .header(ACCEPT, "application/json")
         .header(
             USER_AGENT,
             HeaderValue::from_static(concat!("approval-broker/", env!("CARGO_PKG_VERSION"))),
         )
-        .body(Empty::<Bytes>::new())
+        .body(Full::new(Bytes::new()))
         .map_err(|e| format!("cannot build the request for {url}: {e}"))?;
     let response = sender
         .send_request(request)
@@ -183,18 +158,6 @@ fn is_loopback(host: &str) -> bool {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     bare.eq_ignore_ascii_case("localhost")
         || bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
-fn tls() -> TlsConnector {
-    let roots = RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    let config = ClientConfig::builder_with_provider(Arc::new(crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default protocol versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    TlsConnector::from(Arc::new(config))
 }
 
 #[cfg(test)]

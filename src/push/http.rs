@@ -1,21 +1,16 @@
-//! POSTs one encrypted push message to a push service (RFC 8030 §5) over HTTP/1.1, TLS by
-//! rustls against the Mozilla roots, connecting only to an address the webhooks' egress policy
+//! POSTs one encrypted push message to a push service (RFC 8030 §5), through the broker's one
+//! way out (`crate::outbound`), connecting only to an address the webhooks' egress policy
 //! admits (resolved once, checked, then used). Nothing here retries: the sender decides that
 //! from the [`Answer`].
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
-use hyper::client::conn::http1;
-use hyper::{Request, Uri};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
-use tokio_rustls::rustls::pki_types::ServerName;
-use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto};
+use hyper::Request;
+use hyper::client::conn::http1::SendRequest;
 
+use crate::outbound::{Target, Unreached};
 use crate::webhooks::egress::EgressPolicy;
 
 /// The most of an answer's body read (then dropped).
@@ -45,23 +40,6 @@ pub struct PushRequest<'a> {
     pub body: Bytes,
 }
 
-fn tls() -> TlsConnector {
-    static TLS: std::sync::OnceLock<TlsConnector> = std::sync::OnceLock::new();
-    TLS.get_or_init(|| {
-        let roots = RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        };
-        let config =
-            ClientConfig::builder_with_provider(Arc::new(crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()
-                .expect("ring supports the default protocol versions")
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-        TlsConnector::from(Arc::new(config))
-    })
-    .clone()
-}
-
 /// Sends `request`, ending within `timeout` whatever the push service does.
 pub async fn post(request: &PushRequest<'_>, egress: &EgressPolicy, timeout: Duration) -> Answer {
     match tokio::time::timeout(timeout, exchange(request, egress)).await {
@@ -74,41 +52,12 @@ pub async fn post(request: &PushRequest<'_>, egress: &EgressPolicy, timeout: Dur
 }
 
 async fn exchange(request: &PushRequest<'_>, egress: &EgressPolicy) -> Answer {
-    let url: Uri = match request.endpoint.parse() {
-        Ok(url) => url,
-        Err(e) => return Answer::Refused(format!("invalid endpoint URL: {e}")),
+    let target = match Target::parse(request.endpoint) {
+        Ok(target) => target,
+        Err(e) => return Answer::Refused(format!("the endpoint: {e}")),
     };
-    let Some(host) = url.host() else {
-        return Answer::Refused("the endpoint URL has no host".into());
-    };
-    let host = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_owned();
-    let https = url.scheme_str() == Some("https");
-    let port = url.port_u16().unwrap_or(if https { 443 } else { 80 });
-    let resolved: Vec<std::net::SocketAddr> =
-        match tokio::net::lookup_host((host.as_str(), port)).await {
-            Ok(addresses) => addresses.collect(),
-            Err(e) => return Answer::Retry(format!("cannot resolve {host}: {e}")),
-        };
-    let address = match egress.pick(&host, &resolved) {
-        Ok(address) => address,
-        Err(e) => return Answer::Refused(e),
-    };
-    let tcp = match TcpStream::connect(address).await {
-        Ok(tcp) => tcp,
-        Err(e) => return Answer::Retry(format!("cannot connect to {host}:{port}: {e}")),
-    };
-    let _ = tcp.set_nodelay(true);
-    let authority = url
-        .authority()
-        .and_then(|a| a.as_str().rsplit('@').next())
-        .unwrap_or_default()
-        .to_owned();
-    let path = url.path_and_query().map_or("/", |p| p.as_str()).to_owned();
-    let mut builder = Request::post(path)
-        .header(hyper::header::HOST, authority)
+    let mut builder = Request::post(target.path())
+        .header(hyper::header::HOST, target.authority())
         .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
         .header(hyper::header::CONTENT_ENCODING, "aes128gcm")
         .header(hyper::header::AUTHORIZATION, request.authorization)
@@ -125,34 +74,24 @@ async fn exchange(request: &PushRequest<'_>, egress: &EgressPolicy) -> Answer {
         Ok(built) => built,
         Err(e) => return Answer::Refused(format!("cannot build the request: {e}")),
     };
-    let sent = if https {
-        let name = match ServerName::try_from(host.clone()) {
-            Ok(name) => name,
-            Err(e) => return Answer::Refused(format!("invalid server name {host}: {e}")),
-        };
-        match tls().connect(name, tcp).await {
-            Ok(stream) => send(TokioIo::new(stream), built).await,
-            Err(e) => return Answer::Retry(format!("TLS with {host}:{port} failed: {e}")),
-        }
-    } else {
-        send(TokioIo::new(tcp), built).await
+    let sender = match target
+        .connect(|host, resolved| egress.pick(host, resolved))
+        .await
+    {
+        Ok(sender) => sender,
+        Err(Unreached::Refused(why)) => return Answer::Refused(why),
+        Err(Unreached::Failed(why)) => return Answer::Retry(why),
     };
-    match sent {
+    match send(sender, built).await {
         Ok(status) => classify(status),
         Err(e) => Answer::Retry(e),
     }
 }
 
-async fn send<I>(io: I, request: Request<Full<Bytes>>) -> Result<u16, String>
-where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let (mut sender, connection) = http1::handshake(io)
-        .await
-        .map_err(|e| format!("HTTP handshake failed: {e}"))?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
+async fn send(
+    mut sender: SendRequest<Full<Bytes>>,
+    request: Request<Full<Bytes>>,
+) -> Result<u16, String> {
     let response = sender
         .send_request(request)
         .await

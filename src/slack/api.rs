@@ -1,8 +1,9 @@
 //! Slack's Web API as the broker calls it: `POST <base>/<method>` with a JSON body and the bot
 //! token as `Authorization: Bearer`, the answer's `ok` read (Slack answers 200 with
 //! `{"ok": false, "error": ...}` for most failures). Also the `response_url` of a click, for
-//! the ephemeral replies. Under the webhooks' egress policy (`--webhook-allow-hosts`): each
-//! connection resolves the host once, checks the address, and connects to that one; the base
+//! the ephemeral replies. Through the broker's one way out (`crate::outbound`), under the
+//! webhooks' egress policy (`--webhook-allow-hosts`): each connection resolves the host once,
+//! checks the address, and connects to that one; the base
 //! URL itself is checked at start. One connection per request, every request bounded by the
 //! timeout; retrying is the caller's choice.
 
@@ -11,16 +12,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
-use hyper::Request;
-use hyper::Uri;
+use hyper::client::conn::http1::SendRequest;
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST, USER_AGENT};
-use hyper_util::rt::TokioIo;
+use hyper::{Request, Uri};
 use serde_json::Value;
-use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
-use tokio_rustls::rustls::pki_types::ServerName;
-use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto};
 
+use crate::outbound::{Target, Unreached};
 use crate::webhooks::egress::EgressPolicy;
 
 /// The most of an answer read.
@@ -91,23 +88,6 @@ impl std::fmt::Debug for WebApi {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WebApi").field("base", &self.base).finish()
     }
-}
-
-fn tls() -> TlsConnector {
-    static TLS: std::sync::OnceLock<TlsConnector> = std::sync::OnceLock::new();
-    TLS.get_or_init(|| {
-        let roots = RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        };
-        let config =
-            ClientConfig::builder_with_provider(Arc::new(crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()
-                .expect("ring supports the default protocol versions")
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-        TlsConnector::from(Arc::new(config))
-    })
-    .clone()
 }
 
 impl WebApi {
@@ -188,27 +168,9 @@ impl WebApi {
         content_type: &'static str,
         with_token: bool,
     ) -> Result<Bytes, String> {
-        let uri: Uri = url.parse().map_err(|e| format!("invalid URL: {e}"))?;
-        let host = uri.host().ok_or("the URL has no host")?;
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_owned();
-        let https = uri.scheme_str() == Some("https");
-        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let resolved: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host.as_str(), port))
-            .await
-            .map_err(|e| format!("cannot resolve {host}: {e}"))?
-            .collect();
-        let address = self.egress.pick(&host, &resolved)?;
-        let tcp = TcpStream::connect(address)
-            .await
-            .map_err(|e| format!("cannot connect to {host}:{port}: {e}"))?;
-        let _ = tcp.set_nodelay(true);
-        let authority = uri.authority().map(|a| a.as_str()).unwrap_or(&host);
-        let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-        let mut request = Request::post(path)
-            .header(HOST, authority)
+        let target = Target::parse(url)?;
+        let mut request = Request::post(target.path())
+            .header(HOST, target.authority())
             .header(CONTENT_TYPE, content_type)
             .header(
                 USER_AGENT,
@@ -220,30 +182,18 @@ impl WebApi {
         let request = request
             .body(Full::new(body))
             .map_err(|e| format!("cannot build the request: {e}"))?;
-        if https {
-            let name = ServerName::try_from(host.clone())
-                .map_err(|e| format!("invalid server name {host}: {e}"))?;
-            let stream = tls()
-                .connect(name, tcp)
-                .await
-                .map_err(|e| format!("TLS with {host}:{port} failed: {e}"))?;
-            exchange(stream, request).await
-        } else {
-            exchange(tcp, request).await
-        }
+        let sender = target
+            .connect(|host, resolved| self.egress.pick(host, resolved))
+            .await
+            .map_err(Unreached::into_message)?;
+        exchange(sender, request).await
     }
 }
 
-async fn exchange<S>(stream: S, request: Request<Full<Bytes>>) -> Result<Bytes, String>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
-{
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| format!("HTTP handshake failed: {e}"))?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
+async fn exchange(
+    mut sender: SendRequest<Full<Bytes>>,
+    request: Request<Full<Bytes>>,
+) -> Result<Bytes, String> {
     let response = sender
         .send_request(request)
         .await

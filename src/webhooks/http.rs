@@ -8,24 +8,19 @@
 //! (to keep the connection reusable) and dropped: a failure says the status and a fixed reason,
 //! never the body, which the receiver chose and an operator's screen would show.
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
-use hyper::client::conn::http1::{self, SendRequest};
+use hyper::Request;
+use hyper::client::conn::http1::SendRequest;
 use hyper::header::{CONTENT_TYPE, HOST, HeaderValue, USER_AGENT};
-use hyper::{Request, Uri};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
-use tokio_rustls::rustls::pki_types::ServerName;
-use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto};
 
 use super::egress::EgressPolicy;
 use crate::domain::webhook::WebhookUrl;
+use crate::outbound::{Target, Unreached};
 
 /// The most of a response body read (then discarded): enough to keep a connection reusable.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
@@ -62,30 +57,10 @@ pub type Connect = Arc<dyn Fn(&WebhookUrl) -> Result<Arc<dyn Transport>, String>
 
 /// The HTTP client of one endpoint.
 pub struct Client {
-    url: Uri,
-    tls: TlsConnector,
+    target: Target,
     timeout: Duration,
     egress: Arc<EgressPolicy>,
     idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
-}
-
-/// One TLS configuration for the process: building it parses the root store.
-fn tls() -> TlsConnector {
-    static TLS: std::sync::OnceLock<TlsConnector> = std::sync::OnceLock::new();
-    TLS.get_or_init(|| {
-        let roots = RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        };
-        // One provider named here, whatever other crates enable: rustls refuses to guess.
-        let config =
-            ClientConfig::builder_with_provider(Arc::new(crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()
-                .expect("ring supports the default protocol versions")
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-        TlsConnector::from(Arc::new(config))
-    })
-    .clone()
 }
 
 impl Client {
@@ -94,13 +69,8 @@ impl Client {
         timeout: Duration,
         egress: Arc<EgressPolicy>,
     ) -> Result<Self, String> {
-        let url: Uri = url
-            .as_str()
-            .parse()
-            .map_err(|e| format!("invalid URL: {e}"))?;
         Ok(Self {
-            url,
-            tls: tls(),
+            target: Target::parse(url.as_str())?,
             timeout,
             egress,
             idle: Mutex::new(Vec::new()),
@@ -126,14 +96,8 @@ impl Client {
     async fn exchange(&self, mut sender: SendRequest<Full<Bytes>>, message: &Message) -> Exchange {
         // Host and port only: user-info is refused when a URL is set, and never sent if an older
         // stored one holds it.
-        let authority = self
-            .url
-            .authority()
-            .and_then(|a| a.as_str().rsplit('@').next())
-            .unwrap_or_default();
-        let path = self.url.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-        let request = Request::post(path)
-            .header(HOST, authority)
+        let request = Request::post(self.target.path())
+            .header(HOST, self.target.authority())
             .header(CONTENT_TYPE, message.content_type)
             .header(
                 USER_AGENT,
@@ -187,40 +151,12 @@ impl Client {
         }
     }
 
+    /// A new connection, to the one address the egress policy admits of the host's answers.
     async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
-        let host = self.url.host().ok_or("the URL has no host")?;
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let https = self.url.scheme_str() == Some("https");
-        let port = self.url.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let address = self.checked_address(host, port).await?;
-        let tcp = TcpStream::connect(address)
+        (self.target)
+            .connect(|host, resolved| self.egress.pick(host, resolved))
             .await
-            .map_err(|e| format!("cannot connect to {host}:{port} ({address}): {e}"))?;
-        let _ = tcp.set_nodelay(true);
-        if https {
-            let name = ServerName::try_from(host.to_owned())
-                .map_err(|e| format!("invalid server name {host}: {e}"))?;
-            let stream = self
-                .tls
-                .connect(name, tcp)
-                .await
-                .map_err(|e| format!("TLS with {host}:{port} failed: {e}"))?;
-            handshake(stream).await
-        } else {
-            handshake(tcp).await
-        }
-    }
-}
-
-impl Client {
-    /// The one address of `host` delivery connects to: resolved once, checked by the egress
-    /// policy, and then used as is (a second lookup could answer otherwise).
-    async fn checked_address(&self, host: &str, port: u16) -> Result<SocketAddr, String> {
-        let resolved: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
-            .await
-            .map_err(|e| format!("cannot resolve {host}: {e}"))?
-            .collect();
-        self.egress.pick(host, &resolved)
+            .map_err(Unreached::into_message)
     }
 }
 
@@ -251,20 +187,6 @@ fn answered(status: hyper::StatusCode) -> Result<(), String> {
         None => status.as_u16().to_string(),
     };
     Err(format!("HTTP {shown}: {why}"))
-}
-
-async fn handshake<S>(stream: S) -> Result<SendRequest<Full<Bytes>>, String>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
-{
-    let (sender, connection) = http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| format!("HTTP handshake failed: {e}"))?;
-    tokio::spawn(async move {
-        // Ends when the server closes the connection or the sender is dropped.
-        let _ = connection.await;
-    });
-    Ok(sender)
 }
 
 #[cfg(test)]
@@ -311,10 +233,13 @@ mod tests {
 
         // Allowed by network: the loopback address it resolved to is the one connected to.
         let allowed = client(&name, &["127.0.0.0/8"]);
-        assert_eq!(
-            allowed.checked_address("localhost", port).await,
-            Ok(SocketAddr::from(([127, 0, 0, 1], port)))
-        );
+        let posting = tokio::spawn(async move { allowed.post(&message()).await });
+        let (_, peer) = tokio::time::timeout(Duration::from_secs(2), listener.accept())
+            .await
+            .expect("the allowed address is connected to")
+            .unwrap();
+        assert!(peer.ip().is_loopback(), "{peer}");
+        posting.abort();
     }
 
     #[test]
