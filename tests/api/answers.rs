@@ -401,17 +401,23 @@ async fn a_remembered_command_prefix_is_previewed_and_never_approves_a_chained_c
     let grants = list_grants(&app, pb::ListGrantsRequest::default()).await;
     assert!(grants.is_empty(), "{grants:?}");
 
-    // The decision itself decides exactly what the preview said.
+    // No grant was kept anywhere, not even in the broker's copy of the policy: a matching call
+    // submitted now still asks.
+    submit_each(&app, &[("c9", "shell", &shell("npm test --ci"))]).await;
+    assert_eq!(
+        statuses(&app, &["c9"]).await,
+        [("c9".to_string(), CallStatus::Pending)]
+    );
+
+    // The decision itself decides what the preview said, and the call that arrived since.
     let decided = app
         .approver()
         .decide(request)
         .await
         .expect("decide")
         .into_inner();
-    assert_eq!(
-        ids(&decided.decided_by_grant),
-        ids(&preview.decided_by_grant)
-    );
+    assert_eq!(ids(&decided.decided_by_grant), ["c2", "c9"]);
+    assert_eq!(ids(&preview.decided_by_grant), ["c2"]);
     let after = statuses(&app, &all).await;
     let approved: Vec<&str> = after
         .iter()
