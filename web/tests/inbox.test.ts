@@ -168,7 +168,9 @@ describe("the approval inbox in Chromium", () => {
 
   test("a signed link opens its call after sign-in and decides nothing; a changed link is refused", async () => {
     const session = unique("s-link");
-    await submit(session, [{ id: "c0" }, { id: "c1", input: '{"command":"make deploy"}' }]);
+    // Two batches of one, decided at the end: nothing is left for the tests after this one.
+    await submit(session, [{ id: "c0" }]);
+    await submit(session, [{ id: "c1", input: '{"command":"make deploy"}' }]);
     const made = await clients.approver.createCallLink({ sessionId: session, callId: "c1", agent: "agent-a" });
     assert.ok(made.link.includes(`/${session}/c1/`), made.link);
     const context = await browser.newContext({ viewport: { width: 1200, height: 900 } });
@@ -185,6 +187,7 @@ describe("the approval inbox in Chromium", () => {
     await page.reload();
     await page.locator(".link-note", { hasText: "This link does not open a call" }).waitFor();
     assert.ok(await isPending(session, "c0"));
+    for (const callId of ["c0", "c1"]) await clients.approver.decide({ sessionId: session, callId, agent: "agent-a", decision: Decision.DENY });
   });
 
   test("edit then approve gives the agent the edited input; invalid JSON is refused before sending", async () => {
