@@ -77,6 +77,9 @@ impl<T: SqlTx> PruneTx for T {
         let events = self
             .execute(Run::write(sql::PRUNE_EVENTS_OF_BATCH, &batch))
             .await?;
+        // What Slack app mode kept of each call goes with it.
+        self.execute(Run::write(sql::PRUNE_SLACK_MESSAGES_OF_BATCH, &batch))
+            .await?;
         let calls = self
             .execute(Run::write(sql::PRUNE_CALLS_OF_BATCH, &batch))
             .await?;

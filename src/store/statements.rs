@@ -508,6 +508,12 @@ pub const PRUNABLE_BATCH: &str = concat!(
 pub const PRUNE_EVENTS_OF_BATCH: &str =
     "DELETE FROM events WHERE call_rowid IN (SELECT id FROM calls WHERE batch_id = $1)";
 pub const PRUNE_CALLS_OF_BATCH: &str = "DELETE FROM calls WHERE batch_id = $1";
+/// The Slack messages of batch `$1`'s calls, pruned with them (a batch's calls share its agent
+/// and session: the key's first two columns).
+pub const PRUNE_SLACK_MESSAGES_OF_BATCH: &str = "DELETE FROM slack_messages \
+     WHERE agent = (SELECT agent FROM batches WHERE batch_id = $1) \
+     AND session_id = (SELECT session_id FROM batches WHERE batch_id = $1) \
+     AND call_id IN (SELECT call_id FROM calls WHERE batch_id = $1)";
 /// Raises the pruned horizon to `$1` (never lowers it).
 pub const ADVANCE_PRUNED_THROUGH: &str =
     "UPDATE retention SET pruned_through = $1 WHERE pruned_through < $1";
@@ -668,6 +674,7 @@ mod tests {
             (PRUNABLE_BATCH, 3),
             (PRUNE_EVENTS_OF_BATCH, 1),
             (PRUNE_CALLS_OF_BATCH, 1),
+            (PRUNE_SLACK_MESSAGES_OF_BATCH, 1),
             (ADVANCE_PRUNED_THROUGH, 1),
             (PRUNED_THROUGH, 0),
             (POLICY_VERSION, 0),

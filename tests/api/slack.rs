@@ -25,7 +25,9 @@ use approval_broker::config::Config;
 use approval_broker::domain::policy::Approvers;
 use approval_broker::proto::v1 as pb;
 
-use crate::helpers::{self, Backend, PATIENCE, TestApp, approve, call, states, submit_one};
+use crate::helpers::{
+    self, Backend, PATIENCE, TestApp, approve, call, states, submit_one, until_pruned,
+};
 
 const BOT_TOKEN: &str = "xoxb-test-token";
 const SIGNING_SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
@@ -620,6 +622,7 @@ slack_tests!(
     a_call_pending_before_slack_app_mode_started_is_posted_once,
     a_post_that_failed_every_attempt_is_made_at_the_next_start,
     mentions_and_links_in_an_input_reach_slack_escaped,
+    retention_prunes_a_decided_calls_slack_message_with_the_call,
 );
 
 // --- the tests ----------------------------------------------------------------------------------
@@ -1037,5 +1040,31 @@ async fn mentions_and_links_in_an_input_reach_slack_escaped(backend: Backend) {
         2,
         "the input cannot close its code block: {code}"
     );
+    slack.assert_no_problems();
+}
+
+/// What Slack app mode keeps of a call (its message) goes when retention prunes the call, so
+/// the table does not grow for ever; a pending call's stays.
+async fn retention_prunes_a_decided_calls_slack_message_with_the_call(backend: Backend) {
+    let (app, slack, _dir) = start_with(backend, 1, |config| {
+        config.lifecycle.retain_decided = Some(Duration::from_secs(1));
+        config.lifecycle.prune_every = Duration::from_millis(100);
+    })
+    .await;
+    submit_and_see_posted(&app, &slack, "decided", "").await;
+    submit_and_see_posted(&app, &slack, "pending", "").await;
+    let ts = message_ts(&slack, "decided");
+    approve(&app, "s1", "decided").await;
+    slack
+        .wait_for("/api/chat.update", |b| b["ts"] == ts.as_str())
+        .await;
+    until_pruned(&app, "s1", "decided").await;
+    let kept = |call: &str| {
+        format!(
+            "SELECT COUNT(*) FROM slack_messages WHERE session_id = 's1' AND call_id = '{call}'"
+        )
+    };
+    assert_eq!(app.count(&kept("decided")).await, 0);
+    assert_eq!(app.count(&kept("pending")).await, 1);
     slack.assert_no_problems();
 }
