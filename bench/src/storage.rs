@@ -314,6 +314,8 @@ fn sqlite_cycles(
                 None::<&str>,
                 None::<i64>,
                 now,
+                None::<&str>,
+                // No agent host.
                 None::<&str>
             ],
             |row| row.get(0),
@@ -507,6 +509,8 @@ async fn postgres_cycles(
             .bind(None::<&str>)
             .bind(None::<i64>)
             .bind(now)
+            .bind(None::<&str>)
+            // No agent host.
             .bind(None::<&str>)
             .fetch_one(&mut *tx)
             .await?;
