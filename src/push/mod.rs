@@ -17,6 +17,7 @@ pub mod sender;
 pub mod vapid;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -416,8 +417,11 @@ pub async fn start(
         },
     );
     let feed = bus.feed_after(store.latest_seq().await?);
-    tokio::spawn(sender::Sender::new(Arc::clone(&store), pusher).run(feed));
+    let added = Arc::new(AtomicU64::new(0));
+    let sender = sender::Sender::new(Arc::clone(&store), pusher, Arc::clone(&added));
+    tokio::spawn(sender.run(feed));
     Ok(Some(Arc::new(Registry {
+        added,
         store,
         public_key: vapid.public_key_b64(),
         egress,
@@ -427,6 +431,9 @@ pub async fn start(
 /// What the ApproverService's push RPCs use: the subscriptions' store, the key pages subscribe
 /// with, and the egress policy endpoints are checked against.
 pub struct Registry {
+    /// Moved by every subscription this process adds, so the sender reads the subscriptions
+    /// again at once (see `sender::Sender::subscriptions`).
+    added: Arc<AtomicU64>,
     store: Arc<dyn Store>,
     public_key: String,
     egress: Arc<EgressPolicy>,
@@ -456,7 +463,8 @@ impl Registry {
             }
         };
         let subscription = Subscription::parse(endpoint, p256dh, auth, &self.egress)?;
-        self.store
+        let stored = self
+            .store
             .add_push_subscription(&StoredPushSubscription {
                 endpoint: subscription.endpoint,
                 approver: approver.to_owned(),
@@ -466,7 +474,9 @@ impl Registry {
                 auth: B64.encode(&subscription.auth),
                 created_at: Timestamp::now().as_micros(),
             })
-            .await
+            .await;
+        self.added.fetch_add(1, Ordering::Release);
+        stored
     }
 
     /// Forgets `endpoint` if `approver` added it.

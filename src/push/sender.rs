@@ -7,7 +7,9 @@
 //! they subscribed, or every call for an admin, an auditor, or anyone while auth is off), asked
 //! the same [`Call::visible_to`] that the inbox's list and stream ask.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
@@ -21,19 +23,42 @@ use crate::store::{Store, StoredPushSubscription};
 /// Messages in flight at once, across subscriptions.
 const MAX_IN_FLIGHT: usize = 64;
 
+/// How long the sender trusts having read no subscription at all, for subscriptions another
+/// replica adds (this process's own adds are seen at once).
+const NONE_TRUSTED_FOR: Duration = Duration::from_secs(1);
+
 /// Follows the log and pushes (see the module).
 pub struct Sender {
     store: Arc<dyn Store>,
     pusher: Pusher,
     in_flight: Arc<Semaphore>,
+    /// Moved by each subscription this process adds.
+    added: Arc<AtomicU64>,
+    /// When the last read found no subscription, and `added` then: while both hold, an event
+    /// needs no read (most brokers have no subscriber: two reads per call for nobody cost a
+    /// measured 6% of the 64-agent bench's cycles).
+    none_since: Mutex<Option<(Instant, u64)>>,
 }
 
 impl Sender {
-    pub fn new(store: Arc<dyn Store>, pusher: Pusher) -> Arc<Self> {
+    pub fn new(store: Arc<dyn Store>, pusher: Pusher, added: Arc<AtomicU64>) -> Arc<Self> {
         Arc::new(Self {
             store,
             pusher,
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            added,
+            none_since: Mutex::new(None),
+        })
+    }
+
+    /// Whether a read a moment ago found nobody subscribed, and nothing was added here since.
+    fn nobody_subscribed(&self) -> bool {
+        let known = *self
+            .none_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        known.is_some_and(|(at, added)| {
+            at.elapsed() < NONE_TRUSTED_FOR && added == self.added.load(Ordering::Acquire)
         })
     }
 
@@ -57,7 +82,13 @@ impl Sender {
             EventKind::Resolved => NoticeKind::Withdrawn,
             _ => return,
         };
+        // Nobody to push to: neither claim the event (a replica that knows of a subscriber
+        // pushes it) nor read the subscriptions again.
+        if self.nobody_subscribed() {
+            return;
+        }
         // One replica of a fleet pushes each event.
+        let added = self.added.load(Ordering::Acquire);
         match self.store.claim_push_event(event.seq).await {
             Ok(true) => {}
             Ok(false) => return,
@@ -73,6 +104,11 @@ impl Sender {
                 return;
             }
         };
+        *self
+            .none_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) =
+            subscriptions.is_empty().then(|| (Instant::now(), added));
         let notice = Arc::new(notice(kind, &event.call));
         for stored in subscriptions {
             if !event.call.visible_to(&viewer(&stored)) {
