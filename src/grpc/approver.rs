@@ -59,6 +59,37 @@ impl ApproverApi {
         self
     }
 
+    /// A Decide (or PreviewDecision) request as the broker takes it: with auth on, the token
+    /// says who decides, with which groups, seeing what; the request cannot.
+    fn decision_of(
+        &self,
+        request: Request<pb::DecideRequest>,
+    ) -> std::result::Result<(crate::domain::CallKey, crate::domain::Decision), Status> {
+        let caller = Caller::of(&request);
+        let (key, mut decision) =
+            parse::decide(request.into_inner(), self.broker.limits().max_input_bytes)?;
+        decision.approver = caller.approver(decision.approver)?;
+        decision.approver_groups = caller.groups();
+        decision.viewer = caller.viewer();
+        Ok((key, decision))
+    }
+
+    /// The reply to a decision: the siblings a denial skipped, and the calls a new grant
+    /// decided, told only as far as the approver (`viewer`) may see them.
+    fn decide_reply(
+        &self,
+        mut report: crate::domain::DecideReport,
+        viewer: &crate::domain::Viewer,
+    ) -> Response<pb::DecideResponse> {
+        report.skipped.retain(|c| c.visible_to(viewer));
+        report.decided_by_grant.retain(|c| c.visible_to(viewer));
+        Response::new(render::decide_response(
+            &report,
+            crate::domain::Timestamp::now(),
+            self.broker.limits().max_reply_bytes,
+        ))
+    }
+
     fn push(&self) -> Result<&crate::push::Registry> {
         self.push.as_deref().ok_or_else(|| {
             Error::FailedPrecondition("Web Push is off on this broker (--push)".into())
@@ -119,33 +150,16 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         &self,
         request: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
-        let caller = Caller::of(&request);
-        let (key, mut decision) =
-            parse::decide(request.into_inner(), self.broker.limits().max_input_bytes)?;
-        // With auth on, the token says who decides; the request cannot.
-        decision.approver = caller.approver(decision.approver)?;
-        decision.approver_groups = caller.groups();
-        let viewer = caller.viewer();
-        decision.viewer = viewer.clone();
-        let mut report = self.broker.decide(&key, &decision).await?;
-        // The siblings a denial skipped, and the calls a new grant decided, are told only as
-        // far as this approver may see them.
-        report.skipped.retain(|c| c.visible_to(&viewer));
-        report.decided_by_grant.retain(|c| c.visible_to(&viewer));
-        Ok(Response::new(render::decide_response(
-            &report,
-            crate::domain::Timestamp::now(),
-            self.broker.limits().max_reply_bytes,
-        )))
+        let (key, decision) = self.decision_of(request)?;
+        let report = self.broker.decide(&key, &decision).await?;
+        Ok(self.decide_reply(report, &decision.viewer))
     }
 
     async fn preview_decision(
         &self,
         request: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
-        let caller = Caller::of(&request);
-        let (key, mut decision) =
-            parse::decide(request.into_inner(), self.broker.limits().max_input_bytes)?;
+        let (key, decision) = self.decision_of(request)?;
         if decision.remember.is_none() {
             return Err(crate::error::Error::invalid(
                 "scope",
@@ -154,18 +168,8 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
             )
             .into());
         }
-        decision.approver = caller.approver(decision.approver)?;
-        decision.approver_groups = caller.groups();
-        let viewer = caller.viewer();
-        decision.viewer = viewer.clone();
-        let mut report = self.broker.preview_decide(&key, &decision).await?;
-        report.skipped.retain(|c| c.visible_to(&viewer));
-        report.decided_by_grant.retain(|c| c.visible_to(&viewer));
-        Ok(Response::new(render::decide_response(
-            &report,
-            crate::domain::Timestamp::now(),
-            self.broker.limits().max_reply_bytes,
-        )))
+        let report = self.broker.preview_decide(&key, &decision).await?;
+        Ok(self.decide_reply(report, &decision.viewer))
     }
 
     async fn create_call_link(
