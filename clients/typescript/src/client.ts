@@ -38,6 +38,7 @@ import {
 } from "./gen/approvals/v1/types_pb.js";
 import { AuthenticationError, BrokerError, BrokerUnavailable, PermissionDenied, RequestRefused, ReviewTimeout } from "./errors.js";
 import { ackFromProto, callSpec, OnDeny, onDenyProto, Outcome, type Ack, type ToolCall } from "./models.js";
+import { tokenFailure } from "./tokens.js";
 import { chainSequence, ReceiptRejected, trustedKey, trustedKeys, verifyApproval, type KeySource, type TrustedKey } from "./receipts.js";
 
 /** Where the client writes what an operator should know (a lost broker, a refused receipt). */
@@ -70,6 +71,9 @@ export interface BrokerOptions {
   /** `false` turns the receipt check off: only for a broker running `--receipts off`. */
   verifyReceipts?: boolean;
   logger?: Logger;
+  /** Called when the broker refused the transport's token on the stream, which is then opened
+   * once more: the transport's token provider gives a new token (`Bearer.refused`). */
+  tokenRefused?: () => void;
 }
 
 /** Per-review options. */
@@ -185,8 +189,10 @@ export class Broker {
   private streamRunning = false;
   private streamAbort: AbortController | undefined;
   private closed = false;
+  private readonly tokenRefused: (() => void) | undefined;
 
   constructor(options: BrokerOptions) {
+    this.tokenRefused = options.tokenRefused;
     this.agent = createClient(AgentService, options.transport);
     this.streaming = options.streaming ?? "bidi";
     this.target = options.target ?? "the broker";
@@ -577,6 +583,8 @@ export class Broker {
     let downSince: number | undefined;
     let backoff = 50;
     let lastError = "not connected yet";
+    // Whether the last refusal of the token was already answered with a renewed one.
+    let renewed = false;
     try {
       while (!this.closed) {
         const queue = new RequestQueue();
@@ -587,6 +595,7 @@ export class Broker {
         let answered = false;
         try {
           for await (const response of this.agent.connect(queue, { signal: abort.signal })) {
+            renewed = false;
             if (!answered) {
               answered = true;
               this.connects += 1;
@@ -600,6 +609,11 @@ export class Broker {
         } catch (e) {
           const error = ConnectError.from(e);
           lastError = `${Code[error.code]}: ${error.rawMessage}`;
+          if (error.code === Code.Unauthenticated && !renewed && !tokenFailure(error) && this.tokenRefused) {
+            renewed = true;
+            this.tokenRefused();
+            continue;
+          }
           if (error.code === Code.Unauthenticated || error.code === Code.PermissionDenied) {
             this.failEverything(errorFromStatus(error, this.target));
             return;
@@ -703,18 +717,25 @@ export class Broker {
     const run = async () => {
       let downSince: number | undefined;
       let backoff = 50;
+      let renewed = false;
       while (!signal.aborted && waiters.some((w) => !w.done)) {
         const open = callIds.filter((_, i) => !waiters[i]?.done);
         try {
           for await (const event of this.agent.watchOutcomes({ sessionId, callIds: open }, { signal })) {
             downSince = undefined;
             backoff = 50;
+            renewed = false;
             if (event.event.case === "outcome") this.resolve(event.event.value);
             else if (event.event.case === "batchComplete") for (const o of event.event.value.outcomes) this.resolve(o);
           }
         } catch (e) {
           if (signal.aborted) return;
           const error = ConnectError.from(e);
+          if (error.code === Code.Unauthenticated && !renewed && !tokenFailure(error) && this.tokenRefused) {
+            renewed = true;
+            this.tokenRefused();
+            continue;
+          }
           if (error.code === Code.Unauthenticated || error.code === Code.PermissionDenied || error.code === Code.InvalidArgument) {
             for (const w of waiters) w.reject(errorFromStatus(error, this.target));
             return;
@@ -760,6 +781,8 @@ function unreachable(error: ConnectError): boolean {
 }
 
 function errorFromStatus(error: ConnectError, target: string): BrokerError {
+  const noToken = tokenFailure(error);
+  if (noToken) return noToken;
   if (unreachable(error)) {
     return new BrokerUnavailable(`the approval broker at ${target} is unreachable (${Code[error.code]}: ${error.rawMessage}); run nothing`);
   }

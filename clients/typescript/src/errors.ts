@@ -28,6 +28,15 @@ export class AuthenticationError extends BrokerError {
   override name = "AuthenticationError";
 }
 
+/**
+ * No bearer token to send: the identity provider could not issue one (unreachable, or it refused
+ * the client's credentials) and the last token it issued has expired. Nothing was sent to the
+ * broker: fail closed, run nothing.
+ */
+export class TokenUnavailable extends AuthenticationError {
+  override name = "TokenUnavailable";
+}
+
 /** The token is valid but of the wrong role for the service (PERMISSION_DENIED). */
 export class PermissionDenied extends BrokerError {
   override name = "PermissionDenied";

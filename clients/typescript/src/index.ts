@@ -9,7 +9,8 @@
  * @module
  */
 export { Broker, type BrokerOptions, type Logger, type ReviewOptions, type Submitted } from "./client.js";
-export { AuthenticationError, BrokerError, BrokerUnavailable, PermissionDenied, RequestRefused, ReviewTimeout } from "./errors.js";
+export { AuthenticationError, BrokerError, BrokerUnavailable, PermissionDenied, RequestRefused, ReviewTimeout, TokenUnavailable } from "./errors.js";
+export type { TokenOption, TokenProvider, TokenSource } from "./tokens.js";
 export { NOT_ASKED_TEXT, notAskedOutcomes, OnDeny, Outcome, REFUSED_TEXT, Status, type Ack, type OutcomeFields, type ToolCall } from "./models.js";
 export { canonicalize } from "./canonical.js";
 export {

@@ -9,13 +9,17 @@ import type { SecureClientSessionOptions } from "node:http2";
 import type { Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { Broker, type BrokerOptions } from "./client.js";
+import { Bearer, type TokenOption } from "./tokens.js";
 
 export * from "./index.js";
+export { ClientCredentials, readSecretFile, type ClientCredentialsOptions } from "./client-credentials.js";
 
 /** How `connectBroker` reaches the broker; the rest is as `BrokerOptions`. */
 export interface NodeBrokerOptions extends Omit<BrokerOptions, "transport" | "streaming" | "target"> {
-  /** Sent as `authorization: Bearer <token>` (a token of role `agent`). */
-  token?: string | undefined;
+  /** Sent as `authorization: Bearer <token>` (a token of role `agent`): a fixed token, or a
+   * provider asked before each request (`ClientCredentials`, or any function returning the
+   * token); see `./tokens.js`. */
+  token?: TokenOption;
   /** TLS on (also with an `https://` target or any certificate option). */
   tls?: boolean;
   /** PEM of the CA that signed the broker's certificate (the system roots when absent). */
@@ -40,13 +44,9 @@ export function connectBroker(target: string = DEFAULT_TARGET, options: NodeBrok
   const address = target.replace(/^https?:\/\//, "").replace(/\/+$/, "");
   const useTls = tls ?? (scheme === "https" || ca !== undefined || cert !== undefined || key !== undefined);
   if (scheme === "http" && useTls) throw new Error(`target ${target} says plaintext (http://) but TLS options were given`);
-  const interceptors: Interceptor[] = [];
-  if (token) {
-    interceptors.push((next) => (request) => {
-      request.header.set("authorization", `Bearer ${token}`);
-      return next(request);
-    });
-  }
+  const bearer = token ? new Bearer(token) : undefined;
+  const interceptors: Interceptor[] = bearer ? [bearer.interceptor()] : [];
+  const tokenRefused = bearer?.renews ? () => bearer.refused() : undefined;
   const transport = createGrpcTransport({
     baseUrl: `${useTls ? "https" : "http"}://${address}`,
     interceptors,
@@ -59,5 +59,5 @@ export function connectBroker(target: string = DEFAULT_TARGET, options: NodeBrok
       ...nodeOptions,
     },
   });
-  return new Broker({ ...rest, transport, streaming: "bidi", target: address });
+  return new Broker({ ...rest, transport, streaming: "bidi", target: address, ...(tokenRefused ? { tokenRefused } : {}) });
 }

@@ -8,6 +8,8 @@
 - `sync`: `SyncBroker`, the same for code without an event loop.
 - `models`: `ToolCall` in, `Outcome` out, `Status`, `OnDeny`.
 - `errors`: what can go wrong; every error means "no outcome: run nothing".
+- `tokens`: `ClientCredentials`, the agent's token from its identity provider, renewed before it
+  expires.
 - `receipts`: the check of an APPROVED outcome's signed receipt, before it runs.
 - `anthropic`, `openai`: the LLM message formats: tool calls in, tool results out.
 - `claude_agent_sdk`, `openai_agents`: the agent SDKs' approval hooks.
@@ -16,10 +18,19 @@
 """
 
 from .client import DEFAULT_TARGET, Broker, Submitted
-from .errors import AuthenticationError, BrokerError, BrokerUnavailable, PermissionDenied, RequestRefused, ReviewTimeout
+from .errors import (
+    AuthenticationError,
+    BrokerError,
+    BrokerUnavailable,
+    PermissionDenied,
+    RequestRefused,
+    ReviewTimeout,
+    TokenUnavailable,
+)
 from .models import Ack, OnDeny, Outcome, Status, ToolCall
 from .receipts import ReceiptRejected, TrustedKey, verify_approval
 from .sync import SyncBroker
+from .tokens import ClientCredentials, TokenProvider
 
 __all__ = [
     "DEFAULT_TARGET",
@@ -28,6 +39,7 @@ __all__ = [
     "Broker",
     "BrokerError",
     "BrokerUnavailable",
+    "ClientCredentials",
     "OnDeny",
     "Outcome",
     "PermissionDenied",
@@ -37,6 +49,8 @@ __all__ = [
     "Status",
     "Submitted",
     "SyncBroker",
+    "TokenProvider",
+    "TokenUnavailable",
     "ToolCall",
     "TrustedKey",
     "verify_approval",

@@ -25,23 +25,33 @@ import logging
 import time
 import uuid
 from datetime import timezone
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import grpc
 import grpc.aio
 
 from ._pb.approvals.v1 import agent_pb2, agent_pb2_grpc, types_pb2
-from .errors import AuthenticationError, BrokerError, BrokerUnavailable, PermissionDenied, RequestRefused, ReviewTimeout
+from .errors import (
+    AuthenticationError,
+    BrokerError,
+    BrokerUnavailable,
+    PermissionDenied,
+    RequestRefused,
+    ReviewTimeout,
+    TokenUnavailable,
+)
 from .models import Ack, OnDeny, Outcome, ToolCall
 from .receipts import KeySource, ReceiptRejected, TrustedKey, trusted_keys, verify_approval
+from .tokens import TokenProvider
 
 log = logging.getLogger("approval_broker")
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 
 Key = tuple[str, str]  # (session_id, call_id)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -85,7 +95,12 @@ class Broker:
     on with an `https://` target, `tls=True`, or any of the certificate arguments:
     `root_certificates` (PEM of the CA that signed the broker's certificate; the system roots
     when absent), `certificate_chain` and `private_key` (PEM, for mutual TLS). `token` is sent as
-    `authorization: Bearer <token>` (role `agent`).
+    `authorization: Bearer <token>` (role `agent`): a fixed token, or a provider called before
+    each request for the token to send (`tokens.ClientCredentials`, which gets it from the
+    organisation's identity provider and renews it before it expires; or any callable returning
+    the token or an awaitable of it). When the broker refuses a provider's token, the provider's
+    `invalidate(token)` (if it has one) is called and the request is made once more with its next
+    token; a provider that raises fails what was waiting (`TokenUnavailable`: run nothing).
 
     `trusted_receipt_keys`: the public keys (base64 of the raw 32 bytes, as the broker logs them,
     or `PUBLIC KEY` PEMs) an APPROVED outcome's signed receipt must verify with before the client
@@ -105,7 +120,7 @@ class Broker:
         self,
         target: str = DEFAULT_TARGET,
         *,
-        token: str | None = None,
+        token: str | TokenProvider | None = None,
         tls: bool | None = None,
         root_certificates: bytes | None = None,
         certificate_chain: bytes | None = None,
@@ -125,7 +140,7 @@ class Broker:
         self._credentials = (
             grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain) if use_tls else None
         )
-        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        self._token = token
         self.unavailable_timeout = unavailable_timeout
         self.rpc_timeout = rpc_timeout
         self._options = [
@@ -279,10 +294,8 @@ class Broker:
         """Looks the calls up now (GetOutcomes): each one's outcome, or None while it is pending.
         Raises `BrokerError` naming call ids the session does not hold."""
         try:
-            reply = await self._agent_stub().GetOutcomes(
-                agent_pb2.GetOutcomesRequest(session_id=session_id, call_ids=call_ids),
-                metadata=self._metadata,
-                timeout=self.rpc_timeout,
+            reply = await self._unary(
+                self._agent_stub().GetOutcomes, agent_pb2.GetOutcomesRequest(session_id=session_id, call_ids=call_ids)
             )
         except grpc.aio.AioRpcError as e:
             raise _error_from_status(e) from None
@@ -303,9 +316,7 @@ class Broker:
         async with self._keys_lock:
             if self._broker_keys is None:
                 try:
-                    reply = await self._agent_stub().ListReceiptKeys(
-                        types_pb2.ListReceiptKeysRequest(), metadata=self._metadata, timeout=self.rpc_timeout
-                    )
+                    reply = await self._unary(self._agent_stub().ListReceiptKeys, types_pb2.ListReceiptKeysRequest())
                 except grpc.aio.AioRpcError as e:
                     raise ReceiptRejected(
                         f"the broker's receipt keys could not be read ({e.code().name}: {e.details()})"
@@ -370,10 +381,9 @@ class Broker:
         without one. The reply's own key (`reply.key`) and `verified` are the broker's word: not
         used."""
         try:
-            reply = await self._agent_stub().GetReceipt(
+            reply = await self._unary(
+                self._agent_stub().GetReceipt,
                 types_pb2.GetReceiptRequest(session_id=outcome.session_id, call_id=outcome.call_id),
-                metadata=self._metadata,
-                timeout=self.rpc_timeout,
             )
         except grpc.aio.AioRpcError as e:
             raise ReceiptRejected(_receipt_error(e)) from None
@@ -391,6 +401,37 @@ class Broker:
             decided = [o for o in e.decided.values() if isinstance(o, Outcome)]
             e.decided = {o.call_id: o for o in await self._checked(decided, tools)}
             raise
+
+    # --- the bearer token -----------------------------------------------------------------------
+
+    async def _bearer(self) -> str | None:
+        """The token to send now (a provider is asked each time; it keeps its own cache)."""
+        if self._token is None or isinstance(self._token, str):
+            return self._token
+        token = self._token()
+        if not isinstance(token, str):
+            token = await token
+        return token
+
+    def _renewable(self, e: grpc.aio.AioRpcError, token: str | None) -> bool:
+        """Whether a refusal of `token` is worth one more try with the provider's next token
+        (which is told the token was refused)."""
+        if e.code() != grpc.StatusCode.UNAUTHENTICATED or self._token is None or isinstance(self._token, str):
+            return False
+        invalidate = getattr(self._token, "invalidate", None)
+        if callable(invalidate) and token is not None:
+            invalidate(token)
+        return True
+
+    async def _unary(self, method: Callable[..., Awaitable[T]], request: object) -> T:
+        """A unary call with the bearer token, made once more with a renewed token when refused."""
+        token = await self._bearer()
+        try:
+            return await method(request, metadata=_authorization(token), timeout=self.rpc_timeout)
+        except grpc.aio.AioRpcError as e:
+            if not self._renewable(e, token):
+                raise
+        return await method(request, metadata=_authorization(await self._bearer()), timeout=self.rpc_timeout)
 
     # --- requests and waiters ------------------------------------------------------------------
 
@@ -495,9 +536,16 @@ class Broker:
         down_since: float | None = None
         backoff = 0.05
         last_error = "not connected yet"
+        # Whether the last refusal of a token was already answered with a renewed one.
+        renewed = False
         while not self._closed:
             stub = self._agent_stub()
-            call = stub.Connect(metadata=self._metadata)
+            try:
+                token = await self._bearer()
+            except Exception as e:  # the provider's failure, whatever it raised: run nothing
+                self._fail_everything(e if isinstance(e, BrokerError) else TokenUnavailable(f"the token provider failed: {e!r}"))
+                return
+            call = stub.Connect(metadata=_authorization(token))
             try:
                 await call.wait_for_connection()
                 stream = _Stream(call)
@@ -512,9 +560,13 @@ class Broker:
                     if response is grpc.aio.EOF:
                         last_error = "the broker ended the stream"
                         break
+                    renewed = False
                     self._dispatch(response)
             except grpc.aio.AioRpcError as e:
                 last_error = f"{e.code().name}: {e.details()}"
+                if not renewed and self._renewable(e, token):
+                    renewed = True
+                    continue
                 if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                     self._stream = None
                     self._fail_everything(_error_from_status(e))
@@ -592,6 +644,10 @@ class Broker:
             for future in self._waiters.get((session_id, call_id), []):
                 if not future.done():
                     future.set_exception(BrokerError(f"the broker does not hold call {session_id}/{call_id}"))
+
+
+def _authorization(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
 
 
 async def _same(outcome: Outcome) -> Outcome:

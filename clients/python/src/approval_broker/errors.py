@@ -23,6 +23,12 @@ class AuthenticationError(BrokerError):
     """The broker refused the credentials (UNAUTHENTICATED: no token, or an unknown one)."""
 
 
+class TokenUnavailable(AuthenticationError):
+    """No bearer token to send: the identity provider could not issue one (unreachable, or it
+    refused the client's credentials) and the last token it issued has expired. Nothing was sent
+    to the broker: fail closed, run nothing."""
+
+
 class PermissionDenied(BrokerError):
     """The token is valid but of the wrong role for the service (PERMISSION_DENIED)."""
 
