@@ -76,7 +76,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // `connect` constructor; clients are built from a `Channel` instead.
         .build_transport(false)
         // prost's codec, but a message that does not decode is INVALID_ARGUMENT, not INTERNAL.
-        .codec_path("crate::grpc::codec::ProtoCodec")
+        .codec_path("crate::surface::grpc::codec::ProtoCodec")
         .compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }

@@ -30,7 +30,7 @@ pub struct Config {
     #[command(flatten)]
     pub serve: ServeSettings,
     #[command(flatten)]
-    pub push: crate::push::PushFlags,
+    pub push: crate::background::push::PushFlags,
     #[command(flatten)]
     pub store: StoreSettings,
     #[command(flatten)]
@@ -56,7 +56,7 @@ pub struct Config {
     #[command(flatten)]
     pub receipts: ReceiptsSettings,
     #[command(flatten)]
-    pub links: crate::links::LinkFlags,
+    pub links: crate::door::links::LinkFlags,
     #[command(flatten)]
     pub slack: SlackFlags,
 }
@@ -234,8 +234,12 @@ pub struct ConnectionSettings {
 impl ConnectionSettings {
     /// `http1`: whether browsers may speak HTTP/1.1 (the inbox is served); `authenticated`:
     /// whether the broker takes tokens.
-    pub fn limits(&self, http1: bool, authenticated: bool) -> crate::connections::ConnectionLimits {
-        crate::connections::ConnectionLimits {
+    pub fn limits(
+        &self,
+        http1: bool,
+        authenticated: bool,
+    ) -> crate::door::connections::ConnectionLimits {
+        crate::door::connections::ConnectionLimits {
             max_connections: self.max_connections as usize,
             handshake_timeout: self.handshake_timeout,
             max_control_frames_per_second: self.max_control_frames_per_second,
@@ -446,10 +450,12 @@ pub struct WebhookSettings {
         value_delimiter = ',',
         value_parser = parse_allowed_host
     )]
-    pub allow_hosts: Vec<crate::webhooks::egress::AllowedHost>,
+    pub allow_hosts: Vec<crate::background::webhooks::egress::AllowedHost>,
 }
 
-fn parse_allowed_host(text: &str) -> Result<crate::webhooks::egress::AllowedHost, String> {
+fn parse_allowed_host(
+    text: &str,
+) -> Result<crate::background::webhooks::egress::AllowedHost, String> {
     text.parse()
 }
 
@@ -477,13 +483,14 @@ pub struct LifecycleSettings {
 
 impl LifecycleSettings {
     /// Retention's policy, if `--retain-decided` turns it on.
-    pub fn retention(&self) -> Option<crate::retention::RetentionPolicy> {
-        self.retain_decided
-            .map(|keep_decided| crate::retention::RetentionPolicy {
+    pub fn retention(&self) -> Option<crate::background::retention::RetentionPolicy> {
+        self.retain_decided.map(
+            |keep_decided| crate::background::retention::RetentionPolicy {
                 keep_decided,
                 every: self.prune_every,
                 chunk: self.prune_chunk,
-            })
+            },
+        )
     }
 }
 
@@ -519,16 +526,16 @@ pub enum Command {
     /// decision JSON): `hook claude-code`, `codex`, `gemini-cli`, `copilot` or `cursor`; see
     /// docs/hosts.md.
     #[command(subcommand)]
-    Hook(crate::hook::HookCommand),
+    Hook(crate::agent::hook::HookCommand),
     /// Stand between an MCP client and an MCP server, putting every tool call through a running
     /// broker; see `mcp-gateway --help`.
-    McpGateway(crate::mcp::McpGatewayArgs),
+    McpGateway(crate::agent::mcp::McpGatewayArgs),
     /// Stand between an editor (an Agent Client Protocol client) and an ACP agent, answering the
     /// agent's permission requests through a running broker; see `acp-proxy --help`.
-    AcpProxy(crate::acp::AcpProxyArgs),
+    AcpProxy(crate::agent::acp::AcpProxyArgs),
     /// Write the audit of a time range as JSON Lines (one object per call), read from the
     /// database directly (`--database-url`); safe while the broker runs.
-    Export(crate::export::ExportArgs),
+    Export(crate::commands::export::ExportArgs),
     /// Verify signed receipts offline against the broker's public key: one receipt, or an
     /// exported chain (in order, none missing). Exits non-zero naming what failed.
     Verify(crate::commands::verify::VerifyArgs),
@@ -581,7 +588,7 @@ impl Config {
     /// The size no reply may exceed; refused when one item of the largest input allowed could
     /// not fit.
     pub fn reply_limit(&self) -> crate::Result<usize> {
-        crate::grpc::oversize::reply_limit(
+        crate::surface::grpc::oversize::reply_limit(
             self.requests.max_reply_bytes,
             self.requests.max_message_bytes,
             self.requests.max_input_bytes,
@@ -592,7 +599,7 @@ impl Config {
     /// named at all, which turns auth off. A source that is named but holds no token (an empty or
     /// comment-only file, `APPROVALS_TOKENS=""`) is an error: running without auth must be chosen
     /// by naming no source, never reached by a file that lost its contents.
-    pub fn tokens(&self) -> crate::Result<Option<crate::auth::Tokens>> {
+    pub fn tokens(&self) -> crate::Result<Option<crate::door::auth::Tokens>> {
         let mut text = String::new();
         let mut named = false;
         if let Some(path) = &self.auth.tokens_file {
@@ -601,7 +608,7 @@ impl Config {
                 Ok::<_, std::convert::Infallible>(text.to_owned())
             })?;
             let what = format!("{setting} ({})", path.display());
-            let tokens = crate::auth::Tokens::parse(&file, &what)?;
+            let tokens = crate::door::auth::Tokens::parse(&file, &what)?;
             if tokens.is_empty() {
                 return Err(no_token_in(&what));
             }
@@ -611,7 +618,7 @@ impl Config {
         }
         if let Some(inline) = &self.auth.tokens {
             let what = "--tokens / APPROVALS_TOKENS";
-            if crate::auth::Tokens::parse(inline, what)?.is_empty() {
+            if crate::door::auth::Tokens::parse(inline, what)?.is_empty() {
                 return Err(no_token_in(what));
             }
             named = true;
@@ -621,7 +628,7 @@ impl Config {
             return Ok(None);
         }
         // Parsed together, so the same token under two sources is refused like one listed twice.
-        crate::auth::Tokens::parse(&text, "--tokens-file and --tokens together").map(Some)
+        crate::door::auth::Tokens::parse(&text, "--tokens-file and --tokens together").map(Some)
     }
 }
 
@@ -630,8 +637,13 @@ impl Config {
     /// mapping, or with an unusable URL, stops the broker.
     pub fn jwt(
         &self,
-    ) -> crate::Result<Option<(crate::auth::jwt::Settings, crate::auth::jwks::HttpKeys)>> {
-        use crate::auth::jwt::{ClaimMapping, Settings};
+    ) -> crate::Result<
+        Option<(
+            crate::door::auth::jwt::Settings,
+            crate::door::auth::jwks::HttpKeys,
+        )>,
+    > {
+        use crate::door::auth::jwt::{ClaimMapping, Settings};
         let auth = &self.auth;
         let (Some(issuer), Some(audience)) = (&auth.jwt_issuer, &auth.jwt_audience) else {
             return Ok(None);
@@ -646,7 +658,7 @@ impl Config {
         })?;
         let roles = ClaimMapping::parse_roles(roles)
             .map_err(|why| crate::Error::invalid(roles_setting, why))?;
-        let keys = crate::auth::jwks::HttpKeys::new(issuer, auth.jwt_jwks_url.as_deref())
+        let keys = crate::door::auth::jwks::HttpKeys::new(issuer, auth.jwt_jwks_url.as_deref())
             .map_err(|why| crate::Error::invalid("--jwt-issuer / --jwt-jwks-url", why))?;
         let role_claims = auth
             .jwt_role_claims
@@ -767,12 +779,12 @@ impl Config {
         Ok(Some(hooks))
     }
 
-    fn webhook_egress(&self) -> crate::webhooks::egress::EgressPolicy {
-        crate::webhooks::egress::EgressPolicy::new(self.webhooks.allow_hosts.clone())
+    fn webhook_egress(&self) -> crate::background::webhooks::egress::EgressPolicy {
+        crate::background::webhooks::egress::EgressPolicy::new(self.webhooks.allow_hosts.clone())
     }
 
-    pub fn webhook_delivery(&self) -> crate::webhooks::DeliverySettings {
-        crate::webhooks::DeliverySettings {
+    pub fn webhook_delivery(&self) -> crate::background::webhooks::DeliverySettings {
+        crate::background::webhooks::DeliverySettings {
             pause_after: self.webhooks.pause_after,
             retry_min: self.webhooks.retry_min,
             retry_max: self.webhooks.retry_max.max(self.webhooks.retry_min),
@@ -835,7 +847,7 @@ pub struct SlackFlags {
 
     /// Slack's Web API base URL (a test points it at a loopback server, which
     /// --webhook-allow-hosts must then allow).
-    #[arg(id = "slack_api_url", long = "slack-api-url", env = "APPROVALS_SLACK_API_URL", default_value = crate::slack::DEFAULT_API_URL)]
+    #[arg(id = "slack_api_url", long = "slack-api-url", env = "APPROVALS_SLACK_API_URL", default_value = crate::surface::slack::DEFAULT_API_URL)]
     pub api_url: String,
 
     /// Attempts at one Web API call (post, update, thread) before it is given up; the waits
@@ -847,14 +859,14 @@ pub struct SlackFlags {
 impl Config {
     /// Slack app mode's settings, when `--slack-file` turns it on: the file, the token and the
     /// signing secret read, and the API URL checked against the egress policy, at start.
-    pub fn slack(&self) -> crate::Result<Option<crate::slack::SlackSettings>> {
+    pub fn slack(&self) -> crate::Result<Option<crate::surface::slack::SlackSettings>> {
         let Some(path) = &self.slack.file else {
             return Ok(None);
         };
         let (routes, people) = setting_file(
             "--slack-file / APPROVALS_SLACK_FILE",
             path,
-            crate::slack::parse_file,
+            crate::surface::slack::parse_file,
         )?;
         let secret = |value: &Option<String>, file: &Option<PathBuf>, setting: &str| {
             let text = match (value, file) {
@@ -897,7 +909,7 @@ impl Config {
         egress
             .check_url(&api_url)
             .map_err(|reason| crate::Error::invalid("--slack-api-url", reason))?;
-        Ok(Some(crate::slack::SlackSettings {
+        Ok(Some(crate::surface::slack::SlackSettings {
             api_url: api_url.as_str().to_owned(),
             bot_token,
             signing_secret,

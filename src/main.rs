@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use approval_broker::config::{Command, Config, MetricsListen};
-use approval_broker::{meters, startup, store, telemetry, traces};
+use approval_broker::{observe::meters, observe::telemetry, observe::traces, startup, store};
 use tokio::net::TcpListener;
 
 /// mimalloc rather than glibc's malloc: the hot path allocates per message on every thread and
@@ -27,15 +27,15 @@ async fn run(sqlite_allocator: Result<(), std::ffi::c_int>) -> ExitCode {
     let config = Config::from_command_line();
     // Before logging starts: a hook's standard output is its answer and holds nothing else.
     if let Some(Command::Hook(hook)) = &config.command {
-        return approval_broker::hook::run(hook).await;
+        return approval_broker::agent::hook::run(hook).await;
     }
     // Likewise: in stdio mode the gateway's standard output is the MCP channel.
     if let Some(Command::McpGateway(gateway)) = &config.command {
-        return approval_broker::mcp::run(gateway).await;
+        return approval_broker::agent::mcp::run(gateway).await;
     }
     // Likewise: the proxy's standard output is the editor's ACP channel.
     if let Some(Command::AcpProxy(proxy)) = &config.command {
-        return approval_broker::acp::run(proxy).await;
+        return approval_broker::agent::acp::run(proxy).await;
     }
     if let Some(Command::Verify(args)) = &config.command {
         return approval_broker::commands::verify::run(args, &config.store).await;
@@ -43,7 +43,7 @@ async fn run(sqlite_allocator: Result<(), std::ffi::c_int>) -> ExitCode {
     // Likewise: the export's standard output is the audit.
     if let Some(Command::Export(args)) = &config.command {
         return match config.store.database() {
-            Ok(database) => approval_broker::export::run(&database, args).await,
+            Ok(database) => approval_broker::commands::export::run(&database, args).await,
             Err(err) => {
                 eprintln!("{err}");
                 ExitCode::FAILURE
@@ -169,7 +169,7 @@ fn hash_token(token: Option<String>) -> ExitCode {
         eprintln!("the token is empty");
         return ExitCode::FAILURE;
     }
-    println!("{}", approval_broker::auth::hash_token(&token));
+    println!("{}", approval_broker::door::auth::hash_token(&token));
     ExitCode::SUCCESS
 }
 

@@ -13,23 +13,23 @@ use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use tonic_web::GrpcWebLayer;
 
-use crate::auth::{Gate, Role};
+use crate::background::events::EventBus;
+use crate::background::expiry::DeadlineSweeper;
+use crate::background::retention::Retention;
+use crate::background::webhooks::Dispatcher;
 use crate::broker::Broker;
 use crate::config::{Config, MetricsListen, ServeSettings};
-use crate::connections;
+use crate::door::auth::{Gate, Role};
+use crate::door::connections;
 use crate::error::{Error, Result, StorageFault};
-use crate::events::EventBus;
-use crate::expiry::DeadlineSweeper;
-use crate::grpc::observed::Observed;
-use crate::grpc::oversize::MessageLimitStatus;
-use crate::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi, reflection};
-use crate::inbox::InboxPage;
 use crate::proto::{self, v1 as pb};
 use crate::receipts;
-use crate::retention::Retention;
 use crate::store;
 use crate::store::health::{self, StorageHealth, Watched};
-use crate::webhooks::Dispatcher;
+use crate::surface::grpc::observed::Observed;
+use crate::surface::grpc::oversize::MessageLimitStatus;
+use crate::surface::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi, reflection};
+use crate::surface::inbox::InboxPage;
 
 use pb::admin_service_server::AdminServiceServer;
 use pb::agent_service_server::AgentServiceServer;
@@ -88,7 +88,7 @@ pub async fn run(
         _ => None,
     };
     let link_key = config.links.key(sqlite_file)?.map(Arc::new);
-    let delivery = crate::webhooks::DeliverySettings {
+    let delivery = crate::background::webhooks::DeliverySettings {
         links: link_key
             .as_ref()
             .map(|key| (Arc::clone(key), config.links.lifetime)),
@@ -96,7 +96,7 @@ pub async fn run(
     };
     let dispatcher = Dispatcher::new(store.clone(), Arc::clone(&bus), delivery);
     // Web Push (docs/notifications.md): sent from the events committed from now on.
-    let push = crate::push::start(
+    let push = crate::background::push::start(
         &config.push,
         database.key_home(),
         store.clone(),
@@ -124,12 +124,12 @@ pub async fn run(
     // Slack app mode: posts the calls committed from now on, from the event log.
     let slack = match slack_settings {
         Some(settings) => {
-            let slack = crate::slack::Slack::new(settings, store.clone());
+            let slack = crate::surface::slack::Slack::new(settings, store.clone());
             let feed = bus.feed_after(store.latest_seq().await?);
             tracing::info!(
-                path = crate::slack::interactivity::PATH,
+                path = crate::surface::slack::interactivity::PATH,
                 "Slack app mode on: clicks are taken at {}",
-                crate::slack::interactivity::PATH
+                crate::surface::slack::interactivity::PATH
             );
             Some((Arc::clone(&slack), tokio::spawn(slack.post_from(feed))))
         }
@@ -171,7 +171,10 @@ pub async fn run(
                 "JWT bearer tokens of {} accepted; its keys are fetched in the background",
                 settings.issuer
             );
-            let verifier = Arc::new(crate::auth::jwt::Verifier::new(settings, Arc::new(keys)));
+            let verifier = Arc::new(crate::door::auth::jwt::Verifier::new(
+                settings,
+                Arc::new(keys),
+            ));
             verifier.fetch_keys_in_background();
             Some(verifier)
         }
@@ -199,8 +202,10 @@ pub async fn run(
     );
 
     let health = tonic_health::server::HealthReporter::new();
-    let health_service =
-        crate::grpc::health::capped(health.clone(), config.streams.max_health_watches as usize);
+    let health_service = crate::surface::grpc::health::capped(
+        health.clone(),
+        config.streams.max_health_watches as usize,
+    );
     for service in SERVICES.into_iter().chain([READINESS, LIVENESS]) {
         health
             .set_service_status(service, ServingStatus::Serving)
@@ -233,16 +238,18 @@ pub async fn run(
     let mut server = Server::builder()
         // Every request's log lines carry its RPC; the broker's own spans add the session and
         // call ids. With traces on, it continues the caller's `traceparent`.
-        .trace_fn(crate::traces::rpc_span)
+        .trace_fn(crate::observe::traces::rpc_span)
         // HTTP/1.1 only for browsers on `http://` (the page and gRPC-Web, see `inbox`) and for
         // Slack's clicks.
         .accept_http1(config.serve.inbox || slack.is_some())
         // Outermost first: Slack's signed clicks (one path), the page's files, then gRPC-Web
         // turned into gRPC, so the limits below see every call in one form.
-        .layer(crate::slack::interactivity::SlackInteractivity::new(
-            slack.as_ref().map(|(slack, _)| Arc::clone(slack)),
-            Arc::clone(&broker),
-        ))
+        .layer(
+            crate::surface::slack::interactivity::SlackInteractivity::new(
+                slack.as_ref().map(|(slack, _)| Arc::clone(slack)),
+                Arc::clone(&broker),
+            ),
+        )
         .layer(InboxPage::new(config.serve.inbox, !authenticated))
         .layer(GrpcWebLayer::new())
         // Counted after gRPC-Web is turned into gRPC, and outside the limits' rewriting, so
@@ -255,7 +262,7 @@ pub async fn run(
         ]))
         .layer(MessageLimitStatus)
         // A JWT naming a key not cached yet has the keys fetched before its gate verifies it.
-        .layer(crate::auth::KeyPrefetch::new(jwt.clone()))
+        .layer(crate::door::auth::KeyPrefetch::new(jwt.clone()))
         .max_concurrent_streams(config.connections.max_concurrent_streams)
         .http2_keepalive_interval(Some(config.connections.keepalive_interval))
         .http2_keepalive_timeout(Some(config.connections.keepalive_timeout));
@@ -373,11 +380,11 @@ async fn count_pending(store: Arc<dyn store::Deadlines>) {
     const EVERY: std::time::Duration = std::time::Duration::from_secs(2);
     loop {
         match store.pending_count().await {
-            Ok(n) => crate::meters::pending_calls(n),
+            Ok(n) => crate::observe::meters::pending_calls(n),
             Err(e) => tracing::warn!(error = %e, "cannot count pending calls for the metrics"),
         }
         let pool = store.reads().pool_stats();
-        crate::meters::store_pool(pool.open, pool.idle);
+        crate::observe::meters::store_pool(pool.open, pool.idle);
         tokio::time::sleep(EVERY).await;
     }
 }

@@ -17,7 +17,7 @@ const INPUT: &str = r#"{"path":"/home/dev/project/src/main.rs"}"#;
 fn a_stray_setting_in_the_environment_does_not_change_a_test_broker() {
     let stray_token = format!(
         "agent bot {}",
-        approval_broker::auth::hash_token("not-the-tests-token")
+        approval_broker::door::auth::hash_token("not-the-tests-token")
     );
     // SAFETY: this is the only test of this binary, and no thread of its own runs yet, so nothing
     // reads the environment while it changes.

@@ -1,4 +1,4 @@
-//! Property tests of the validation layer (`approval_broker::grpc::parse`), driven
+//! Property tests of the validation layer (`approval_broker::surface::grpc::parse`), driven
 //! directly with arbitrary protobuf values: strings with control characters, multi-byte
 //! characters and lengths around and far beyond every limit, arbitrary enum numbers, timestamps
 //! with out-of-range nanos and i64 extremes, batches of 0 to 200 calls. They prove that
@@ -22,8 +22,8 @@ use approval_broker::domain::{
     AgentId, Identity, OnDeny, Timestamp, ToolInput, Verdict, invisible, json,
 };
 use approval_broker::domain::{CallQuery, CancelScope, Cursor};
-use approval_broker::grpc::parse;
 use approval_broker::proto::v1 as pb;
+use approval_broker::surface::grpc::parse;
 use proptest::collection::{btree_map, vec};
 use proptest::prelude::*;
 use proptest::sample::select;

@@ -1,14 +1,14 @@
 //! Signed approval links through the facade (docs/answers.md): making one for a call a reader
 //! may see, and opening one, which says which call it names and nothing more. Neither decides
-//! anything; the signing and checking themselves are `crate::links`.
+//! anything; the signing and checking themselves are `crate::door::links`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::Broker;
 use crate::domain::{Call, CallKey, Timestamp, Viewer};
+use crate::door::links::{CallLink, LinkKey};
 use crate::error::{Error, Result};
-use crate::links::{CallLink, LinkKey};
 
 /// The key, how long a link lasts, and the inbox's base URL for whole URLs.
 pub(super) struct Links {

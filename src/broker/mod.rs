@@ -1,7 +1,7 @@
 //! The broker: the one facade every surface (the gRPC services, and anything after them) calls.
 //! Each operation judges what can be judged ahead (`prejudge`), runs through the store (whose
 //! operations are written once, in `crate::operations`), and only after it committed tells the
-//! event fan-out, the deadline sweeper and the meters. The services in `grpc/` translate
+//! event fan-out, the deadline sweeper and the meters. The services in `surface/grpc/` translate
 //! protobuf to these calls and back, nothing more; they never reach the store themselves.
 //!
 //! - this file: the writes (submit, decide, cancel) and the stream slots;
@@ -19,22 +19,22 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::Instrument as _;
 
+use crate::background::events::EventBus;
+use crate::background::expiry::DeadlineSweeper;
+use crate::background::webhooks::Dispatcher;
 use crate::domain::Call;
 use crate::domain::escalation::Ladder;
 use crate::domain::{
     CallKey, CancelReport, CancelTarget, DecideReport, Decision, NewBatch, OutcomeKind, Status,
     SubmitReport, SubmitResult, Timestamp,
 };
+use crate::door::stream_slots::{StreamSlot, StreamSlots};
 use crate::error::{Error, Result};
-use crate::events::EventBus;
-use crate::expiry::DeadlineSweeper;
-use crate::meters::{self, StreamKind};
+use crate::observe::meters::{self, StreamKind};
+use crate::observe::traces;
 use crate::receipts::PublicKey;
 use crate::receipts::trust::KeySet;
 use crate::store::Store;
-use crate::stream_slots::{StreamSlot, StreamSlots};
-use crate::traces;
-use crate::webhooks::Dispatcher;
 
 mod lifecycle;
 mod links;
@@ -88,7 +88,7 @@ pub struct Broker {
     backup_dir: Option<std::path::PathBuf>,
     /// The key this broker's receipts verify with; `None` when receipts are off.
     receipt_key: Option<PublicKey>,
-    /// Signed approval links (`links.rs`); `None` when this broker makes none.
+    /// Signed approval links (`door/links.rs`); `None` when this broker makes none.
     links: Option<links::Links>,
     /// Every key its receipts verify with: the current one first, then the retired ones
     /// (`--receipt-retired-keys`), each with its window. Empty when receipts are off.

@@ -2,11 +2,11 @@
 //! told, so delivery starts, changes or stops at once on this replica (other replicas notice
 //! within a second). A new endpoint receives the events committed from its creation on. A URL
 //! the egress policy refuses outright (a literal internal address) is refused here, naming the
-//! field; names are checked again on every connection (`crate::webhooks::egress`).
+//! field; names are checked again on every connection (`crate::background::webhooks::egress`).
 
+use crate::background::webhooks::TestEvent;
 use crate::domain::webhook::{Webhook, WebhookChange, WebhookId, WebhookUrl};
 use crate::error::{Error, Result};
-use crate::webhooks::TestEvent;
 
 use super::Broker;
 

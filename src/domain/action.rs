@@ -427,7 +427,7 @@ impl Reading<'_> {
     }
 
     /// An ACP agent's call: the tool is the ACP tool kind (`execute`, `edit`, `read`, ...) or
-    /// the agent's own tool name, the input its `rawInput` (see `src/acp`).
+    /// the agent's own tool name, the input its `rawInput` (see `src/agent/acp`).
     fn acp(&self, tool: &str) -> Fields {
         match tool {
             "execute" | "Bash" | "bash" | "shell" => {

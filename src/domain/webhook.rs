@@ -1,7 +1,7 @@
 //! Webhook endpoints: where the broker POSTs the events of its log, which events each one
 //! wants, how the body is shaped, and whether delivery is paused. Plain values and the rules
 //! that need no I/O (which events an endpoint admits, how a secret is written); delivery itself
-//! lives in `crate::webhooks`. Nothing here may reveal a secret: `Debug` masks it.
+//! lives in `crate::background::webhooks`. Nothing here may reveal a secret: `Debug` masks it.
 
 use std::fmt;
 

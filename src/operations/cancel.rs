@@ -9,7 +9,7 @@ use crate::domain::{
     ToolResultTexts,
 };
 use crate::error::{Error, Result};
-use crate::meters;
+use crate::observe::meters;
 
 /// Cancels what `target` names and commits.
 pub async fn cancel(

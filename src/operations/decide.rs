@@ -23,7 +23,7 @@ use crate::domain::{
     Timestamp, ToolName, ToolResultTexts, Verdict,
 };
 use crate::error::{Error, Result};
-use crate::meters;
+use crate::observe::meters;
 
 /// Writes an approver's decision and commits.
 pub async fn decide(

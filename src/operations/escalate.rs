@@ -14,7 +14,7 @@ use crate::domain::escalation::{Escalation, Ladder};
 use crate::domain::policy::{Prejudged, Rule, Ruling, Subject, evaluate};
 use crate::domain::{Call, EventKind, NewBatch, Timestamp};
 use crate::error::Result;
-use crate::meters;
+use crate::observe::meters;
 
 /// Starts the escalation of each call this submit stored and left pending: the ladder of the
 /// ask rule that sent it to a human if that rule has one, else the batch's default ladder.

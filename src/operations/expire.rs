@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::tx::{Transactions, WriteTx, complete_batches};
 use crate::domain::{Call, DecidedBy, OutcomeKind, Timestamp, ToolResultTexts};
 use crate::error::Result;
-use crate::meters;
+use crate::observe::meters;
 
 /// Expires every call due at `now`, a chunk per transaction. Returns them, decided.
 pub async fn expire_due(

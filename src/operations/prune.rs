@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use super::tx::{Transactions, WriteTx};
 use crate::domain::Timestamp;
 use crate::error::Result;
-use crate::meters;
+use crate::observe::meters;
 
 /// A position in the walk over decided calls, oldest decision first.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -26,7 +26,7 @@ use crate::domain::{
     SubmitItem, SubmitReport, SubmitResult, Timestamp, ToolResultTexts,
 };
 use crate::error::{Error, Result};
-use crate::meters;
+use crate::observe::meters;
 
 /// Stores a batch and commits.
 pub async fn submit(

@@ -40,7 +40,7 @@ use crate::domain::{
     ToolResultTexts,
 };
 use crate::error::{Error, Result};
-use crate::meters;
+use crate::observe::meters;
 use crate::operations::{PolicyTx, Transactions, WriteTx, cancel, decide, submit};
 
 /// The most writes one transaction takes. Bounds how long the first of them waits for the last.

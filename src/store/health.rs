@@ -106,7 +106,7 @@ fn count_storage_error(err: &Error) {
         }
         None => return,
     };
-    crate::meters::store_error(fault);
+    crate::observe::meters::store_error(fault);
 }
 
 /// A store whose results feed a [`StorageHealth`]. Everything else passes straight through.

@@ -84,7 +84,7 @@ impl<
 {
 }
 
-/// Slack app mode (`crate::slack`): which message each call was posted as, and by which broker
+/// Slack app mode (`crate::surface::slack`): which message each call was posted as, and by which broker
 /// process, so one process of a fleet posts each call and its message is updated after a restart.
 #[async_trait]
 pub trait SlackMessages: Backend {
@@ -104,7 +104,7 @@ pub trait SlackMessages: Backend {
     async fn slack_message(&self, key: &CallKey) -> Result<Option<StoredSlackMessage>>;
 }
 
-/// Web Push subscriptions (`crate::push`): kept per approver, read whole by the sender.
+/// Web Push subscriptions (`crate::background::push`): kept per approver, read whole by the sender.
 #[async_trait]
 pub trait PushSubscriptions: Backend {
     /// Keeps `subscription`, replacing one with the same endpoint.

@@ -1,5 +1,5 @@
 //! Web Push subscriptions as stored (`push_subscriptions`, migrations 0022 SQLite / 0026
-//! Postgres): plain text columns both backends read and write alike; `crate::push` validates
+//! Postgres): plain text columns both backends read and write alike; `crate::background::push` validates
 //! them before they are written and turns them into what it sends.
 
 /// One browser's subscription, kept for the approver who added it.

@@ -2,7 +2,7 @@
 //! message each call was posted as, and which broker process posted it. The SQL is written once
 //! for both backends (parameters in the order they appear, as SQLite numbers them).
 
-/// A call's Slack message, as `crate::slack` claimed and recorded it.
+/// A call's Slack message, as `crate::surface::slack` claimed and recorded it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredSlackMessage {
     /// The broker process that claimed the posting.

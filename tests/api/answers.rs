@@ -6,8 +6,8 @@
 //! (never a chained command), a path under a directory or a URL's host, previewed before it is
 //! saved by the very code that saves it.
 
-use approval_broker::auth::hash_token;
 use approval_broker::config::Config;
+use approval_broker::door::auth::hash_token;
 use approval_broker::proto::v1 as pb;
 use base64::Engine;
 use tonic::Code;

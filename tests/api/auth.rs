@@ -2,8 +2,8 @@
 //! PERMISSION_DENIED, health stays open, agents own their sessions (same ids never collide or
 //! leak between agents), and the approver recorded in an outcome comes from the token.
 
-use approval_broker::auth::hash_token;
 use approval_broker::config::Config;
+use approval_broker::door::auth::hash_token;
 use approval_broker::proto::v1 as pb;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;

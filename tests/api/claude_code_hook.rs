@@ -478,8 +478,8 @@ async fn with_authentication_the_hook_submits_as_its_token_and_a_bad_token_fails
     let app = spawn_app_on(Backend::Sqlite, |config| {
         config.auth.tokens = Some(format!(
             "agent claude-code {}; approver alice {}",
-            approval_broker::auth::hash_token(AGENT),
-            approval_broker::auth::hash_token(ALICE)
+            approval_broker::door::auth::hash_token(AGENT),
+            approval_broker::door::auth::hash_token(ALICE)
         ));
     })
     .await;

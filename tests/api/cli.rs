@@ -142,7 +142,7 @@ fn hash_token_prints_the_line_to_configure_a_token_with() {
         .expect("run");
     assert!(output.status.success());
     let printed = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    assert_eq!(printed, approval_broker::auth::hash_token("s3cret"));
+    assert_eq!(printed, approval_broker::door::auth::hash_token("s3cret"));
     assert!(printed.starts_with("sha256:") && printed.len() == 7 + 64);
 
     let mut child = broker()
@@ -267,7 +267,7 @@ fn a_token_source_that_holds_no_token_stops_the_broker_instead_of_turning_auth_o
 
 #[test]
 fn the_same_token_under_two_roles_stops_the_broker() {
-    let hash = approval_broker::auth::hash_token("shared-secret");
+    let hash = approval_broker::door::auth::hash_token("shared-secret");
     let dir = tempfile::tempdir().expect("dir");
     let file = dir.path().join("tokens");
     std::fs::write(&file, format!("agent bot {hash}\n")).expect("write");

@@ -542,7 +542,7 @@ async fn with_tokens_connections_that_never_authenticate_cannot_push_out_those_t
         config.connections.handshake_timeout = Duration::from_secs(600);
         config.auth.tokens = Some(format!(
             "approver alice {}",
-            approval_broker::auth::hash_token(TOKEN)
+            approval_broker::door::auth::hash_token(TOKEN)
         ));
     })
     .await;

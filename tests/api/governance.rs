@@ -13,9 +13,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use approval_broker::auth::hash_token;
 use approval_broker::config::Config;
 use approval_broker::domain::policy::Approvers;
+use approval_broker::door::auth::hash_token;
 use approval_broker::proto::v1 as pb;
 use tonic::transport::Channel;
 

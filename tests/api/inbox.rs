@@ -6,8 +6,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use approval_broker::auth::hash_token;
 use approval_broker::config::Config;
+use approval_broker::door::auth::hash_token;
 use approval_broker::proto::v1 as pb;
 use prost::Message as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};

@@ -10,9 +10,9 @@ use std::io::{Read as _, Write as _};
 use std::net::TcpListener;
 use std::sync::LazyLock;
 
-use approval_broker::auth::hash_token;
 use approval_broker::config::Config;
 use approval_broker::domain::policy::Approvers;
+use approval_broker::door::auth::hash_token;
 use approval_broker::proto::v1 as pb;
 use serde_json::{Value, json};
 use tonic::Code;

@@ -1,7 +1,7 @@
 //! Mints JWTs for the tests, as an identity provider would (and as an attacker would): ES256
 //! and Ed25519 keys generated here, RS256 from the committed fixtures in tests/fixtures/jwt,
 //! their JWKS, and forged tokens (`alg: none`, HS256 keyed with a public key). Shared by the
-//! verifier's unit tests (`src/auth/jwt/tests.rs`) and the black-box tests in `jwt.rs`.
+//! verifier's unit tests (`src/door/auth/jwt/tests.rs`) and the black-box tests in `jwt.rs`.
 
 #![allow(dead_code)]
 

@@ -197,7 +197,7 @@ async fn a_client_that_stops_answering_is_noticed_and_its_stream_released(app: T
 
 async fn one_agent_stream_follows_a_bounded_number_of_sessions(app: TestApp) {
     let mut stream = AgentStream::open(&app).await;
-    let max = approval_broker::grpc::agent::MAX_FOLLOWED_SESSIONS;
+    let max = approval_broker::surface::grpc::agent::MAX_FOLLOWED_SESSIONS;
     for i in 0..=max {
         let resume = pb::agent_request::Request::Resume(pb::ResumeRequest {
             session_id: format!("s{i}"),

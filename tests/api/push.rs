@@ -25,8 +25,8 @@ use ring::signature::{
 use tokio::net::TcpListener;
 use tonic::Code;
 
-use approval_broker::auth::hash_token;
 use approval_broker::config::Config;
+use approval_broker::door::auth::hash_token;
 use approval_broker::proto::v1 as pb;
 use approval_broker::proto::v1::agent_service_client::AgentServiceClient;
 
@@ -208,7 +208,7 @@ fn with_push(config: &mut Config) {
     // Postgres needs the replicas' shared key; SQLite would make one beside the database.
     let dir = tempfile::tempdir().unwrap().keep();
     let key = dir.join("vapid.pem");
-    approval_broker::push::Vapid::load_or_create(&key).unwrap();
+    approval_broker::background::push::Vapid::load_or_create(&key).unwrap();
     with_push_key(config, key);
 }
 
@@ -560,7 +560,7 @@ async fn subscriptions_are_validated_and_removed_only_by_their_owner(app: TestAp
 async fn two_postgres_replicas_push_each_call_once() {
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("vapid.pem");
-    approval_broker::push::Vapid::load_or_create(&key).unwrap();
+    approval_broker::background::push::Vapid::load_or_create(&key).unwrap();
     let first = spawn_app_on(Backend::postgres(), |c| with_push_key(c, key.clone())).await;
     let second = first.replica(|c| with_push_key(c, key.clone())).await;
     let service = PushService::start().await;

@@ -4,8 +4,8 @@
 //! right after its last call, and a watch naming calls the session does not hold says so rather
 //! than waiting forever.
 
-use approval_broker::grpc::replay::PAGE;
 use approval_broker::proto::v1 as pb;
+use approval_broker::surface::grpc::replay::PAGE;
 use pb::agent_response::Response as Reply;
 use pb::watch_outcomes_response::Event as Watched;
 use tonic::Streaming;
@@ -156,7 +156,7 @@ async fn watch_outcomes_naming_calls_the_session_does_not_hold_says_so_and_waits
         "nothing more to wait for"
     );
     assert!(
-        opened.elapsed() >= approval_broker::grpc::agent::UNSUBMITTED_GRACE,
+        opened.elapsed() >= approval_broker::surface::grpc::agent::UNSUBMITTED_GRACE,
         "it waited for them to be submitted"
     );
 
@@ -214,7 +214,7 @@ async fn a_watch_opened_before_its_calls_are_submitted_gets_their_outcomes(app: 
         other => panic!("expected x's outcome, got {other:?}"),
     }
     // Decided after the grace for unsubmitted calls is over: y was submitted, so it is waited for.
-    tokio::time::sleep(approval_broker::grpc::agent::UNSUBMITTED_GRACE).await;
+    tokio::time::sleep(approval_broker::surface::grpc::agent::UNSUBMITTED_GRACE).await;
     approve(&app, "later", "y").await;
     match next_watched(&mut stream).await {
         Some(Watched::Outcome(o)) => assert_eq!(o.call_id, "y"),

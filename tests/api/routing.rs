@@ -4,9 +4,9 @@
 //! call they submitted; Explain says who may decide; and on two replicas the last approval
 //! racing a denial has one winner.
 
-use approval_broker::auth::hash_token;
 use approval_broker::config::Config;
 use approval_broker::domain::policy::Approvers;
+use approval_broker::door::auth::hash_token;
 use approval_broker::proto::v1 as pb;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;

@@ -369,8 +369,8 @@ async fn every_rpc_is_counted_by_method_and_code_and_each_refusal_and_outcome_is
     let metrics_listen = format!("127.0.0.1:{port}");
     let tokens = format!(
         "agent build-bot {}\napprover alice {}",
-        approval_broker::auth::hash_token(AGENT_TOKEN),
-        approval_broker::auth::hash_token(APPROVER_TOKEN)
+        approval_broker::door::auth::hash_token(AGENT_TOKEN),
+        approval_broker::door::auth::hash_token(APPROVER_TOKEN)
     );
     // The default level: what an operator sees without asking for more.
     let broker = start_broker(

@@ -6,8 +6,8 @@
 //! resume), Decide's reply about a batch's siblings, GetOutcomes, and the admin's ListCalls,
 //! GetCall, Explain and ExportReceipts.
 
-use approval_broker::auth::hash_token;
 use approval_broker::config::Config;
+use approval_broker::door::auth::hash_token;
 use approval_broker::proto::v1 as pb;
 use tonic::{Code, Status};
 

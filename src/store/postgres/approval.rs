@@ -22,7 +22,7 @@ use super::PostgresStore;
 use crate::domain::policy::Gate;
 use crate::domain::{CallKey, DecideReport, DecidedBy, Decision, Timestamp, ToolInput, Verdict};
 use crate::error::Result;
-use crate::meters;
+use crate::observe::meters;
 use crate::operations::decide;
 use crate::store::rows::call_from_row;
 use crate::store::statements as sql;

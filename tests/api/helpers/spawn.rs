@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use approval_broker::config::Config;
-use approval_broker::{startup, telemetry};
+use approval_broker::{observe::telemetry, startup};
 use testkit::Schema;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;

@@ -1,0 +1,502 @@
+//! Slack app mode: each pending call posted to the channel its route names, with Approve, Deny
+//! and Open buttons; the message updated when the call is decided anywhere; reminders,
+//! escalations and recorded votes threaded under it; and the buttons answered through the one
+//! gate (`Broker::decide`), as the approver the Slack user is mapped to.
+//!
+//! - this file: the settings, the `--slack-file` (channels and people), and the poster, which
+//!   reads the committed event log (as webhook delivery does), so Slack being slow or down never
+//!   slows a decision: posting happens after the fact, retried a bounded number of times;
+//! - `blocks`: the messages (Block Kit, escaped, bounded); `api`: the Web API client;
+//! - `signature`: `X-Slack-Signature` and replays; `interactivity`: the HTTP endpoint Slack
+//!   POSTs clicks to, on the gRPC port.
+//!
+//! Nothing here ever decides a call itself: a click becomes a `Decision` whose approver and
+//! groups come from the configured mapping, and the broker's gate judges it like any other.
+
+pub mod api;
+pub mod blocks;
+pub mod interactivity;
+pub mod signature;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::background::events::Feed;
+use crate::background::webhooks::egress::EgressPolicy;
+use crate::domain::identity::Identity;
+use crate::domain::policy::group_name;
+use crate::domain::{Call, CallKey, CallQuery, Event, EventKind, Status};
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+use self::api::WebApi;
+use self::signature::Verifier;
+
+/// Slack's Web API, unless `--slack-api-url` says otherwise (tests: a loopback server).
+pub const DEFAULT_API_URL: &str = "https://slack.com/api";
+
+/// Which channel a call goes to: the first route whose every named field matches the call
+/// (its workspace, its tool, a group of its requirement); a field left out matches any call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub channel: String,
+    pub workspace: Option<String>,
+    pub tool: Option<String>,
+    pub group: Option<String>,
+}
+
+impl Route {
+    fn matches(&self, call: &Call) -> bool {
+        let groups: &[String] = call
+            .approval
+            .as_ref()
+            .map_or(&[], |a| &a.requirement.approvers.groups);
+        self.workspace.as_ref().is_none_or(|w| *w == call.workspace)
+            && self.tool.as_ref().is_none_or(|t| t == call.tool.as_str())
+            && self.group.as_ref().is_none_or(|g| groups.contains(g))
+    }
+}
+
+/// A person who may decide from Slack: their Slack user id (or the email `users.info` gives for
+/// it), the approver identity they are (canonical, like every identity), and their groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlackPerson {
+    pub slack_user: Option<String>,
+    pub email: Option<String>,
+    pub identity: String,
+    pub groups: Vec<String>,
+}
+
+/// Everything Slack app mode needs, parsed and checked at start.
+#[derive(Clone)]
+pub struct SlackSettings {
+    pub api_url: String,
+    pub bot_token: String,
+    pub signing_secret: String,
+    pub routes: Vec<Route>,
+    pub people: Vec<SlackPerson>,
+    /// The inbox's base URL, for the Open button (`--webhooks-inbox-url`).
+    pub inbox_url: Option<String>,
+    pub timeout: Duration,
+    pub retry_min: Duration,
+    pub retry_max: Duration,
+    /// Attempts at one Web API call before it is given up (logged).
+    pub attempts: u32,
+    pub egress: Arc<EgressPolicy>,
+}
+
+impl std::fmt::Debug for SlackSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlackSettings")
+            .field("api_url", &self.api_url)
+            .field("routes", &self.routes)
+            .field("people", &self.people.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads `--slack-file`: `{"channels": [{"channel", "workspace"?, "tool"?, "group"?}],
+/// "people": [{"slack_user"? , "email"?, "identity", "groups"?}]}`. Errors name the entry.
+pub fn parse_file(text: &str) -> Result<(Vec<Route>, Vec<SlackPerson>)> {
+    let value: Value = crate::domain::json::parse("slack file", text)?;
+    let object = value
+        .as_object()
+        .ok_or_else(|| Error::invalid("slack file", "must be a JSON object"))?;
+    for key in object.keys() {
+        if key != "channels" && key != "people" {
+            return Err(Error::invalid(
+                "slack file",
+                format!("unknown key `{key}` (expected `channels` and `people`)"),
+            ));
+        }
+    }
+    let list = |name: &str| -> Result<Vec<Value>> {
+        match object.get(name) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => Ok(items.clone()),
+            Some(_) => Err(Error::invalid(name, "must be a list")),
+        }
+    };
+    let text_field = |entry: &Value, at: &str, key: &str| -> Result<Option<String>> {
+        match entry.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if !s.trim().is_empty() => Ok(Some(s.trim().to_owned())),
+            Some(_) => Err(Error::invalid(
+                format!("{at}.{key}"),
+                "must be a non-empty string",
+            )),
+        }
+    };
+    let check_keys = |entry: &Value, at: &str, known: &[&str]| -> Result<()> {
+        let object = entry
+            .as_object()
+            .ok_or_else(|| Error::invalid(at, "must be an object"))?;
+        match object.keys().find(|k| !known.contains(&k.as_str())) {
+            Some(key) => Err(Error::invalid(
+                at,
+                format!("unknown key `{key}` (known: {})", known.join(", ")),
+            )),
+            None => Ok(()),
+        }
+    };
+    let mut routes = Vec::new();
+    for (i, entry) in list("channels")?.iter().enumerate() {
+        let at = format!("channels[{i}]");
+        check_keys(entry, &at, &["channel", "workspace", "tool", "group"])?;
+        let channel = text_field(entry, &at, "channel")?
+            .ok_or_else(|| Error::invalid(format!("{at}.channel"), "is required"))?;
+        if !channel
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '#')
+        {
+            return Err(Error::invalid(
+                format!("{at}.channel"),
+                "a channel id (C0123ABC) or name (#approvals)",
+            ));
+        }
+        let group = match text_field(entry, &at, "group")? {
+            Some(g) => Some(group_name(&format!("{at}.group"), &g)?),
+            None => None,
+        };
+        routes.push(Route {
+            channel,
+            workspace: text_field(entry, &at, "workspace")?,
+            tool: text_field(entry, &at, "tool")?,
+            group,
+        });
+    }
+    let mut people: Vec<SlackPerson> = Vec::new();
+    for (i, entry) in list("people")?.iter().enumerate() {
+        let at = format!("people[{i}]");
+        check_keys(entry, &at, &["slack_user", "email", "identity", "groups"])?;
+        let slack_user = text_field(entry, &at, "slack_user")?;
+        let email = text_field(entry, &at, "email")?.map(|e| e.to_lowercase());
+        if slack_user.is_none() && email.is_none() {
+            return Err(Error::invalid(
+                &at,
+                "needs `slack_user` (U0123ABC) or `email`",
+            ));
+        }
+        let typed = text_field(entry, &at, "identity")?
+            .ok_or_else(|| Error::invalid(format!("{at}.identity"), "is required"))?;
+        let identity = Identity::parse(&format!("{at}.identity"), &typed)?.into_string();
+        let mut groups = Vec::new();
+        match entry.get("groups") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(names)) => {
+                for (j, name) in names.iter().enumerate() {
+                    let field = format!("{at}.groups[{j}]");
+                    let name = name
+                        .as_str()
+                        .ok_or_else(|| Error::invalid(&field, "must be a string"))?;
+                    let name = group_name(&field, name)?;
+                    if !groups.contains(&name) {
+                        groups.push(name);
+                    }
+                }
+            }
+            Some(_) => return Err(Error::invalid(format!("{at}.groups"), "must be a list")),
+        }
+        groups.sort();
+        if let Some(user) = &slack_user
+            && let Some(first) = people
+                .iter()
+                .position(|p| p.slack_user.as_ref() == Some(user))
+        {
+            return Err(Error::invalid(
+                format!("{at}.slack_user"),
+                format!("`{user}` is already mapped by people[{first}]: one person, one entry"),
+            ));
+        }
+        people.push(SlackPerson {
+            slack_user,
+            email,
+            identity,
+            groups,
+        });
+    }
+    Ok((routes, people))
+}
+
+/// Where a call's message is: its channel and timestamp (Slack's id of a message), and whether
+/// this process posted it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Posted {
+    pub channel: String,
+    pub ts: String,
+    pub ours: bool,
+}
+
+/// Slack app mode, running: the Web API client, the request verifier, and where the messages
+/// are (in the store, so a restart or another replica finds them).
+pub struct Slack {
+    settings: SlackSettings,
+    api: WebApi,
+    verifier: Verifier,
+    store: Arc<dyn Store>,
+    /// This process's name in the claims.
+    owner: String,
+}
+
+impl Slack {
+    pub fn new(settings: SlackSettings, store: Arc<dyn Store>) -> Arc<Self> {
+        let api = WebApi::new(
+            &settings.api_url,
+            settings.bot_token.clone(),
+            settings.timeout,
+            Arc::clone(&settings.egress),
+        );
+        let verifier = Verifier::new(&settings.signing_secret);
+        Arc::new(Self {
+            settings,
+            api,
+            verifier,
+            store,
+            owner: uuid::Uuid::new_v4().simple().to_string(),
+        })
+    }
+
+    /// The channel a call goes to, if a route names one.
+    fn channel_for(&self, call: &Call) -> Option<&str> {
+        self.settings
+            .routes
+            .iter()
+            .find(|r| r.matches(call))
+            .map(|r| r.channel.as_str())
+    }
+
+    /// The message of `key`, once Slack answered its post.
+    async fn posted(&self, key: &CallKey) -> Option<Posted> {
+        match self.store.slack_message(key).await {
+            Ok(Some(stored)) if !stored.ts.is_empty() => Some(Posted {
+                ours: stored.owner == self.owner,
+                channel: stored.channel,
+                ts: stored.ts,
+            }),
+            Ok(_) => None,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read which Slack message a call was posted as");
+                None
+            }
+        }
+    }
+
+    /// Whether this process posts `key` (the first to claim it, in the whole fleet).
+    async fn claim(&self, key: &CallKey) -> bool {
+        let now = crate::domain::Timestamp::now();
+        let at = now.as_micros();
+        // A claim older than every attempt of a post could take is one whose post failed.
+        let longest = (self.settings.timeout + self.settings.retry_max) * self.settings.attempts;
+        let stale_before = at - longest.as_micros() as i64;
+        match self
+            .store
+            .claim_slack_message(key, &self.owner, at, stale_before)
+            .await
+        {
+            Ok(claimed) => claimed,
+            Err(error) => {
+                tracing::warn!(%error, "cannot claim a call's Slack message; not posting it");
+                false
+            }
+        }
+    }
+
+    /// Posts the calls pending now that no broker posted (submitted while none ran Slack app
+    /// mode, or while this one was down), then posts, updates and threads from the committed
+    /// events `feed` yields, until it ends. A call both pending now and in the feed is posted
+    /// once: the claim decides.
+    pub async fn post_from(self: Arc<Self>, mut feed: Feed) {
+        self.post_pending().await;
+        loop {
+            match feed.next().await {
+                Ok(delivery) => self.tell(&delivery.event).await,
+                Err(err) => {
+                    tracing::warn!(error = %err, "the Slack poster's event feed ended");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Posts every pending call a route names and nobody claimed, oldest first.
+    async fn post_pending(&self) {
+        let mut query = CallQuery {
+            statuses: vec![Status::Pending],
+            limit: 200,
+            ..CallQuery::default()
+        };
+        loop {
+            let page = match self.store.list_calls(&query).await {
+                Ok(page) => page,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot list the pending calls to post to Slack");
+                    return;
+                }
+            };
+            for call in &page.calls {
+                self.post_new(call).await;
+            }
+            match page.next {
+                Some(next) if !page.calls.is_empty() => query.after = Some(next),
+                _ => return,
+            }
+        }
+    }
+
+    /// What one committed event does to Slack.
+    async fn tell(&self, event: &Event) {
+        let call = &event.call;
+        match event.kind {
+            EventKind::Requested => self.post_new(call).await,
+            EventKind::Resolved => {
+                let Some(posted) = self.posted(&call.key).await else {
+                    return;
+                };
+                let body = blocks::decided(call, self.settings.inbox_url.as_deref());
+                self.update(&posted, body).await;
+            }
+            EventKind::ApprovalRecorded => {
+                let Some(posted) = self.posted(&call.key).await else {
+                    return;
+                };
+                let body = blocks::pending(call, self.settings.inbox_url.as_deref());
+                self.update(&posted, body).await;
+                if posted.ours
+                    && let Some(vote) = call.approval.as_ref().and_then(|a| a.votes.last())
+                {
+                    let verb = if vote.approve { "approved" } else { "denied" };
+                    let note = format!("{} {verb}; {}", vote.approver, blocks::requirement(call));
+                    self.in_thread(&posted, &note).await;
+                }
+            }
+            EventKind::Reminded | EventKind::Escalated => {
+                // Only the poster threads, so a fleet replies once.
+                let Some(posted) = self.posted(&call.key).await.filter(|p| p.ours) else {
+                    return;
+                };
+                let what = if event.kind == EventKind::Reminded {
+                    "Reminder"
+                } else {
+                    "Escalated"
+                };
+                let waited = event
+                    .fired_step()
+                    .map(|s| format!(" for {}", humantime::format_duration(s.after)))
+                    .unwrap_or_default();
+                let note = format!("{what}: this call is still waiting{waited}.");
+                self.in_thread(&posted, &note).await;
+            }
+        }
+    }
+
+    /// Posts a pending call to the channel its route names, if this process claims it first.
+    async fn post_new(&self, call: &Call) {
+        let Some(channel) = self.channel_for(call) else {
+            return;
+        };
+        if !self.claim(&call.key).await {
+            return;
+        }
+        let mut body = blocks::pending(call, self.settings.inbox_url.as_deref());
+        body["channel"] = json!(channel);
+        body["unfurl_links"] = json!(false);
+        body["unfurl_media"] = json!(false);
+        if let Some(answer) = self.call_with_retries("chat.postMessage", &body).await {
+            let channel = answer["channel"].as_str().unwrap_or(channel);
+            let ts = answer["ts"].as_str().unwrap_or_default();
+            if let Err(error) = self
+                .store
+                .record_slack_message(&call.key, channel, ts)
+                .await
+            {
+                tracing::warn!(%error, "cannot store which Slack message a call was posted as");
+            }
+        }
+    }
+
+    async fn update(&self, posted: &Posted, mut body: Value) {
+        body["channel"] = json!(posted.channel);
+        body["ts"] = json!(posted.ts);
+        self.call_with_retries("chat.update", &body).await;
+    }
+
+    async fn in_thread(&self, posted: &Posted, note: &str) {
+        let mut body = blocks::thread_note(note);
+        body["channel"] = json!(posted.channel);
+        body["thread_ts"] = json!(posted.ts);
+        self.call_with_retries("chat.postMessage", &body).await;
+    }
+
+    /// Calls `method`, retrying failures with a doubling backoff up to `attempts` in all; the
+    /// answer, or `None` (logged) when every attempt failed.
+    async fn call_with_retries(&self, method: &str, body: &Value) -> Option<Value> {
+        let mut wait = self.settings.retry_min;
+        for attempt in 1..=self.settings.attempts.max(1) {
+            match self.api.call(method, body).await {
+                Ok(answer) => return Some(answer),
+                Err(error) if attempt < self.settings.attempts => {
+                    tracing::warn!(%method, %error, attempt, "Slack Web API call failed; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(self.settings.retry_max);
+                }
+                Err(error) => {
+                    tracing::warn!(%method, %error, attempt, "Slack Web API call failed; given up");
+                }
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_slack_file_is_read_with_identities_canonical_and_groups_sorted() {
+        let (routes, people) = parse_file(
+            r##"{"channels": [{"channel": "C1", "workspace": "payments"}, {"channel": "#ops", "group": "ops"}],
+                "people": [{"slack_user": "U1", "identity": "Alice", "groups": ["ops", "dev", "ops"]},
+                           {"email": "Bob@Example.com", "identity": "bob"}]}"##,
+        )
+        .unwrap();
+        assert_eq!(routes.len(), 2);
+        assert_eq!(routes[1].group.as_deref(), Some("ops"));
+        assert_eq!(people[0].identity, "alice");
+        assert_eq!(people[0].groups, vec!["dev", "ops"]);
+        assert_eq!(people[1].email.as_deref(), Some("bob@example.com"));
+    }
+
+    #[test]
+    fn a_wrong_slack_file_is_refused_naming_the_entry() {
+        for (text, names) in [
+            (r#"{"channel": []}"#, "unknown key `channel`"),
+            (
+                r#"{"channels": [{"workspace": "x"}]}"#,
+                "channels[0].channel",
+            ),
+            (
+                r#"{"channels": [{"channel": "<!here>"}]}"#,
+                "channels[0].channel",
+            ),
+            (r#"{"people": [{"identity": "a"}]}"#, "people[0]"),
+            (
+                r#"{"people": [{"slack_user": "U1", "identity": "a,b"}]}"#,
+                "people[0].identity",
+            ),
+            (
+                r#"{"people": [{"slack_user": "U1", "identity": "a", "groups": ["o p"]}]}"#,
+                "people[0].groups[0]",
+            ),
+            (
+                r#"{"people": [{"slack_user": "U1", "identity": "a"}, {"slack_user": "U1", "identity": "b"}]}"#,
+                "already mapped by people[0]",
+            ),
+        ] {
+            let error = parse_file(text).unwrap_err().to_string();
+            assert!(error.contains(names), "{text}: {error}");
+        }
+    }
+}
