@@ -7,7 +7,9 @@
 //! cannot be reached or written (Postgres down, a file made read-only or deleted, I/O errors, a
 //! corrupt page) is UNAVAILABLE, a full disk RESOURCE_EXHAUSTED, each with a message a client can
 //! act on (retry later) and no internal detail. Neither is INTERNAL: the broker did nothing wrong,
-//! and a client should retry, not report a bug.
+//! and a client should retry, not report a bug. Which driver error is which fault is read once,
+//! at the store's edge (`store::fault`), so this type (and `domain/`, which uses it) depends on
+//! no database driver.
 
 use tonic::{Code, Status};
 
@@ -43,13 +45,18 @@ pub enum Error {
          subscribe without after_seq for a fresh snapshot"
     )]
     Pruned { after: u64, through: u64 },
-    #[error("storage error: {0}")]
-    Storage(#[from] sqlx::Error),
-    /// From SQLite's writer, which runs its statements itself (see `store::sqlite::write`).
-    #[error("storage error: {0}")]
-    SqliteWrite(#[from] rusqlite::Error),
+    /// An error of the database, as the store read it at its edge (`store::fault`, the one
+    /// place that knows the drivers): the driver's text for the log, the kind of storage fault
+    /// it is (if any), and whether the database aborted the transaction to break a deadlock or
+    /// a serialization conflict. Nothing here depends on a driver.
+    #[error("storage error: {cause}")]
+    Storage {
+        cause: String,
+        fault: Option<StorageFault>,
+        conflict: bool,
+    },
     #[error("migration error: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    Migrate(String),
     /// A storage fault the broker found itself (a database file deleted while it ran) or kept
     /// from a failed commit; `cause` is for the log.
     #[error("storage fault ({fault}): {cause}")]
@@ -115,16 +122,12 @@ impl Error {
         }
     }
 
-    /// Which storage fault this is, if it is one. The one classification of both backends'
-    /// errors: SQLite's result codes (from rusqlite or sqlx), Postgres's SQLSTATEs, and the
-    /// connection pool's own failures.
+    /// Which storage fault this is, if it is one (classified by `store::fault`: SQLite's result
+    /// codes, Postgres's SQLSTATEs, and the connection pool's own failures).
     pub fn storage_fault(&self) -> Option<StorageFault> {
         match self {
             Error::StorageFault { fault, .. } => Some(*fault),
-            Error::SqliteWrite(rusqlite::Error::SqliteFailure(failure, _)) => {
-                sqlite_fault(failure.code)
-            }
-            Error::Storage(err) => sqlx_fault(err),
+            Error::Storage { fault, .. } => *fault,
             _ => None,
         }
     }
@@ -133,12 +136,7 @@ impl Error {
     /// conflict (Postgres's SQLSTATE 40P01 or 40001): the transaction did nothing wrong, and the
     /// same work run again in a new one may well succeed.
     pub fn is_transaction_conflict(&self) -> bool {
-        match self {
-            Error::Storage(sqlx::Error::Database(db)) => db
-                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
-                .is_some_and(|pg| matches!(pg.code(), "40P01" | "40001")),
-            _ => false,
-        }
+        matches!(self, Error::Storage { conflict: true, .. })
     }
 
     /// The gRPC code this error maps to.
@@ -158,8 +156,7 @@ impl Error {
             Error::PermissionDenied(_) => Code::PermissionDenied,
             Error::Unavailable(_) => Code::Unavailable,
             Error::Pruned { .. } => Code::OutOfRange,
-            Error::Storage(_)
-            | Error::SqliteWrite(_)
+            Error::Storage { .. }
             | Error::Migrate(_)
             | Error::StorageFault { .. }
             | Error::Internal(_) => Code::Internal,
@@ -194,69 +191,6 @@ impl Error {
     }
 }
 
-/// SQLite's primary result codes that mean the storage, not the statement, is at fault.
-fn sqlite_fault(code: rusqlite::ErrorCode) -> Option<StorageFault> {
-    use rusqlite::ErrorCode as C;
-    match code {
-        C::DiskFull => Some(StorageFault::Full),
-        C::ReadOnly
-        | C::CannotOpen
-        | C::SystemIoFailure
-        | C::PermissionDenied
-        | C::DatabaseBusy
-        | C::DatabaseLocked
-        | C::NoLargeFileSupport => Some(StorageFault::Unavailable),
-        C::DatabaseCorrupt | C::NotADatabase => Some(StorageFault::Corrupt),
-        _ => None,
-    }
-}
-
-fn sqlx_fault(err: &sqlx::Error) -> Option<StorageFault> {
-    match err {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => Some(StorageFault::Unavailable),
-        sqlx::Error::Database(db) => {
-            if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
-                postgres_fault(pg.code())
-            } else if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
-                let extended: i32 = db.code()?.parse().ok()?;
-                sqlite_fault(rusqlite::ffi::Error::new(extended).code)
-            } else {
-                None
-            }
-        }
-        _ => None,
-    }
-}
-
-/// Postgres SQLSTATEs that mean the server, not the statement, is at fault
-/// (<https://www.postgresql.org/docs/current/errcodes-appendix.html>).
-fn postgres_fault(sqlstate: &str) -> Option<StorageFault> {
-    match sqlstate {
-        "53100" => Some(StorageFault::Full), // disk_full
-        // data_corrupted, index_corrupted
-        "XX001" | "XX002" => Some(StorageFault::Corrupt),
-        // admin_shutdown, crash_shutdown, cannot_connect_now, database_dropped;
-        // read_only_sql_transaction (a standby, or a database set read-only); the broker's
-        // role refused (invalid authorization, no privilege on its schema)
-        "57P01" | "57P02" | "57P03" | "57P04" | "25006" | "28000" | "28P01" | "42501" => {
-            Some(StorageFault::Unavailable)
-        }
-        // Classes 08 (connection exception), 53 (insufficient resources: out of memory, too many
-        // connections), 58 (system error: I/O).
-        _ if sqlstate.starts_with("08")
-            || sqlstate.starts_with("53")
-            || sqlstate.starts_with("58") =>
-        {
-            Some(StorageFault::Unavailable)
-        }
-        _ => None,
-    }
-}
-
 impl From<Error> for Status {
     fn from(err: Error) -> Self {
         Status::new(err.code(), err.client_message())
@@ -269,9 +203,11 @@ mod tests {
 
     #[test]
     fn internal_causes_go_to_the_log_never_to_the_client() {
-        let cause = Error::Storage(sqlx::Error::Protocol(
-            "secret table calls_v2 is corrupt".into(),
-        ));
+        let cause = Error::Storage {
+            cause: "secret table calls_v2 is corrupt".into(),
+            fault: None,
+            conflict: false,
+        };
         let status = Status::from(cause);
         assert_eq!(status.code(), Code::Internal);
         assert!(!status.message().contains("secret"), "{}", status.message());
@@ -279,78 +215,5 @@ mod tests {
         // A client's own mistake is told as it is, naming the field.
         let status = Status::from(Error::invalid("batch.session_id", "must not be empty"));
         assert_eq!(status.message(), "batch.session_id: must not be empty");
-    }
-
-    fn sqlite(code: i32) -> Error {
-        Error::SqliteWrite(rusqlite::Error::SqliteFailure(
-            rusqlite::ffi::Error::new(code),
-            Some("/var/lib/approvals/approvals.db: details for the log".into()),
-        ))
-    }
-
-    /// Every storage fault reaches the client as something to retry (UNAVAILABLE) or a full
-    /// disk (RESOURCE_EXHAUSTED), with a message that says so and no internal detail; never
-    /// as INTERNAL.
-    #[test]
-    fn storage_faults_are_unavailable_or_resource_exhausted_never_internal() {
-        use rusqlite::ffi;
-        let unavailable = [
-            sqlite(ffi::SQLITE_READONLY),
-            sqlite(ffi::SQLITE_CANTOPEN),
-            sqlite(ffi::SQLITE_IOERR_WRITE),
-            sqlite(ffi::SQLITE_IOERR_FSYNC),
-            sqlite(ffi::SQLITE_BUSY),
-            sqlite(ffi::SQLITE_CORRUPT),
-            sqlite(ffi::SQLITE_NOTADB),
-            Error::Storage(sqlx::Error::PoolTimedOut),
-            Error::Storage(sqlx::Error::Io(std::io::Error::from(
-                std::io::ErrorKind::ConnectionRefused,
-            ))),
-            Error::StorageFault {
-                fault: StorageFault::Unavailable,
-                cause: "the database file /x.db was deleted".into(),
-            },
-        ];
-        for err in unavailable {
-            let text = err.to_string();
-            let status = Status::from(err);
-            assert_eq!(status.code(), Code::Unavailable, "{text}");
-            assert_eq!(status.message(), STORAGE_UNAVAILABLE, "{text}");
-        }
-        for err in [
-            sqlite(ffi::SQLITE_FULL),
-            Error::not_committed(&sqlite(ffi::SQLITE_FULL)),
-        ] {
-            let status = Status::from(err);
-            assert_eq!(status.code(), Code::ResourceExhausted);
-            assert_eq!(status.message(), STORAGE_FULL);
-        }
-        // A commit that failed for a storage fault keeps its kind; for anything else it stays
-        // internal.
-        let failed = Error::not_committed(&sqlite(ffi::SQLITE_IOERR));
-        assert_eq!(failed.code(), Code::Unavailable);
-        assert!(failed.to_string().contains("not committed"), "{failed}");
-        let failed = Error::not_committed(&sqlite(ffi::SQLITE_CONSTRAINT_FOREIGNKEY));
-        assert_eq!(failed.code(), Code::Internal);
-        // A statement's own fault is no storage fault.
-        assert_eq!(sqlite(ffi::SQLITE_CONSTRAINT).code(), Code::Internal);
-    }
-
-    #[test]
-    fn postgres_faults_are_classified_by_sqlstate() {
-        assert_eq!(postgres_fault("53100"), Some(StorageFault::Full));
-        for sqlstate in [
-            "57P01", "57P02", "57P03", "08006", "08001", "25006", "53300", "58030", "28000",
-        ] {
-            assert_eq!(
-                postgres_fault(sqlstate),
-                Some(StorageFault::Unavailable),
-                "{sqlstate}"
-            );
-        }
-        assert_eq!(postgres_fault("XX001"), Some(StorageFault::Corrupt));
-        // Unique violations and serialization failures are the statement's, not the storage's.
-        assert_eq!(postgres_fault("23505"), None);
-        assert_eq!(postgres_fault("40001"), None);
     }
 }

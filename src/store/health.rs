@@ -99,7 +99,7 @@ fn count_storage_error(err: &Error) {
         Some(StorageFault::Corrupt) => "corrupt",
         None if matches!(
             err,
-            Error::Storage(_) | Error::SqliteWrite(_) | Error::Migrate(_) | Error::Internal(_)
+            Error::Storage { .. } | Error::Migrate(_) | Error::Internal(_)
         ) =>
         {
             "other"

@@ -7,6 +7,7 @@
 //! and adds only what it does differently.
 
 mod database;
+mod fault;
 mod group_commit;
 pub mod health;
 mod listing;
