@@ -59,6 +59,8 @@ pub struct Config {
     pub links: crate::door::links::LinkFlags,
     #[command(flatten)]
     pub slack: SlackFlags,
+    #[command(flatten)]
+    pub passkeys: crate::door::passkeys::PasskeyFlags,
 }
 
 /// What happens to calls nobody answers (see `domain::escalation`).

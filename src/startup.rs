@@ -50,6 +50,13 @@ pub async fn run(
     let slack_settings = config.slack()?;
     let default_escalation = config.escalation_ladder()?;
     let reply_limit = config.reply_limit()?;
+    // Who the broker is to passkeys (docs/identity.md, "Passkeys"): an origin no browser would
+    // accept for its relying party stops the broker here.
+    let relying_party = Arc::new(config.passkeys.relying_party(
+        config.webhooks.inbox_url.as_deref(),
+        listener.local_addr().map_or(0, |address| address.port()),
+        config.serve.tls_cert.is_some(),
+    )?);
     let database = config.store.database()?;
     // Held until the server stops (or its task is dropped): one broker per SQLite file.
     let _only_broker = store::claim(&database)?;
@@ -141,7 +148,8 @@ pub async fn run(
         .with_webhooks(Arc::clone(&dispatcher))
         .with_default_escalation(default_escalation)
         .with_receipt_key(public_key)
-        .with_retired_receipt_keys(&retired_keys);
+        .with_retired_receipt_keys(&retired_keys)
+        .with_passkeys(relying_party);
     if let Some(dir) = backup_dir(&config, &database) {
         broker = broker.with_backup_dir(dir);
     }

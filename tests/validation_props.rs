@@ -725,6 +725,7 @@ proptest! {
             matcher: kind.clone().map(|kind| pb::InputMatcher { kind: Some(kind) }),
             grant_expires_in: expires.map(|seconds| prost_types::Duration { seconds, nanos: 0 }),
             response: String::new(),
+            passkey: None,
         };
         let once = scope == 0 || scope == 1;
         let fault = if !(agent.is_empty() || is_id(&agent, MAX_ID)) {

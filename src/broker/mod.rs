@@ -38,6 +38,7 @@ use crate::store::Store;
 
 mod lifecycle;
 mod links;
+mod passkeys;
 mod policy;
 mod prejudge;
 mod reads;
@@ -46,6 +47,7 @@ mod rule_replay;
 mod webhooks;
 
 pub use lifecycle::{BackupName, BackupReport};
+pub use passkeys::{StepUpAsker, StepUpOffer};
 pub use prejudge::PREJUDGE_FROM_BYTES;
 pub use receipts::CheckedReceipt;
 pub use rule_replay::{REPLAY_PAGE_BUDGET, ReplayPage};
@@ -93,6 +95,8 @@ pub struct Broker {
     /// Every key its receipts verify with: the current one first, then the retired ones
     /// (`--receipt-retired-keys`), each with its window. Empty when receipts are off.
     receipt_keys: KeySet,
+    /// Who this broker is to passkeys (`passkeys.rs`); `None` where it serves none.
+    relying_party: Option<Arc<crate::domain::passkey::RelyingParty>>,
 }
 
 impl Broker {
@@ -127,6 +131,7 @@ impl Broker {
             receipt_key: None,
             receipt_keys: KeySet::default(),
             links: None,
+            relying_party: None,
         }
     }
 

@@ -130,11 +130,16 @@ fn describe(summary: &ChainSummary) -> String {
                 .join(", ")
         ),
     };
+    let passkeys = match summary.passkey_approvals {
+        0 => String::new(),
+        1 => ", and its 1 passkey-signed approval".to_owned(),
+        n => format!(", and their {n} passkey-signed approvals"),
+    };
     if summary.receipts == 1 {
-        format!("verified: receipt {} {keys}", summary.first)
+        format!("verified: receipt {} {keys}{passkeys}", summary.first)
     } else {
         format!(
-            "verified: {} receipts, sequence {} to {}, in order and unbroken, {keys}",
+            "verified: {} receipts, sequence {} to {}, in order and unbroken, {keys}{passkeys}",
             summary.receipts, summary.first, summary.last
         )
     }

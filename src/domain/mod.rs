@@ -17,6 +17,7 @@ pub mod invisible;
 pub mod json;
 mod listing;
 mod outcome;
+pub mod passkey;
 pub mod policy;
 pub mod receipt;
 pub mod time;

@@ -209,6 +209,9 @@ pub struct Decision {
     /// covers (the grant's own, rules', other grants'), judged against their inputs before the
     /// decision was queued, so the write transaction need not (see [`Prejudged`]).
     pub prejudged: HashMap<CallKey, Prejudged>,
+    /// APPROVE only: the passkey assertion a call whose requirement asks for `step_up: passkey`
+    /// needs (checked in the decision's transaction, `operations::passkeys`).
+    pub passkey: Option<std::sync::Arc<super::passkey::PasskeyVote>>,
 }
 
 impl Decision {

@@ -11,7 +11,7 @@
 use sha2::{Digest, Sha256};
 
 use super::json::{self, ArrayWriter, ObjectWriter};
-use super::{Call, Timestamp, invisible};
+use super::{Call, OutcomeKind, Timestamp, invisible};
 
 /// The DSSE payload type of every receipt.
 pub const PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
@@ -96,8 +96,9 @@ pub fn subject_name(call: &Call) -> String {
 /// `tool`, `input`, `shown` (`title`, `message`, `hiddenCharacters`), `runs` (what runs: its
 /// `digest`, whether `edited`, and its `input` when edited or not the call's own; `null` when
 /// the call does not run), `outcome`, `reason`, `decidedBy`, `times` (`requestedAt`,
-/// `decidedAt`, `deadline`); and `responded: true` only when a person answered the model with
-/// `reason` instead of running the call (`Outcome::responded`).
+/// `decidedAt`, `deadline`); `responded: true` only when a person answered the model with
+/// `reason` instead of running the call (`Outcome::responded`); and `stepUp` only on an
+/// approval whose requirement asked for passkey-signed votes (see [`write_step_up`]).
 pub fn payload(call: &Call, link: &ChainLink) -> Option<String> {
     let outcome = call.outcome.as_ref()?;
     let input = call.input.as_str();
@@ -139,6 +140,7 @@ pub fn payload(call: &Call, link: &ChainLink) -> Option<String> {
         json::write_string(&call.title, shown.key("title"));
         shown.close();
     }
+    write_step_up(call, &mut predicate);
     {
         let mut times = ObjectWriter::open(predicate.key("times"));
         let deadline = call.deadline.map(rfc3339);
@@ -198,6 +200,43 @@ fn write_runs(call: &Call, input_digest: &str, out: &mut String) {
         json::write_stored(run.as_str(), runs.key("input"));
     }
     runs.close();
+}
+
+/// Only on an approval whose requirement asks for `step_up: passkey` (so every other receipt
+/// keeps its bytes): `stepUp`, the requirement as stored (`requirement`) and each approving
+/// vote's passkey assertion with its approver (`approvals`: `approver`, `credentialId`,
+/// `publicKey` (COSE), `authenticatorData`, `clientDataJSON`, `signature`, `nonce`,
+/// `statementDigest`, `rpId`), enough to check offline that each approver's authenticator
+/// signed exactly this call and input (`receipts::verify`).
+fn write_step_up(call: &Call, predicate: &mut ObjectWriter<'_>) {
+    let Some(approval) = call
+        .approval
+        .as_ref()
+        .filter(|a| a.requirement.needs_passkey())
+    else {
+        return;
+    };
+    if call.outcome.as_ref().map(|o| o.kind) != Some(OutcomeKind::Approved) {
+        return;
+    }
+    let mut step_up = ObjectWriter::open(predicate.key("stepUp"));
+    {
+        let mut approvals = ArrayWriter::open(step_up.key("approvals"));
+        for vote in approval.votes.iter().filter(|v| v.approve) {
+            let Some(signed) = &vote.passkey else {
+                continue;
+            };
+            let mut value = signed.to_json();
+            value["approver"] = serde_json::Value::String(vote.approver.clone());
+            approvals.item().push_str(&json::canonical(&value));
+        }
+        approvals.close();
+    }
+    let requirement = super::passkey::step_up::requirement_json(&approval.requirement);
+    step_up
+        .key("requirement")
+        .push_str(&json::canonical(&requirement));
+    step_up.close();
 }
 
 /// The warnings approvers were shown about characters hiding in the call's free text (the
@@ -305,7 +344,74 @@ mod tests {
         if outcome.responded() {
             statement["predicate"]["responded"] = json!(true);
         }
+        if let Some(approval) = call
+            .approval
+            .as_ref()
+            .filter(|a| a.requirement.needs_passkey() && outcome.kind == OutcomeKind::Approved)
+        {
+            let approvals: Vec<Value> = approval
+                .votes
+                .iter()
+                .filter(|v| v.approve)
+                .filter_map(|v| {
+                    let mut value = v.passkey.as_ref()?.to_json();
+                    value["approver"] = json!(v.approver);
+                    Some(value)
+                })
+                .collect();
+            statement["predicate"]["stepUp"] = json!({
+                "approvals": approvals,
+                "requirement": serde_json::from_str::<Value>(&approval.requirement.to_stored())
+                    .unwrap(),
+            });
+        }
         Some(statement)
+    }
+
+    /// A passkey-signed approval's receipt names the requirement and every signed approving
+    /// vote (a denial's none), and is its statement in canonical form too.
+    #[test]
+    fn a_step_up_approval_carries_each_signed_vote_and_its_requirement() {
+        use crate::domain::passkey::SignedApproval;
+        use crate::domain::policy::{Approval, Approvers, Requirement, StepUp, Vote};
+        let signed = |who: &str| SignedApproval {
+            credential_id: format!("cred-{who}"),
+            public_key: "pk".into(),
+            authenticator_data: "ad".into(),
+            client_data_json: "cd".into(),
+            signature: "sig".into(),
+            nonce: "n".into(),
+            statement_digest: "d".into(),
+            rp_id: "localhost".into(),
+        };
+        let vote = |who: &str, approve: bool| Vote {
+            approver: who.into(),
+            groups: None,
+            approve,
+            reason: String::new(),
+            at: 1,
+            remember: None,
+            passkey: approve.then(|| signed(who)),
+        };
+        let mut call = decided("{}", approved(None, false));
+        call.approval = Some(Approval {
+            requirement: Requirement::default_of(&Approvers {
+                quorum: 2,
+                step_up: Some(StepUp::Passkey),
+                ..Approvers::default()
+            }),
+            votes: vec![vote("ana", true), vote("ben", true)],
+        });
+        let link = ChainLink::after(None);
+        let written = payload(&call, &link).unwrap();
+        assert_eq!(written, json::canonical(&statement(&call, &link).unwrap()));
+        let parsed: Value = serde_json::from_str(&written).unwrap();
+        let step_up = &parsed["predicate"]["stepUp"];
+        assert_eq!(step_up["approvals"][1]["approver"], "ben");
+        assert_eq!(step_up["approvals"][1]["credentialId"], "cred-ben");
+        assert_eq!(step_up["requirement"]["step_up"], "passkey");
+        call.outcome.as_mut().unwrap().kind = OutcomeKind::Denied;
+        assert!(!payload(&call, &link).unwrap().contains("stepUp"));
     }
 
     fn parse_stored(text: &str) -> Value {

@@ -6,4 +6,5 @@ pub mod auth;
 pub mod connections;
 pub mod links;
 pub mod outbound;
+pub mod passkeys;
 pub mod stream_slots;

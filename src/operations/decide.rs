@@ -6,7 +6,10 @@
 //! A call with a requirement (see [`routing`](super::routing)) is decided only by approvers it
 //! admits, never approved by who submitted it, and counts votes: a vote that does not complete
 //! it is recorded and leaves it pending (no grant, nothing skipped); the vote that completes it
-//! decides it as above, naming every approver who agreed.
+//! decides it as above, naming every approver who agreed. Where the requirement asks for
+//! `step_up: passkey`, an approving vote counts only with a passkey assertion checked here, in
+//! this transaction ([`passkeys::check_step_up`](super::passkeys::check_step_up)), and the
+//! receipt of the approval carries every such assertion.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -75,6 +78,8 @@ pub async fn decide_in(
         tx.lock_policy(&call.key.agent, &tools, true).await?;
     }
     let mut outcome = approver_outcome(&call, decision, texts, now);
+    // The call as its receipt attests it: for a step-up call, with the votes that decided it.
+    let mut signed_call = std::borrow::Cow::Borrowed(&call);
     if call.outcome.is_none()
         && let Some(deadline) = call.deadline
         && deadline <= now
@@ -100,10 +105,27 @@ pub async fn decide_in(
                 ))
                 .await?;
             }
+            // A step-up approval's assertion, checked before it may count (its challenge is
+            // taken in this transaction, so it signs this one vote).
+            let signed = if super::passkeys::needs_passkey(&call, decision) {
+                Some(super::passkeys::check_step_up(tx, &call, decision, now).await?)
+            } else {
+                None
+            };
             if call.approval.is_some() {
-                match routing::vote(tx, rowid, decision, now).await? {
-                    Voted::Resolve { by, votes } => {
+                match routing::vote(tx, rowid, decision, signed, now).await? {
+                    Voted::Resolve {
+                        by,
+                        votes,
+                        signed_votes,
+                    } => {
                         outcome.decided_by = by;
+                        // The receipt attests the signed votes that decided the call.
+                        if let Some(signed_votes) = signed_votes
+                            && let Some(approval) = &mut signed_call.to_mut().approval
+                        {
+                            approval.votes = signed_votes;
+                        }
                         if let (Some(spec), Some(remember)) = (&mut grant, &decision.remember)
                             && !votes.is_empty()
                         {
@@ -125,7 +147,7 @@ pub async fn decide_in(
             }
             // An approval without a grant resolves nothing after this call.
             let last_in_batch = approves_only(decision);
-            tx.resolve_read(rowid, &call, &outcome, last_in_batch)
+            tx.resolve_read(rowid, &signed_call, &outcome, last_in_batch)
                 .await?
                 .map(|won| (won, covered))
         }
@@ -233,7 +255,9 @@ pub async fn preview(
 /// calls it covers). Postgres writes such a decision in one statement, where the call needs none
 /// of [`decide_in`]'s other checks (see `store::postgres::approval`).
 pub fn approves_only(decision: &Decision) -> bool {
-    decision.verdict == Verdict::Approve && decision.remember.is_none()
+    decision.verdict == Verdict::Approve
+        && decision.remember.is_none()
+        && decision.passkey.is_none()
 }
 
 /// `call`, read pending, with the outcome an [`approves_only`] decision written outside

@@ -22,6 +22,7 @@ pub mod decide;
 pub mod escalate;
 pub mod expire;
 pub mod explain;
+pub mod passkeys;
 pub mod policy_admin;
 pub mod prune;
 pub mod routing;
@@ -32,4 +33,5 @@ pub mod tx;
 #[cfg(test)]
 pub(crate) mod testing;
 
+pub use passkeys::PasskeyTx;
 pub use tx::{Placement, PolicyTx, Resolved, Stored, SubmitLocks, Transactions, WriteTx};

@@ -9,6 +9,7 @@
 //! lock second reads the first one's vote or outcome.
 
 use super::tx::WriteTx;
+use crate::domain::passkey::SignedApproval;
 use crate::domain::policy::{Approval, Approvers, Gate, Requirement, Rule, Ruling, Tally, Vote};
 use crate::domain::policy::{Prejudged, Subject, evaluate};
 use crate::domain::{Call, DecidedBy, Decision, Timestamp};
@@ -80,28 +81,41 @@ pub(super) enum Voted {
     /// The call is to be resolved (the vote completes it, or needs no count), naming these
     /// deciders; or it was decided meanwhile, which resolving finds out. `votes`: the votes of
     /// the deciding verdict, in the order they were cast (empty: decided alone, no count).
-    Resolve { by: DecidedBy, votes: Vec<Vote> },
+    /// `signed_votes`: for a call whose approvals are passkey-signed, every vote as now
+    /// recorded (the receipt carries the assertions).
+    Resolve {
+        by: DecidedBy,
+        votes: Vec<Vote>,
+        signed_votes: Option<Vec<Vote>>,
+    },
     /// The call stays pending, with the votes so far; `repeated`: this vote was recorded before.
     Pending { call: Box<Call>, repeated: bool },
 }
 
-/// Counts `decision` as a vote on call `rowid`. Runs under the call's batch lock: the call is
-/// read again here, so the votes counted are every vote committed before.
+/// Counts `decision` as a vote on call `rowid` (with `signed`, the passkey assertion checked
+/// for it). Runs under the call's batch lock: the call is read again here, so the votes counted
+/// are every vote committed before.
 pub(super) async fn vote(
     tx: &mut impl WriteTx,
     rowid: i64,
     decision: &Decision,
+    signed: Option<SignedApproval>,
     now: Timestamp,
 ) -> Result<Voted> {
     let mut call = tx.load_call(rowid).await?;
     let alone = || Voted::Resolve {
         by: DecidedBy::Approver(decision.approver.clone()),
         votes: Vec::new(),
+        signed_votes: None,
     };
     let (Some(approval), None) = (&mut call.approval, &call.outcome) else {
         return Ok(alone());
     };
-    match approval.tally(Vote::new(decision, now))? {
+    let vote = Vote {
+        passkey: signed,
+        ..Vote::new(decision, now)
+    };
+    match approval.tally(vote)? {
         Tally::Repeated => Ok(Voted::Pending {
             call: Box::new(call),
             repeated: true,
@@ -125,6 +139,10 @@ pub(super) async fn vote(
             Ok(Voted::Resolve {
                 by: DecidedBy::Approver(approvers.join(",")),
                 votes,
+                signed_votes: approval
+                    .requirement
+                    .needs_passkey()
+                    .then(|| approval.votes.clone()),
             })
         }
     }

@@ -184,6 +184,7 @@ pub fn decision(verdict: Verdict, reason: &str) -> Decision {
         remember: None,
         responds: false,
         prejudged: Default::default(),
+        passkey: None,
     }
 }
 

@@ -91,9 +91,10 @@ pub struct Resolved {
     pub batch_checked: bool,
 }
 
-/// One open write transaction of a backend.
+/// One open write transaction of a backend (passkeys' primitives included: a step-up vote takes
+/// its challenge in the decision's transaction).
 #[async_trait]
-pub trait WriteTx: Send {
+pub trait WriteTx: Send + super::passkeys::PasskeyTx {
     /// Locks these batches until this transaction ends, in one statement and in sorted order.
     /// Called once, before any call of them is resolved.
     async fn lock_batches(&mut self, batches: &[&str]) -> Result<()>;

@@ -4,7 +4,9 @@
 //!
 //! The signature covers every byte of the payload, so a changed field fails on the signature;
 //! the other checks catch a receipt that a holder of the key signed wrongly (a subject digest
-//! that is not the input's, a run input that is not what its digest says).
+//! that is not the input's, a run input that is not what its digest says), and a passkey-signed
+//! approval's assertions (`stepUp`): each must be its approver's authenticator's signature over
+//! exactly this call, input and requirement, one for every approver the outcome names.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -12,7 +14,9 @@ use serde_json::Value;
 
 use super::pae;
 use super::trust::{Keys, TrustedKey};
+use crate::domain::identity::canonical;
 use crate::domain::json;
+use crate::domain::passkey::{Shown, SignedApproval};
 use crate::domain::receipt::{PAYLOAD_TYPE, PREDICATE_TYPE, STATEMENT_TYPE, sha256_hex};
 
 /// What a verified receipt says about its place and its call.
@@ -26,6 +30,8 @@ pub struct Verified {
     pub outcome: String,
     /// The id of the key whose signature verified.
     pub key_id: String,
+    /// How many passkey-signed approvals it carries, each checked (`stepUp`).
+    pub passkey_approvals: usize,
 }
 
 /// What a verified chain covers.
@@ -36,6 +42,8 @@ pub struct ChainSummary {
     pub last: u64,
     /// The keys that signed it, in the order each first signed.
     pub keys: Vec<KeyUse>,
+    /// How many passkey-signed approvals its receipts carry, each checked.
+    pub passkey_approvals: usize,
 }
 
 /// How much of a chain one key signed.
@@ -181,6 +189,7 @@ fn statement_says(statement: &Value, payload: &[u8]) -> Result<Verified, String>
             return Err("runs.digest.sha256 is not the SHA-256 of the input that runs".into());
         }
     }
+    let passkey_approvals = step_up_says(predicate)?;
     let chain = &predicate["chain"];
     let sequence = chain["sequence"]
         .as_u64()
@@ -203,7 +212,83 @@ fn statement_says(statement: &Value, payload: &[u8]) -> Result<Verified, String>
         subject: name,
         outcome: predicate["outcome"].as_str().unwrap_or_default().to_owned(),
         key_id: String::new(),
+        passkey_approvals,
     })
+}
+
+/// The checks of a passkey-signed approval (`predicate.stepUp`, absent on every other
+/// receipt): each assertion verifies, offline, as its approver's authenticator's signature over
+/// the statement this receipt's call, input and requirement make, and every approver the
+/// outcome names signed one (and nobody else). How many were checked.
+fn step_up_says(predicate: &Value) -> Result<usize, String> {
+    let Some(step_up) = predicate.get("stepUp") else {
+        return Ok(0);
+    };
+    if predicate["outcome"] != "APPROVED" {
+        return Err("stepUp is on a receipt whose outcome is not APPROVED".into());
+    }
+    let requirement = &step_up["requirement"];
+    if requirement["step_up"] != "passkey" {
+        return Err("stepUp.requirement does not ask for step_up passkey".into());
+    }
+    let runs = &predicate["runs"];
+    let input = json::canonical(runs.get("input").unwrap_or(&predicate["input"]));
+    let call = &predicate["call"];
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    let (agent, session, call_id) = (
+        text(&call["agent"]),
+        text(&call["sessionId"]),
+        text(&call["callId"]),
+    );
+    let (tool, title, message) = (
+        text(&predicate["tool"]),
+        text(&predicate["shown"]["title"]),
+        text(&predicate["shown"]["message"]),
+    );
+    let shown = Shown {
+        approver: "",
+        agent: &agent,
+        session: &session,
+        call_id: &call_id,
+        tool: &tool,
+        input: &input,
+        edited: runs["edited"] == true,
+        title: &title,
+        message: &message,
+        requirement: requirement.clone(),
+    };
+    let approvals = step_up["approvals"]
+        .as_array()
+        .ok_or("stepUp.approvals is not a list")?;
+    let decided_by = predicate["decidedBy"].as_str().unwrap_or_default();
+    let approvers: Vec<String> = decided_by
+        .strip_prefix("approver:")
+        .map(|names| names.split(',').map(canonical).collect())
+        .unwrap_or_default();
+    let mut signers = Vec::new();
+    for (i, entry) in approvals.iter().enumerate() {
+        let approver = entry["approver"].as_str().unwrap_or_default();
+        let at = format!("stepUp.approvals[{i}] (`{approver}`)");
+        let shown = Shown {
+            approver,
+            ..shown.clone()
+        };
+        if !approvers.contains(&canonical(approver)) {
+            return Err(format!(
+                "{at}: an assertion of someone the outcome does not name ({decided_by})"
+            ));
+        }
+        let signed =
+            SignedApproval::from_json(entry).ok_or_else(|| format!("{at}: a field is missing"))?;
+        signed.check(&shown).map_err(|why| format!("{at}: {why}"))?;
+        signers.push(canonical(approver));
+    }
+    if let Some(unsigned) = approvers.iter().find(|a| !signers.contains(a)) {
+        return Err(format!(
+            "stepUp: `{unsigned}` approved, but the receipt carries no passkey assertion of theirs"
+        ));
+    }
+    Ok(approvals.len())
 }
 
 /// Checks receipts given in chain order: each one, and that each links to the one before it
@@ -256,8 +341,10 @@ impl ChainCheck {
             first: this.sequence,
             last: this.sequence,
             keys: Vec::new(),
+            passkey_approvals: 0,
         });
         summary.receipts += 1;
+        summary.passkey_approvals += this.passkey_approvals;
         summary.last = this.sequence;
         match summary.keys.iter_mut().find(|k| k.key_id == this.key_id) {
             Some(used) => {
@@ -635,5 +722,94 @@ mod tests {
         assert_eq!(envelopes_in(&page.to_string()).unwrap().len(), 2);
         let lines = format!("{}\n{}\n\n{}\n", r[0], r[1], r[2]);
         assert_eq!(envelopes_in(&lines).unwrap(), r);
+    }
+
+    /// A call approved by two people's passkeys, sealed as the broker seals it: the receipt
+    /// verifies; validly re-signed with another person named, another input, or the assertion
+    /// of another call, it is refused naming the assertion.
+    #[test]
+    fn a_passkey_signed_approval_verifies_only_for_its_call_input_and_people() {
+        use crate::domain::passkey::step_up::challenge;
+        use crate::domain::passkey::webauthn::{read_assertion, tests::Soft, verify_registration};
+        use crate::domain::policy::{Approval, Approvers, Requirement, StepUp, Vote};
+        const ORIGIN: &str = "http://localhost:8080";
+        let requirement = Requirement::default_of(&Approvers {
+            quorum: 2,
+            step_up: Some(StepUp::Passkey),
+            ..Approvers::default()
+        });
+        let mut call = decided("c1", OutcomeKind::Approved);
+        call.outcome.as_mut().unwrap().decided_by = DecidedBy::Approver("ana,ben".into());
+        let sign = |call: &Call, who: &str| {
+            let soft = Soft::new();
+            let rp = crate::domain::passkey::webauthn::tests::rp();
+            let key = verify_registration("c", &soft.register("r", "localhost", ORIGIN), "r", &rp)
+                .unwrap()
+                .public_key;
+            let digest = Shown::of(who, call, None, &requirement).digest();
+            let nonce = [who.len() as u8; 32];
+            let json = soft.assert(&challenge(&digest, &nonce), "localhost", ORIGIN, 1);
+            let assertion = read_assertion("c", &json).unwrap();
+            Vote {
+                approver: who.into(),
+                groups: None,
+                approve: true,
+                reason: String::new(),
+                at: 1,
+                remember: None,
+                passkey: Some(SignedApproval::of(
+                    &assertion,
+                    &key,
+                    &nonce,
+                    &digest,
+                    "localhost",
+                )),
+            }
+        };
+        let votes = vec![sign(&call, "ana"), sign(&call, "ben")];
+        call.approval = Some(Approval {
+            requirement: requirement.clone(),
+            votes: votes.clone(),
+        });
+        let notary = notary();
+        let sealed = notary.seal(&payload(&call, &ChainLink::after(None)).unwrap());
+        let verified = receipt(&sealed, notary.public_key()).unwrap();
+        assert_eq!(verified.passkey_approvals, 2);
+        let statement = statement_of(&sealed);
+        let refused = |statement: &Value| {
+            receipt(
+                &notary.seal(&json::canonical(statement)),
+                notary.public_key(),
+            )
+            .unwrap_err()
+        };
+        // Another person named for Ben's assertion.
+        let mut other_person = statement.clone();
+        other_person["predicate"]["stepUp"]["approvals"][1]["approver"] = "eve".into();
+        assert!(refused(&other_person).contains("does not name"));
+        // The outcome names Eve too, but she signed nothing.
+        let mut unsigned = statement.clone();
+        unsigned["predicate"]["decidedBy"] = "approver:ana,ben,eve".into();
+        assert!(refused(&unsigned).contains("`eve` approved"));
+        // Another input (the subject's digest made to match): the assertions signed another.
+        let mut other_input = statement.clone();
+        other_input["predicate"]["input"] = serde_json::json!({"command": "rm -rf /"});
+        let digest = sha256_hex(json::canonical(&other_input["predicate"]["input"]).as_bytes());
+        other_input["subject"][0]["digest"]["sha256"] = digest.clone().into();
+        other_input["predicate"]["runs"]["digest"]["sha256"] = digest.into();
+        let err = refused(&other_input);
+        assert!(
+            err.contains("stepUp.approvals[0]") && err.contains("another statement"),
+            "{err}"
+        );
+        // Ben's assertion of another call, carried by this one's receipt.
+        let mut other = decided("c2", OutcomeKind::Approved);
+        other.outcome.as_mut().unwrap().decided_by = DecidedBy::Approver("ana,ben".into());
+        let of_other = sign(&other, "ben").passkey.unwrap();
+        let mut swapped = statement.clone();
+        let mut entry = of_other.to_json();
+        entry["approver"] = "ben".into();
+        swapped["predicate"]["stepUp"]["approvals"][1] = entry;
+        assert!(refused(&swapped).contains("stepUp.approvals[1]"));
     }
 }

@@ -375,6 +375,38 @@ impl crate::store::PushSubscriptions for Watched {
 }
 
 #[async_trait]
+impl crate::store::Passkeys for Watched {
+    async fn issue_passkey_challenge(
+        &self,
+        challenge: &crate::domain::passkey::Challenge,
+    ) -> Result<()> {
+        self.read(self.inner.issue_passkey_challenge(challenge).await)
+    }
+
+    async fn register_passkey(
+        &self,
+        registration: crate::domain::passkey::Registration,
+    ) -> Result<crate::domain::passkey::Passkey> {
+        self.read(self.inner.register_passkey(registration).await)
+    }
+
+    async fn passkeys(
+        &self,
+        approver: Option<&str>,
+    ) -> Result<Vec<crate::domain::passkey::Passkey>> {
+        self.read(self.inner.passkeys(approver).await)
+    }
+
+    async fn revoke_passkey(
+        &self,
+        credential_id: &str,
+        by: &str,
+    ) -> Result<crate::domain::passkey::Passkey> {
+        self.read(self.inner.revoke_passkey(credential_id, by).await)
+    }
+}
+
+#[async_trait]
 impl crate::store::SlackMessages for Watched {
     async fn claim_slack_message(
         &self,

@@ -11,6 +11,7 @@ mod fault;
 mod group_commit;
 pub mod health;
 mod listing;
+mod passkey_rows;
 mod policy_cache;
 mod postgres;
 mod primitives;
@@ -68,6 +69,7 @@ pub trait Store:
     + Receipts
     + PushSubscriptions
     + SlackMessages
+    + Passkeys
 {
 }
 
@@ -80,7 +82,8 @@ impl<
         + Lifecycle
         + Receipts
         + PushSubscriptions
-        + SlackMessages,
+        + SlackMessages
+        + Passkeys,
 > Store for T
 {
 }
@@ -103,6 +106,35 @@ pub trait SlackMessages: Backend {
     async fn record_slack_message(&self, key: &CallKey, channel: &str, ts: &str) -> Result<()>;
     /// The message of `key`, if its posting was claimed.
     async fn slack_message(&self, key: &CallKey) -> Result<Option<StoredSlackMessage>>;
+}
+
+/// Passkeys (`crate::broker::passkeys`): the challenges the broker issues, and the credentials
+/// approvers register, each step one transaction (`operations::passkeys`). The step-up check of
+/// a vote is not here: it runs in the decision's own transaction.
+#[async_trait]
+pub trait Passkeys: Backend {
+    /// Keeps a challenge just issued (and forgets the expired ones).
+    async fn issue_passkey_challenge(
+        &self,
+        challenge: &crate::domain::passkey::Challenge,
+    ) -> Result<()>;
+    /// Checks `registration` against its challenge (used up either way) and keeps its
+    /// credential.
+    async fn register_passkey(
+        &self,
+        registration: crate::domain::passkey::Registration,
+    ) -> Result<crate::domain::passkey::Passkey>;
+    /// `approver`'s credentials, revoked ones too (everyone's: `None`), oldest first.
+    async fn passkeys(
+        &self,
+        approver: Option<&str>,
+    ) -> Result<Vec<crate::domain::passkey::Passkey>>;
+    /// Revokes a credential (as admin `by`); it as it stands. NOT_FOUND if unknown.
+    async fn revoke_passkey(
+        &self,
+        credential_id: &str,
+        by: &str,
+    ) -> Result<crate::domain::passkey::Passkey>;
 }
 
 /// Web Push subscriptions (`crate::background::push`): kept per approver, read whole by the sender.

@@ -29,6 +29,7 @@
 
 mod approval;
 mod lifecycle;
+mod passkeys;
 mod push;
 mod slack;
 mod webhooks;

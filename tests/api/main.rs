@@ -37,6 +37,7 @@ mod jwt;
 mod limits;
 mod lookalikes;
 mod numbers;
+mod passkeys;
 mod policy_cache;
 mod push;
 mod receipts;

@@ -103,6 +103,7 @@ static ANYONE: Approvers = Approvers {
     quorum: 1,
     distinct_groups: false,
     denials_to_deny: 1,
+    step_up: None,
 };
 
 impl<'c> Gate<'c> {
@@ -184,11 +185,25 @@ impl<'c> Gate<'c> {
         Ok(())
     }
 
-    /// Whether an approver's decision may be made: [`Gate::admit`] for its approver, and no
+    /// Whether an approver's decision may be made: [`Gate::admit`] for its approver, no
     /// edited input where more than one approval is needed (each approves the input as
-    /// submitted). Refused before anything is read or written.
+    /// submitted), and a passkey assertion with an approval where the requirement asks for one
+    /// (whether it verifies is checked in the decision's transaction,
+    /// `operations::passkeys::check_step_up`). Refused before anything is read or written.
     pub fn admit_decision(&self, decision: &Decision) -> Result<()> {
         self.admit(&decision.person(), decision.verdict)?;
+        if decision.verdict == Verdict::Approve
+            && decision.passkey.is_none()
+            && let Some(requirement) = self.requirement.filter(|r| r.needs_passkey())
+        {
+            return Err(Error::PermissionDenied(format!(
+                "call `{}` needs a passkey-signed approval ({} asks for step_up passkey): call \
+                 BeginStepUp, sign its challenge with your passkey, and send the assertion as \
+                 `passkey` with the decision",
+                self.call_id,
+                requirement.name()
+            )));
+        }
         let approvers = self.approvers();
         if decision.edited_input.is_some() && approvers.quorum > 1 {
             return Err(Error::invalid(
@@ -219,6 +234,18 @@ impl<'c> Gate<'c> {
         let verdict = grant.effect.verdict();
         if grant.authors.is_empty() {
             return Err("the grant names no author".into());
+        }
+        // A passkey signs one call's statement: a standing grant (even one made by a signed
+        // vote) cannot sign for the calls after it. Denials need no passkey.
+        if verdict == Verdict::Approve
+            && let Some(requirement) = self.requirement.filter(|r| r.needs_passkey())
+        {
+            return Err(format!(
+                "call `{}` needs each approval signed with a passkey ({} asks for step_up \
+                 passkey), and a grant signs nothing",
+                self.call_id,
+                requirement.name()
+            ));
         }
         for author in &grant.authors {
             if let Err(refused) = self.admit(author, verdict) {
@@ -375,7 +402,36 @@ mod tests {
             quorum: 2,
             distinct_groups: distinct,
             denials_to_deny: 1,
+            step_up: None,
         }
+    }
+
+    #[test]
+    fn a_step_up_call_is_approved_by_no_grant_and_by_no_vote_without_a_passkey() {
+        let signed = call(
+            "",
+            Some(Approvers {
+                step_up: Some(super::super::StepUp::Passkey),
+                ..Approvers::default()
+            }),
+        );
+        let gate = Gate::of(&signed);
+        let err = gate
+            .admits_grant(&grant(vec![person("alice", &[]), person("bob", &[])]))
+            .unwrap_err();
+        assert!(err.contains("a grant signs nothing"), "{err}");
+        let mut deny = grant(vec![person("alice", &[])]);
+        deny.effect = Effect::Deny;
+        assert!(
+            gate.admits_grant(&deny).is_ok(),
+            "a denial needs no passkey"
+        );
+        let decision = crate::operations::testing::decision(Verdict::Approve, "");
+        let err = gate.admit_decision(&decision).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
+        assert!(err.to_string().contains("BeginStepUp"), "{err}");
+        let deny = crate::operations::testing::decision(Verdict::Deny, "");
+        assert!(gate.admit_decision(&deny).is_ok());
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub use grant::{
 pub use matcher::{FieldCondition, FieldPath, FieldTest, InputView, Matcher, Prejudged};
 pub use mode::RuleMode;
 pub use requirement::{
-    Approval, Approvers, MAX_GROUPS, MAX_QUORUM, Requirement, Tally, Vote, group_name,
+    Approval, Approvers, MAX_GROUPS, MAX_QUORUM, Requirement, StepUp, Tally, Vote, group_name,
 };
 pub use rule::{
     Rule, RuleEffect, RuleId, RuleSource, approvers_of, description, parse_policy_file,

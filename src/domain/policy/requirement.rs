@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::gate::counted;
 use super::{Person, Remember, RuleId, quorum_met};
+use crate::domain::passkey::SignedApproval;
 use crate::domain::{Decision, Identity, Timestamp, Verdict};
 use crate::error::{Error, Result};
 
@@ -35,6 +36,22 @@ pub fn group_name(field: &str, name: &str) -> Result<String> {
     Ok(name.to_owned())
 }
 
+/// What each approving vote must carry besides the approver's token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepUp {
+    /// A WebAuthn assertion by one of the voter's registered passkeys over the statement they
+    /// were shown and a fresh nonce (`domain::passkey::step_up`); JSON `"passkey"`.
+    Passkey,
+}
+
+impl StepUp {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepUp::Passkey => "passkey",
+        }
+    }
+}
+
 /// Who may decide the calls an ask rule (or the default) sends to people, and how many must
 /// agree.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +64,9 @@ pub struct Approvers {
     pub distinct_groups: bool,
     /// How many denials from distinct approvers deny the call (1: any single denial).
     pub denials_to_deny: u32,
+    /// What each approving vote must carry besides the approver's token (`None`: nothing).
+    /// A denial never needs it.
+    pub step_up: Option<StepUp>,
 }
 
 impl Default for Approvers {
@@ -56,6 +76,7 @@ impl Default for Approvers {
             quorum: 1,
             distinct_groups: false,
             denials_to_deny: 1,
+            step_up: None,
         }
     }
 }
@@ -105,13 +126,19 @@ impl Approvers {
     }
 
     /// From the policy file's (or the `--default-approvers` setting's) JSON: `{"groups": [...],
-    /// "quorum": 2, "distinct_groups": true, "denials_to_deny": 1}`, every key optional, unknown
-    /// keys refused.
+    /// "quorum": 2, "distinct_groups": true, "denials_to_deny": 1, "step_up": "passkey"}`, every
+    /// key optional, unknown keys refused.
     pub fn from_json(field: &str, value: &Value) -> Result<Self> {
         let object = value
             .as_object()
             .ok_or_else(|| Error::invalid(field, "must be a JSON object"))?;
-        const KEYS: [&str; 4] = ["groups", "quorum", "distinct_groups", "denials_to_deny"];
+        const KEYS: [&str; 5] = [
+            "groups",
+            "quorum",
+            "distinct_groups",
+            "denials_to_deny",
+            "step_up",
+        ];
         if let Some(unknown) = object.keys().find(|k| !KEYS.contains(&k.as_str())) {
             return Err(Error::invalid(
                 format!("{field}.{unknown}"),
@@ -153,23 +180,39 @@ impl Approvers {
                 ));
             }
         };
+        let step_up = match object.get("step_up") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s == "passkey" => Some(StepUp::Passkey),
+            Some(_) => {
+                return Err(Error::invalid(
+                    format!("{field}.step_up"),
+                    "must be \"passkey\" (or absent)",
+                ));
+            }
+        };
         Approvers {
             groups,
             quorum: count("quorum", 1)?,
             distinct_groups,
             denials_to_deny: count("denials_to_deny", 1)?,
+            step_up,
         }
         .validated(field)
     }
 
-    /// As [`Approvers::from_json`] reads them.
+    /// As [`Approvers::from_json`] reads them (`step_up` only when asked for, so requirements
+    /// stored before it keep their form).
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut value = json!({
             "groups": self.groups,
             "quorum": self.quorum,
             "distinct_groups": self.distinct_groups,
             "denials_to_deny": self.denials_to_deny,
-        })
+        });
+        if let Some(step_up) = self.step_up {
+            value["step_up"] = json!(step_up.as_str());
+        }
+        value
     }
 
     /// Whether an approver in `groups` may decide.
@@ -190,9 +233,13 @@ impl fmt::Display for Approvers {
         } else {
             ""
         };
+        let signed = match self.step_up {
+            Some(StepUp::Passkey) => ", each signed with a passkey",
+            None => "",
+        };
         write!(
             f,
-            "{who}; {} approval(s) from distinct approvers{distinct}; {} denial(s) deny",
+            "{who}; {} approval(s) from distinct approvers{distinct}{signed}; {} denial(s) deny",
             self.quorum, self.denials_to_deny
         )
     }
@@ -219,6 +266,11 @@ impl Requirement {
             rule: None,
             approvers: approvers.clone(),
         }
+    }
+
+    /// Whether each approving vote must be signed with a passkey (`step_up: passkey`).
+    pub fn needs_passkey(&self) -> bool {
+        self.approvers.step_up == Some(StepUp::Passkey)
     }
 
     /// How errors and explanations name it: `rule `x`` or `the default requirement`.
@@ -264,6 +316,9 @@ pub struct Vote {
     /// grant the completing vote creates names as its authors only the voters who asked for
     /// the same.
     pub remember: Option<String>,
+    /// The passkey assertion that made this approval count, where the requirement asks for one
+    /// (checked in the decision's transaction; the receipt carries it).
+    pub passkey: Option<SignedApproval>,
 }
 
 impl Vote {
@@ -275,6 +330,7 @@ impl Vote {
             reason: decision.reason.clone(),
             at: at.as_micros(),
             remember: decision.remember.as_ref().map(Remember::key),
+            passkey: None,
         }
     }
 
@@ -340,6 +396,7 @@ impl Approval {
                     reason: text("reason").unwrap_or_default(),
                     at: v.get("at").and_then(Value::as_i64).unwrap_or(0),
                     remember: text("remember"),
+                    passkey: v.get("passkey").and_then(SignedApproval::from_json),
                 })
             })
             .collect()
@@ -350,14 +407,18 @@ impl Approval {
             self.votes
                 .iter()
                 .map(|v| {
-                    json!({
+                    let mut stored = json!({
                         "approver": v.approver,
                         "groups": v.groups,
                         "approve": v.approve,
                         "reason": v.reason,
                         "at": v.at,
                         "remember": v.remember,
-                    })
+                    });
+                    if let Some(passkey) = &v.passkey {
+                        stored["passkey"] = passkey.to_json();
+                    }
+                    stored
                 })
                 .collect(),
         )
@@ -439,6 +500,7 @@ mod tests {
                 quorum,
                 distinct_groups: distinct,
                 denials_to_deny: denials,
+                step_up: None,
             }),
             votes: Vec::new(),
         }
@@ -452,6 +514,7 @@ mod tests {
             reason: String::new(),
             at: 1,
             remember: None,
+            passkey: None,
         }
     }
 
@@ -549,6 +612,12 @@ mod tests {
         assert!(err(serde_json::json!({"qorum": 2})).starts_with("approvers.qorum: unknown"));
         assert!(err(serde_json::json!({"groups": ["a b"]})).starts_with("approvers.groups[0]"));
         assert!(err(serde_json::json!({"groups": ["a", "a"]})).contains("listed twice"));
+        assert!(err(serde_json::json!({"step_up": "totp"})).starts_with("approvers.step_up"));
+        let signed =
+            Approvers::from_json("approvers", &serde_json::json!({"step_up": "passkey"})).unwrap();
+        assert_eq!(signed.step_up, Some(StepUp::Passkey));
+        assert_eq!(signed.to_json()["step_up"], "passkey");
+        assert!(Approvers::default().to_json().get("step_up").is_none());
         assert!(
             err(serde_json::json!({"groups": ["a"], "quorum": 2, "distinct_groups": true}))
                 .starts_with("approvers.distinct_groups")
@@ -564,8 +633,11 @@ mod tests {
                 quorum: 2,
                 distinct_groups: false,
                 denials_to_deny: 1,
+                step_up: Some(StepUp::Passkey),
             },
         );
+        assert!(r.needs_passkey());
+        assert!(r.approvers.to_string().contains("signed with a passkey"));
         assert_eq!(Requirement::from_stored(&r.to_stored()).unwrap(), r);
         let mut a = Approval {
             requirement: r,

@@ -52,8 +52,13 @@ impl PostgresStore {
             || Gate::of(&stored)
                 .admit(&decision.person(), Verdict::Approve)
                 .is_err()
+            || stored
+                .approval
+                .as_ref()
+                .is_some_and(|a| a.requirement.needs_passkey())
         {
-            // A replay, a hidden call or a refusal: the whole transaction answers it.
+            // A replay, a hidden call, a refusal, or a vote that needs its passkey checked (in
+            // the transaction, with its challenge): the whole transaction answers it.
             return Ok(None);
         }
         let now = Timestamp::now();

@@ -9,6 +9,7 @@
 //! power loss.
 
 mod lifecycle;
+mod passkeys;
 mod push;
 mod slack;
 #[cfg(test)]

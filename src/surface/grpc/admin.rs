@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 
 use super::oversize::{self, Room};
 use super::webhook_messages::{self as hooks, Secret};
-use super::{paging, parse, render, shadow_messages};
+use super::{paging, parse, passkey_messages, render, shadow_messages};
 use crate::broker::{BackupName, Broker};
 use crate::domain::Timestamp;
 use crate::domain::policy::ExplainTarget;
@@ -294,5 +294,32 @@ impl pb::admin_service_server::AdminService for AdminApi {
             .into());
         }
         Ok(Response::new(pb::ExportReceiptsResponse { receipts, key }))
+    }
+
+    async fn list_passkeys(
+        &self,
+        request: Request<pb::ListPasskeysRequest>,
+    ) -> Result<Response<pb::ListPasskeysResponse>, Status> {
+        let req = request.into_inner();
+        let approver = passkey_messages::approver_filter("approver", &req.approver)?;
+        let passkeys = self.broker.passkeys(approver.as_deref()).await?;
+        Ok(Response::new(pb::ListPasskeysResponse {
+            passkeys: passkeys.iter().map(passkey_messages::passkey).collect(),
+        }))
+    }
+
+    async fn revoke_passkey(
+        &self,
+        request: Request<pb::RevokePasskeyRequest>,
+    ) -> Result<Response<pb::Passkey>, Status> {
+        let by = Caller::of(&request).admin_identity();
+        let credential_id = request.into_inner().credential_id;
+        if credential_id.is_empty() {
+            return Err(
+                crate::error::Error::invalid("credential_id", "must name a passkey").into(),
+            );
+        }
+        let passkey = self.broker.revoke_passkey(&credential_id, &by).await?;
+        Ok(Response::new(passkey_messages::passkey(&passkey)))
     }
 }

@@ -22,7 +22,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
 use super::queue::{self, Full};
-use super::{StreamOver, paging, parse, render};
+use super::{StreamOver, paging, parse, passkey_messages, render};
 use crate::background::events::Feed;
 use crate::broker::Broker;
 use crate::domain::{CallQuery, EventKind, Status as CallStatus, Viewer};
@@ -66,11 +66,20 @@ impl ApproverApi {
         request: Request<pb::DecideRequest>,
     ) -> std::result::Result<(crate::domain::CallKey, crate::domain::Decision), Status> {
         let caller = Caller::of(&request);
-        let (key, mut decision) =
-            parse::decide(request.into_inner(), self.broker.limits().max_input_bytes)?;
+        let mut req = request.into_inner();
+        let passkey = req.passkey.take();
+        let (key, mut decision) = parse::decide(req, self.broker.limits().max_input_bytes)?;
         decision.approver = caller.approver(decision.approver)?;
         decision.approver_groups = caller.groups();
         decision.viewer = caller.viewer();
+        if let Some(assertion) = passkey {
+            let approves = decision.verdict == crate::domain::Verdict::Approve;
+            decision.passkey = Some(passkey_messages::assertion(
+                assertion,
+                approves,
+                self.broker.relying_party()?,
+            )?);
+        }
         Ok((key, decision))
     }
 
@@ -279,6 +288,68 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         Ok(Response::new(pb::RemovePushSubscriptionResponse {
             removed,
         }))
+    }
+
+    async fn begin_passkey_registration(
+        &self,
+        request: Request<pb::BeginPasskeyRegistrationRequest>,
+    ) -> Result<Response<pb::BeginPasskeyRegistrationResponse>, Status> {
+        let owner = passkey_messages::owner(&Caller::of(&request))?;
+        let (registration_id, options_json) =
+            self.broker.begin_passkey_registration(&owner).await?;
+        Ok(Response::new(pb::BeginPasskeyRegistrationResponse {
+            registration_id,
+            options_json,
+        }))
+    }
+
+    async fn finish_passkey_registration(
+        &self,
+        request: Request<pb::FinishPasskeyRegistrationRequest>,
+    ) -> Result<Response<pb::Passkey>, Status> {
+        let owner = passkey_messages::owner(&Caller::of(&request))?;
+        let req = request.into_inner();
+        let name = passkey_messages::name("name", req.name)?;
+        let passkey = self
+            .broker
+            .finish_passkey_registration(&owner, &req.registration_id, &req.credential_json, &name)
+            .await?;
+        Ok(Response::new(passkey_messages::passkey(&passkey)))
+    }
+
+    async fn list_my_passkeys(
+        &self,
+        request: Request<pb::ListMyPasskeysRequest>,
+    ) -> Result<Response<pb::ListMyPasskeysResponse>, Status> {
+        let owner = passkey_messages::owner(&Caller::of(&request))?;
+        let passkeys = self.broker.passkeys(Some(&owner)).await?;
+        Ok(Response::new(pb::ListMyPasskeysResponse {
+            passkeys: passkeys.iter().map(passkey_messages::passkey).collect(),
+        }))
+    }
+
+    async fn begin_step_up(
+        &self,
+        request: Request<pb::BeginStepUpRequest>,
+    ) -> Result<Response<pb::BeginStepUpResponse>, Status> {
+        let caller = Caller::of(&request);
+        let req = request.into_inner();
+        let key = parse::call_key(req.agent, req.session_id, req.call_id)?;
+        let edited = match req.edited_input_json.as_str() {
+            "" => None,
+            text => Some(crate::domain::ToolInput::parse(
+                "edited_input_json",
+                text,
+                self.broker.limits().max_input_bytes,
+            )?),
+        };
+        let asker = crate::broker::StepUpAsker {
+            approver: caller.approver(req.approver)?,
+            groups: caller.groups(),
+            viewer: caller.viewer(),
+        };
+        let offer = self.broker.begin_step_up(&key, &asker, edited).await?;
+        Ok(Response::new(passkey_messages::step_up_offer(offer)))
     }
 }
 

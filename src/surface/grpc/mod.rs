@@ -12,6 +12,7 @@ pub mod observed;
 pub mod oversize;
 mod paging;
 pub mod parse;
+mod passkey_messages;
 pub mod queue;
 pub mod reflection;
 mod render;

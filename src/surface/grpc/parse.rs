@@ -342,6 +342,9 @@ pub fn decide(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey
             remember,
             responds,
             prejudged: Default::default(),
+            // The assertion, with the relying party, set by the service (see
+            // `passkey_messages::assertion`).
+            passkey: None,
         },
     ))
 }
@@ -528,6 +531,16 @@ fn approvers(field: &str, a: pb::Approvers) -> Result<crate::domain::policy::App
         quorum: a.quorum.max(1),
         distinct_groups: a.distinct_groups,
         denials_to_deny: a.denials_to_deny.max(1),
+        step_up: match pb::StepUp::try_from(a.step_up) {
+            Ok(pb::StepUp::Unspecified) => None,
+            Ok(pb::StepUp::Passkey) => Some(crate::domain::policy::StepUp::Passkey),
+            Err(_) => {
+                return Err(Error::invalid(
+                    format!("{field}.step_up"),
+                    format!("unknown value {}", a.step_up),
+                ));
+            }
+        },
     }
     .validated(field)
 }

@@ -71,6 +71,10 @@ pub fn approvers(a: &Approvers) -> pb::Approvers {
         quorum: a.quorum,
         distinct_groups: a.distinct_groups,
         denials_to_deny: a.denials_to_deny,
+        step_up: match a.step_up {
+            None => pb::StepUp::Unspecified,
+            Some(crate::domain::policy::StepUp::Passkey) => pb::StepUp::Passkey,
+        } as i32,
     }
 }
 
@@ -90,6 +94,11 @@ pub fn approval(a: &Approval) -> pb::ApprovalProgress {
                 reason: v.reason.clone(),
                 at: Some(timestamp(Timestamp::from_micros(v.at))),
                 groups: v.groups.clone().unwrap_or_default(),
+                passkey_credential_id: v
+                    .passkey
+                    .as_ref()
+                    .map(|p| p.credential_id.clone())
+                    .unwrap_or_default(),
             })
             .collect(),
         summary: a.progress(),
