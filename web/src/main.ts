@@ -7,6 +7,7 @@ import { GrantsView, HistoryView, RulesView } from "./admin";
 import { $, h } from "./dom";
 import type { Call } from "./gen/approvals/v1/types_pb";
 import { Live, type LinkState } from "./live";
+import { PasskeysView } from "./passkeys";
 import { PendingView } from "./pending";
 import { openSignedLink } from "./answers";
 import { followLinks, forgetPush, pushSupported, renewPush, subscribePush } from "./push";
@@ -90,7 +91,8 @@ function open(session: Session): void {
   const history = new HistoryView(api);
   const grants = new GrantsView(api);
   const rules = new RulesView(api);
-  const views = { pending, history, grants, rules } as const;
+  const passkeys = new PasskeysView(api);
+  const views = { pending, history, grants, rules, passkeys } as const;
   type ViewName = keyof typeof views;
   let current: ViewName = "pending";
   const tabs = (Object.keys(views) as ViewName[]).map((name) =>

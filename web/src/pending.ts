@@ -16,6 +16,7 @@ import { type Call, InputMatcherSchema, type Outcome, Scope } from "./gen/approv
 import { inputView, type InputView, mcpView, prose } from "./input";
 import { parseEdit, pretty, revealed } from "./json";
 import { callKey, type Live } from "./live";
+import { needsPasskey, signStatement } from "./passkeys";
 
 /** How long a decided call stays on screen as its outcome. */
 export const KEEP_DECIDED_MS = 120_000;
@@ -31,6 +32,8 @@ interface Card {
   el: HTMLElement;
   call: Call;
   outcome: HTMLElement;
+  /** What the approver's passkey signs, once asked (step-up calls only). */
+  statement: HTMLElement;
   decided: boolean;
   /** What would run, shown on the card. */
   input: InputView;
@@ -193,6 +196,8 @@ export class PendingView {
     const deadline = h("span", { class: "deadline" });
     const outcome = h("p", { class: "outcome", role: "status" });
     const approvals = h("p", { class: "approvals" });
+    const stepUp = needsPasskey(call);
+    const statement = h("p", { class: "statement", hidden: true });
 
     // A host call's choices name the action and say they hold on every host (./host).
     const scopes = [Scope.ONCE, Scope.SESSION, Scope.WORKSPACE, Scope.ALWAYS].map((s) =>
@@ -296,6 +301,8 @@ export class PendingView {
       ),
       call.message ? h("p", { class: "message" }, prose(call.message)) : null,
       hiddenIn.length > 0 ? h("p", { class: "warn", role: "note" }, "Hidden characters: ", hiddenIn.join("; ")) : null,
+      stepUp ? h("p", { class: "step-up", role: "note" }, "Needs your passkey: Approve asks your passkey to sign this call, its input and its requirement; Deny needs none.") : null,
+      statement,
       unfolded,
       approvals,
       actions,
@@ -309,6 +316,7 @@ export class PendingView {
       el,
       call,
       outcome,
+      statement,
       decided: false,
       input,
       approve: () => {
@@ -374,9 +382,33 @@ export class PendingView {
   private async decide(card: Card, d: DecisionFields): Promise<void> {
     if (card.decided) return;
     card.el.classList.add("busy");
+    card.outcome.classList.remove("error");
     card.outcome.textContent = "Sending…";
     try {
-      const reply: DecideResponse = await this.api.approver.decide(this.request(card, d));
+      // A step-up call's approval carries the approver's passkey signature of what they see.
+      let passkey: { credentialJson: string } | undefined;
+      if (d.decision === Decision.APPROVE && needsPasskey(card.call)) {
+        card.outcome.textContent = "Asking your passkey…";
+        try {
+          passkey = (
+            await signStatement(this.api, card.call, d.editedInputJson ?? "", (digest, statementJson) => {
+              card.statement.replaceChildren(
+                "Your passkey signs statement ",
+                h("code", { class: "digest" }, digest),
+                " (SHA-256 of the call, its tool, the input that runs, title, message and requirement). ",
+                h("details", {}, h("summary", {}, "What it signs"), h("pre", { class: "statement-json" }, pretty(statementJson))),
+              );
+              card.statement.hidden = false;
+            })
+          ).passkey;
+        } catch (error) {
+          card.outcome.textContent = error instanceof Error ? error.message : String(error);
+          card.outcome.classList.add("error");
+          return;
+        }
+        card.outcome.textContent = "Sending…";
+      }
+      const reply: DecideResponse = await this.api.approver.decide({ ...this.request(card, d), passkey });
       if (reply.outcome) this.live.resolve(reply.outcome);
       if (reply.pending) {
         // A vote that leaves the call waiting for more approvers.

@@ -33,7 +33,7 @@ const TOKEN_LINES = [
 /** The broker binary: $BROKER, else the debug build of this repository (run from web/). */
 export const BROKER = process.env.BROKER ?? resolve(process.cwd(), "../target/debug/approval-broker");
 
-async function freePort(): Promise<number> {
+export async function freePort(): Promise<number> {
   return new Promise((ok, fail) => {
     const server = createServer();
     server.once("error", fail);
