@@ -278,6 +278,11 @@ pub struct AuthSettings {
     #[arg(long, env = "APPROVALS_JWT_JWKS_URL", requires = "jwt_issuer")]
     pub jwt_jwks_url: Option<String>,
 
+    /// A PEM CA certificate the identity provider's HTTPS certificate is checked with (a
+    /// private CA), besides the Mozilla roots built in.
+    #[arg(long, env = "APPROVALS_JWT_CA_FILE", requires = "jwt_issuer")]
+    pub jwt_ca_file: Option<PathBuf>,
+
     /// Claim values mapped to roles: `ROLE=VALUE[,VALUE]` entries separated by `;`, e.g.
     /// `admin=broker-admins;approver=approvers;agent=approval-agents`. Required with an issuer.
     #[arg(long, env = "APPROVALS_JWT_ROLES")]
@@ -660,8 +665,13 @@ impl Config {
         })?;
         let roles = ClaimMapping::parse_roles(roles)
             .map_err(|why| crate::Error::invalid(roles_setting, why))?;
-        let keys = crate::door::auth::jwks::HttpKeys::new(issuer, auth.jwt_jwks_url.as_deref())
+        let mut keys = crate::door::auth::jwks::HttpKeys::new(issuer, auth.jwt_jwks_url.as_deref())
             .map_err(|why| crate::Error::invalid("--jwt-issuer / --jwt-jwks-url", why))?;
+        if let Some(path) = &auth.jwt_ca_file {
+            let tls = crate::door::outbound::Tls::with_ca_file(path)
+                .map_err(|why| crate::Error::invalid("--jwt-ca-file", why))?;
+            keys = keys.with_tls(tls);
+        }
         let role_claims = auth
             .jwt_role_claims
             .split(',')

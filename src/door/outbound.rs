@@ -3,11 +3,14 @@
 //! gets the same care: the URL read once, the host resolved once and the address chosen by the
 //! caller's policy (the webhooks' egress policy, which refuses private and link-local targets
 //! unless allowed) and then used as it is (a second lookup could answer otherwise), TLS by
-//! rustls with ring against the Mozilla roots (one configuration for the process), HTTP/1.1 by
-//! hyper's client connection (no second HTTP stack). What to send and what an answer means stay
-//! with each caller.
+//! rustls with ring against the Mozilla roots (one configuration, to which a private CA's
+//! certificates may be added for an identity provider: [`Tls`]), HTTP/1.1 by hyper's client
+//! connection (no second HTTP stack). What to send and what an answer means stay with each
+//! caller.
 
-use std::net::SocketAddr;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -17,26 +20,79 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
-use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto};
 
 /// The process's one TLS client configuration: building it parses the root store.
 pub fn tls() -> TlsConnector {
     static TLS: std::sync::OnceLock<TlsConnector> = std::sync::OnceLock::new();
-    TLS.get_or_init(|| {
-        let roots = RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        };
-        // One provider named here, whatever other crates enable: rustls refuses to guess.
-        let config =
-            ClientConfig::builder_with_provider(Arc::new(crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()
-                .expect("ring supports the default protocol versions")
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-        TlsConnector::from(Arc::new(config))
-    })
-    .clone()
+    TLS.get_or_init(|| connector(mozilla_roots())).clone()
+}
+
+fn mozilla_roots() -> RootCertStore {
+    RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    }
+}
+
+fn connector(roots: RootCertStore) -> TlsConnector {
+    // One provider named here, whatever other crates enable: rustls refuses to guess.
+    let config = ClientConfig::builder_with_provider(Arc::new(crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    TlsConnector::from(Arc::new(config))
+}
+
+/// The certificates an `https://` server may present: signed by a Mozilla root, or (for an
+/// identity provider behind a private CA, `--jwt-ca-file`) by one of a CA file's certificates.
+#[derive(Clone)]
+pub struct Tls {
+    connector: TlsConnector,
+    /// The CA file added, for messages.
+    ca_file: Option<String>,
+}
+
+impl fmt::Debug for Tls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tls")
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+impl Tls {
+    /// The process's one configuration: the Mozilla roots.
+    pub fn public() -> Tls {
+        Tls {
+            connector: tls(),
+            ca_file: None,
+        }
+    }
+
+    /// The Mozilla roots and every certificate of the PEM file `path` (a private CA).
+    pub fn with_ca_file(path: &Path) -> Result<Tls, String> {
+        let shown = path.display();
+        let certificates = CertificateDer::pem_file_iter(path)
+            .map_err(|e| format!("cannot read the CA file {shown}: {e}"))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("the CA file {shown} is not PEM: {e}"))?;
+        if certificates.is_empty() {
+            return Err(format!("the CA file {shown} holds no PEM certificate"));
+        }
+        let mut roots = mozilla_roots();
+        for certificate in certificates {
+            roots.add(certificate).map_err(|e| {
+                format!("the CA file {shown} holds a certificate that cannot be a root: {e}")
+            })?;
+        }
+        Ok(Tls {
+            connector: connector(roots),
+            ca_file: Some(shown.to_string()),
+        })
+    }
 }
 
 /// Why no connection was made.
@@ -68,6 +124,22 @@ pub struct Target {
 }
 
 impl Target {
+    /// `https://`, or plain `http://` to a loopback host only: for a request whose content or
+    /// answer must not be read or changed on the way (a client secret, an identity provider's
+    /// keys).
+    pub fn parse_confidential(url: &str) -> Result<Target, String> {
+        let target = Target::parse(url).map_err(|e| format!("`{url}`: {e}"))?;
+        let loopback = target.host.eq_ignore_ascii_case("localhost")
+            || (target.host.parse::<IpAddr>()).is_ok_and(|ip| ip.is_loopback());
+        if target.https || loopback {
+            return Ok(target);
+        }
+        Err(format!(
+            "`{url}`: only https:// (plain http:// to a loopback host alone), since what travels \
+             in clear can be read or replaced by anyone on the path"
+        ))
+    }
+
     /// `http://` or `https://` with a host; the port defaults by scheme.
     pub fn parse(url: &str) -> Result<Target, String> {
         let uri: Uri = url.parse().map_err(|e| format!("invalid URL: {e}"))?;
@@ -95,6 +167,11 @@ impl Target {
         &self.host
     }
 
+    /// The URL, for messages.
+    pub fn url(&self) -> String {
+        self.uri.to_string()
+    }
+
     /// The `Host` header: the URL's authority without any user information.
     pub fn authority(&self) -> &str {
         (self.uri.authority())
@@ -114,6 +191,15 @@ impl Target {
         &self,
         pick: impl FnOnce(&str, &[SocketAddr]) -> Result<SocketAddr, String>,
     ) -> Result<SendRequest<Full<Bytes>>, Unreached> {
+        self.connect_with(&Tls::public(), pick).await
+    }
+
+    /// [`connect`](Self::connect), checking an `https://` server's certificate with `tls`.
+    pub async fn connect_with(
+        &self,
+        tls: &Tls,
+        pick: impl FnOnce(&str, &[SocketAddr]) -> Result<SocketAddr, String>,
+    ) -> Result<SendRequest<Full<Bytes>>, Unreached> {
         let (host, port) = (self.host.as_str(), self.port);
         let resolved: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
             .await
@@ -129,7 +215,7 @@ impl Target {
         }
         let name = ServerName::try_from(host.to_owned())
             .map_err(|e| Unreached::Refused(format!("invalid server name {host}: {e}")))?;
-        let stream = tls()
+        let stream = (tls.connector)
             .connect(name, tcp)
             .await
             .map_err(|e| Unreached::Failed(format!("TLS with {host}:{port} failed: {e}")))?;

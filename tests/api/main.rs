@@ -17,6 +17,7 @@ mod batches;
 mod cancel;
 mod claude_code_hook;
 mod cli;
+mod client_credentials;
 mod connections;
 mod database_tls;
 mod deadlines;

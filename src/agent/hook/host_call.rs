@@ -529,7 +529,7 @@ async fn review_in_time<H: HostHook>(
         Err(error @ ReviewError::Unreachable { .. }) => {
             Answer::fail_closed(on_unreachable, &error.to_string())
         }
-        Err(error @ ReviewError::Refused(_)) => {
+        Err(error @ (ReviewError::Refused(_) | ReviewError::NoToken(_))) => {
             Answer::fail_closed(FailClosed::Deny, &error.to_string())
         }
     }

@@ -330,11 +330,7 @@ mod tests {
             no_receipt_check: false,
         };
         let nowhere = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let broker = BrokerAddress {
-            url: format!("http://{}", nowhere.local_addr().unwrap()),
-            ca_cert: None,
-            token: None,
-        };
+        let broker = BrokerAddress::new(format!("http://{}", nowhere.local_addr().unwrap()));
         drop(nowhere);
         let check = ReceiptCheck::new(&args, &broker).unwrap();
         let input = r#"{"command":"ls"}"#;

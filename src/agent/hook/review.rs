@@ -1,8 +1,12 @@
 //! One call reviewed through a broker, as a hook needs it: submit the call, wait for its outcome
 //! up to a time limit, and, when the limit passes first, cancel the call so no approver answers
 //! a question nobody waits for any more. This is the broker's client side, over `AgentService`;
-//! it never decides anything itself and never turns a failure into an approval.
+//! it never decides anything itself and never turns a failure into an approval. Its bearer token
+//! comes from [`TokenSource`]: a fixed one, or the identity provider's, renewed (a token the
+//! broker refuses is replaced once).
 
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -10,6 +14,7 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Request};
 
+use crate::agent::token_source::{ClientCredentialsArgs, TokenSource};
 use crate::proto::v1 as pb;
 use pb::agent_service_client::AgentServiceClient;
 
@@ -23,8 +28,8 @@ const RECEIPT_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The pause before watching again after the outcome stream broke (a broker restart).
 const REWATCH_PAUSE: Duration = Duration::from_millis(300);
 
-/// Where the broker is and how to authenticate to it: the same three settings for every command
-/// that reviews calls through a broker (the hooks, the MCP gateway).
+/// Where the broker is and how to authenticate to it: the same settings for every command that
+/// reviews calls through a broker (the hooks, the MCP gateway, the ACP proxy).
 #[derive(Debug, Clone, clap::Args)]
 pub struct BrokerAddress {
     /// The broker's gRPC address: `http://host:port`, or `https://host:port` for a broker
@@ -43,9 +48,42 @@ pub struct BrokerAddress {
     pub ca_cert: Option<std::path::PathBuf>,
 
     /// A bearer token with the `agent` role, when the broker has authentication on (prefer the
-    /// environment variable: a flag is visible to other users of the machine).
+    /// environment variable: a flag is visible to other users of the machine). Or get one from
+    /// the identity provider with the `--oauth-*` settings.
     #[arg(long, env = "APPROVALS_BROKER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+
+    /// A token from the organisation's identity provider (client credentials), renewed.
+    #[command(flatten)]
+    pub oauth: ClientCredentialsArgs,
+
+    /// The token source the settings make, made once and shared by every clone (so a renewed
+    /// token serves every review of the process).
+    #[arg(skip)]
+    source: Arc<OnceLock<Result<Arc<TokenSource>, String>>>,
+}
+
+impl BrokerAddress {
+    /// The broker at `url`, with no token.
+    pub fn new(url: impl Into<String>) -> BrokerAddress {
+        BrokerAddress {
+            url: url.into(),
+            ca_cert: None,
+            token: None,
+            oauth: ClientCredentialsArgs::default(),
+            source: Arc::default(),
+        }
+    }
+
+    /// Where the bearer token comes from (the settings are checked, and a client secret read,
+    /// the first time).
+    pub fn token_source(&self) -> Result<Arc<TokenSource>, String> {
+        self.source
+            .get_or_init(|| {
+                TokenSource::from_settings(self.token.as_deref(), &self.oauth).map(Arc::new)
+            })
+            .clone()
+    }
 }
 
 /// Control characters (a multi-line command's new lines) become spaces; text longer than
@@ -86,6 +124,10 @@ pub enum ReviewError {
     /// The broker refused this call (a bad field, the same id with another input).
     #[error("The approval broker refused this call ({0}).")]
     Refused(String),
+    /// There is no token to send: the identity provider could not give one (down, or refusing
+    /// the client's credentials) and the last one expired, or the settings are wrong.
+    #[error("No access token for the approval broker, so nothing was sent to it ({0}).")]
+    NoToken(String),
 }
 
 /// Submits `call` in `session_id` (idempotent by the call id), and waits until `limit` for its
@@ -102,7 +144,7 @@ pub async fn review(
     let submitted = tokio::time::timeout_at(give_up_at, client.submit(session_id, call)).await;
     match submitted {
         Err(_) => return Ok(client.give_up(session_id, &call_id).await),
-        Ok(Err(status)) => return Err(client.unreachable(&status)),
+        Ok(Err(error)) => return Err(error),
         Ok(Ok(response)) => {
             if let Some(outcome) = decided_at_submit(&response, &call_id)? {
                 return Ok(Review::Decided(Box::new(outcome)));
@@ -155,12 +197,17 @@ async fn receipt_now(
     let client = BrokerClient::connect(broker)
         .await
         .map_err(|e| format!("its receipt could not be fetched: {e}"))?;
-    let request = client.request(pb::GetReceiptRequest {
+    let message = pb::GetReceiptRequest {
         session_id: session_id.into(),
         call_id: call_id.into(),
         agent: String::new(),
-    });
-    match client.agent.clone().get_receipt(request).await {
+    };
+    let asked = client
+        .call(message, |mut agent, request| async move {
+            agent.get_receipt(request).await
+        })
+        .await;
+    match asked {
         Ok(response) => Ok(response.into_inner()),
         Err(status) => Err(match status.code() {
             Code::NotFound | Code::FailedPrecondition => {
@@ -196,11 +243,11 @@ async fn receipt_keys_now(
     broker: &BrokerAddress,
 ) -> Result<pb::ListReceiptKeysResponse, ReviewError> {
     let client = BrokerClient::connect(broker).await?;
-    let request = client.request(pb::ListReceiptKeysRequest {});
     client
-        .agent
-        .clone()
-        .list_receipt_keys(request)
+        .call(
+            pb::ListReceiptKeysRequest {},
+            |mut agent, request| async move { agent.list_receipt_keys(request).await },
+        )
         .await
         .map(tonic::Response::into_inner)
         .map_err(|status| client.unreachable(&status))
@@ -236,23 +283,18 @@ fn decided_at_submit(
 struct BrokerClient {
     agent: AgentServiceClient<Channel>,
     url: String,
-    authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
+    tokens: Arc<TokenSource>,
 }
 
 impl BrokerClient {
+    /// Connects to the broker, with a token in hand first: without one, nothing is sent.
     async fn connect(broker: &BrokerAddress) -> Result<BrokerClient, ReviewError> {
         let unreachable = |detail: String| ReviewError::Unreachable {
             url: broker.url.clone(),
             detail,
         };
-        let authorization = match &broker.token {
-            None => None,
-            Some(token) => Some(
-                format!("Bearer {token}")
-                    .parse()
-                    .map_err(|_| unreachable("the token is not a valid header value".into()))?,
-            ),
-        };
+        let tokens = broker.token_source().map_err(ReviewError::NoToken)?;
+        tokens.bearer().await.map_err(ReviewError::NoToken)?;
         let mut endpoint = Endpoint::from_shared(broker.url.clone())
             .map_err(|e| unreachable(format!("not a URL: {e}")))?
             .connect_timeout(CONNECT_TIMEOUT);
@@ -280,18 +322,44 @@ impl BrokerClient {
         Ok(BrokerClient {
             agent: AgentServiceClient::new(channel),
             url: broker.url.clone(),
-            authorization,
+            tokens,
         })
     }
 
-    fn request<T>(&self, message: T) -> Request<T> {
+    /// `message` with the bearer token to send now, and that token; no token is an
+    /// UNAUTHENTICATED status saying why (nothing is sent).
+    async fn request<T>(&self, message: T) -> Result<(Request<T>, Option<String>), tonic::Status> {
+        let token = (self.tokens.bearer().await)
+            .map_err(|why| tonic::Status::unauthenticated(format!("no access token: {why}")))?;
         let mut request = Request::new(message);
-        if let Some(value) = &self.authorization {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
+        if let Some(token) = &token {
+            let value: MetadataValue<tonic::metadata::Ascii> =
+                format!("Bearer {token}").parse().map_err(|_| {
+                    tonic::Status::unauthenticated("the token is not a valid header value")
+                })?;
+            request.metadata_mut().insert("authorization", value);
         }
-        request
+        Ok((request, token))
+    }
+
+    /// One unary call with the bearer token; a token the broker refuses (UNAUTHENTICATED) is
+    /// replaced with a fresh one, and the call made once more.
+    async fn call<T: Clone, R, F, Fut>(&self, message: T, rpc: F) -> Result<R, tonic::Status>
+    where
+        F: Fn(AgentServiceClient<Channel>, Request<T>) -> Fut,
+        Fut: Future<Output = Result<R, tonic::Status>>,
+    {
+        let (request, token) = self.request(message.clone()).await?;
+        match rpc(self.agent.clone(), request).await {
+            Err(status)
+                if status.code() == Code::Unauthenticated
+                    && self.tokens.refused(token.as_deref()).await =>
+            {
+                let (request, _) = self.request(message).await?;
+                rpc(self.agent.clone(), request).await
+            }
+            answered => answered,
+        }
     }
 
     fn unreachable(&self, status: &tonic::Status) -> ReviewError {
@@ -305,7 +373,7 @@ impl BrokerClient {
         &self,
         session_id: &str,
         call: pb::CallSpec,
-    ) -> Result<pb::SubmitResponse, tonic::Status> {
+    ) -> Result<pb::SubmitResponse, ReviewError> {
         let batch = pb::BatchSpec {
             session_id: session_id.into(),
             calls: vec![call],
@@ -313,8 +381,13 @@ impl BrokerClient {
             on_deny: pb::OnDeny::Independent as i32,
             supersede_pending: false,
         };
-        let request = self.request(pb::SubmitRequest { batch: Some(batch) });
-        Ok(self.agent.clone().submit(request).await?.into_inner())
+        let message = pb::SubmitRequest { batch: Some(batch) };
+        self.call(message, |mut agent, request| async move {
+            agent.submit(request).await
+        })
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|status| self.unreachable(&status))
     }
 
     /// Watches the call until it is decided; a broken stream (a broker restart) is watched
@@ -329,14 +402,14 @@ impl BrokerClient {
     }
 
     async fn watch_once(&self, session_id: &str, call_id: &str) -> Option<pb::Outcome> {
-        let request = self.request(pb::WatchOutcomesRequest {
+        let message = pb::WatchOutcomesRequest {
             session_id: session_id.into(),
             call_ids: vec![call_id.into()],
-        });
+        };
         let mut stream = self
-            .agent
-            .clone()
-            .watch_outcomes(request)
+            .call(message, |mut agent, request| async move {
+                agent.watch_outcomes(request).await
+            })
             .await
             .ok()?
             .into_inner();
@@ -362,7 +435,7 @@ impl BrokerClient {
     }
 
     async fn cancel(&self, session_id: &str, call_id: &str, reason: &str) -> Review {
-        let request = self.request(pb::CancelRequest {
+        let message = pb::CancelRequest {
             target: Some(pb::CancelTarget {
                 session_id: session_id.into(),
                 target: Some(pb::cancel_target::Target::Calls(pb::CallIds {
@@ -370,9 +443,11 @@ impl BrokerClient {
                 })),
                 reason: reason.into(),
             }),
+        };
+        let cancelled = self.call(message, |mut agent, request| async move {
+            agent.cancel(request).await
         });
-        let mut agent = self.agent.clone();
-        match tokio::time::timeout(CANCEL_TIMEOUT, agent.cancel(request)).await {
+        match tokio::time::timeout(CANCEL_TIMEOUT, cancelled).await {
             Ok(Ok(response)) => {
                 let result = response.into_inner().result.unwrap_or_default();
                 if let Some(outcome) = result

@@ -353,7 +353,11 @@ impl Gateway {
                     humantime::format_duration(settings.timeout)
                 )))
             }
-            Err(error @ (ReviewError::Unreachable { .. } | ReviewError::Refused(_))) => {
+            Err(
+                error @ (ReviewError::Unreachable { .. }
+                | ReviewError::Refused(_)
+                | ReviewError::NoToken(_)),
+            ) => {
                 tracing::warn!(call_id, %error, "a tool call could not be reviewed; not run");
                 Disposition::Refuse(approval::refusal(&format!("{error} The tool was not run.")))
             }

@@ -19,7 +19,7 @@ use hyper::header::{ACCEPT, HOST, HeaderValue, USER_AGENT};
 use hyper::{Request, Uri};
 
 use super::jwt::KeySource;
-use crate::door::outbound::{Target, first_address};
+use crate::door::outbound::{Target, Tls, first_address};
 
 /// The largest discovery or JWKS document read.
 const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
@@ -30,6 +30,8 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 pub struct HttpKeys {
     issuer: String,
     jwks_url: Option<String>,
+    /// The certificates its HTTPS may present (the Mozilla roots, or also a private CA's).
+    tls: Tls,
 }
 
 impl HttpKeys {
@@ -42,7 +44,14 @@ impl HttpKeys {
         Ok(HttpKeys {
             issuer: issuer.to_owned(),
             jwks_url: jwks_url.map(str::to_owned),
+            tls: Tls::public(),
         })
+    }
+
+    /// Checks the provider's HTTPS certificate with `tls` (`--jwt-ca-file`: a private CA).
+    pub fn with_tls(mut self, tls: Tls) -> HttpKeys {
+        self.tls = tls;
+        self
     }
 
     async fn jwks_url(&self) -> Result<String, String> {
@@ -78,7 +87,7 @@ impl HttpKeys {
         let target = Target::parse(url).map_err(|e| format!("{url}: {e}"))?;
         // The URL was checked when it was configured (https, or http on loopback only).
         let sender = target
-            .connect(first_address)
+            .connect_with(&self.tls, first_address)
             .await
             .map_err(|e| format!("{url}: {}", e.into_message()))?;
         exchange(sender, &target, url).await
