@@ -3,11 +3,11 @@
 // WebAuthn Level 3 JSON) and lists them; a call whose requirement asks for `step_up: passkey` is
 // approved only with an assertion whose challenge the broker derived from the statement the
 // approver is shown (BeginStepUp), which this file asks the authenticator for. Deny and respond
-// need none. Every WebAuthn failure is told in words: nothing is approved without the passkey.
-import { type Api, ConnectError, describeError } from "./api";
+// need none. An admin also sees everyone's passkeys there, and revokes them. Every WebAuthn
+// failure is told in words: nothing is approved without the passkey.
+import { type Api, ConnectError, describeError, isPermissionDenied } from "./api";
 import { h } from "./dom";
-import type { Call } from "./gen/approvals/v1/types_pb";
-import { StepUp } from "./gen/approvals/v1/types_pb";
+import { type Call, type Passkey, StepUp } from "./gen/approvals/v1/types_pb";
 
 /** Whether approving `call` needs the approver's passkey (its requirement's `step_up`). */
 export function needsPasskey(call: Call): boolean {
@@ -124,19 +124,50 @@ export class PasskeysView {
   async load(): Promise<void> {
     try {
       const reply = await this.api.approver.listMyPasskeys({});
-      const rows = reply.passkeys.map((p) =>
-        h(
-          "li",
-          { class: p.revokedAt ? "row inactive" : "row", "data-credential": p.credentialId },
-          h("strong", {}, p.name || "passkey"),
-          ` ${ALGORITHMS[String(p.algorithm)] ?? `algorithm ${p.algorithm}`}, registered ${dateText(p.createdAt)}, last used ${dateText(p.lastUsedAt)}`,
-          p.revokedAt ? ` · revoked ${dateText(p.revokedAt)} by ${p.revokedBy}` : "",
-          h("span", { class: "meta" }, ` · id ${p.credentialId.slice(0, 16)}…`),
-        ),
-      );
-      this.out.replaceChildren(rows.length ? h("ul", { "aria-label": "Your passkeys" }, rows) : h("p", { class: "empty" }, "You have no passkey yet."));
+      const rows = reply.passkeys.map((p) => this.row(p, false));
+      const mine = rows.length ? h("ul", { "aria-label": "Your passkeys" }, rows) : h("p", { class: "empty" }, "You have no passkey yet.");
+      this.out.replaceChildren(h("h3", {}, "Yours"), mine, ...(await this.everyone()));
     } catch (error) {
       this.out.replaceChildren(h("p", { class: "error", role: "alert" }, describeError(error)));
+    }
+  }
+
+  /** Everyone's passkeys, with Revoke, for an admin (AdminService); nothing for anyone else. */
+  private async everyone(): Promise<HTMLElement[]> {
+    try {
+      const reply = await this.api.admin.listPasskeys({});
+      const rows = reply.passkeys.map((p) => this.row(p, true));
+      return [h("h3", {}, "Everyone's passkeys (admin)"), rows.length ? h("ul", { "aria-label": "Everyone's passkeys" }, rows) : h("p", { class: "empty" }, "Nobody has a passkey yet.")];
+    } catch (error) {
+      return isPermissionDenied(error) ? [] : [h("p", { class: "error", role: "alert" }, describeError(error))];
+    }
+  }
+
+  private row(p: Passkey, admin: boolean): HTMLElement {
+    const name = p.name || "passkey";
+    return h(
+      "li",
+      { class: p.revokedAt ? "row inactive" : "row", "data-credential": p.credentialId },
+      admin ? `${p.approver}: ` : "",
+      h("strong", {}, name),
+      ` ${ALGORITHMS[String(p.algorithm)] ?? `algorithm ${p.algorithm}`}, registered ${dateText(p.createdAt)}, last used ${dateText(p.lastUsedAt)}`,
+      p.revokedAt ? ` · revoked ${dateText(p.revokedAt)} by ${p.revokedBy}` : "",
+      h("span", { class: "meta" }, ` · id ${p.credentialId.slice(0, 16)}…`),
+      admin && !p.revokedAt
+        ? h("button", { type: "button", class: "deny", "aria-label": `Revoke passkey ${name} of ${p.approver}`, onClick: () => void this.revoke(p.credentialId) }, "Revoke")
+        : null,
+    );
+  }
+
+  private async revoke(credentialId: string): Promise<void> {
+    try {
+      await this.api.admin.revokePasskey({ credentialId });
+      this.status.className = "status";
+      this.status.textContent = "Revoked: it signs no approval from now on (what it signed before stands).";
+      await this.load();
+    } catch (error) {
+      this.status.className = "status error";
+      this.status.textContent = `Not revoked: ${describeError(error)}`;
     }
   }
 

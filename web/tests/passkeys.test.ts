@@ -270,8 +270,10 @@ describe("passkey-signed approvals in Chromium", () => {
     assert.equal(await carol.page.evaluate(() => (window as unknown as { webauthnGets: number }).webauthnGets), 0, "no WebAuthn request was made");
   });
 
+  let alice: Person;
+
   test("another person's passkey signs their own approval (for the independent check)", async () => {
-    const alice = await openInbox(TOKENS.alice);
+    alice = await openInbox(TOKENS.alice);
     await register(alice, "alice", "alice's key");
     const session = unique("s-alice");
     await submit(session, "d5", "deploy", '{"service":"web","to":"production"}');
@@ -282,5 +284,23 @@ describe("passkey-signed approvals in Chromium", () => {
     evidence.receipts.alice = (await receiptOf(session, "d5")).envelope;
     const keys = await clients.agent.listReceiptKeys({});
     evidence.receiptKeys = keys.keys.map((k) => k.key?.publicKey ?? "");
+  });
+
+  test("an admin revokes a passkey in the Passkeys tab; its owner's approvals are refused from then on", async () => {
+    const { page } = alice;
+    await page.getByRole("tab", { name: "Passkeys" }).click();
+    const everyone = page.getByRole("list", { name: "Everyone's passkeys" });
+    await everyone.getByText("bob's laptop").waitFor();
+    await everyone.getByRole("button", { name: "Revoke passkey bob's laptop of bob" }).click();
+    await everyone.locator(`li[data-credential="${bobCredential.id}"]`, { hasText: "revoked" }).waitFor();
+    const listed = await clients.admin.listPasskeys({ approver: "bob" });
+    assert.equal(listed.passkeys[0]?.revokedBy, "alice");
+    // Bob's inbox: his passkey signs nothing more, and the call stays pending.
+    const session = unique("s-revoked");
+    await submit(session, "d7", "deploy", '{"service":"api","to":"production"}');
+    const c = card(bob.page, session, "d7");
+    await c.getByRole("button", { name: "Approve deploy call d7" }).click();
+    await c.locator(".outcome.error").filter({ hasText: "needs a passkey-signed approval and `bob` has no passkey" }).waitFor();
+    assert.ok(await isPending(session, "d7"), "nothing was approved");
   });
 });
