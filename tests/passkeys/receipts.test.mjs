@@ -55,9 +55,9 @@ function spkiXY(spkiB64) {
   return `${jwk.x}.${jwk.y}`;
 }
 
-/** The digest of what the approver was shown, from the receipt alone (docs/receipts.md). */
-function statementDigest(predicate) {
-  return sha256(canonical(shownStatement(predicate)));
+/** The digest of what `approver` was shown, from the receipt alone (docs/receipts.md). */
+function statementDigest(predicate, approver) {
+  return sha256(canonical(shownStatement(predicate, approver)));
 }
 
 /**
@@ -68,9 +68,9 @@ async function checkPasskeys(statement) {
   const p = statement.predicate;
   const assertions = passkeyAssertions(p);
   assert.ok(assertions.length > 0, "the receipt carries no passkey assertion");
-  const digest = statementDigest(p);
   const who = [];
   for (const a of assertions) {
+    const digest = statementDigest(p, a.approver);
     // The approver's credential as their authenticator holds it (not as the broker says).
     const theirs = (evidence.people[a.approver] ?? []).find((c) => c.credentialId === a.credentialId);
     if (!theirs) throw new Error(`credential ${a.credentialId} is not one of ${a.approver}'s passkeys`);
@@ -105,13 +105,14 @@ async function checkPasskeys(statement) {
 // ---- The receipt's passkey fields (docs/receipts.md, "Passkey-signed approvals") ----------
 
 /**
- * The statement the approver was shown and signed, rebuilt from the receipt alone: the call's
- * identity, its tool, the input that runs (the edit, if any), title, message, and the
- * requirement (`stepUp.requirement`).
+ * The statement an approver was shown and signed, rebuilt from the receipt alone: who approves
+ * (the assertion's `approver`), the call's identity, its tool, the input that runs (the edit, if
+ * any), title, message, and the requirement (`stepUp.requirement`).
  */
-function shownStatement(p) {
+function shownStatement(p, approver) {
   return {
     purpose: "approval-broker/step-up/v1",
+    approver,
     call: { agent: p.call.agent, sessionId: p.call.sessionId, callId: p.call.callId },
     tool: p.tool,
     input: p.runs?.input ?? p.input,
