@@ -51,7 +51,8 @@
 //!   (delivery) and `push/` (Web Push to approvers' browsers, to those who may decide the call).
 //! - `agent/`: the agent side: `hook/` (the approval hooks of Claude Code, Codex, Gemini CLI,
 //!   Copilot and Cursor on one core, `hook/host_call.rs`, and the shared broker client
-//!   `hook/review.rs`), `acp/` (an Agent Client Protocol proxy) and `mcp/` (the MCP gateway).
+//!   `hook/review.rs`), `acp/` (an Agent Client Protocol proxy) and `mcp/` (the MCP gateway),
+//!   with one `token_source` (a fixed bearer token, or the identity provider's, renewed).
 //!   They check each outcome's signed receipt before a tool runs.
 //! - `door/`: who comes in and what goes out: `auth` (bearer tokens, JWTs, roles),
 //!   `connections/` and `stream_slots` (caps), `links` (signed approval links: they open a
