@@ -25,7 +25,7 @@ use crate::error::{Error, Result, StorageFault};
 use crate::proto::{self, v1 as pb};
 use crate::receipts;
 use crate::store;
-use crate::store::health::{self, StorageHealth, Watched};
+use crate::store::health::{self, StorageHealth};
 use crate::surface::grpc::observed::Observed;
 use crate::surface::grpc::oversize::MessageLimitStatus;
 use crate::surface::grpc::{admin::AdminApi, agent::AgentApi, approver::ApproverApi, reflection};
@@ -72,10 +72,7 @@ pub async fn run(
         None => receipts::trust::KeySet::default(),
     };
     let storage = StorageHealth::new();
-    let store: Arc<dyn store::Store> = Arc::new(Watched::new(
-        store::open(&database, config.texts.resolve(), notary).await?,
-        Arc::clone(&storage),
-    ));
+    let store = store::open_watched(&database, config.texts.resolve(), notary, &storage).await?;
     if let Some(rules) = &policy_rules {
         store.load_file_rules(rules).await?;
         tracing::info!(rules = rules.len(), "policy file loaded");

@@ -2,31 +2,30 @@
 //!
 //! A broker whose every write fails (a full disk, a read-only or deleted file, Postgres down)
 //! must not look healthy: load balancers and orchestrators would keep sending it clients.
-//! [`Watched`] wraps the store and watches the results that prove something: a storage fault
-//! (`Error::storage_fault`) from any operation makes the storage *failing*; a write that stored
-//! something makes it *writable* again, except after corruption, which only an operator mends. [`probe_while_open`] writes a little every second, so the
-//! state follows the storage when no client writes, and recovers as soon as writes work again.
-//! It never retries or hides a client's failure: it only reports.
+//! A storage fault (`Error::storage_fault`) makes the storage *failing*; a write that stored
+//! something makes it *writable* again, except after corruption, which only an operator mends.
+//! [`probe_while_open`] writes a little every second, so the state follows the storage when no
+//! client writes, and recovers as soon as writes work again. It never retries or hides a
+//! client's failure: it only reports.
+//!
+//! Health is told where the storage is touched, not by each store method, so no method can be
+//! missed: a backend opened with a [`StorageHealth`] hands its [`Watch`] to the three things
+//! every read and write of it passes through, and nothing else touches the database:
+//! - the shared reads (`reads::BackendReads`): every read's failure;
+//! - each transaction (`SqlTx`: SQLite's `SqliteTx`, Postgres's `PgTx`): the failure of its
+//!   BEGIN, of any of its statements or of its commit, and a commit that changed rows;
+//! - what Postgres runs outside a transaction (the probe, the sequencer, the one-statement
+//!   approval), each where it runs (`store/postgres.rs`).
+//!
+//! Backups are not watched: they write another file, and a failure there (that file's disk is
+//! full) says nothing about whether the database can be written.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::sync::watch;
 
-use super::{
-    Backend, BackendReads, Calls, CommittedEvents, Deadlines, EventLog, Lifecycle, Policies, Store,
-    Webhooks,
-};
-use crate::domain::policy::{
-    ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId, RuleMode, ShadowVerdict,
-};
-use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookChange, WebhookId};
-use crate::domain::{
-    AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
-    DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,
-    Timestamp,
-};
+use super::Store;
 use crate::error::{Error, Result, StorageFault};
 
 /// How often [`probe_while_open`] writes.
@@ -50,28 +49,38 @@ impl StorageHealth {
     }
 
     /// Takes note of `result`: a storage fault makes the storage failing; success makes it
-    /// writable if `wrote` says the success wrote to the database.
+    /// writable if `wrote` says the success wrote to the database. (What [`Watch`] does, told
+    /// in one call, for the test.)
+    #[cfg(test)]
     fn observe<T>(&self, result: &Result<T>, wrote: impl FnOnce(&T) -> bool) {
         match result {
             Err(err) => self.observe_error(err),
-            Ok(value) if wrote(value) => {
-                self.state.send_if_modified(|state| {
-                    // Corruption does not mend itself, however many writes succeed: only an
-                    // operator restoring the database (and restarting the broker) does.
-                    if matches!(state, None | Some(StorageFault::Corrupt)) {
-                        return false;
-                    }
-                    tracing::info!("storage writable again: health is SERVING");
-                    *state = None;
-                    true
-                });
-            }
+            Ok(value) if wrote(value) => self.wrote(),
             Ok(_) => {}
         }
     }
 
-    /// Takes note of a failed read or write: a storage fault makes the storage failing.
+    /// Takes note of a write that stored something: the storage is writable again.
+    fn wrote(&self) {
+        self.state.send_if_modified(|state| {
+            // Corruption does not mend itself, however many writes succeed: only an operator
+            // restoring the database (and restarting the broker) does.
+            if matches!(state, None | Some(StorageFault::Corrupt)) {
+                return false;
+            }
+            tracing::info!("storage writable again: health is SERVING");
+            *state = None;
+            true
+        });
+    }
+
+    /// Takes note of a failed read or write: a storage fault makes the storage failing. A
+    /// transaction the database aborted to break a deadlock is no fault of the storage (its
+    /// group runs again), and is not counted.
     fn observe_error(&self, err: &Error) {
+        if err.is_transaction_conflict() {
+            return;
+        }
         count_storage_error(err);
         let Some(fault) = err.storage_fault() else {
             return;
@@ -109,26 +118,36 @@ fn count_storage_error(err: &Error) {
     crate::observe::meters::store_error(fault);
 }
 
-/// A store whose results feed a [`StorageHealth`]. Everything else passes straight through.
-pub struct Watched {
-    inner: Arc<dyn Store>,
-    health: Arc<StorageHealth>,
-}
+/// What a backend tells its [`StorageHealth`], from where it touches the database (see the
+/// module's documentation); nothing where there is none (a command reading beside a broker, a
+/// unit test). Cheap to clone: every transaction holds one.
+#[derive(Clone, Default)]
+pub struct Watch(Option<Arc<StorageHealth>>);
 
-impl Watched {
-    pub fn new(inner: Arc<dyn Store>, health: Arc<StorageHealth>) -> Self {
-        Self { inner, health }
+impl Watch {
+    pub fn new(health: &Arc<StorageHealth>) -> Self {
+        Self(Some(Arc::clone(health)))
     }
 
-    /// A read, or a write that proves nothing when it succeeds (it may have written nothing).
-    fn read<T>(&self, result: Result<T>) -> Result<T> {
-        self.health.observe(&result, |_| false);
+    /// `result`, as it is, once its failure (if any) is noted.
+    pub fn seen<T>(&self, result: Result<T>) -> Result<T> {
+        if let (Some(health), Err(err)) = (&self.0, &result) {
+            health.observe_error(err);
+        }
         result
     }
+
+    /// A commit that changed rows, or the probe's, succeeded: writes work.
+    pub fn wrote(&self) {
+        if let Some(health) = &self.0 {
+            health.wrote();
+        }
+    }
 }
 
-/// Probes `store` every [`PROBE_EVERY`] for as long as the task runs. Meant for a [`Watched`]
-/// store, which turns each probe's result into health.
+/// Probes `store` every [`PROBE_EVERY`] for as long as the task runs. Meant for a store opened
+/// with a [`StorageHealth`] (`store::open_watched`), which turns each probe's result into
+/// health.
 pub async fn probe_while_open(store: Arc<dyn Store>) {
     loop {
         if let Err(err) = store.probe().await
@@ -137,323 +156,6 @@ pub async fn probe_while_open(store: Arc<dyn Store>) {
             tracing::warn!(error = %err, "the storage probe failed");
         }
         tokio::time::sleep(PROBE_EVERY).await;
-    }
-}
-
-impl Backend for Watched {
-    fn reads(&self) -> &BackendReads {
-        self.inner.reads()
-    }
-
-    // The reads the store's traits provide (receipts) are watched here, not re-declared.
-    fn saw_read(&self, failed: Option<&Error>) {
-        if let Some(err) = failed {
-            self.health.observe_error(err);
-        }
-    }
-}
-
-#[async_trait]
-impl Calls for Watched {
-    async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
-        let result = self.inner.submit(batch).await;
-        self.health
-            .observe(&result, |report| report.batch_id.is_some());
-        result
-    }
-
-    async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
-        let result = self.inner.decide(key, decision).await;
-        self.health.observe(&result, |report| !report.replayed);
-        result
-    }
-
-    async fn preview_decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
-        self.read(self.inner.preview_decide(key, decision).await)
-    }
-
-    async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
-        let result = self.inner.cancel(target).await;
-        self.health
-            .observe(&result, |report| !report.cancelled.is_empty());
-        result
-    }
-
-    async fn calls_by_id(
-        &self,
-        agent: &AgentId,
-        session: &SessionId,
-        call_ids: &[CallId],
-    ) -> Result<Vec<Option<Call>>> {
-        self.read(self.inner.calls_by_id(agent, session, call_ids).await)
-    }
-
-    async fn batch_calls(&self, batch: &BatchId) -> Result<Vec<Call>> {
-        self.read(self.inner.batch_calls(batch).await)
-    }
-
-    async fn list_calls(&self, query: &CallQuery) -> Result<CallPage> {
-        self.read(self.inner.list_calls(query).await)
-    }
-
-    async fn probe(&self) -> Result<()> {
-        let result = self.inner.probe().await;
-        self.health.observe(&result, |()| true);
-        result
-    }
-}
-
-#[async_trait]
-impl Deadlines for Watched {
-    async fn expire_due(&self, now: Timestamp) -> Result<Vec<Call>> {
-        let result = self.inner.expire_due(now).await;
-        self.health.observe(&result, |expired| !expired.is_empty());
-        result
-    }
-
-    async fn pending_count(&self) -> Result<u64> {
-        self.read(self.inner.pending_count().await)
-    }
-
-    async fn next_deadline(&self) -> Result<Option<Timestamp>> {
-        self.read(self.inner.next_deadline().await)
-    }
-
-    async fn escalate_due(&self, now: Timestamp) -> Result<u64> {
-        let result = self.inner.escalate_due(now).await;
-        self.health.observe(&result, |fired| *fired > 0);
-        result
-    }
-
-    async fn next_step_due(&self) -> Result<Option<Timestamp>> {
-        self.read(self.inner.next_step_due().await)
-    }
-}
-
-#[async_trait]
-impl EventLog for Watched {
-    async fn events_after(&self, after: u64, limit: u32) -> Result<Vec<Event>> {
-        self.read(self.inner.events_after(after, limit).await)
-    }
-
-    async fn latest_seq(&self) -> Result<u64> {
-        self.read(self.inner.latest_seq().await)
-    }
-
-    async fn sequence_events(&self) -> Result<u64> {
-        // A backend without a sequencer succeeds without writing anything.
-        self.read(self.inner.sequence_events().await)
-    }
-
-    fn remote_commits(&self) -> Option<Arc<super::RemoteCommits>> {
-        self.inner.remote_commits()
-    }
-
-    fn take_committed_events(&self) -> Option<CommittedEvents> {
-        self.inner.take_committed_events()
-    }
-}
-
-#[async_trait]
-impl Policies for Watched {
-    async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport> {
-        let result = self.inner.revoke_grants(target, by).await;
-        self.health.observe(&result, |report| report.revoked > 0);
-        result
-    }
-
-    async fn list_grants(&self, query: &GrantQuery) -> Result<GrantPage> {
-        self.read(self.inner.list_grants(query).await)
-    }
-
-    async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
-        self.read(self.inner.create_rule(rule).await)
-    }
-
-    async fn delete_rule(&self, id: &RuleId) -> Result<Rule> {
-        self.read(self.inner.delete_rule(id).await)
-    }
-
-    async fn list_rules(&self) -> Result<Vec<Rule>> {
-        self.read(self.inner.list_rules().await)
-    }
-
-    async fn set_rule_mode(&self, id: &RuleId, mode: RuleMode) -> Result<Rule> {
-        self.read(self.inner.set_rule_mode(id, mode).await)
-    }
-
-    async fn shadow_verdicts(&self, key: &CallKey) -> Result<Vec<ShadowVerdict>> {
-        self.read(self.inner.shadow_verdicts(key).await)
-    }
-
-    async fn load_file_rules(&self, rules: &[Rule]) -> Result<()> {
-        self.read(self.inner.load_file_rules(rules).await)
-    }
-
-    async fn explain(&self, target: &ExplainTarget) -> Result<Explanation> {
-        self.read(self.inner.explain(target).await)
-    }
-}
-
-#[async_trait]
-impl Webhooks for Watched {
-    async fn create_webhook(&self, hook: &Webhook) -> Result<Webhook> {
-        self.read(self.inner.create_webhook(hook).await)
-    }
-
-    async fn webhooks(&self) -> Result<Vec<Webhook>> {
-        self.read(self.inner.webhooks().await)
-    }
-
-    async fn webhook(&self, id: &WebhookId) -> Result<Webhook> {
-        self.read(self.inner.webhook(id).await)
-    }
-
-    async fn update_webhook(&self, id: &WebhookId, change: WebhookChange) -> Result<Webhook> {
-        self.read(self.inner.update_webhook(id, change).await)
-    }
-
-    async fn delete_webhook(&self, id: &WebhookId) -> Result<Webhook> {
-        self.read(self.inner.delete_webhook(id).await)
-    }
-
-    async fn load_file_webhooks(&self, hooks: &[Webhook], start_cursor: u64) -> Result<()> {
-        self.read(self.inner.load_file_webhooks(hooks, start_cursor).await)
-    }
-
-    async fn lease_webhook(
-        &self,
-        id: &WebhookId,
-        owner: &str,
-        now: Timestamp,
-        until: Timestamp,
-    ) -> Result<bool> {
-        self.read(self.inner.lease_webhook(id, owner, now, until).await)
-    }
-
-    async fn release_webhook(&self, id: &WebhookId, owner: &str) -> Result<()> {
-        self.read(self.inner.release_webhook(id, owner).await)
-    }
-
-    async fn record_delivered(&self, id: &WebhookId, owner: &str, cursor: u64) -> Result<bool> {
-        self.read(self.inner.record_delivered(id, owner, cursor).await)
-    }
-
-    async fn record_failure(&self, failure: &DeliveryFailure) -> Result<Option<Webhook>> {
-        self.read(self.inner.record_failure(failure).await)
-    }
-}
-
-#[async_trait]
-impl crate::store::PushSubscriptions for Watched {
-    async fn add_push_subscription(
-        &self,
-        subscription: &crate::store::StoredPushSubscription,
-    ) -> Result<()> {
-        self.read(self.inner.add_push_subscription(subscription).await)
-    }
-
-    async fn remove_push_subscription(&self, endpoint: &str, approver: &str) -> Result<bool> {
-        self.read(
-            self.inner
-                .remove_push_subscription(endpoint, approver)
-                .await,
-        )
-    }
-
-    async fn drop_push_subscription(&self, endpoint: &str) -> Result<()> {
-        self.read(self.inner.drop_push_subscription(endpoint).await)
-    }
-
-    async fn push_subscriptions(&self) -> Result<Vec<crate::store::StoredPushSubscription>> {
-        self.read(self.inner.push_subscriptions().await)
-    }
-
-    async fn claim_push_event(&self, seq: u64) -> Result<bool> {
-        self.read(self.inner.claim_push_event(seq).await)
-    }
-}
-
-#[async_trait]
-impl crate::store::Passkeys for Watched {
-    async fn issue_passkey_challenge(
-        &self,
-        challenge: &crate::domain::passkey::Challenge,
-    ) -> Result<()> {
-        self.read(self.inner.issue_passkey_challenge(challenge).await)
-    }
-
-    async fn register_passkey(
-        &self,
-        registration: crate::domain::passkey::Registration,
-    ) -> Result<crate::domain::passkey::Passkey> {
-        self.read(self.inner.register_passkey(registration).await)
-    }
-
-    async fn passkeys(
-        &self,
-        approver: Option<&str>,
-    ) -> Result<Vec<crate::domain::passkey::Passkey>> {
-        self.read(self.inner.passkeys(approver).await)
-    }
-
-    async fn revoke_passkey(
-        &self,
-        credential_id: &str,
-        by: &str,
-    ) -> Result<crate::domain::passkey::Passkey> {
-        self.read(self.inner.revoke_passkey(credential_id, by).await)
-    }
-}
-
-#[async_trait]
-impl crate::store::SlackMessages for Watched {
-    async fn claim_slack_message(
-        &self,
-        key: &CallKey,
-        owner: &str,
-        at: i64,
-        stale_before: i64,
-    ) -> Result<bool> {
-        self.read(
-            self.inner
-                .claim_slack_message(key, owner, at, stale_before)
-                .await,
-        )
-    }
-
-    async fn record_slack_message(&self, key: &CallKey, channel: &str, ts: &str) -> Result<()> {
-        self.read(self.inner.record_slack_message(key, channel, ts).await)
-    }
-
-    async fn slack_message(
-        &self,
-        key: &CallKey,
-    ) -> Result<Option<crate::store::StoredSlackMessage>> {
-        self.read(self.inner.slack_message(key).await)
-    }
-}
-
-#[async_trait]
-impl Lifecycle for Watched {
-    async fn prune_decided(
-        &self,
-        cutoff: Timestamp,
-        chunk: u32,
-    ) -> Result<crate::operations::prune::PruneReport> {
-        let result = self.inner.prune_decided(cutoff, chunk).await;
-        self.health.observe(&result, |report| report.batches > 0);
-        result
-    }
-
-    async fn pruned_through(&self) -> Result<u64> {
-        self.read(self.inner.pruned_through().await)
-    }
-
-    async fn backup(&self, to: &std::path::Path) -> Result<()> {
-        // A backup writes another file, not the database: its failure (say, that file's disk
-        // is full) says nothing about whether the database can be written.
-        self.inner.backup(to).await
     }
 }
 

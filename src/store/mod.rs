@@ -3,8 +3,10 @@
 //! call resolved) is written in the same transaction as its event, and nothing is acknowledged
 //! before that transaction commits. The operations themselves are written once, in
 //! `crate::operations`; so are the SQL both backends run (`statements`), the transaction
-//! primitives over it (`primitives`) and the reads (`reads`): each backend owns its connections
-//! and adds only what it does differently.
+//! primitives over it (`primitives`), the reads (`reads`) and the parts with no operation of
+//! their own (`webhooks`, `push`, `slack`, over `primitives::Transact`): each backend owns its
+//! connections and adds only what it does differently. Storage health (`health`) is told where
+//! those connections are used, so no method of the traits below can escape it.
 
 mod database;
 mod fault;
@@ -15,16 +17,19 @@ mod passkey_rows;
 mod policy_cache;
 mod postgres;
 mod primitives;
+mod push;
 pub mod push_rows;
 mod reads;
 pub mod receipt_rows;
 mod retention;
 mod rows;
 mod settings;
+mod slack;
 pub mod slack_rows;
 pub(crate) mod sqlite;
 pub mod statements;
 mod webhook_rows;
+mod webhooks;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,6 +49,7 @@ use crate::domain::{
     Timestamp, ToolResultTexts,
 };
 use crate::error::Result;
+use health::{StorageHealth, Watch};
 
 pub use database::{DATABASE_URL_SETTING, Database};
 pub use postgres::PostgresStore;
@@ -150,6 +156,11 @@ pub trait PushSubscriptions: Backend {
     async fn push_subscriptions(&self) -> Result<Vec<StoredPushSubscription>>;
     /// Claims the pushes of event `seq` for this process: `false` when another replica did.
     async fn claim_push_event(&self, seq: u64) -> Result<bool>;
+    /// Where the sender stopped in the event log (the furthest any replica recorded); `None`
+    /// before it ever ran.
+    async fn push_cursor(&self) -> Result<Option<u64>>;
+    /// Records that the sender handled every event up to `seq` (never moves the position back).
+    async fn record_push_cursor(&self, seq: u64) -> Result<()>;
 }
 
 /// What every part of a store shares: the reads both backends answer alike, from their own
@@ -157,11 +168,6 @@ pub trait PushSubscriptions: Backend {
 /// it does its own way.
 pub trait Backend: Send + Sync + 'static {
     fn reads(&self) -> &BackendReads;
-
-    /// Takes note of how a read made through [`Backend::reads`] by a provided method went:
-    /// nothing by default; storage health (`health::Watched`) counts its faults, so a read no
-    /// decorator re-declares is still watched.
-    fn saw_read(&self, _failed: Option<&crate::error::Error>) {}
 }
 
 /// Calls: the writes of submit, decide and cancel (each one transaction, acknowledged only after
@@ -396,9 +402,7 @@ pub trait Receipts: Backend {
     /// is pending (or if it was decided while receipts were off), more than one if the id was
     /// used again after retention pruned its call.
     async fn receipts_of(&self, key: &CallKey) -> Result<Vec<StoredReceipt>> {
-        let read = self.reads().receipts_of(key).await;
-        self.saw_read(read.as_ref().err());
-        read
+        self.reads().receipts_of(key).await
     }
 
     /// The receipts of the stored calls of `agent`'s `session` named in `call_ids`, by call
@@ -410,16 +414,12 @@ pub trait Receipts: Backend {
         session: &SessionId,
         call_ids: &[CallId],
     ) -> Result<HashMap<CallId, (BatchId, Sealed)>> {
-        let read = self.reads().seals_of_calls(agent, session, call_ids).await;
-        self.saw_read(read.as_ref().err());
-        read
+        self.reads().seals_of_calls(agent, session, call_ids).await
     }
 
     /// At most `limit` receipts after sequence `after`, in chain order.
     async fn receipts_after(&self, after: u64, limit: u32) -> Result<Vec<StoredReceipt>> {
-        let read = self.reads().receipts_after(after, limit).await;
-        self.saw_read(read.as_ref().err());
-        read
+        self.reads().receipts_after(after, limit).await
     }
 }
 
@@ -464,7 +464,7 @@ pub async fn open_reads(database: &Database) -> Result<BackendReads> {
                 .max_connections(1)
                 .connect_with(options)
                 .await?;
-            BackendReads::Sqlite(reads::Reads::new(pool))
+            BackendReads::Sqlite(reads::Reads::new(pool, Watch::default()))
         }
         Database::Postgres { url, .. } => {
             let options: sqlx::postgres::PgConnectOptions = url.parse()?;
@@ -472,28 +472,57 @@ pub async fn open_reads(database: &Database) -> Result<BackendReads> {
                 .max_connections(1)
                 .connect_with(options)
                 .await?;
-            BackendReads::Postgres(reads::Reads::new(pool))
+            BackendReads::Postgres(reads::Reads::new(pool, Watch::default()))
         }
     })
 }
 
 /// Opens the store on `database` and applies its migrations.
-/// Every outcome written through it is signed by `notary`, if given.
+/// Every outcome written through it is signed by `notary`, if given. Its storage health is
+/// told nobody (see [`open_watched`]).
 pub async fn open(
     database: &Database,
     texts: ToolResultTexts,
     notary: Option<Arc<crate::receipts::Notary>>,
 ) -> Result<Arc<dyn Store>> {
+    open_watching(database, texts, notary, Watch::default()).await
+}
+
+/// [`open`], telling `health` of every storage fault and of the writes that work (see
+/// `health`): the store the broker serves from.
+pub async fn open_watched(
+    database: &Database,
+    texts: ToolResultTexts,
+    notary: Option<Arc<crate::receipts::Notary>>,
+    health: &Arc<StorageHealth>,
+) -> Result<Arc<dyn Store>> {
+    open_watching(database, texts, notary, Watch::new(health)).await
+}
+
+async fn open_watching(
+    database: &Database,
+    texts: ToolResultTexts,
+    notary: Option<Arc<crate::receipts::Notary>>,
+    health: Watch,
+) -> Result<Arc<dyn Store>> {
     Ok(match database {
         Database::Sqlite { path, synchronous } => {
-            Arc::new(SqliteStore::open(path, *synchronous, texts, notary).await?)
+            Arc::new(SqliteStore::open_watched(path, *synchronous, texts, notary, health).await?)
         }
         Database::Postgres {
             url,
             max_connections,
             group_commit,
         } => Arc::new(
-            PostgresStore::open(url, *max_connections, *group_commit, texts, notary).await?,
+            PostgresStore::open_watched(
+                url,
+                *max_connections,
+                *group_commit,
+                texts,
+                notary,
+                health,
+            )
+            .await?,
         ),
     })
 }

@@ -30,23 +30,22 @@
 mod approval;
 mod lifecycle;
 mod passkeys;
-mod push;
-mod slack;
-mod webhooks;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgArguments;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::query::Query;
-use sqlx::{Postgres, Row};
+use sqlx::{PgConnection, Postgres, Row};
 use tokio::task::JoinHandle;
 
 use super::group_commit::{GroupCommit, Job};
+use super::health::Watch;
 use super::policy_cache::{PolicyCache, PolicyView};
-use super::primitives::{Decode, Param, Resolution, Run, SqlTx};
+use super::primitives::{Decode, Param, Resolution, Run, SqlTx, Transact};
 use super::reads::{BackendReads, Reads};
 use super::receipt_rows;
 use super::statements as sql;
@@ -58,7 +57,7 @@ use crate::domain::{
     AgentId, Call, CallKey, CancelReport, CancelTarget, DecideReport, Decision, Event, NewBatch,
     SubmitReport, Timestamp, ToolName, ToolResultTexts,
 };
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::operations::{
     SubmitLocks, Transactions, cancel, decide, escalate, expire, explain, policy_admin, submit,
 };
@@ -82,7 +81,7 @@ pub struct PostgresStore {
     /// Reads outside write transactions, on the same pool.
     reads: BackendReads,
     /// The event log's reads, on connections of their own (see [`LOG_CONNECTIONS`]).
-    log: Reads<Postgres>,
+    log: BackendReads,
     /// The sequencer, as this replica runs it (alone, and at the end of its groups).
     numbering: Arc<Numbering>,
     texts: ToolResultTexts,
@@ -95,6 +94,9 @@ pub struct PostgresStore {
     /// Submits, decisions and cancels, group-committed by this replica's writer task, under
     /// `--postgres-group-commit`; `None`: each in a transaction of its own.
     group: Option<GroupCommit<Job>>,
+    /// Storage health, told by the reads and every `PgTx`, and here by the statements this
+    /// store runs outside both (the probe, the sequencer, the one-statement approval).
+    health: Watch,
 }
 
 /// Where a group's transactions come from: the pool, with the replica's policy copy and receipt
@@ -104,6 +106,7 @@ struct GroupWriter {
     policy: Arc<PolicyCache>,
     notary: Option<Arc<Notary>>,
     numbering: Arc<Numbering>,
+    health: Watch,
 }
 
 /// The sequencer, one statement (migrations 0011 and 0016's function `number_events`), with
@@ -140,7 +143,9 @@ impl Transactions for GroupWriter {
     type Tx = PgTx;
 
     async fn begin_write(&self) -> Result<PgTx> {
-        let mut tx = PgTx::new(self.pool.begin().await?, &self.policy, self.notary.clone());
+        let begun = self.pool.begin().await.map_err(Error::from);
+        let begun = Conn::Tx(self.health.seen(begun)?);
+        let mut tx = PgTx::new(begun, &self.policy, self.notary.clone(), &self.health);
         tx.numbering = Some(Arc::clone(&self.numbering));
         Ok(tx)
     }
@@ -163,13 +168,27 @@ impl PostgresStore {
     /// Connects to `url` (`postgres://...`), applies the migrations under
     /// `migrations/postgres` (serialised across replicas by sqlx's migration lock), and starts
     /// listening for other replicas' commits.
-    /// Every outcome written through it is signed by `notary`, if given.
+    /// Every outcome written through it is signed by `notary`, if given. Its storage health is
+    /// told nobody.
     pub async fn open(
         url: &str,
         max_connections: u32,
         group_commit: bool,
         texts: ToolResultTexts,
         notary: Option<Arc<Notary>>,
+    ) -> Result<Self> {
+        let health = Watch::default();
+        Self::open_watched(url, max_connections, group_commit, texts, notary, health).await
+    }
+
+    /// [`Self::open`], telling `health` how the storage does (see `store::health`).
+    pub async fn open_watched(
+        url: &str,
+        max_connections: u32,
+        group_commit: bool,
+        texts: ToolResultTexts,
+        notary: Option<Arc<Notary>>,
+        health: Watch,
     ) -> Result<Self> {
         let replica = uuid::Uuid::new_v4().simple().to_string();
         let options: PgConnectOptions = url.parse()?;
@@ -202,13 +221,14 @@ impl PostgresStore {
                     policy: Arc::clone(&policy),
                     notary: notary.clone(),
                     numbering: Arc::clone(&numbering),
+                    health: health.clone(),
                 },
                 texts.clone(),
             )
         });
         Ok(Self {
-            reads: BackendReads::Postgres(Reads::new(pool.clone())),
-            log: Reads::new(log),
+            reads: BackendReads::Postgres(Reads::new(pool.clone(), health.clone())),
+            log: BackendReads::Postgres(Reads::new(log, health.clone())),
             pool,
             numbering,
             texts,
@@ -217,16 +237,25 @@ impl PostgresStore {
             policy,
             notary,
             group,
+            health,
         })
     }
 
     /// A transaction on the pool, with this replica's policy copy and receipt key.
     async fn begin(&self) -> Result<PgTx> {
-        Ok(PgTx::new(
-            self.pool.begin().await?,
-            &self.policy,
-            self.notary.clone(),
-        ))
+        let begun = self.pool.begin().await.map_err(Error::from);
+        let begun = Conn::Tx(self.health.seen(begun)?);
+        let notary = self.notary.clone();
+        Ok(PgTx::new(begun, &self.policy, notary, &self.health))
+    }
+
+    /// A connection of the pool whose statements each commit as they run (autocommit), as a
+    /// [`PgTx`] (see [`Transact::statements`]).
+    async fn autocommit(&self) -> Result<PgTx> {
+        let conn = self.pool.acquire().await.map_err(Error::from);
+        let conn = Conn::Autocommit(self.health.seen(conn)?);
+        let notary = self.notary.clone();
+        Ok(PgTx::new(conn, &self.policy, notary, &self.health))
     }
 
     /// Runs the sequencer for a reader other than the event pump, and wakes the pump if it
@@ -237,6 +266,39 @@ impl PostgresStore {
             self.remote_commits.announce(None);
         }
         Ok(())
+    }
+
+    /// See [`EventLog::sequence_events`]: the sequencer's runs, outside any `PgTx`.
+    async fn number_committed(&self) -> Result<u64> {
+        // Groups number their own events: most often nothing is left to number, which one read
+        // (of a partial index) tells without a transaction or the lock. Its snapshot is taken
+        // now, so an event committed before this call and still unnumbered is seen. Without
+        // groups every write leaves events to number, and the read would only add a round trip.
+        if self.group.is_some() {
+            let unnumbered: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM events WHERE seq IS NULL)")
+                    .fetch_one(&self.pool)
+                    .await?;
+            if !unnumbered {
+                return Ok(0);
+            }
+        }
+        let mut total = 0;
+        // A chunk per run, until a chunk is not full: every event committed before this call is
+        // numbered when it returns (this replica ignores its own notification, which would
+        // otherwise have brought it back for the rest). Each run is a transaction of its own,
+        // one round trip; it waits for the lock rather than skipping when another holds it, so
+        // it sees every event committed before it started.
+        loop {
+            let numbered = self
+                .numbering
+                .run(&self.pool, Some(SEQUENCER_CHUNK))
+                .await?;
+            total += numbered as u64;
+            if numbered < SEQUENCER_CHUNK {
+                return Ok(total);
+            }
+        }
     }
 }
 
@@ -312,11 +374,12 @@ impl Calls for PostgresStore {
         if let Some(group) = &self.group {
             return group.decide(key, decision).await;
         }
-        if self.notary.is_none()
-            && decide::approves_only(decision)
-            && let Some(report) = self.approve_at_once(key, decision).await?
-        {
-            return Ok(report);
+        if self.notary.is_none() && decide::approves_only(decision) {
+            let approved = self.approve_at_once(key, decision).await;
+            if let Some(report) = self.health.seen(approved)? {
+                self.health.wrote();
+                return Ok(report);
+            }
         }
         decide::decide(self.begin_write().await?, key, decision, &self.texts).await
     }
@@ -334,11 +397,16 @@ impl Calls for PostgresStore {
 
     async fn probe(&self) -> Result<()> {
         // Taking a transaction id makes the commit write (and flush) a commit record.
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT txid_current()")
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
+        let probed = async {
+            let mut tx = self.pool.begin().await?;
+            sqlx::query("SELECT txid_current()")
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok::<_, Error>(())
+        };
+        self.health.seen(probed.await)?;
+        self.health.wrote();
         Ok(())
     }
 }
@@ -367,35 +435,7 @@ impl EventLog for PostgresStore {
     }
 
     async fn sequence_events(&self) -> Result<u64> {
-        // Groups number their own events: most often nothing is left to number, which one read
-        // (of a partial index) tells without a transaction or the lock. Its snapshot is taken
-        // now, so an event committed before this call and still unnumbered is seen. Without
-        // groups every write leaves events to number, and the read would only add a round trip.
-        if self.group.is_some() {
-            let unnumbered: bool =
-                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM events WHERE seq IS NULL)")
-                    .fetch_one(&self.pool)
-                    .await?;
-            if !unnumbered {
-                return Ok(0);
-            }
-        }
-        let mut total = 0;
-        // A chunk per run, until a chunk is not full: every event committed before this call is
-        // numbered when it returns (this replica ignores its own notification, which would
-        // otherwise have brought it back for the rest). Each run is a transaction of its own,
-        // one round trip; it waits for the lock rather than skipping when another holds it, so
-        // it sees every event committed before it started.
-        loop {
-            let numbered = self
-                .numbering
-                .run(&self.pool, Some(SEQUENCER_CHUNK))
-                .await?;
-            total += numbered as u64;
-            if numbered < SEQUENCER_CHUNK {
-                return Ok(total);
-            }
-        }
+        self.health.seen(self.number_committed().await)
     }
 
     fn remote_commits(&self) -> Option<Arc<RemoteCommits>> {
@@ -428,17 +468,43 @@ impl Policies for PostgresStore {
     async fn explain(&self, target: &ExplainTarget) -> Result<Explanation> {
         // One snapshot of the rules and grants, as a submit's statements would see them.
         let mut tx = self.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .execute(&mut *tx.tx)
-            .await?;
+        let snapshot = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY";
+        tx.execute(Run::read(snapshot, &[])).await?;
         explain::explain(tx, target).await
+    }
+}
+
+/// The parts written once over `Transact` (webhooks, push, Slack) run on the pool, shared by
+/// every replica: in a transaction of their own, or in autocommit.
+#[async_trait]
+impl Transact for PostgresStore {
+    type Tx = PgTx;
+
+    async fn transaction<T, W, F>(&self, work: W) -> Result<T>
+    where
+        T: Send + 'static,
+        W: FnOnce(PgTx) -> F + Send + 'static,
+        F: Future<Output = Result<T>> + Send + 'static,
+    {
+        work(self.begin().await?).await
+    }
+
+    async fn statements<T, W, F>(&self, work: W) -> Result<T>
+    where
+        T: Send + 'static,
+        W: FnOnce(PgTx) -> F + Send + 'static,
+        F: Future<Output = Result<T>> + Send + 'static,
+    {
+        work(self.autocommit().await?).await
     }
 }
 
 /// Postgres's transaction (READ COMMITTED), with the locks the rules in `writes` need, what it
 /// may use of the replica's policy copy, and the key its outcomes' receipts are signed with.
+/// Or, for work whose statements need not be together, a pooled connection in autocommit
+/// ([`Transact::statements`]).
 pub struct PgTx {
-    tx: sqlx::Transaction<'static, Postgres>,
+    tx: Conn,
     policy: PolicyView,
     notary: Option<Arc<Notary>>,
     /// How many writing statements ran; `None` once any statement failed, after which Postgres
@@ -446,13 +512,35 @@ pub struct PgTx {
     written: Option<u64>,
     /// A group's transaction: whom the sequencer it runs before its commit notifies.
     numbering: Option<Arc<Numbering>>,
+    /// Storage health: told the failure of any statement or of the commit, and a commit that
+    /// changed rows.
+    health: Watch,
+    /// Rows the statements changed (or returned, where they write).
+    changed: u64,
+}
+
+/// What a [`PgTx`] runs its statements on.
+enum Conn {
+    Tx(sqlx::Transaction<'static, Postgres>),
+    /// Each statement commits as it runs; the commit has nothing left to do.
+    Autocommit(PoolConnection<Postgres>),
+}
+
+impl Conn {
+    fn on(&mut self) -> &mut PgConnection {
+        match self {
+            Conn::Tx(tx) => tx,
+            Conn::Autocommit(conn) => conn,
+        }
+    }
 }
 
 impl PgTx {
     fn new(
-        tx: sqlx::Transaction<'static, Postgres>,
+        tx: Conn,
         policy: &Arc<PolicyCache>,
         notary: Option<Arc<Notary>>,
+        health: &Watch,
     ) -> Self {
         Self {
             tx,
@@ -460,10 +548,13 @@ impl PgTx {
             notary,
             written: Some(0),
             numbering: None,
+            health: health.clone(),
+            changed: 0,
         }
     }
 
-    /// `result` of a statement, counted: a write, or a failure (the transaction is aborted).
+    /// `result` of a statement, counted: a write, or a failure (the transaction is aborted),
+    /// which storage health is told.
     fn counted<T>(
         &mut self,
         writes: bool,
@@ -478,8 +569,21 @@ impl PgTx {
             }
             Err(err) => {
                 self.written = None;
-                Err(err.into())
+                self.health.seen(Err(err.into()))
             }
+        }
+    }
+
+    /// Numbers a group's events (see [`Numbering::run`]), then commits.
+    async fn commit_now(mut self) -> Result<()> {
+        if let Some(numbering) = &self.numbering
+            && self.written.is_some_and(|written| written > 0)
+        {
+            numbering.run(self.tx.on(), None).await?;
+        }
+        match self.tx {
+            Conn::Tx(tx) => Ok(tx.commit().await?),
+            Conn::Autocommit(_) => Ok(()),
         }
     }
 }
@@ -502,16 +606,25 @@ impl SqlTx for PgTx {
     /// During a rolling update, replicas of a version that reads a NULL as "nothing to run" may
     /// share the database.
     const STORES_UNEDITED_INPUT_TO_RUN: bool = true;
+    /// Any number of replicas write the database at once.
+    const REPLICAS: bool = true;
 
     async fn rows<T: Send + 'static>(&mut self, run: Run<'_>, decode: Decode<T>) -> Result<Vec<T>> {
-        let rows = bound(run).fetch_all(&mut *self.tx).await;
+        let rows = bound(run).fetch_all(self.tx.on()).await;
         let rows = self.counted(run.writes, rows)?;
+        if run.writes {
+            self.changed += rows.len() as u64;
+        }
         rows.iter().map(|row| decode(row)).collect()
     }
 
     async fn execute(&mut self, run: Run<'_>) -> Result<u64> {
-        let done = bound(run).execute(&mut *self.tx).await;
-        Ok(self.counted(run.writes, done)?.rows_affected())
+        let done = bound(run).execute(self.tx.on()).await;
+        let changed = self.counted(run.writes, done)?.rows_affected();
+        if run.writes {
+            self.changed += changed;
+        }
+        Ok(changed)
     }
 
     async fn resolve_call(&mut self, resolution: Resolution<'_>) -> Result<Option<(String, i64)>> {
@@ -547,7 +660,7 @@ impl SqlTx for PgTx {
         .bind(policy_lock_keys(&batch.agent, tools))
         .bind(count_pending_to.map(|n| i64::try_from(n).unwrap_or(i64::MAX)))
         .bind(call_ids)
-        .fetch_one(&mut *self.tx)
+        .fetch_one(self.tx.on())
         .await;
         let row = self.counted(false, locked)?;
         let version: i64 = row.try_get("policy_version")?;
@@ -569,7 +682,7 @@ impl SqlTx for PgTx {
             "SELECT 1 FROM batches WHERE batch_id = ANY($1) ORDER BY batch_id FOR NO KEY UPDATE",
         )
         .bind(batches)
-        .execute(&mut *self.tx)
+        .execute(self.tx.on())
         .await;
         self.counted(false, locked)?;
         Ok(())
@@ -597,14 +710,14 @@ impl SqlTx for PgTx {
                  FROM unnest($1::int4[]) AS k",
             )
         };
-        let locked = query.bind(&keys).execute(&mut *self.tx).await;
+        let locked = query.bind(&keys).execute(self.tx.on()).await;
         self.counted(false, locked)?;
         Ok(())
     }
 
     async fn lock_rules(&mut self) -> Result<()> {
         let locked = sqlx::query("LOCK TABLE rules IN EXCLUSIVE MODE")
-            .execute(&mut *self.tx)
+            .execute(self.tx.on())
             .await;
         self.counted(false, locked)?;
         Ok(())
@@ -623,14 +736,15 @@ impl SqlTx for PgTx {
     }
 
     /// A group's transaction numbers its events first, if it wrote any (see [`Numbering::run`]);
-    /// the lock it takes for that is released by the commit.
-    async fn commit(mut self) -> Result<()> {
-        if let Some(numbering) = &self.numbering
-            && self.written.is_some_and(|written| written > 0)
-        {
-            numbering.run(&mut *self.tx, None).await?;
+    /// the lock it takes for that is released by the commit. A commit that changed rows tells
+    /// storage health that writes work.
+    async fn commit(self) -> Result<()> {
+        let (health, changed) = (self.health.clone(), self.changed);
+        health.seen(self.commit_now().await)?;
+        if changed > 0 {
+            health.wrote();
         }
-        Ok(self.tx.commit().await?)
+        Ok(())
     }
 }
 

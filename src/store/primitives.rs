@@ -6,6 +6,7 @@
 //! No SQL text here (it is in `statements`), and nothing a backend would do differently: a
 //! difference belongs in [`SqlTx`], where both backends show what they do.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -108,6 +109,11 @@ pub trait SqlTx: Send {
     /// Whether an approval stores its input to run when it is the call's own (see
     /// [`outcome_params`]): where binaries of an older version may read the rows.
     const STORES_UNEDITED_INPUT_TO_RUN: bool;
+    /// Whether other broker processes write the database at the same time (Postgres's
+    /// replicas): then a row read to be changed is locked until the change is written, a lease
+    /// is taken only once its holder's has run out, and work done once per event is claimed.
+    /// A SQLite file serves one broker process (its lock file), whose writer is alone.
+    const REPLICAS: bool;
 
     /// Every row `run` returns, decoded.
     async fn rows<T: Send + 'static>(&mut self, run: Run<'_>, decode: Decode<T>) -> Result<Vec<T>>;
@@ -970,4 +976,36 @@ async fn kept_policy(tx: &mut impl SqlTx) -> Result<Option<(Arc<PolicyCache>, i6
         view.read(version);
     }
     Ok(Some((cache, version)))
+}
+
+/// How the parts of the store that have no operation of their own (webhook endpoints, Web Push
+/// subscriptions, Slack messages: `store::webhooks`, `push`, `slack`) reach a backend: work over
+/// its [`SqlTx`], run where the backend runs its writes. They are written once, over this; what
+/// the backends do differently is in [`SqlTx`] ([`SqlTx::REPLICAS`]) and here.
+///
+/// `work` takes the transaction and commits it (dropped uncommitted, it rolls back), as the
+/// operations do.
+#[async_trait]
+pub trait Transact: super::Backend {
+    type Tx: SqlTx + 'static;
+
+    /// Runs `work` in a transaction of its own: all of it or nothing.
+    async fn transaction<T, W, F>(&self, work: W) -> Result<T>
+    where
+        T: Send + 'static,
+        W: FnOnce(Self::Tx) -> F + Send + 'static,
+        F: Future<Output = Result<T>> + Send + 'static;
+
+    /// Runs `work`, whose statements need not be all or nothing (one statement; a write and
+    /// its read back), each committed as it runs where that saves round trips: Postgres runs
+    /// them on one pooled connection, in autocommit. SQLite writes in transactions only, on its
+    /// one writer, so there it is [`Self::transaction`].
+    async fn statements<T, W, F>(&self, work: W) -> Result<T>
+    where
+        T: Send + 'static,
+        W: FnOnce(Self::Tx) -> F + Send + 'static,
+        F: Future<Output = Result<T>> + Send + 'static,
+    {
+        self.transaction(work).await
+    }
 }

@@ -1,6 +1,7 @@
 //! Web Push subscriptions as stored (`push_subscriptions`, migrations 0022 SQLite / 0026
 //! Postgres): plain text columns both backends read and write alike; `crate::background::push` validates
-//! them before they are written and turns them into what it sends.
+//! them before they are written and turns them into what it sends. Also the sender's position
+//! in the event log (`event_cursors`, migrations 0025 SQLite / 0029 Postgres).
 
 /// One browser's subscription, kept for the approver who added it.
 #[derive(Clone, PartialEq, Eq)]
@@ -50,3 +51,20 @@ pub const DELETE_OF_APPROVER: &str =
 pub const DELETE: &str = "DELETE FROM push_subscriptions WHERE endpoint = $1";
 pub const SELECT_ALL: &str = "SELECT endpoint, approver, sees_all, groups, p256dh, auth, \
      created_at FROM push_subscriptions ORDER BY created_at, endpoint";
+
+/// The first replica to insert an event's sequence number pushes it.
+pub const CLAIM_EVENT: &str =
+    "INSERT INTO push_claims (seq, claimed_at) VALUES ($1, $2) ON CONFLICT (seq) DO NOTHING";
+pub const PRUNE_CLAIMS: &str = "DELETE FROM push_claims WHERE seq < $1";
+/// Claims kept behind the newest: far more than any replica lags.
+pub const KEEP_CLAIMS: i64 = 100_000;
+/// Every how many events the claims are pruned.
+pub const PRUNE_EVERY: i64 = 1_000;
+
+/// The Web Push sender's row in `event_cursors`.
+pub const CURSOR_CONSUMER: &str = "push";
+pub const SELECT_CURSOR: &str = "SELECT seq FROM event_cursors WHERE consumer = $1";
+/// Moves a consumer's position forward, never back (replicas each record theirs).
+pub const ADVANCE_CURSOR: &str = "INSERT INTO event_cursors (consumer, seq, updated_at) \
+     VALUES ($1, $2, $3) ON CONFLICT (consumer) DO UPDATE SET seq = excluded.seq, \
+     updated_at = excluded.updated_at WHERE event_cursors.seq < excluded.seq";

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 
+use super::health::Watch;
 use super::listing::{Dialect, Listing, call_page, grant_page};
 use super::receipt_rows::{self, StoredReceipt, receipt_from_row};
 use super::rows::{
@@ -22,9 +23,11 @@ use crate::domain::{AgentId, BatchId, Call, CallId, CallKey, Event, SessionId, T
 use crate::domain::{CallPage, CallQuery, GrantPage, GrantQuery};
 use crate::error::Result;
 
-/// The read side of a store, on `DB`'s pool.
+/// The read side of a store, on `DB`'s pool, with the storage health its failures are told
+/// (see [`BackendReads`]).
 pub struct Reads<DB: Database> {
     pool: Pool<DB>,
+    health: Watch,
 }
 
 impl<DB> Reads<DB>
@@ -36,8 +39,8 @@ where
     for<'t> &'t str: Encode<'t, DB> + Type<DB>,
     for<'t> i64: Encode<'t, DB> + Type<DB>,
 {
-    pub fn new(pool: Pool<DB>) -> Self {
-        Self { pool }
+    pub fn new(pool: Pool<DB>, health: Watch) -> Self {
+        Self { pool, health }
     }
 
     #[cfg(test)]
@@ -231,18 +234,19 @@ where
 }
 
 /// One backend's [`Reads`], whichever backend it is. The store traits' read methods default to
-/// it (see `store::Backend`), so neither backend writes its reads out again.
+/// it (see `store::Backend`), so neither backend writes its reads out again; and every read
+/// passes here, where its failure is told to storage health (`health`), once for all of them.
 pub enum BackendReads {
     Sqlite(Reads<sqlx::Sqlite>),
     Postgres(Reads<sqlx::Postgres>),
 }
 
-/// Calls `$method` on whichever backend's reads this is.
+/// Calls `$method` on whichever backend's reads this is, and tells storage health how it went.
 macro_rules! on_backend {
     ($reads:expr, $method:ident($($arg:expr),*)) => {
         match $reads {
-            BackendReads::Sqlite(reads) => reads.$method($($arg),*).await,
-            BackendReads::Postgres(reads) => reads.$method($($arg),*).await,
+            BackendReads::Sqlite(reads) => reads.health.seen(reads.$method($($arg),*).await),
+            BackendReads::Postgres(reads) => reads.health.seen(reads.$method($($arg),*).await),
         }
     };
 }

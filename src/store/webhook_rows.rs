@@ -3,6 +3,7 @@
 //! and SQLite as names bound in order of appearance: keep them so when editing. Nothing here
 //! decides anything; the store implementations only run these.
 
+use super::primitives::Param;
 use super::rows::Columns;
 use crate::domain::Timestamp;
 use crate::domain::webhook::{
@@ -82,7 +83,7 @@ pub fn pause_reason(failures: u32, error: &str) -> String {
     format!("paused after {failures} failed deliveries in a row; the last: {error}")
 }
 
-/// The values [`INSERT_WEBHOOK`] and [`UPSERT_FILE_WEBHOOK`] bind, in order.
+/// An endpoint's columns, as the statements bind them ([`Self::inserted`], [`Self::updated`]).
 pub struct WebhookRow<'a> {
     pub id: &'a str,
     pub url: &'a str,
@@ -125,9 +126,48 @@ impl<'a> WebhookRow<'a> {
             created_at: hook.created_at.as_micros(),
         }
     }
+
+    /// What [`INSERT_WEBHOOK`] and [`UPSERT_FILE_WEBHOOK`] bind.
+    pub fn inserted(&self) -> [Param<'a>; 15] {
+        [
+            Param::Text(self.id),
+            Param::Text(self.url),
+            Param::Text(self.secret),
+            Param::Int(self.event_kinds),
+            Param::Text(self.tool),
+            Param::Text(self.workspace),
+            Param::Text(self.agent),
+            Param::Int(self.format),
+            Param::Int(self.max_in_flight),
+            Param::OptText(self.paused_reason),
+            Param::Text(self.last_error),
+            Param::Int(self.consecutive_failures),
+            Param::Int(self.cursor),
+            Param::Flag(self.from_file),
+            Param::Int(self.created_at),
+        ]
+    }
+
+    /// What [`UPDATE_WEBHOOK`] binds.
+    pub fn updated(&self) -> [Param<'a>; 12] {
+        [
+            Param::Text(self.url),
+            Param::Text(self.secret),
+            Param::Int(self.event_kinds),
+            Param::Text(self.tool),
+            Param::Text(self.workspace),
+            Param::Text(self.agent),
+            Param::Int(self.format),
+            Param::Int(self.max_in_flight),
+            Param::OptText(self.paused_reason),
+            Param::Int(self.consecutive_failures),
+            Param::Flag(self.from_file),
+            Param::Text(self.id),
+        ]
+    }
 }
 
-pub fn webhook_from_row(row: &impl Columns) -> Result<Webhook> {
+pub fn webhook_from_row(row: &(impl Columns + ?Sized)) -> Result<Webhook> {
     let some = |text: String| (!text.is_empty()).then_some(text);
     let format = row.int("format")?;
     Ok(Webhook {

@@ -10,11 +10,8 @@
 
 mod lifecycle;
 mod passkeys;
-mod push;
-mod slack;
 #[cfg(test)]
 mod wal_tests;
-mod webhooks;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -25,9 +22,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use self::writer::WriteConnection;
 pub use self::writer::{CHECKPOINT_EVERY, WRITER_CHECKPOINT_PAGES};
+use self::writer::{SqliteTx, WriteConnection};
 use super::group_commit::{GroupCommit, Queued};
+use super::health::Watch;
+use super::primitives::Transact;
 use super::reads::{BackendReads, Reads};
 use super::{Backend, Calls, CommittedEvents, Deadlines, EventLog, Policies};
 use crate::domain::policy::{
@@ -74,6 +73,8 @@ pub struct SqliteStore {
     texts: ToolResultTexts,
     /// The database file, for backups (a connection of their own).
     path: PathBuf,
+    /// Storage health, told by the reads and the writer's transactions; here for the probe.
+    health: Watch,
 }
 
 /// The reads both backends answer alike are the shared ones (see `store::Backend`).
@@ -85,12 +86,23 @@ impl Backend for SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database file at `path` and applies the migrations under
-    /// `migrations/sqlite`.
+    /// `migrations/sqlite`; its storage health is told nobody.
     pub async fn open(
         path: &Path,
         synchronous: Synchronous,
         texts: ToolResultTexts,
         notary: Option<Arc<Notary>>,
+    ) -> Result<Self> {
+        Self::open_watched(path, synchronous, texts, notary, Watch::default()).await
+    }
+
+    /// [`Self::open`], telling `health` how the storage does (see `store::health`).
+    pub async fn open_watched(
+        path: &Path,
+        synchronous: Synchronous,
+        texts: ToolResultTexts,
+        notary: Option<Arc<Notary>>,
+        health: Watch,
     ) -> Result<Self> {
         let companions = ["-wal", "-shm", ".lock", ".receipt-key.pem"].map(|suffix| {
             let mut name = path.as_os_str().to_owned();
@@ -127,13 +139,14 @@ impl SqliteStore {
             .max_connections(4)
             .connect_with(options.read_only(true))
             .await?;
-        let writer = WriteConnection::open(path, synchronous, notary)?;
+        let writer = WriteConnection::open(path, synchronous, notary)?.watched_by(health.clone());
         Ok(Self {
             group: GroupCommit::start(writer.clone(), texts.clone())?,
             writer,
-            reads: BackendReads::Sqlite(Reads::new(reader)),
+            reads: BackendReads::Sqlite(Reads::new(reader, health.clone())),
             texts,
             path: path.to_owned(),
+            health,
         })
     }
 }
@@ -225,7 +238,10 @@ impl Calls for SqliteStore {
     async fn probe(&self) -> Result<()> {
         self.group
             .alone(move |writer| async move { writer.probe() })
-            .await
+            .await?;
+        // It changes no row, so its commit says nothing by itself; it wrote all the same.
+        self.health.wrote();
+        Ok(())
     }
 }
 
@@ -321,6 +337,25 @@ impl Policies for SqliteStore {
             .alone(
                 move |writer| async move { explain::explain(writer.begin_read()?, &target).await },
             )
+            .await
+    }
+}
+
+/// The parts written once over `Transact` (webhooks, push, Slack) write on the one writer
+/// thread, between groups, each in a transaction of its own, as every write here is (so
+/// `statements` is `transaction`).
+#[async_trait]
+impl Transact for SqliteStore {
+    type Tx = SqliteTx;
+
+    async fn transaction<T, W, F>(&self, work: W) -> Result<T>
+    where
+        T: Send + 'static,
+        W: FnOnce(SqliteTx) -> F + Send + 'static,
+        F: Future<Output = Result<T>> + Send + 'static,
+    {
+        self.group
+            .alone(move |writer| async move { work(writer.begin_write().await?).await })
             .await
     }
 }

@@ -30,6 +30,7 @@ use crate::operations::Transactions;
 use crate::receipts::Notary;
 use crate::receipts::signer::{Sealing, Signer};
 use crate::store::CommittedEvents;
+use crate::store::health::Watch;
 use crate::store::policy_cache::{PolicyCache, PolicyView};
 use crate::store::primitives::{Decode, Param, Run, SqlTx, read_chain_head};
 use crate::store::receipt_rows::{self, NewReceipt, ReceiptForm};
@@ -79,6 +80,8 @@ pub struct WriteConnection {
     /// The receipts committed since the events were last read back, by call: each Resolved
     /// event read back takes its call's from here (see [`Self::read_committed`]).
     sealed: CommittedReceipts,
+    /// Storage health, told by every transaction on this connection (see `store::health`).
+    health: Watch,
 }
 
 /// The database's files as this process opened them (device and inode of the database, its WAL
@@ -225,6 +228,7 @@ impl WriteConnection {
             policy: Arc::default(),
             signer,
             sealed: Arc::default(),
+            health: Watch::default(),
         };
         let checkpointer = connect(path, synchronous, ConnectionKind::Checkpointer)?;
         let (home, commits) = (Arc::downgrade(&writer.home), Arc::clone(&writer.commits));
@@ -233,6 +237,11 @@ impl WriteConnection {
             .spawn(move || checkpoint_while_open(&checkpointer, &home, &commits, &files))
             .map_err(|e| Error::Internal(format!("cannot start the checkpointer thread: {e}")))?;
         Ok(writer)
+    }
+
+    /// This connection, telling `health` how each of its transactions went.
+    pub fn watched_by(self, health: Watch) -> Self {
+        Self { health, ..self }
     }
 
     /// Starts handing the events of every commit over (see `Store::take_committed_events`);
@@ -327,7 +336,12 @@ impl WriteConnection {
         self.begin("BEGIN")
     }
 
+    /// A transaction begun with `sql`; its failure to begin is told to storage health.
     fn begin(&self, sql: &str) -> Result<SqliteTx> {
+        self.health.seen(self.begin_unwatched(sql))
+    }
+
+    fn begin_unwatched(&self, sql: &str) -> Result<SqliteTx> {
         let conn = self
             .home
             .lock()
@@ -346,6 +360,8 @@ impl WriteConnection {
             sealed: Arc::clone(&self.sealed),
             holds: false,
             chain: None,
+            health: self.health.clone(),
+            changed: 0,
         };
         if !tx.conn().is_autocommit() {
             // The rollback that ended the last transaction failed: try again, or the BEGIN
@@ -361,24 +377,14 @@ impl WriteConnection {
     /// use: migrations are recorded in `_sqlx_migrations`): whether writes work.
     pub fn probe(&self) -> Result<()> {
         let mut tx = self.begin_write_now()?;
-        tx.execute_sql("PRAGMA user_version = 0", [])?;
-        tx.commit_now()
+        let written = tx.execute_sql("PRAGMA user_version = 0", []);
+        self.health.seen(written.and_then(|_| tx.commit_now()))
     }
 
     /// A write transaction, refused at once if the database's files are gone.
     fn begin_write_now(&self) -> Result<SqliteTx> {
-        self.files.lost()?;
+        self.health.seen(self.files.lost())?;
         self.begin("BEGIN IMMEDIATE")
-    }
-
-    /// One write transaction of plain statements, for the parts of the store that have no
-    /// operation of their own (webhook endpoints and their cursors): committed if `work`
-    /// succeeds, rolled back if it fails.
-    pub fn transact<T>(&self, work: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        let tx = self.begin_write_now()?;
-        let value = work(tx.conn())?;
-        tx.commit_now()?;
-        Ok(value)
     }
 
     /// How many receipts were handed to the signing thread so far.
@@ -522,6 +528,11 @@ pub struct SqliteTx {
     /// payload digest), once it appended a receipt. The commit writes it: one statement a group,
     /// not a read and a write a receipt.
     chain: Option<(u64, String)>,
+    /// Storage health: told the failure of any statement or of the commit, and a commit that
+    /// changed rows.
+    health: Watch,
+    /// Rows the statements run through [`SqlTx`] changed (or returned, where they write).
+    changed: u64,
 }
 
 impl Drop for SqliteTx {
@@ -637,14 +648,24 @@ impl SqlTx for SqliteTx {
     const FIND_CALL_LOCKING_BATCH: &'static str = sql::FIND_CALL;
     /// One broker at a time, and migration 0014 keeps older ones off the file.
     const STORES_UNEDITED_INPUT_TO_RUN: bool = false;
+    /// One broker process per file (its lock file), and its writer is alone.
+    const REPLICAS: bool = false;
 
     async fn rows<T: Send + 'static>(&mut self, run: Run<'_>, decode: Decode<T>) -> Result<Vec<T>> {
         let params = params_from_iter(run.params);
-        self.query_rows(run.writes, run.sql, params, |row| decode(row))
+        let rows = self.query_rows(run.writes, run.sql, params, |row| decode(row));
+        let rows = self.health.seen(rows)?;
+        if run.writes {
+            self.changed += rows.len() as u64;
+        }
+        Ok(rows)
     }
 
     async fn execute(&mut self, run: Run<'_>) -> Result<u64> {
-        Ok(self.execute_sql(run.sql, params_from_iter(run.params))? as u64)
+        let changed = self.execute_sql(run.sql, params_from_iter(run.params));
+        let changed = self.health.seen(changed)? as u64;
+        self.changed += changed;
+        Ok(changed)
     }
 
     fn policy_view(&mut self) -> Option<&mut PolicyView> {
@@ -692,7 +713,7 @@ impl SqlTx for SqliteTx {
             receipt_rows::INSERT_RECEIPT,
             params_from_iter(receipt.params(unsigned)),
         );
-        if let Err(err) = inserted {
+        if let Err(err) = self.health.seen(inserted) {
             self.chain = head;
             return Err(err);
         }
@@ -723,8 +744,14 @@ impl SqlTx for SqliteTx {
         (!self.conn().is_autocommit()).then_some(self.writes)
     }
 
+    /// A commit that changed rows tells storage health that writes work.
     async fn commit(self) -> Result<()> {
-        self.commit_now()
+        let (health, changed) = (self.health.clone(), self.changed);
+        health.seen(self.commit_now())?;
+        if changed > 0 {
+            health.wrote();
+        }
+        Ok(())
     }
 }
 
