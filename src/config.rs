@@ -313,6 +313,20 @@ pub struct AuthSettings {
     /// id not cached (forged tokens cannot make the broker fetch more often).
     #[arg(long, env = "APPROVALS_JWT_KEYS_REFETCH_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub jwt_keys_refetch_interval: Duration,
+
+    /// People sign in to the inbox with the `--jwt-issuer` provider (OpenID Connect,
+    /// Authorization Code with PKCE), the inbox a public client of this id; tokens whose `aud`
+    /// is this id (their ID tokens) are accepted for people, never agents. See docs/identity.md.
+    #[arg(long, env = "APPROVALS_INBOX_OIDC_CLIENT_ID", requires = "jwt_issuer")]
+    pub inbox_oidc_client_id: Option<String>,
+
+    /// The scopes the inbox asks for at sign-in, space-separated (`openid` among them).
+    #[arg(
+        long,
+        env = "APPROVALS_INBOX_OIDC_SCOPES",
+        default_value = "openid email profile"
+    )]
+    pub inbox_oidc_scopes: String,
 }
 
 /// How calls are judged before a person sees them.
@@ -682,6 +696,7 @@ impl Config {
         let settings = Settings {
             issuer: issuer.clone(),
             audience: audience.clone(),
+            person_audience: auth.inbox_oidc_client_id.clone(),
             clock_skew: auth.jwt_clock_skew,
             refetch_interval: auth.jwt_keys_refetch_interval,
             claims: ClaimMapping {
@@ -693,6 +708,23 @@ impl Config {
             },
         };
         Ok(Some((settings, keys)))
+    }
+
+    /// What the inbox tells the page to sign people in with; `None` without
+    /// `--inbox-oidc-client-id`. Scopes without `openid` stop the broker.
+    pub fn inbox_sign_in(&self) -> crate::Result<Option<crate::surface::inbox::SignIn>> {
+        let auth = &self.auth;
+        let (Some(client_id), Some(issuer)) = (&auth.inbox_oidc_client_id, &auth.jwt_issuer) else {
+            return Ok(None);
+        };
+        crate::surface::inbox::SignIn::new(
+            issuer,
+            client_id,
+            &auth.inbox_oidc_scopes,
+            &auth.jwt_identity_claim,
+        )
+        .map(Some)
+        .map_err(|why| crate::Error::invalid("--inbox-oidc-client-id / --inbox-oidc-scopes", why))
     }
 }
 

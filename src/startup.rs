@@ -255,7 +255,10 @@ pub async fn run(
                 Arc::clone(&broker),
             ),
         )
-        .layer(InboxPage::new(config.serve.inbox, !authenticated))
+        .layer(
+            InboxPage::new(config.serve.inbox, !authenticated)
+                .with_sign_in(config.inbox_sign_in()?.as_ref()),
+        )
         .layer(GrpcWebLayer::new())
         // Counted after gRPC-Web is turned into gRPC, and outside the limits' rewriting, so
         // every RPC is counted once, with the status its client reads.

@@ -1,4 +1,5 @@
-// The approval inbox page: sign in with a token (kept in this tab's sessionStorage), then the
+// The approval inbox page: sign in with the organisation's OpenID provider (signin.ts, tokens in
+// memory only) or with a token (kept in this tab's sessionStorage), then the
 // live pending list, history, grants and rules, with keyboard shortcuts and notifications. A
 // broker without tokens asks for none: the page asks it first, and then only for a name.
 import "./style.css";
@@ -11,14 +12,18 @@ import { PasskeysView } from "./passkeys";
 import { PendingView } from "./pending";
 import { openSignedLink } from "./answers";
 import { followLinks, forgetPush, pushSupported, renewPush, subscribePush } from "./push";
+import { finishSignIn, offerSignIn, type OpenIdSession, type OpenIdSettings, openIdSettings } from "./signin";
 
 const TITLE = "Approval inbox";
+/** Sign-in with the organisation's OpenID provider, when the broker offers it. */
+let openid: OpenIdSettings | undefined;
 
 function signIn(error?: string, withToken = true): void {
   const form = $("sign-in") as HTMLFormElement;
   form.hidden = false;
   $("sign-out").hidden = true;
   $("sign-in-error").textContent = error ?? "";
+  offerSignIn(form, openid, (why) => ($("sign-in-error").textContent = why));
   // Without tokens the broker takes anyone's word for who decides: ask only for the name.
   $("token-label").hidden = !withToken;
   $("sign-in-with-token").hidden = !withToken;
@@ -51,15 +56,18 @@ function notifier(api: Api): (call: Call) => void {
   };
 }
 
-function open(session: Session): void {
+/** `person`: signed in with the OpenID provider (tokens in memory only), not a typed token. */
+function open(session: Session, person?: OpenIdSession): void {
   const api: Api = connect(session);
   $("sign-in").hidden = true;
   const signOut = $("sign-out");
   signOut.hidden = false;
+  if (person) signOut.textContent = `Sign out ${person.person}`;
   signOut.onclick = async () => {
-    await forgetPush(api);
+    await forgetPush(api).catch(() => {});
     forgetSession();
-    location.reload();
+    if (person) person.signOut();
+    else location.reload();
   };
   const notify = notifier(api);
   const connection = $("connection");
@@ -83,10 +91,21 @@ function open(session: Session): void {
     refused: (error) => {
       live.stop();
       forgetSession();
+      person?.forget();
       main.replaceChildren($("sign-in"));
       signIn(isAuthFailure(error) ? "The broker refused this token (UNAUTHENTICATED)." : `Refused: ${describeError(error)}`);
     },
   });
+  person?.watch(
+    (token) => (session.token = token),
+    (why) => {
+      live.stop();
+      session.token = "";
+      signOut.hidden = true;
+      main.replaceChildren($("sign-in"));
+      signIn(why);
+    },
+  );
   pending = new PendingView(api, live);
   const history = new HistoryView(api);
   const grants = new GrantsView(api);
@@ -153,6 +172,12 @@ function open(session: Session): void {
   void openSignedLink(api);
 }
 
-const session = savedSession();
-if (session) open(session);
-else void tokensRequired().then((required) => signIn(undefined, required));
+void (async () => {
+  openid = await openIdSettings();
+  const back = await finishSignIn(openid);
+  if (back.kind === "signed-in") return open({ token: back.session.token, approverName: "" }, back.session);
+  const session = savedSession();
+  if (session && back.kind === "none") return open(session);
+  const required = await tokensRequired();
+  signIn(back.kind === "failed" ? back.error : back.kind === "signed-out" ? "You are signed out." : undefined, required);
+})();

@@ -5,7 +5,8 @@
 //! A token is accepted only when its signature verifies with a key the issuer published
 //! (RS256, ES256 or EdDSA; never `none`, never a symmetric algorithm, whose "secret" would be
 //! the public key), its `iss` is the configured issuer, its `aud` names the configured
-//! audience, and `exp`/`nbf` hold within a small clock skew. Every refusal says which check
+//! audience (or, for people only, the inbox's OpenID client id: the ID tokens of people signed
+//! in to the inbox), and `exp`/`nbf` hold within a small clock skew. Every refusal says which check
 //! failed and never repeats the token. Who the caller is comes from the claims (see
 //! [`ClaimMapping`]), canonicalised by [`Identity::parse`] like every identity.
 //!
@@ -103,6 +104,10 @@ impl ClaimMapping {
 pub struct Settings {
     pub issuer: String,
     pub audience: String,
+    /// The inbox's OpenID client id (`--inbox-oidc-client-id`): a token whose `aud` names it
+    /// (the ID token of a person signed in to the inbox) is accepted too, for a person only,
+    /// never for an agent.
+    pub person_audience: Option<String>,
     pub clock_skew: Duration,
     pub refetch_interval: Duration,
     pub claims: ClaimMapping,
@@ -537,12 +542,12 @@ impl Verifier {
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
             .filter(Value::is_object)
             .ok_or_else(|| refused("its payload is not a base64url JSON object"))?;
-        let exp = self.check_claims(&claims, now)?;
-        Ok((self.principal(&claims)?, exp))
+        let (exp, audience) = self.check_claims(&claims, now)?;
+        Ok((self.principal(&claims, audience)?, exp))
     }
 
-    /// `iss`, `aud`, `exp` and `nbf`; returns `exp`.
-    fn check_claims(&self, claims: &Value, now: i64) -> Result<i64, Refusal> {
+    /// `iss`, `aud`, `exp` and `nbf`; returns `exp` and which audience the token is for.
+    fn check_claims(&self, claims: &Value, now: i64) -> Result<(i64, Audience), Refusal> {
         let settings = &self.settings;
         if claims.get("iss").and_then(Value::as_str) != Some(settings.issuer.as_str()) {
             return Err(refused(format!(
@@ -550,17 +555,28 @@ impl Verifier {
                 settings.issuer
             )));
         }
-        let audience = settings.audience.as_str();
-        let aud_ok = match claims.get("aud") {
+        let names = |audience: &str| match claims.get("aud") {
             Some(Value::String(aud)) => aud == audience,
             Some(Value::Array(auds)) => auds.iter().any(|a| a.as_str() == Some(audience)),
             _ => false,
         };
-        if !aud_ok {
-            return Err(refused(format!(
-                "its audience (`aud`) does not include `{audience}`"
-            )));
-        }
+        let audience = if names(&settings.audience) {
+            Audience::Broker
+        } else if settings.person_audience.as_deref().is_some_and(names) {
+            Audience::Inbox
+        } else {
+            return Err(refused(match &settings.person_audience {
+                None => format!(
+                    "its audience (`aud`) does not include `{}`",
+                    settings.audience
+                ),
+                Some(inbox) => format!(
+                    "its audience (`aud`) does not include `{}` (nor the inbox's client id \
+                     `{inbox}`)",
+                    settings.audience
+                ),
+            }));
+        };
         let skew = settings.clock_skew.as_secs() as i64;
         let time = |name: &str| claims.get(name).and_then(Value::as_f64).map(|t| t as i64);
         let exp = time("exp").ok_or_else(|| refused("it has no expiry (`exp`)"))?;
@@ -572,11 +588,11 @@ impl Verifier {
         {
             return Err(refused("it is not valid yet (`nbf` is in the future)"));
         }
-        Ok(exp)
+        Ok((exp, audience))
     }
 
     /// The role, identity and groups the claims give (see [`ClaimMapping`]).
-    fn principal(&self, claims: &Value) -> Result<Principal, Refusal> {
+    fn principal(&self, claims: &Value, audience: Audience) -> Result<Principal, Refusal> {
         let mapping = &self.settings.claims;
         let mut role = None;
         for claim in &mapping.role_claims {
@@ -593,6 +609,13 @@ impl Verifier {
                 mapping.role_claims.join("`/`")
             ))
         })?;
+        if role == Role::Agent && audience == Audience::Inbox {
+            return Err(Refusal::NoRole(
+                "the token was issued to the inbox (its `aud` is the inbox's client id), which \
+                 signs in people, but its roles make it an agent"
+                    .to_owned(),
+            ));
+        }
         let claim = if role == Role::Agent {
             &mapping.agent_claim
         } else {
@@ -627,6 +650,14 @@ impl Verifier {
             groups: groups.into(),
         })
     }
+}
+
+/// Whom a token was issued to: the broker (`--jwt-audience`), or the inbox (its OpenID client
+/// id), whose tokens name people only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Audience {
+    Broker,
+    Inbox,
 }
 
 fn strongest(current: Option<Role>, new: Role) -> Option<Role> {

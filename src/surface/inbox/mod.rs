@@ -15,6 +15,12 @@
 //! without tokens, HTTP/1.1 requests (how a browser reaches a plain `http://` broker) are
 //! answered only when their `Host` is `localhost` or an IP address; gRPC clients, on HTTP/2,
 //! are not affected, nor is anything once tokens are configured.
+//!
+//! With sign-in configured (`--inbox-oidc-client-id`, docs/identity.md), the page signs people
+//! in at the OpenID provider itself, a public client: this layer answers [`SIGN_IN_PATH`] with
+//! what the page needs (issuer, client id, scopes, the identity claim; nothing secret), and the
+//! page's Content-Security-Policy lets it connect to the issuer's origin too (its discovery
+//! document and token endpoint), nowhere else. Without it, that path says sign-in is off.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,7 +29,9 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body_util::Full;
 use tonic::body::Body;
-use tonic::codegen::http::{HeaderValue, Method, Request, Response, StatusCode, Version, header};
+use tonic::codegen::http::{
+    HeaderValue, Method, Request, Response, StatusCode, Uri, Version, header,
+};
 
 /// One file of the page.
 struct Asset {
@@ -69,13 +77,78 @@ const ASSETS: [Asset; 6] = [
     },
 ];
 
-/// The page may load only its own files and talk only to its own origin; no other site may
-/// frame it (an approve button under someone else's page is a click away from a forged
-/// approval).
-const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
-     style-src 'self'; img-src 'self' data:; connect-src 'self'; manifest-src 'self'; \
-     worker-src 'self'; base-uri 'none'; \
-     form-action 'none'; frame-ancestors 'none'";
+/// The page may load only its own files and talk only to its own origin (and, with sign-in,
+/// to the identity provider's: `{connect}`); no other site may frame it (an approve button under
+/// someone else's page is a click away from a forged approval).
+fn content_security_policy(connect: &str) -> String {
+    format!(
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+         connect-src {connect}; manifest-src 'self'; worker-src 'self'; base-uri 'none'; \
+         form-action 'none'; frame-ancestors 'none'"
+    )
+}
+
+/// Where the page reads how to sign people in (`{"openid": null}` when it cannot).
+pub const SIGN_IN_PATH: &str = "/inbox-sign-in.json";
+
+/// Signing people in to the inbox at the OpenID provider: what the page is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignIn {
+    issuer: String,
+    client_id: String,
+    scopes: String,
+    identity_claim: String,
+    /// The issuer's origin, which the page may connect to.
+    origin: String,
+}
+
+impl SignIn {
+    /// `scopes` must include `openid` (no ID token otherwise); the issuer must be an http(s)
+    /// URL (the JWT settings already require https, or http on loopback).
+    pub fn new(
+        issuer: &str,
+        client_id: &str,
+        scopes: &str,
+        identity_claim: &str,
+    ) -> Result<SignIn, String> {
+        if client_id.trim().is_empty() {
+            return Err("the inbox's client id is empty".to_owned());
+        }
+        if !scopes.split_whitespace().any(|s| s == "openid") {
+            return Err(format!(
+                "the scopes `{scopes}` lack `openid`, without which the provider issues no ID \
+                 token"
+            ));
+        }
+        let uri: Uri = issuer
+            .parse()
+            .map_err(|e| format!("the issuer `{issuer}` is not a URL: {e}"))?;
+        let origin = match (uri.scheme_str(), uri.authority()) {
+            (Some(scheme @ ("https" | "http")), Some(authority))
+                if !authority.as_str().contains('@') =>
+            {
+                format!("{scheme}://{authority}")
+            }
+            _ => return Err(format!("the issuer `{issuer}` is not an http(s) URL")),
+        };
+        Ok(SignIn {
+            issuer: issuer.to_owned(),
+            client_id: client_id.trim().to_owned(),
+            scopes: scopes.split_whitespace().collect::<Vec<_>>().join(" "),
+            identity_claim: identity_claim.to_owned(),
+            origin,
+        })
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "issuer": self.issuer,
+            "clientId": self.client_id,
+            "scopes": self.scopes,
+            "identityClaim": self.identity_claim,
+        })
+    }
+}
 
 /// What browsers ask for by themselves on every page load; the page has no icon.
 const FAVICON: &str = "/favicon.ico";
@@ -96,8 +169,29 @@ fn asset(path: &str) -> Option<&'static Asset> {
     ASSETS.iter().find(|asset| asset.path == path)
 }
 
+/// The sign-in settings (see [`SIGN_IN_PATH`]), never cached.
+fn sign_in_settings(body: &Bytes, method: &Method) -> Response<Body> {
+    let mut response = Response::new(if method == Method::HEAD {
+        Body::empty()
+    } else {
+        Body::new(Full::new(body.clone()))
+    });
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    response
+}
+
 /// The response for one of the page's files.
-fn serve(asset: &Asset, method: &Method) -> Response<Body> {
+fn serve(asset: &Asset, method: &Method, csp: &HeaderValue) -> Response<Body> {
     let body = if method == Method::HEAD {
         Body::empty()
     } else {
@@ -113,10 +207,7 @@ fn serve(asset: &Asset, method: &Method) -> Response<Body> {
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(asset.bytes.len()));
     // The page changes with the broker's version, and is small: always revalidate.
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
-    );
+    headers.insert(header::CONTENT_SECURITY_POLICY, csp.clone());
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     headers.insert(
         header::X_CONTENT_TYPE_OPTIONS,
@@ -165,10 +256,14 @@ fn rebinding_refusal<B>(request: &Request<B>) -> Option<Response<Body>> {
 
 /// Serves the page's files in front of the gRPC services (see the module docs), or, when the
 /// inbox is off (`--inbox false`), nothing.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct InboxPage {
     serve: bool,
     local_browsers_only: bool,
+    /// The page's Content-Security-Policy.
+    csp: HeaderValue,
+    /// The body served at [`SIGN_IN_PATH`].
+    sign_in: Bytes,
 }
 
 impl InboxPage {
@@ -178,7 +273,24 @@ impl InboxPage {
         Self {
             serve,
             local_browsers_only: authentication_off,
+            csp: HeaderValue::from_str(&content_security_policy("'self'"))
+                .expect("the policy is ASCII"),
+            sign_in: Bytes::from_static(br#"{"openid":null}"#),
         }
+    }
+
+    /// Offers sign-in with the OpenID provider (`None`: only tokens, as without it).
+    pub fn with_sign_in(mut self, sign_in: Option<&SignIn>) -> Self {
+        let Some(sign_in) = sign_in else {
+            return self;
+        };
+        let connect = format!("'self' {}", sign_in.origin);
+        // The origin is a parsed URI's scheme and authority: visible ASCII, no `;`.
+        if let Ok(csp) = HeaderValue::from_str(&content_security_policy(&connect)) {
+            self.csp = csp;
+        }
+        self.sign_in = Bytes::from(serde_json::json!({ "openid": sign_in.json() }).to_string());
+        self
     }
 }
 
@@ -186,7 +298,10 @@ impl<S> tower_layer::Layer<S> for InboxPage {
     type Service = InboxPageService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        InboxPageService { inner, page: *self }
+        InboxPageService {
+            inner,
+            page: self.clone(),
+        }
     }
 }
 
@@ -221,7 +336,14 @@ where
             && (method == Method::GET || method == Method::HEAD)
             && let Some(asset) = asset(request.uri().path())
         {
-            let response = serve(asset, method);
+            let response = serve(asset, method, &self.page.csp);
+            return Box::pin(std::future::ready(Ok(response)));
+        }
+        if self.page.serve
+            && (method == Method::GET || method == Method::HEAD)
+            && request.uri().path() == SIGN_IN_PATH
+        {
+            let response = sign_in_settings(&self.page.sign_in, method);
             return Box::pin(std::future::ready(Ok(response)));
         }
         if self.page.serve
@@ -250,7 +372,7 @@ mod tests {
             ("/icon.svg", "image/svg+xml"),
         ] {
             let asset = asset(path).unwrap_or_else(|| panic!("{path} is served"));
-            let response = serve(asset, &Method::GET);
+            let response = serve(asset, &Method::GET, &InboxPage::new(true, false).csp);
             assert_eq!(response.headers()[header::CONTENT_TYPE], content_type);
         }
         for other in [
@@ -260,6 +382,60 @@ mod tests {
         ] {
             assert!(asset(other).is_none(), "{other}");
         }
+    }
+
+    #[test]
+    fn sign_in_settings_name_the_provider_and_let_the_page_reach_its_origin_only() {
+        let off = InboxPage::new(true, false);
+        assert_eq!(&off.sign_in[..], br#"{"openid":null}"#);
+        let csp = off.csp.to_str().unwrap();
+        assert!(csp.contains("connect-src 'self';"), "{csp}");
+
+        let sign_in = SignIn::new(
+            "https://idp.example.com/realms/acme",
+            "approvals-inbox",
+            " openid  email ",
+            "email",
+        )
+        .unwrap();
+        let on = InboxPage::new(true, false).with_sign_in(Some(&sign_in));
+        let csp = on.csp.to_str().unwrap();
+        assert!(
+            csp.contains("connect-src 'self' https://idp.example.com;"),
+            "{csp}"
+        );
+        assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+        let body: serde_json::Value = serde_json::from_slice(&on.sign_in).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"openid": {
+                "issuer": "https://idp.example.com/realms/acme",
+                "clientId": "approvals-inbox",
+                "scopes": "openid email",
+                "identityClaim": "email",
+            }})
+        );
+        let response = sign_in_settings(&on.sign_in, &Method::GET);
+        assert_eq!(response.headers()[header::CACHE_CONTROL], "no-store");
+        assert!(asset(SIGN_IN_PATH).is_none(), "not a file of the page");
+    }
+
+    #[test]
+    fn sign_in_needs_the_openid_scope_and_an_http_issuer() {
+        let why =
+            SignIn::new("https://idp.example.com", "inbox", "email profile", "email").unwrap_err();
+        assert!(why.contains("openid"), "{why}");
+        for issuer in [
+            "idp.example.com",
+            "ftp://idp.example.com",
+            "https://u:p@idp.example.com",
+        ] {
+            assert!(
+                SignIn::new(issuer, "inbox", "openid", "email").is_err(),
+                "{issuer}"
+            );
+        }
+        assert!(SignIn::new("https://idp.example.com", " ", "openid", "email").is_err());
     }
 
     #[test]

@@ -13,6 +13,8 @@ use tokens::{Signer, hs256, jwks, unsigned};
 
 const ISSUER: &str = "https://idp.test";
 const AUDIENCE: &str = "approval-broker";
+/// The inbox's OpenID client id: the audience of signed-in people's ID tokens.
+const INBOX_CLIENT: &str = "approvals-inbox";
 const NOW: i64 = 1_800_000_000;
 
 /// Serves one JWKS (or an error), counting fetches.
@@ -37,6 +39,7 @@ fn settings(refetch_interval: Duration) -> Settings {
     Settings {
         issuer: ISSUER.to_owned(),
         audience: AUDIENCE.to_owned(),
+        person_audience: Some(INBOX_CLIENT.to_owned()),
         clock_skew: Duration::from_secs(60),
         refetch_interval,
         claims: ClaimMapping {
@@ -301,4 +304,33 @@ fn a_jwks_without_usable_signing_keys_is_refused() {
     let mut jwk = ec.jwk();
     jwk["alg"] = json!("ES384");
     assert!(KeySet::parse(&json!({"keys": [jwk]}).to_string()).is_err());
+}
+
+#[tokio::test]
+async fn an_id_token_issued_to_the_inbox_names_a_person_never_an_agent() {
+    let ec = Signer::es256("k1");
+    let (verifier, _) = verifier(&[&ec]).await;
+    let mut id_token = person("Alice@Example.com");
+    id_token["aud"] = json!(INBOX_CLIENT);
+    id_token["nonce"] = json!("n-1");
+    let principal = verifier.verify_at(&ec.sign(&id_token), NOW).unwrap();
+    assert_eq!(principal.role, Role::Approver);
+    assert_eq!(&*principal.identity, "alice@example.com");
+    assert_eq!(&*principal.groups, ["ops", "sec"]);
+    // Its roles may not make it an agent.
+    let mut agent = id_token.clone();
+    agent["roles"] = json!(["agent"]);
+    agent["client_id"] = json!("approvals-inbox");
+    match verifier.verify_at(&ec.sign(&agent), NOW) {
+        Err(Refusal::NoRole(why)) => assert!(why.contains("inbox"), "{why}"),
+        other => panic!("expected PERMISSION_DENIED, got {other:?}"),
+    }
+    // Another client's ID token is refused, naming both audiences accepted.
+    let mut other = id_token.clone();
+    other["aud"] = json!("another-app");
+    let why = unauthenticated(verifier.verify_at(&ec.sign(&other), NOW));
+    assert!(
+        why.contains(AUDIENCE) && why.contains(INBOX_CLIENT),
+        "{why}"
+    );
 }
