@@ -270,6 +270,22 @@ describe("passkey-signed approvals in Chromium", () => {
     assert.equal(await carol.page.evaluate(() => (window as unknown as { webauthnGets: number }).webauthnGets), 0, "no WebAuthn request was made");
   });
 
+  test("with none of the approver's passkeys on this device, the prompt fails, the card says so in words, and nothing is approved", async () => {
+    const { page, cdp, authenticatorId } = bob;
+    const [held] = await credentials(bob);
+    await cdp.send("WebAuthn.removeCredential", { authenticatorId, credentialId: held.credentialId });
+    const session = unique("s-elsewhere");
+    await submit(session, "d8", "deploy", '{"service":"api","to":"production"}');
+    const c = card(page, session, "d8");
+    try {
+      await c.getByRole("button", { name: "Approve deploy call d8" }).click();
+      await c.locator(".outcome.error").filter({ hasText: "No passkey signed: the prompt was cancelled or timed out, or none of your registered passkeys is on this device. Nothing was approved." }).waitFor({ timeout: 90_000 });
+    } finally {
+      await cdp.send("WebAuthn.addCredential", { authenticatorId, credential: held });
+    }
+    assert.ok(await isPending(session, "d8"), "nothing was approved");
+  });
+
   let alice: Person;
 
   test("another person's passkey signs their own approval (for the independent check)", async () => {
