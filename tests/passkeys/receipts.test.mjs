@@ -4,9 +4,10 @@
 // each person's credential as the authenticator holds it) are checked here with no broker code:
 // the DSSE signature with node:crypto, and each passkey assertion with @simplewebauthn/server
 // (verifyAuthenticationResponse), its challenge recomputed from what the receipt says was shown
-// (docs/receipts.md, "Passkey assertions"). The real receipts are accepted; a receipt given the
-// assertion of another call, another input, or another person's credential is refused, each for
-// the reason it should be.
+// (docs/receipts.md, "Passkey-signed approvals"). The real receipts are accepted (one of them a
+// quorum of two, each person's vote signed by their own passkey); a receipt given the assertion
+// of another call, another input, or another person's credential is refused, each for the reason
+// it should be.
 import assert from "node:assert/strict";
 import { createHash, createPublicKey, verify } from "node:crypto";
 import { readFileSync } from "node:fs";
@@ -139,8 +140,8 @@ const real = Object.entries(evidence.receipts);
 const clone = (value) => JSON.parse(JSON.stringify(value));
 
 describe("passkey assertions in a real broker's receipts, checked by @simplewebauthn/server", () => {
-  test("the browser test left three receipts and two people's credentials", () => {
-    assert.deepEqual(Object.keys(evidence.receipts).sort(), ["alice", "approved", "edited"]);
+  test("the browser test left four receipts and two people's credentials", () => {
+    assert.deepEqual(Object.keys(evidence.receipts).sort(), ["alice", "approved", "edited", "quorum"]);
     assert.deepEqual(Object.keys(evidence.people).sort(), ["alice", "bob"]);
   });
 
@@ -148,7 +149,7 @@ describe("passkey assertions in a real broker's receipts, checked by @simpleweba
     test(`the ${name} receipt is accepted: its DSSE signature and its passkey assertion verify`, async () => {
       assert.ok(dsseVerifies(envelope), "the broker's signature");
       const who = await checkPasskeys(statementOf(envelope));
-      assert.deepEqual(who, [name === "alice" ? "alice" : "bob"]);
+      assert.deepEqual(who, { alice: ["alice"], quorum: ["bob", "alice"] }[name] ?? ["bob"]);
     });
   }
 
@@ -177,6 +178,18 @@ describe("passkey assertions in a real broker's receipts, checked by @simpleweba
     const alice = passkeyAssertions(statementOf(evidence.receipts.alice).predicate).map((a) => ({ ...a, approver: "bob" }));
     setAssertions(statement, alice);
     await assert.rejects(checkPasskeys(statement), /is not one of bob's passkeys/);
+  });
+
+  test("a quorum receipt missing one person's assertion is refused", async () => {
+    const statement = statementOf(evidence.receipts.quorum);
+    statement.predicate.stepUp.approvals = statement.predicate.stepUp.approvals.filter((a) => a.approver !== "alice");
+    await assert.rejects(checkPasskeys(statement), /alice approved, but the receipt carries no passkey assertion of theirs/);
+  });
+
+  test("a quorum receipt whose two assertions were swapped between the people is refused", async () => {
+    const statement = statementOf(evidence.receipts.quorum);
+    for (const a of passkeyAssertions(statement.predicate)) a.approver = a.approver === "bob" ? "alice" : "bob";
+    await assert.rejects(checkPasskeys(statement), /is not one of (alice|bob)'s passkeys/);
   });
 
   test("a changed signature is refused", async () => {

@@ -302,6 +302,25 @@ describe("passkey-signed approvals in Chromium", () => {
     evidence.receiptKeys = keys.keys.map((k) => k.key?.publicKey ?? "");
   });
 
+  test("a quorum of two: each person's passkey signs their own vote, and the receipt carries both", async () => {
+    await clients.admin.createRule({
+      rule: { id: "two-passkeys", tool: "deploy_database", effect: Effect.ASK, approvers: { quorum: 2, stepUp: StepUp.PASSKEY } },
+    });
+    const session = unique("s-quorum");
+    await submit(session, "q1", "deploy_database", '{"database":"orders","to":"production"}');
+    const first = card(bob.page, session, "q1");
+    await first.getByRole("button", { name: "Approve deploy_database call q1" }).click();
+    await first.getByText("Vote recorded: 1 of 2 approvals").waitFor();
+    assert.ok(await isPending(session, "q1"), "one vote decides nothing");
+    await card(alice.page, session, "q1").getByRole("button", { name: "Approve deploy_database call q1" }).click();
+    const outcome = await outcomeOf(session, "q1");
+    assert.equal(outcome.status, CallStatus.APPROVED);
+    const receipt = await receiptOf(session, "q1");
+    const approvals = JSON.parse(receipt.statement).predicate.stepUp.approvals as { approver: string }[];
+    assert.deepEqual(approvals.map((a) => a.approver).sort(), ["alice", "bob"]);
+    evidence.receipts.quorum = receipt.envelope;
+  });
+
   test("an admin revokes a passkey in the Passkeys tab; its owner's approvals are refused from then on", async () => {
     const { page } = alice;
     await page.getByRole("tab", { name: "Passkeys" }).click();
