@@ -22,7 +22,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
 use super::queue::{self, Full};
-use super::{StreamOver, paging, parse, passkey_messages, render};
+use super::{StreamOver, decide, paging, parse, passkey_messages, render};
 use crate::background::events::Feed;
 use crate::broker::Broker;
 use crate::domain::{CallQuery, EventKind, Status as CallStatus, Viewer};
@@ -57,46 +57,6 @@ impl ApproverApi {
     pub fn with_push(mut self, push: Option<Arc<crate::background::push::Registry>>) -> Self {
         self.push = push;
         self
-    }
-
-    /// A Decide (or PreviewDecision) request as the broker takes it: with auth on, the token
-    /// says who decides, with which groups, seeing what; the request cannot.
-    fn decision_of(
-        &self,
-        request: Request<pb::DecideRequest>,
-    ) -> std::result::Result<(crate::domain::CallKey, crate::domain::Decision), Status> {
-        let caller = Caller::of(&request);
-        let mut req = request.into_inner();
-        let passkey = req.passkey.take();
-        let (key, mut decision) = parse::decide(req, self.broker.limits().max_input_bytes)?;
-        decision.approver = caller.approver(decision.approver)?;
-        decision.approver_groups = caller.groups();
-        decision.viewer = caller.viewer();
-        if let Some(assertion) = passkey {
-            let approves = decision.verdict == crate::domain::Verdict::Approve;
-            decision.passkey = Some(passkey_messages::assertion(
-                assertion,
-                approves,
-                self.broker.relying_party()?,
-            )?);
-        }
-        Ok((key, decision))
-    }
-
-    /// The reply to a decision: the siblings a denial skipped, and the calls a new grant
-    /// decided, told only as far as the approver (`viewer`) may see them.
-    fn decide_reply(
-        &self,
-        mut report: crate::domain::DecideReport,
-        viewer: &crate::domain::Viewer,
-    ) -> Response<pb::DecideResponse> {
-        report.skipped.retain(|c| c.visible_to(viewer));
-        report.decided_by_grant.retain(|c| c.visible_to(viewer));
-        Response::new(render::decide_response(
-            &report,
-            crate::domain::Timestamp::now(),
-            self.broker.limits().max_reply_bytes,
-        ))
     }
 
     fn push(&self) -> Result<&crate::background::push::Registry> {
@@ -159,16 +119,16 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         &self,
         request: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
-        let (key, decision) = self.decision_of(request)?;
+        let (key, decision) = decide::request(&self.broker, request)?;
         let report = self.broker.decide(&key, &decision).await?;
-        Ok(self.decide_reply(report, &decision.viewer))
+        Ok(decide::reply(&self.broker, report, &decision.viewer))
     }
 
     async fn preview_decision(
         &self,
         request: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
-        let (key, decision) = self.decision_of(request)?;
+        let (key, decision) = decide::request(&self.broker, request)?;
         if decision.remember.is_none() {
             return Err(crate::error::Error::invalid(
                 "scope",
@@ -178,7 +138,7 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
             .into());
         }
         let report = self.broker.preview_decide(&key, &decision).await?;
-        Ok(self.decide_reply(report, &decision.viewer))
+        Ok(decide::reply(&self.broker, report, &decision.viewer))
     }
 
     async fn create_call_link(

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod agent;
 pub mod approver;
 pub mod codec;
+pub mod decide;
 mod escalation_messages;
 pub mod health;
 pub mod observed;

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use crate::domain::OutcomeKind;
 use crate::domain::policy::{
-    ExplainTarget, FieldCondition, FieldPath, FieldTest, Glob, Matcher, Remember, RevokeTarget,
-    Rule, RuleEffect, RuleId, RuleSource, Scope,
+    ExplainTarget, FieldCondition, FieldPath, FieldTest, Glob, Matcher, RevokeTarget, Rule,
+    RuleEffect, RuleId, RuleSource, Scope,
 };
 use crate::domain::{
     AgentId, BatchId, CallId, CallKey, CallQuery, CancelScope, CancelTarget, Cursor,
-    DecidedByFilter, Decision, GrantQuery, Identity, MAX_BATCH_CALLS, NewBatch, NewCall, OnDeny,
-    SessionId, Status, Timestamp, ToolInput, ToolName, Verdict, refuse_invisible,
+    DecidedByFilter, GrantQuery, Identity, MAX_BATCH_CALLS, NewBatch, NewCall, OnDeny, SessionId,
+    Status, Timestamp, ToolInput, ToolName, refuse_invisible,
 };
 use crate::error::{Error, Result};
 use crate::proto::v1 as pb;
@@ -22,7 +22,7 @@ const MAX_LOOKUP_IDS: usize = 1024;
 const MAX_TITLE_BYTES: usize = 512;
 const MAX_MESSAGE_BYTES: usize = 16 * 1024;
 const MAX_WORKSPACE_BYTES: usize = 1024;
-const MAX_REASON_BYTES: usize = 4 * 1024;
+pub(super) const MAX_REASON_BYTES: usize = 4 * 1024;
 const DEFAULT_PAGE_SIZE: u32 = 100;
 const MAX_PAGE_SIZE: u32 = 1000;
 /// The longest a grant may be given to live before it expires.
@@ -146,7 +146,7 @@ fn requested_by(field: &str, value: String) -> Result<String> {
 }
 
 /// Optional one-line text: no control characters.
-fn line(field: &str, value: String, max: usize) -> Result<String> {
+pub(super) fn line(field: &str, value: String, max: usize) -> Result<String> {
     if value.chars().any(char::is_control) {
         return Err(Error::invalid(field, "must not contain control characters"));
     }
@@ -168,7 +168,7 @@ fn optional_name(field: &str, value: String, max: usize) -> Result<Option<String
 }
 
 /// Optional free text: bounded, no NUL.
-fn text(field: &str, value: String, max: usize) -> Result<String> {
+pub(super) fn text(field: &str, value: String, max: usize) -> Result<String> {
     if value.len() > max {
         return Err(Error::invalid(
             field,
@@ -252,142 +252,8 @@ pub fn cancel(target: Option<pb::CancelTarget>, field: &str) -> Result<CancelTar
     })
 }
 
-pub fn decide(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey, Decision)> {
-    let key = CallKey {
-        agent: AgentId::parse_or_default("agent", req.agent)?,
-        session: SessionId::parse("session_id", req.session_id)?,
-        call_id: CallId::parse("call_id", req.call_id)?,
-    };
-    let (verdict, responds) = match pb::Decision::try_from(req.decision) {
-        Ok(pb::Decision::Approve) => (Verdict::Approve, false),
-        Ok(pb::Decision::Deny) => (Verdict::Deny, false),
-        Ok(pb::Decision::Respond) => (Verdict::Deny, true),
-        Ok(pb::Decision::Unspecified) => {
-            return Err(Error::invalid(
-                "decision",
-                "must be DECISION_APPROVE, DECISION_DENY or DECISION_RESPOND",
-            ));
-        }
-        Err(_) => {
-            return Err(Error::invalid(
-                "decision",
-                format!("unknown value {}", req.decision),
-            ));
-        }
-    };
-    let response = response(responds, req.response, &req.reason, req.scope)?;
-    let edited_input = if req.edited_input_json.is_empty() {
-        None
-    } else if verdict == Verdict::Deny {
-        return Err(Error::invalid(
-            "edited_input_json",
-            "is only allowed with DECISION_APPROVE",
-        ));
-    } else {
-        Some(ToolInput::parse(
-            "edited_input_json",
-            &req.edited_input_json,
-            max_input_bytes,
-        )?)
-    };
-    // Required unless a token names the approver; see `auth::Caller::approver`.
-    let approver = line("approver", req.approver, 256)?;
-    // A response's message is the outcome's reason: what the receipt and the audit record.
-    let reason = match response {
-        Some(message) => message,
-        None => text("reason", req.reason, MAX_REASON_BYTES)?,
-    };
-    let scope = scope("scope", req.scope)?;
-    let remember = if scope == Scope::Once {
-        if req.matcher.is_some() {
-            return Err(Error::invalid(
-                "matcher",
-                "is only for a decision remembered with a scope other than SCOPE_ONCE",
-            ));
-        }
-        if req.grant_expires_in.is_some() {
-            return Err(Error::invalid(
-                "grant_expires_in",
-                "is only for a decision remembered with a scope other than SCOPE_ONCE",
-            ));
-        }
-        None
-    } else {
-        if edited_input.is_some() {
-            return Err(Error::invalid(
-                "scope",
-                "a decision with edited_input_json cannot be remembered (the grant would run \
-                 later calls' own inputs, not the edit); decide it SCOPE_ONCE",
-            ));
-        }
-        Some(Remember {
-            scope,
-            matcher: matcher("matcher", req.matcher, max_input_bytes, true)?,
-            expires_in: req
-                .grant_expires_in
-                .map(|d| grant_lifetime("grant_expires_in", d))
-                .transpose()?,
-        })
-    };
-    Ok((
-        key,
-        Decision {
-            verdict,
-            reason,
-            edited_input,
-            approver,
-            // The token's, set by the service (see `auth::Caller::groups`).
-            approver_groups: None,
-            viewer: crate::domain::Viewer::Operator,
-            remember,
-            responds,
-            prejudged: Default::default(),
-            // The assertion, with the relying party, set by the service (see
-            // `passkey_messages::assertion`).
-            passkey: None,
-        },
-    ))
-}
-
-/// The message of a DECISION_RESPOND (required, not blank, and not remembered: it answers this
-/// call only), `None` for another decision, which may not carry one.
-fn response(responds: bool, response: String, reason: &str, scope: i32) -> Result<Option<String>> {
-    if !responds {
-        if !response.is_empty() {
-            return Err(Error::invalid(
-                "response",
-                "is only for DECISION_RESPOND (a denial's reason goes in `reason`)",
-            ));
-        }
-        return Ok(None);
-    }
-    let response = text("response", response, MAX_REASON_BYTES)?;
-    if response.trim().is_empty() {
-        return Err(Error::invalid(
-            "response",
-            "is required with DECISION_RESPOND: the message for the model, not empty",
-        ));
-    }
-    if !reason.is_empty() {
-        return Err(Error::invalid(
-            "reason",
-            "is not used with DECISION_RESPOND: the message goes in `response`",
-        ));
-    }
-    if !matches!(
-        pb::Scope::try_from(scope),
-        Ok(pb::Scope::Unspecified | pb::Scope::Once)
-    ) {
-        return Err(Error::invalid(
-            "scope",
-            "a response answers this call only: DECISION_RESPOND is SCOPE_ONCE",
-        ));
-    }
-    Ok(Some(response))
-}
-
 /// A scope; UNSPECIFIED is ONCE.
-fn scope(field: &str, value: i32) -> Result<Scope> {
+pub(super) fn scope(field: &str, value: i32) -> Result<Scope> {
     match pb::Scope::try_from(value) {
         Ok(pb::Scope::Unspecified | pb::Scope::Once) => Ok(Scope::Once),
         Ok(pb::Scope::Session) => Ok(Scope::Session),
@@ -398,7 +264,7 @@ fn scope(field: &str, value: i32) -> Result<Scope> {
 }
 
 /// A grant's lifetime: positive, and at most a century.
-fn grant_lifetime(field: &str, d: prost_types::Duration) -> Result<Duration> {
+pub(super) fn grant_lifetime(field: &str, d: prost_types::Duration) -> Result<Duration> {
     if d.seconds < 0 || d.nanos < 0 || (d.seconds == 0 && d.nanos == 0) {
         return Err(Error::invalid(
             field,

@@ -9,8 +9,7 @@ use crate::domain::policy::{
 };
 use crate::domain::receipt::Sealed;
 use crate::domain::{
-    Call, CallId, CancelReport, DecideReport, Status, SubmitReport, SubmitResult, Timestamp,
-    invisible, json,
+    Call, CallId, CancelReport, Status, SubmitReport, SubmitResult, Timestamp, invisible, json,
 };
 use crate::error::Error;
 use crate::proto::v1 as pb;
@@ -283,36 +282,6 @@ pub fn cancel_result(report: &CancelReport, reply_limit: usize) -> pb::CancelRes
         cancelled_count: report.cancelled.len() as u64,
         already_decided_count: report.already_decided.len() as u64,
         truncated: !(all_cancelled && all_decided),
-    }
-}
-
-/// What a decision did: the outcome that stands and its grant, then the outcomes it skipped and
-/// its grant decided that fit in `reply_limit`.
-pub fn decide_response(
-    report: &DecideReport,
-    now: Timestamp,
-    reply_limit: usize,
-) -> pb::DecideResponse {
-    let decided = outcome_unsealed(&report.call);
-    let grant = report.grant.as_ref().map(|g| grant(g, now));
-    let mut room = Room::new(reply_limit);
-    decided.iter().for_each(|o| room.charge(o));
-    grant.iter().for_each(|g| room.charge(g));
-    let (skipped, all_skipped) = room.fill(report.skipped.iter().filter_map(outcome_unsealed));
-    let (decided_by_grant, all_by_grant) =
-        room.fill(report.decided_by_grant.iter().filter_map(outcome_unsealed));
-    pb::DecideResponse {
-        outcome: decided,
-        replayed: report.replayed,
-        skipped,
-        grant,
-        decided_by_grant,
-        skipped_count: report.skipped.len() as u64,
-        decided_by_grant_count: report.decided_by_grant.len() as u64,
-        truncated: !(all_skipped && all_by_grant),
-        // A vote that left the call pending: the call, with its votes so far.
-        pending: report.call.outcome.is_none().then(|| call(&report.call)),
-        grant_note: report.grant_note.clone().unwrap_or_default(),
     }
 }
 

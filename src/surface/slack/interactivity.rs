@@ -173,15 +173,17 @@ impl Slack {
             approver: person.identity.clone(),
             ..Default::default()
         };
-        let (key, mut decision) =
-            match crate::surface::grpc::parse::decide(request, broker.limits().max_input_bytes) {
-                Ok(parsed) => parsed,
-                Err(err) => {
-                    self.reply(&click, &format!("Not decided: {}", err.client_message()))
-                        .await;
-                    return;
-                }
-            };
+        let (key, mut decision) = match crate::surface::grpc::decide::decision(
+            request,
+            broker.limits().max_input_bytes,
+        ) {
+            Ok(parsed) => parsed,
+            Err(err) => {
+                self.reply(&click, &format!("Not decided: {}", err.client_message()))
+                    .await;
+                return;
+            }
+        };
         decision.approver = person.identity.clone();
         decision.approver_groups = Some(person.groups.clone());
         decision.viewer = viewer;
