@@ -300,7 +300,74 @@ backend_tests!(
     subscriptions_are_validated_and_removed_only_by_their_owner => super::with_push,
     a_reminder_and_an_escalation_are_pushed_again_for_the_same_call => super::with_push,
     a_first_subscriber_after_a_time_with_none_gets_the_next_call_at_once => super::with_push,
+    calls_committed_while_no_broker_pushed_are_pushed_when_one_starts_unless_decided => super::with_push,
 );
+
+/// A VAPID key of the test's own (phases after a restart use it: `with_push`'s is not kept).
+fn new_key(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    let key = dir.path().join("vapid.pem");
+    approval_broker::background::push::Vapid::load_or_create(&key).unwrap();
+    key
+}
+
+/// The sender resumes where it stopped in the event log: a call submitted while no broker
+/// pushed is pushed when one starts; one decided meanwhile is pushed neither as pending nor as
+/// withdrawn; nothing pushed before is pushed again; and live pushes follow.
+async fn calls_committed_while_no_broker_pushed_are_pushed_when_one_starts_unless_decided(
+    app: TestApp,
+) {
+    let service = PushService::start().await;
+    let browser = Browser::new();
+    subscribe(&app, DAVE, &browser, &service.endpoint("/dave")).await;
+    submit_as_bot(&app, call("before", "Bash", r#"{"command":"true"}"#)).await;
+    service.wait_for("/dave", 1).await;
+    // The position is stored within a second of an event (sender::CURSOR_EVERY).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = new_key(&dir);
+    let off = key.clone();
+    let app = app
+        .restart_with(move |c| {
+            with_push_key(c, off);
+            c.push.mode = approval_broker::receipts::ReceiptsMode::Off;
+        })
+        .await;
+    submit_as_bot(
+        &app,
+        call("waiting", "Bash", r#"{"command":"make deploy"}"#),
+    )
+    .await;
+    submit_as_bot(&app, call("answered", "Bash", r#"{"command":"true"}"#)).await;
+    decide_as(&app, DAVE, "answered").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(service.at("/dave").len(), 1, "pushed while push was off");
+
+    let app = app.restart_with(|c| with_push_key(c, key)).await;
+    let pushed = service.wait_for("/dave", 2).await;
+    assert_eq!(pushed[1].topic, topic_of("waiting"), "the call that waits");
+    assert_eq!(pushed[1].urgency, "high");
+    let vapid_key = approver_as(&app.channel, DAVE)
+        .get_push_key(pb::GetPushKeyRequest {})
+        .await
+        .expect("push key")
+        .into_inner()
+        .vapid_public_key;
+    assert_well_formed(&pushed[1], &service, &vapid_key);
+    browser.capture(
+        &pushed[1],
+        serde_json::json!({"kind": "pending", "tool": "Bash", "line": "make deploy"}),
+    );
+    submit_as_bot(&app, call("after", "Bash", r#"{"command":"true"}"#)).await;
+    let pushed = service.wait_for("/dave", 3).await;
+    assert_eq!(pushed[2].topic, topic_of("after"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let topics: Vec<String> = service.at("/dave").into_iter().map(|p| p.topic).collect();
+    assert_eq!(
+        topics,
+        [topic_of("before"), topic_of("waiting"), topic_of("after")],
+        "nothing twice, nothing for the call decided meanwhile"
+    );
+}
 
 /// With nobody subscribed the sender stops reading the subscriptions for every event (a second
 /// at a time); a subscription added then is still pushed the very next call.
@@ -548,6 +615,44 @@ async fn subscriptions_are_validated_and_removed_only_by_their_owner(app: TestAp
     .await
     .expect_err("an agent cannot subscribe");
     assert_eq!(agent.code(), Code::PermissionDenied);
+}
+
+/// A replica that was stopped while another (not pushing) took a call pushes it when it starts
+/// again: it resumes where the fleet's sender stopped in the shared log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
+)]
+async fn a_call_taken_by_another_replica_while_the_pusher_was_stopped_is_pushed_when_it_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = new_key(&dir);
+    let mut pusher = spawn_app_on(Backend::postgres(), |c| with_push_key(c, key.clone())).await;
+    let quiet = pusher
+        .replica(|c| {
+            with_push_key(c, key.clone());
+            c.push.mode = approval_broker::receipts::ReceiptsMode::Off;
+        })
+        .await;
+    let service = PushService::start().await;
+    let browser = Browser::new();
+    subscribe(&pusher, DAVE, &browser, &service.endpoint("/dave")).await;
+    submit_as_bot(&quiet, call("c1", "Bash", r#"{"command":"true"}"#)).await;
+    service.wait_for("/dave", 1).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    pusher.shut_down().await;
+    submit_as_bot(&quiet, call("c2", "Bash", r#"{"command":"make deploy"}"#)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        service.at("/dave").len(),
+        1,
+        "nobody pushes while the pusher is down"
+    );
+    let _pusher = pusher.restart_with(|c| with_push_key(c, key.clone())).await;
+    let pushed = service.wait_for("/dave", 2).await;
+    assert_eq!(pushed[1].topic, topic_of("c2"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(service.at("/dave").len(), 2, "c1 was not pushed again");
 }
 
 /// Two replicas on one Postgres database, both pushing from the shared log: each call is pushed

@@ -366,8 +366,9 @@ pub struct PushFlags {
     pub attempts: u32,
 }
 
-/// Starts Web Push as `flags` say: loads or creates the VAPID key, starts the sender on the
-/// events committed from now on, and returns what the RPCs use; `None` when push is off.
+/// Starts Web Push as `flags` say: loads or creates the VAPID key, starts the sender where it
+/// stopped in the event log (see `sender`), and returns what the RPCs use; `None` when push is
+/// off.
 pub async fn start(
     flags: &PushFlags,
     home: KeyHome<'_>,
@@ -416,10 +417,10 @@ pub async fn start(
             egress: Arc::clone(&egress),
         },
     );
-    let feed = bus.feed_after(store.latest_seq().await?);
     let added = Arc::new(AtomicU64::new(0));
     let sender = sender::Sender::new(Arc::clone(&store), pusher, Arc::clone(&added));
-    tokio::spawn(sender.run(feed));
+    let after = sender.resume_point().await?;
+    tokio::spawn(sender.run(Arc::downgrade(bus), after));
     Ok(Some(Arc::new(Registry {
         added,
         store,

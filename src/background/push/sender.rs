@@ -6,9 +6,17 @@
 //! Who is pushed is who may decide: the subscription's owner as a [`Viewer`] (their groups when
 //! they subscribed, or every call for an admin, an auditor, or anyone while auth is off), asked
 //! the same [`Call::visible_to`] that the inbox's list and stream ask.
+//!
+//! The sender resumes where it stopped: its position in the log is stored (`event_cursors`, at
+//! most once a [`CURSOR_EVERY`] while events flow, as webhook delivery stores its cursor), so
+//! the calls committed while no broker pushed, or while this one was behind, are pushed when it
+//! catches up. An event read back from the log that way may be about a call decided since: it
+//! is not pushed (nor, then, its withdrawal). Replicas each follow the log and the first to
+//! claim an event pushes it, as for live events.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -16,12 +24,26 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use tokio::sync::Semaphore;
 
 use super::{Answer, Notice, NoticeKind, Pusher, Subscription};
-use crate::background::events::Feed;
-use crate::domain::{Call, Event, EventKind, Viewer};
+use crate::background::events::{EventBus, Feed};
+use crate::domain::{Call, CallKey, Event, EventKind, Viewer};
+use crate::error::{Error, Result};
 use crate::store::{Store, StoredPushSubscription};
 
 /// Messages in flight at once, across subscriptions.
 const MAX_IN_FLIGHT: usize = 64;
+
+/// How long a handled event may wait for the stored position to pass it. A crash re-reads at
+/// most that stretch (on Postgres the claims keep those from being pushed twice).
+pub const CURSOR_EVERY: Duration = Duration::from_secs(1);
+
+/// The most events a starting sender catches up on: one that finds the stored position further
+/// behind starts that far from the log's end (far fewer than the claims Postgres keeps).
+const MAX_CATCH_UP: u64 = 50_000;
+
+/// The most calls remembered as "decided before their pending push was sent" (so that their
+/// withdrawal is not sent either); past it the memory starts again, at worst sending a
+/// withdrawal that closes nothing.
+const MAX_UNPUSHED: usize = 4096;
 
 /// How long the sender trusts having read no subscription at all, for subscriptions another
 /// replica adds (this process's own adds are seen at once).
@@ -38,6 +60,9 @@ pub struct Sender {
     /// needs no read (most brokers have no subscriber: two reads per call for nobody cost a
     /// measured 6% of the 64-agent bench's cycles).
     none_since: Mutex<Option<(Instant, u64)>>,
+    /// Calls whose pending push this process held the claim of and did not send, the call
+    /// being decided by the time the event was read (see [`Sender::tell`]).
+    unpushed: Mutex<HashSet<CallKey>>,
 }
 
 impl Sender {
@@ -48,6 +73,7 @@ impl Sender {
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
             added,
             none_since: Mutex::new(None),
+            unpushed: Mutex::default(),
         })
     }
 
@@ -62,20 +88,112 @@ impl Sender {
         })
     }
 
-    /// Pushes for each event `feed` gives, until it ends.
-    pub async fn run(self: Arc<Self>, mut feed: Feed) {
+    /// Pushes from `after` (see [`Sender::resume_point`]) until the event bus stops. The bus
+    /// is held weakly: the sender must not keep a stopped broker's bus alive.
+    pub async fn run(self: Arc<Self>, bus: Weak<EventBus>, mut after: u64) {
         loop {
-            match feed.next().await {
-                Ok(delivery) => self.tell(&delivery.event).await,
-                Err(err) => {
-                    tracing::warn!(error = %err, "the Web Push sender's event feed ended");
+            let Some(mut feed) = bus.upgrade().map(|bus| bus.feed_after(after)) else {
+                return;
+            };
+            match self.follow(&mut feed).await {
+                // Retention pruned events the sender had not read: none of them can be read
+                // any more; go on after them.
+                Error::Pruned { through, .. } => {
+                    tracing::warn!(
+                        after,
+                        through,
+                        "Web Push skips events retention pruned before they were pushed"
+                    );
+                    after = through;
+                }
+                err => {
+                    tracing::debug!(error = %err, "the Web Push sender's event feed ended");
                     return;
                 }
             }
         }
     }
 
-    async fn tell(self: &Arc<Self>, event: &Event) {
+    /// Where to push from: the stored position, at most [`MAX_CATCH_UP`] behind the log's
+    /// end; on a first start the log's end (stored at once, so that a broker stopped before
+    /// any event catches up from there).
+    pub async fn resume_point(&self) -> Result<u64> {
+        let latest = self.store.latest_seq().await?;
+        Ok(match self.store.push_cursor().await? {
+            Some(stored) if latest.saturating_sub(stored) > MAX_CATCH_UP => {
+                tracing::warn!(
+                    stored,
+                    latest,
+                    "Web Push was stopped long ago: only the last {MAX_CATCH_UP} events are caught up"
+                );
+                latest - MAX_CATCH_UP
+            }
+            Some(stored) => stored.min(latest),
+            None => {
+                self.store.record_push_cursor(latest).await?;
+                latest
+            }
+        })
+    }
+
+    /// Pushes for each event `feed` gives and stores how far it got, until the feed fails;
+    /// returns why.
+    async fn follow(self: &Arc<Self>, feed: &mut Feed) -> Error {
+        let mut unrecorded: Option<u64> = None;
+        let mut recorded_at = Instant::now();
+        loop {
+            let record_in = CURSOR_EVERY.saturating_sub(recorded_at.elapsed());
+            tokio::select! {
+                next = feed.next() => match next {
+                    Ok(delivery) => {
+                        self.tell(&delivery.event, delivery.live).await;
+                        unrecorded = Some(delivery.event.seq);
+                    }
+                    Err(err) => {
+                        if let Some(seq) = unrecorded {
+                            // The broker stopping: keep what was done, if the store still can.
+                            let _ = self.store.record_push_cursor(seq).await;
+                        }
+                        return err;
+                    }
+                },
+                _ = tokio::time::sleep(record_in), if unrecorded.is_some() => {}
+            }
+            if let Some(seq) = unrecorded
+                && recorded_at.elapsed() >= CURSOR_EVERY
+            {
+                recorded_at = Instant::now();
+                match self.store.record_push_cursor(seq).await {
+                    Ok(()) => unrecorded = None,
+                    Err(err) => tracing::warn!(error = %err, "cannot store where Web Push got to"),
+                }
+            }
+        }
+    }
+
+    /// Whether `call` has an outcome now (or is gone), as the store says.
+    async fn decided_since(&self, call: &Call) -> bool {
+        let key = &call.key;
+        match self
+            .store
+            .calls_by_id(&key.agent, &key.session, std::slice::from_ref(&key.call_id))
+            .await
+        {
+            Ok(found) => found
+                .into_iter()
+                .next()
+                .flatten()
+                .is_none_or(|now| now.outcome.is_some()),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read whether a call was decided; pushing it");
+                false
+            }
+        }
+    }
+
+    /// Pushes what `event` tells of. `live`: it came as it was published; otherwise it was read
+    /// back from the log, and its call may have been decided since.
+    async fn tell(self: &Arc<Self>, event: &Event, live: bool) {
         let kind = match event.kind {
             EventKind::Requested if event.call.outcome.is_none() => NoticeKind::Pending,
             EventKind::Reminded | EventKind::Escalated => NoticeKind::Reminder,
@@ -96,6 +214,28 @@ impl Sender {
                 tracing::warn!(error = %err, "cannot claim an event's pushes");
                 return;
             }
+        }
+        // Read back from the log: a call decided since is not pushed as pending (nobody could
+        // answer it), and, this process holding the claim of its pending push, neither is its
+        // withdrawal.
+        if !live && kind != NoticeKind::Withdrawn && self.decided_since(&event.call).await {
+            if kind == NoticeKind::Pending {
+                let mut unpushed = self.unpushed.lock().unwrap_or_else(PoisonError::into_inner);
+                if unpushed.len() >= MAX_UNPUSHED {
+                    unpushed.clear();
+                }
+                unpushed.insert(event.call.key.clone());
+            }
+            return;
+        }
+        if kind == NoticeKind::Withdrawn
+            && self
+                .unpushed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&event.call.key)
+        {
+            return;
         }
         let subscriptions = match self.store.push_subscriptions().await {
             Ok(subscriptions) => subscriptions,
