@@ -907,11 +907,16 @@ impl Config {
         let Some(path) = &self.slack.file else {
             return Ok(None);
         };
-        let (routes, people) = setting_file(
+        let (routes, mut people) = setting_file(
             "--slack-file / APPROVALS_SLACK_FILE",
             path,
             crate::surface::slack::parse_file,
         )?;
+        if let Some(tokens) = self.tokens()? {
+            crate::surface::slack::groups_from_tokens(&mut people, |identity| {
+                tokens.approver_groups(identity)
+            });
+        }
         let secret = |value: &Option<String>, file: &Option<PathBuf>, setting: &str| {
             let text = match (value, file) {
                 (Some(value), None) => value.clone(),

@@ -186,6 +186,29 @@ impl Tokens {
         self.entries.len()
     }
 
+    /// The approver groups the token file gives `identity` (canonical): those of every token of
+    /// it that may decide (`approver`, `admin`), merged and sorted; `None` when no such token
+    /// names it. Slack app mode gives them to a Slack user mapped to the identity.
+    pub fn approver_groups(&self, identity: &str) -> Option<Vec<String>> {
+        let mut found: Option<Vec<String>> = None;
+        for entry in self
+            .entries
+            .iter()
+            .filter(|e| e.identity == identity && matches!(e.role, Role::Approver | Role::Admin))
+        {
+            let groups = found.get_or_insert_with(Vec::new);
+            for group in entry.groups.iter() {
+                if !groups.contains(group) {
+                    groups.push(group.clone());
+                }
+            }
+        }
+        found.map(|mut groups| {
+            groups.sort();
+            groups
+        })
+    }
+
     /// The entry `token` hashes to. Every entry is compared, in constant time, whatever matches.
     fn authenticate(&self, token: &str) -> Option<&Entry> {
         let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();

@@ -49,7 +49,16 @@ struct FakeSlack {
     address: SocketAddr,
     received: Arc<Mutex<Vec<Received>>>,
     problems: Arc<Mutex<Vec<String>>>,
+    faults: Arc<Mutex<Faults>>,
     _server: tokio::task::JoinHandle<()>,
+}
+
+/// Failures the stand-in is told to answer: the next `n` requests to a path get `503` (as Slack
+/// answers when it is unavailable), and are counted rather than recorded as received.
+#[derive(Default)]
+struct Faults {
+    remaining: std::collections::HashMap<String, u32>,
+    refused: Vec<String>,
 }
 
 /// What is wrong with a message, by Block Kit's documented limits.
@@ -158,31 +167,42 @@ impl FakeSlack {
                 .map(|(u, e)| (u.to_string(), e.to_string()))
                 .collect(),
         );
-        let (r, p) = (Arc::clone(&received), Arc::clone(&problems));
+        let faults: Arc<Mutex<Faults>> = Arc::default();
+        let (r, p, f) = (
+            Arc::clone(&received),
+            Arc::clone(&problems),
+            Arc::clone(&faults),
+        );
         let server = tokio::spawn(async move {
             let counter = Arc::new(Mutex::new(0u32));
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let (r, p, emails, counter) = (
+                let (r, p, f, emails, counter) = (
                     Arc::clone(&r),
                     Arc::clone(&p),
+                    Arc::clone(&f),
                     Arc::clone(&emails),
                     Arc::clone(&counter),
                 );
                 tokio::spawn(async move {
                     let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-                        let (r, p, emails, counter) = (
+                        let (r, p, f, emails, counter) = (
                             Arc::clone(&r),
                             Arc::clone(&p),
+                            Arc::clone(&f),
                             Arc::clone(&emails),
                             Arc::clone(&counter),
                         );
                         async move {
-                            let answer = answer(request, &r, &p, &emails, &counter).await;
+                            let (status, answer) = match refusal(&request, &f) {
+                                Some(refused) => (503, refused),
+                                None => (200, answer(request, &r, &p, &emails, &counter).await),
+                            };
                             Ok::<_, std::convert::Infallible>(
                                 Response::builder()
+                                    .status(status)
                                     .header("content-type", "application/json; charset=utf-8")
                                     .body(Full::new(Bytes::from(answer.to_string())))
                                     .unwrap(),
@@ -199,8 +219,22 @@ impl FakeSlack {
             address,
             received,
             problems,
+            faults,
             _server: server,
         }
+    }
+
+    /// The next `n` calls of `method` (`chat.postMessage`...) fail with `503`.
+    fn fail_next(&self, method: &str, n: u32) {
+        let mut faults = self.faults.lock().unwrap();
+        faults.remaining.insert(format!("/api/{method}"), n);
+    }
+
+    /// How many calls of `method` were answered with a failure.
+    fn refused(&self, method: &str) -> usize {
+        let path = format!("/api/{method}");
+        let faults = self.faults.lock().unwrap();
+        faults.refused.iter().filter(|p| **p == path).count()
     }
 
     /// Closes the port and every connection: Slack is down.
@@ -270,6 +304,16 @@ impl FakeSlack {
             "requests Slack would refuse: {problems:#?}"
         );
     }
+}
+
+/// The failure the stand-in was told to answer `request` with, if any (see [`Faults`]).
+fn refusal(request: &Request<hyper::body::Incoming>, faults: &Mutex<Faults>) -> Option<Value> {
+    let path = request.uri().path().to_owned();
+    let mut faults = faults.lock().unwrap();
+    let remaining = faults.remaining.get_mut(&path).filter(|n| **n > 0)?;
+    *remaining -= 1;
+    faults.refused.push(path);
+    Some(json!({"ok": false, "error": "service_unavailable"}))
 }
 
 /// The stand-in's answer to one request, after checking it as Slack documents it.
@@ -486,20 +530,28 @@ async fn click(app: &TestApp, slack: &FakeSlack, user: &str, action: &str, messa
 /// Slack app mode on against `slack`, with alice, bob and carol in `ops`, dave in `dev`, erin
 /// mapped by email; every call routed to one channel and needing `quorum` of `ops`.
 fn configure(slack: &FakeSlack, dir: &std::path::Path, quorum: u32) -> impl FnOnce(&mut Config) {
+    configure_with_people(slack, dir, quorum, Vec::new())
+}
+
+/// As [`configure`], with `more` people in the Slack file.
+fn configure_with_people(
+    slack: &FakeSlack,
+    dir: &std::path::Path,
+    quorum: u32,
+    more: Vec<Value>,
+) -> impl FnOnce(&mut Config) {
     let file = dir.join("slack.json");
+    let mut people = vec![
+        json!({"slack_user": "U0ALICE", "identity": "alice", "groups": ["ops"]}),
+        json!({"slack_user": "U0BOB", "identity": "Bob", "groups": ["ops"]}),
+        json!({"slack_user": "U0CAROL", "identity": "carol", "groups": ["ops"]}),
+        json!({"slack_user": "U0DAVE", "identity": "dave", "groups": ["dev"]}),
+        json!({"email": "erin@example.com", "identity": "erin", "groups": ["ops"]}),
+    ];
+    people.extend(more);
     std::fs::write(
         &file,
-        json!({
-            "channels": [{"channel": CHANNEL}],
-            "people": [
-                {"slack_user": "U0ALICE", "identity": "alice", "groups": ["ops"]},
-                {"slack_user": "U0BOB", "identity": "Bob", "groups": ["ops"]},
-                {"slack_user": "U0CAROL", "identity": "carol", "groups": ["ops"]},
-                {"slack_user": "U0DAVE", "identity": "dave", "groups": ["dev"]},
-                {"email": "erin@example.com", "identity": "erin", "groups": ["ops"]},
-            ],
-        })
-        .to_string(),
+        json!({"channels": [{"channel": CHANNEL}], "people": people}).to_string(),
     )
     .unwrap();
     let api_url = slack.api_url();
@@ -621,6 +673,9 @@ slack_tests!(
     slack_down_never_stops_a_decision,
     a_call_pending_before_slack_app_mode_started_is_posted_once,
     a_post_that_failed_every_attempt_is_made_at_the_next_start,
+    a_post_that_failed_every_attempt_is_made_later_without_a_restart,
+    while_slack_fails_a_call_decided_meanwhile_is_never_posted_and_its_update_is_made_later,
+    a_slack_person_without_groups_has_the_token_files_and_their_own_groups_win,
     mentions_and_links_in_an_input_reach_slack_escaped,
     retention_prunes_a_decided_calls_slack_message_with_the_call,
 );
@@ -936,10 +991,13 @@ async fn a_post_that_failed_every_attempt_is_made_at_the_next_start(backend: Bac
         c.webhooks.timeout = Duration::from_millis(200);
         c.slack.attempts = 2;
     };
-    let (app, down, dir) = start_with(backend, 1, fast).await;
+    let (mut app, down, dir) = start_with(backend, 1, fast).await;
     down.stop();
     submit_one(&app, "s1", call("c1", "Bash", "{}")).await;
-    // Longer than two attempts can take (2 × (200ms timeout + 200ms longest wait)).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Stopped (its rounds of retries, which renew its claim, stop with it), then longer than
+    // two attempts can take (2 × (200ms timeout + 200ms longest wait)).
+    app.shut_down().await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let slack = FakeSlack::start(&[]).await;
     let settings = configure(&slack, dir.path(), 1);
@@ -957,6 +1015,135 @@ async fn a_post_that_failed_every_attempt_is_made_at_the_next_start(backend: Bac
         wait_outcome(&app, "c1").await.status(),
         pb::CallStatus::Approved
     );
+    slack.assert_no_problems();
+}
+
+/// Waits until `done` holds, up to [`PATIENCE`].
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The top-level messages posted for `call_id` (thread replies left out).
+fn posts_of(slack: &FakeSlack, call_id: &str) -> usize {
+    slack
+        .received()
+        .iter()
+        .filter(|r| {
+            r.path == "/api/chat.postMessage"
+                && r.body["thread_ts"].is_null()
+                && r.body.to_string().contains(call_id)
+        })
+        .count()
+}
+
+/// A post that failed every attempt is made again while the broker runs, once Slack answers:
+/// no restart. Its buttons then decide as any message's.
+async fn a_post_that_failed_every_attempt_is_made_later_without_a_restart(backend: Backend) {
+    let (app, slack, _dir) = start_with(backend, 1, |c| c.slack.attempts = 2).await;
+    // Both attempts fail, and so does the first round after them.
+    slack.fail_next("chat.postMessage", 3);
+    let message = submit_and_see_posted(&app, &slack, "c1", "").await;
+    assert_eq!(slack.refused("chat.postMessage"), 3);
+    assert_eq!(posts_of(&slack, "c1"), 1);
+    click(&app, &slack, "U0ALICE", "approve", &message).await;
+    assert_eq!(
+        wait_outcome(&app, "c1").await.status(),
+        pb::CallStatus::Approved
+    );
+    slack
+        .wait_for("/api/chat.update", |b| b.to_string().contains("APPROVED"))
+        .await;
+    assert_eq!(posts_of(&slack, "c1"), 1, "posted once");
+    slack.assert_no_problems();
+}
+
+/// While Slack fails, a call decided in the inbox is never posted (nobody could answer it in
+/// Slack any more), and the update of a message posted before is made once Slack answers.
+async fn while_slack_fails_a_call_decided_meanwhile_is_never_posted_and_its_update_is_made_later(
+    backend: Backend,
+) {
+    let (app, slack, _dir) = start_with(backend, 1, |c| c.slack.attempts = 2).await;
+    submit_and_see_posted(&app, &slack, "c1", "").await;
+    slack.fail_next("chat.postMessage", 1000);
+    slack.fail_next("chat.update", 1000);
+    submit_one(&app, "s1", call("c2", "Bash", "{}")).await;
+    approve(&app, "s1", "c2").await;
+    approve(&app, "s1", "c1").await;
+    until(
+        "c1's update and c2's post failed, and a round after them",
+        || slack.refused("chat.update") >= 3 && slack.refused("chat.postMessage") >= 2,
+    )
+    .await;
+    slack.fail_next("chat.postMessage", 0);
+    slack.fail_next("chat.update", 0);
+    let ts = message_ts(&slack, "c1");
+    slack
+        .wait_for("/api/chat.update", |b| {
+            b["ts"] == ts.as_str() && b.to_string().contains("APPROVED")
+        })
+        .await;
+    // A call submitted now is posted at once; c2 never is.
+    submit_and_see_posted(&app, &slack, "c3", "").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(posts_of(&slack, "c2"), 0, "a decided call was posted");
+    slack.assert_no_problems();
+}
+
+/// A Slack person whose entry names no groups has the groups the token file gives their
+/// identity; an entry's own groups win over the token file's.
+async fn a_slack_person_without_groups_has_the_token_files_and_their_own_groups_win(
+    backend: Backend,
+) {
+    use approval_broker::door::auth::hash_token;
+    let people = vec![
+        json!({"slack_user": "U0FRANK", "identity": "Frank"}),
+        json!({"slack_user": "U0GINA", "identity": "gina", "groups": ["dev"]}),
+    ];
+    let slack = FakeSlack::start(&[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = configure_with_people(&slack, dir.path(), 1, people);
+    let app = helpers::spawn_app_on(backend, |config| {
+        settings(config);
+        config.auth.tokens = Some(format!(
+            "agent bot {}\napprover frank {} groups=ops,dev\napprover gina {} groups=ops",
+            hash_token("token-of-bot"),
+            hash_token("token-of-frank"),
+            hash_token("token-of-gina"),
+        ));
+    })
+    .await;
+    pb::agent_service_client::AgentServiceClient::with_interceptor(
+        app.channel.clone(),
+        crate::routing::bearer("token-of-bot"),
+    )
+    .submit(pb::SubmitRequest {
+        batch: Some(helpers::batch(
+            "s1",
+            vec![call("c1", "Bash", r#"{"command":"make deploy"}"#)],
+        )),
+    })
+    .await
+    .expect("submit");
+    let message = slack
+        .wait_for("/api/chat.postMessage", |b| b.to_string().contains("c1"))
+        .await;
+    // gina's token is in ops, but her Slack entry says dev: dev it is, and the call needs ops.
+    click(&app, &slack, "U0GINA", "approve", &message).await;
+    let answer = slack.ephemeral(1).await;
+    assert!(answer.starts_with("Not decided"), "{answer}");
+    // frank's entry names no groups: his token's (ops, dev) are his.
+    click(&app, &slack, "U0FRANK", "approve", &message).await;
+    let answer = slack.ephemeral(2).await;
+    assert_eq!(answer, "Decided: APPROVED as frank.");
+    slack
+        .wait_for("/api/chat.update", |b| {
+            b.to_string().contains("APPROVED") && b.to_string().contains("frank")
+        })
+        .await;
     slack.assert_no_problems();
 }
 

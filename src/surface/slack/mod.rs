@@ -8,7 +8,8 @@
 //!   slows a decision: posting happens after the fact, retried a bounded number of times;
 //! - `blocks`: the messages (Block Kit, escaped, bounded); `api`: the Web API client;
 //! - `signature`: `X-Slack-Signature` and replays; `interactivity`: the HTTP endpoint Slack
-//!   POSTs clicks to, on the gRPC port.
+//!   POSTs clicks to, on the gRPC port;
+//! - `retry`: the calls whose message failed every attempt, tried again on a bounded schedule.
 //!
 //! Nothing here ever decides a call itself: a click becomes a `Decision` whose approver and
 //! groups come from the configured mapping, and the broker's gate judges it like any other.
@@ -16,9 +17,11 @@
 pub mod api;
 pub mod blocks;
 pub mod interactivity;
+mod retry;
 pub mod signature;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -66,7 +69,26 @@ pub struct SlackPerson {
     pub slack_user: Option<String>,
     pub email: Option<String>,
     pub identity: String,
+    /// The entry's own `groups` when it gives them; else, once [`groups_from_tokens`] ran, the
+    /// groups the token file gives the identity.
     pub groups: Vec<String>,
+    /// Whether the entry gives `groups` itself (then they win over the token file's).
+    pub groups_given: bool,
+}
+
+/// Gives each person whose entry names no `groups` the groups `token_groups` says their
+/// identity has in the token file (every approver or admin token of it, merged). An entry's own
+/// `groups` win, even `[]`: the Slack file may keep Slack to fewer groups than the inbox. A JWT's
+/// claims cannot apply: a click carries no token, so the broker never sees them.
+pub fn groups_from_tokens(
+    people: &mut [SlackPerson],
+    token_groups: impl Fn(&str) -> Option<Vec<String>>,
+) {
+    for person in people.iter_mut().filter(|p| !p.groups_given) {
+        if let Some(groups) = token_groups(&person.identity) {
+            person.groups = groups;
+        }
+    }
 }
 
 /// Everything Slack app mode needs, parsed and checked at start.
@@ -183,6 +205,7 @@ pub fn parse_file(text: &str) -> Result<(Vec<Route>, Vec<SlackPerson>)> {
             .ok_or_else(|| Error::invalid(format!("{at}.identity"), "is required"))?;
         let identity = Identity::parse(&format!("{at}.identity"), &typed)?.into_string();
         let mut groups = Vec::new();
+        let groups_given = matches!(entry.get("groups"), Some(Value::Array(_)));
         match entry.get("groups") {
             None | Some(Value::Null) => {}
             Some(Value::Array(names)) => {
@@ -215,6 +238,7 @@ pub fn parse_file(text: &str) -> Result<(Vec<Route>, Vec<SlackPerson>)> {
             email,
             identity,
             groups,
+            groups_given,
         });
     }
     Ok((routes, people))
@@ -238,6 +262,10 @@ pub struct Slack {
     store: Arc<dyn Store>,
     /// This process's name in the claims.
     owner: String,
+    /// The calls whose message is to be tried again (see `retry`).
+    retries: retry::Retries,
+    /// The last Web API call failed every attempt, and none answered since.
+    failing: AtomicBool,
 }
 
 impl Slack {
@@ -255,6 +283,8 @@ impl Slack {
             verifier,
             store,
             owner: uuid::Uuid::new_v4().simple().to_string(),
+            retries: retry::Retries::default(),
+            failing: AtomicBool::new(false),
         })
     }
 
@@ -283,22 +313,29 @@ impl Slack {
         }
     }
 
-    /// Whether this process posts `key` (the first to claim it, in the whole fleet).
-    async fn claim(&self, key: &CallKey) -> bool {
-        let now = crate::domain::Timestamp::now();
-        let at = now.as_micros();
-        // A claim older than every attempt of a post could take is one whose post failed.
+    /// How long a claim whose post never got an answer holds: longer than every attempt of a
+    /// post could take; then another broker (or a restart) may take it over.
+    fn claim_lifetime(&self) -> i64 {
         let longest = (self.settings.timeout + self.settings.retry_max) * self.settings.attempts;
-        let stale_before = at - longest.as_micros() as i64;
+        i64::try_from(longest.as_micros()).unwrap_or(i64::MAX)
+    }
+
+    /// Whether this process posts `key` (the first to claim it, in the whole fleet): when it
+    /// claimed it, if it did.
+    async fn claim(&self, key: &CallKey) -> Option<i64> {
+        let at = crate::domain::Timestamp::now().as_micros();
+        // A claim older than every attempt of a post could take is one whose post failed.
+        let stale_before = at - self.claim_lifetime();
         match self
             .store
             .claim_slack_message(key, &self.owner, at, stale_before)
             .await
         {
-            Ok(claimed) => claimed,
+            Ok(true) => Some(at),
+            Ok(false) => None,
             Err(error) => {
                 tracing::warn!(%error, "cannot claim a call's Slack message; not posting it");
-                false
+                None
             }
         }
     }
@@ -306,8 +343,16 @@ impl Slack {
     /// Posts the calls pending now that no broker posted (submitted while none ran Slack app
     /// mode, or while this one was down), then posts, updates and threads from the committed
     /// events `feed` yields, until it ends. A call both pending now and in the feed is posted
-    /// once: the claim decides.
-    pub async fn post_from(self: Arc<Self>, mut feed: Feed) {
+    /// once: the claim decides. Beside it, in the same task, the calls whose message failed
+    /// every attempt are tried again (`retry`).
+    pub async fn post_from(self: Arc<Self>, feed: Feed) {
+        tokio::select! {
+            () = self.follow(feed) => {}
+            () = self.retry_rounds() => {}
+        }
+    }
+
+    async fn follow(&self, mut feed: Feed) {
         self.post_pending().await;
         loop {
             match feed.next().await {
@@ -355,14 +400,18 @@ impl Slack {
                     return;
                 };
                 let body = blocks::decided(call, self.settings.inbox_url.as_deref());
-                self.update(&posted, body).await;
+                if !self.update(&posted, body).await {
+                    self.retry_later(&call.key, None);
+                }
             }
             EventKind::ApprovalRecorded => {
                 let Some(posted) = self.posted(&call.key).await else {
                     return;
                 };
                 let body = blocks::pending(call, self.settings.inbox_url.as_deref());
-                self.update(&posted, body).await;
+                if !self.update(&posted, body).await {
+                    self.retry_later(&call.key, None);
+                }
                 if posted.ours
                     && let Some(vote) = call.approval.as_ref().and_then(|a| a.votes.last())
                 {
@@ -391,35 +440,46 @@ impl Slack {
         }
     }
 
-    /// Posts a pending call to the channel its route names, if this process claims it first.
+    /// Posts a pending call to the channel its route names, if this process claims it first;
+    /// a post that fails every attempt is tried again later (`retry`).
     async fn post_new(&self, call: &Call) {
         let Some(channel) = self.channel_for(call) else {
             return;
         };
-        if !self.claim(&call.key).await {
+        let Some(claimed_at) = self.claim(&call.key).await else {
             return;
+        };
+        if !self.post(call, channel).await {
+            self.retry_later(&call.key, Some(claimed_at));
         }
+    }
+
+    /// Posts `call`'s message (its claim taken) and stores where it is; whether Slack took it.
+    async fn post(&self, call: &Call, channel: &str) -> bool {
         let mut body = blocks::pending(call, self.settings.inbox_url.as_deref());
         body["channel"] = json!(channel);
         body["unfurl_links"] = json!(false);
         body["unfurl_media"] = json!(false);
-        if let Some(answer) = self.call_with_retries("chat.postMessage", &body).await {
-            let channel = answer["channel"].as_str().unwrap_or(channel);
-            let ts = answer["ts"].as_str().unwrap_or_default();
-            if let Err(error) = self
-                .store
-                .record_slack_message(&call.key, channel, ts)
-                .await
-            {
-                tracing::warn!(%error, "cannot store which Slack message a call was posted as");
-            }
+        let Some(answer) = self.call_with_retries("chat.postMessage", &body).await else {
+            return false;
+        };
+        let channel = answer["channel"].as_str().unwrap_or(channel);
+        let ts = answer["ts"].as_str().unwrap_or_default();
+        if let Err(error) = self
+            .store
+            .record_slack_message(&call.key, channel, ts)
+            .await
+        {
+            tracing::warn!(%error, "cannot store which Slack message a call was posted as");
         }
+        true
     }
 
-    async fn update(&self, posted: &Posted, mut body: Value) {
+    /// Replaces the message's content with `body`; whether Slack took it.
+    async fn update(&self, posted: &Posted, mut body: Value) -> bool {
         body["channel"] = json!(posted.channel);
         body["ts"] = json!(posted.ts);
-        self.call_with_retries("chat.update", &body).await;
+        self.call_with_retries("chat.update", &body).await.is_some()
     }
 
     async fn in_thread(&self, posted: &Posted, note: &str) {
@@ -429,20 +489,33 @@ impl Slack {
         self.call_with_retries("chat.postMessage", &body).await;
     }
 
-    /// Calls `method`, retrying failures with a doubling backoff up to `attempts` in all; the
-    /// answer, or `None` (logged) when every attempt failed.
+    /// Calls `method`, retrying failures with a doubling backoff up to `attempts` in all (one
+    /// attempt while Slack is failing: the calls that fail then wait in `retry`); the answer,
+    /// or `None` (logged) when every attempt failed.
     async fn call_with_retries(&self, method: &str, body: &Value) -> Option<Value> {
+        let attempts = if self.failing.load(Ordering::Relaxed) {
+            1
+        } else {
+            self.settings.attempts.max(1)
+        };
         let mut wait = self.settings.retry_min;
-        for attempt in 1..=self.settings.attempts.max(1) {
+        for attempt in 1..=attempts {
             match self.api.call(method, body).await {
-                Ok(answer) => return Some(answer),
-                Err(error) if attempt < self.settings.attempts => {
+                Ok(answer) => {
+                    if self.failing.swap(false, Ordering::Relaxed) {
+                        tracing::info!("Slack answers again; the messages waiting are tried now");
+                        self.retries.bring_forward();
+                    }
+                    return Some(answer);
+                }
+                Err(error) if attempt < attempts => {
                     tracing::warn!(%method, %error, attempt, "Slack Web API call failed; retrying");
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(self.settings.retry_max);
                 }
                 Err(error) => {
-                    tracing::warn!(%method, %error, attempt, "Slack Web API call failed; given up");
+                    tracing::warn!(%method, %error, attempt, "Slack Web API call failed; given up for now");
+                    self.failing.store(true, Ordering::Relaxed);
                 }
             }
         }
@@ -467,6 +540,25 @@ mod tests {
         assert_eq!(people[0].identity, "alice");
         assert_eq!(people[0].groups, vec!["dev", "ops"]);
         assert_eq!(people[1].email.as_deref(), Some("bob@example.com"));
+        assert!(people[0].groups_given && !people[1].groups_given);
+    }
+
+    #[test]
+    fn a_person_without_groups_takes_the_token_files_and_one_with_groups_keeps_theirs() {
+        let (_, mut people) = parse_file(
+            r#"{"people": [{"slack_user": "U1", "identity": "alice"},
+                           {"slack_user": "U2", "identity": "bob", "groups": []},
+                           {"slack_user": "U3", "identity": "carol", "groups": ["dev"]},
+                           {"slack_user": "U4", "identity": "nobody"}]}"#,
+        )
+        .unwrap();
+        groups_from_tokens(&mut people, |identity| match identity {
+            "nobody" => None,
+            _ => Some(vec!["ops".to_owned()]),
+        });
+        let groups: Vec<Vec<String>> = people.iter().map(|p| p.groups.clone()).collect();
+        let ops = vec!["ops".to_owned()];
+        assert_eq!(groups, [ops, vec![], vec!["dev".to_owned()], vec![]]);
     }
 
     #[test]
