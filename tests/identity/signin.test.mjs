@@ -353,6 +353,13 @@ test("a tampered or foreign token is refused, in the page and over gRPC", async 
     other.close();
   }
 
+  // A code the page did not ask for (login CSRF, a replayed answer) is never exchanged.
+  const forged = await inbox();
+  await forged.page.goto(`${broker.url}/?code=stolen-code&state=guessed-state`);
+  await forged.page.getByRole("alert").filter({ hasText: "That sign-in answer was not for a sign-in started here" }).waitFor();
+  assert.equal(new URL(forged.page.url()).search, "", "the answer is gone from the address bar");
+  assert.equal(await forged.page.getByRole("button", { name: /Sign out/ }).isVisible(), false);
+
   // The page's token box with the tampered token: refused, and nothing kept.
   const typed = await inbox();
   await typed.page.getByLabel("Token", { exact: true }).fill(tampered);

@@ -176,6 +176,9 @@ export async function finishSignIn(settings: OpenIdSettings | undefined): Promis
   if (!pending || pending.state !== state || Date.now() - pending.at > PENDING_LIFETIME_MS) {
     return { kind: "failed", error: "That sign-in answer was not for a sign-in started here (or started too long ago); sign in again." };
   }
+  // RFC 9207: a provider that names itself in its answer must be this one (no mix-up).
+  const iss = params.get("iss");
+  if (iss !== null && iss !== settings.issuer) return { kind: "failed", error: `That sign-in answer came from another issuer (${iss}); sign in again.` };
   if (error !== null) {
     const why = params.get("error_description");
     return { kind: "failed", error: `The identity provider did not sign you in: ${error}${why ? ` (${why})` : ""}.` };
