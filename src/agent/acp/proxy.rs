@@ -42,6 +42,11 @@ pub async fn run(args: &AcpProxyArgs) -> ExitCode {
     if check.is_off() {
         warn("--no-receipt-check: APPROVED outcomes are not checked against their signed receipts");
     }
+    // The token settings are checked (and a client secret read) now, not at the first call.
+    if let Err(problem) = args.broker.token_source() {
+        warn(&problem);
+        return ExitCode::from(2);
+    }
     let Some((program, agent_args)) = args.agent.split_first() else {
         warn("no agent command: give it after `--`, e.g. `acp-proxy -- claude-code-acp`");
         return ExitCode::from(2);

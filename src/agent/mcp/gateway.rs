@@ -74,6 +74,8 @@ impl Settings {
                 return Err("give either --upstream or a server command, not both".to_owned());
             }
         };
+        // The token settings are checked (and a client secret read) now, not at the first call.
+        args.broker.token_source()?;
         Ok(Settings {
             broker: args.broker.clone(),
             sessions: SessionPolicy::from_flags(args.session.as_deref(), &args.session_from)?,
