@@ -2,8 +2,8 @@
 //! provider behind a private CA. A token endpoint on loopback, played by the test, signs JWTs
 //! with a key its JWKS publishes: the adapters' token source fetches a token once and keeps it,
 //! renews it at four fifths of its lifetime, keeps it while the provider is down until it
-//! expires and then has none, saying why; the Claude Code hook gets its token there and denies,
-//! saying why, when there is none. Served over HTTPS with a certificate of a test CA, the
+//! expires and then has none, saying why; the Claude Code hook gets its token there, replaces
+//! one the broker refuses, and denies, saying why, when there is none. Served over HTTPS with a certificate of a test CA, the
 //! provider's keys and token are had only with that CA (`--jwt-ca-file`, `--oauth-ca-file`),
 //! and refused without it. (The same with a real OpenID provider and the Python and TypeScript
 //! clients: .ci/identity-agents.)
@@ -47,6 +47,8 @@ struct Grants {
     /// The lifetime of the tokens it issues, in seconds.
     ttl: AtomicU64,
     refuse: AtomicBool,
+    /// The next token is signed by a key the JWKS does not publish (the broker refuses it).
+    forge_next: AtomicBool,
     /// Each token request: its form and its `authorization` header.
     requests: Mutex<Vec<(String, Option<String>)>>,
 }
@@ -69,7 +71,7 @@ impl Idp {
             ..Grants::default()
         });
         let acceptor = tls.map(|ca| ca.acceptor(&["127.0.0.1"]));
-        let signer = Arc::new(Signer::es256("ec-1"));
+        let signer = Arc::new((Signer::es256("ec-1"), Signer::es256("unpublished")));
         let (served_issuer, served_grants) = (issuer.clone(), grants.clone());
         let server = tokio::spawn(async move {
             loop {
@@ -118,7 +120,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     issuer: &str,
     grants: &Grants,
-    signer: &Signer,
+    (signer, forger): &(Signer, Signer),
 ) {
     let mut request = Vec::new();
     let mut buf = [0u8; 4096];
@@ -166,6 +168,11 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             ("401 Unauthorized", refusal.to_string())
         } else {
             let ttl = grants.ttl.load(Ordering::SeqCst);
+            let signer = if grants.forge_next.swap(false, Ordering::SeqCst) {
+                forger
+            } else {
+                signer
+            };
             let token = signer.sign(&json!({"iss": issuer, "aud": AUDIENCE, "client_id": "ci-bot",
                 "sub": "ci-bot", "scope": "approval-agent", "iat": now(), "exp": now() + ttl as i64}));
             let answer = json!({"access_token": token, "token_type": "Bearer", "expires_in": ttl});
@@ -494,7 +501,8 @@ async fn approve_when_pending(app: &TestApp, session: &str, call_id: &str) {
 }
 
 #[tokio::test]
-async fn the_hook_authenticates_with_the_providers_token_and_denies_without_one() {
+async fn the_hook_authenticates_with_the_providers_token_replaces_a_refused_one_and_denies_without_one()
+ {
     let dir = tempfile::tempdir().unwrap();
     let idp = Idp::start(None).await;
     let secret = secret_file(dir.path(), 0o600);
@@ -505,6 +513,15 @@ async fn the_hook_authenticates_with_the_providers_token_and_denies_without_one(
     );
     assert_eq!(answer["permissionDecision"], "allow", "{answer}");
     assert_eq!(idp.requests(), 1, "one token for one hook run");
+
+    // A token the broker refuses is replaced once, and the hook goes on with the new one.
+    idp.grants.forge_next.store(true, Ordering::SeqCst);
+    let (answer, ()) = tokio::join!(
+        hook(&app, &idp, &secret, "toolu_3"),
+        approve_when_pending(&app, "hook-session", "toolu_3")
+    );
+    assert_eq!(answer["permissionDecision"], "allow", "{answer}");
+    assert_eq!(idp.requests(), 3, "the refused token and its replacement");
 
     idp.stop();
     let answer = hook(&app, &idp, &secret, "toolu_2").await;
