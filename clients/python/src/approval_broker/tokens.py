@@ -116,6 +116,9 @@ class ClientCredentials:
 
     async def __call__(self) -> str:
         """The token to send now: the one held while it is fresh, else a new one."""
+        held = self._token
+        if held is not None and time.monotonic() < self._refresh_after:
+            return held  # no thread needed
         return await asyncio.to_thread(self.token)
 
     def token(self) -> str:
