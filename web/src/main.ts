@@ -173,6 +173,8 @@ function open(session: Session, person?: OpenIdSession): void {
 }
 
 void (async () => {
+  // Hidden until signIn() wires it: a submit before then would be the browser's own.
+  $("sign-in").hidden = true;
   openid = await openIdSettings();
   const back = await finishSignIn(openid);
   if (back.kind === "signed-in") return open({ token: back.session.token, approverName: "" }, back.session);
