@@ -3,8 +3,8 @@
 //! skips the rest of a SKIP_REST batch; a decision remembered with a scope creates a grant and
 //! decides, in the same transaction, the pending calls that grant covers.
 //!
-//! A call with a requirement (see [`routing`](super::routing)) is decided only by approvers it
-//! admits, never approved by who submitted it, and counts votes: a vote that does not complete
+//! A call with a requirement (fixed at submit, see [`routing`](super::routing)) is decided only
+//! by approvers it admits, never approved by who submitted it, and counts votes: a vote that does not complete
 //! it is recorded and leaves it pending (no grant, nothing skipped); the vote that completes it
 //! decides it as above, naming every approver who agreed. Where the requirement asks for
 //! `step_up: passkey`, an approving vote counts only with a passkey assertion checked here, in
@@ -14,9 +14,10 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use super::routing::{self, Voted};
 use super::ruling::{decide_by_ruling, skip_rest_of_batch};
 use super::tx::{PolicyTx, Resolved, Stored, WriteTx, batches_of, complete_batches, tools_of};
+use crate::domain::passkey::SignedApproval;
+use crate::domain::policy::Tally;
 use crate::domain::policy::{
     Effect, Gate, Grant, GrantScope, GrantSpec, Matcher, Person, Prejudged, Remember, Scope,
     Subject, Vote,
@@ -66,7 +67,9 @@ pub async fn decide_in(
     if !call.visible_to(&decision.viewer) {
         return Err(key.not_found());
     }
-    routing::check_approver(&call, decision)?;
+    // The call's gate: no self-approval, groups, no edit where several must approve, a
+    // passkey assertion where the requirement asks for one. Before anything is read or written.
+    Gate::of(&call).admit_decision(decision)?;
     let mut grant = decision
         .remember
         .as_ref()
@@ -113,7 +116,7 @@ pub async fn decide_in(
                 None
             };
             if call.approval.is_some() {
-                match routing::vote(tx, rowid, decision, signed, now).await? {
+                match vote(tx, rowid, decision, signed, now).await? {
                     Voted::Resolve {
                         by,
                         votes,
@@ -450,6 +453,78 @@ async fn decide_covered(
         }
     }
     Ok((decided, skipped))
+}
+
+/// What a vote did.
+enum Voted {
+    /// The call is to be resolved (the vote completes it, or needs no count), naming these
+    /// deciders; or it was decided meanwhile, which resolving finds out. `votes`: the votes of
+    /// the deciding verdict, in the order they were cast (empty: decided alone, no count).
+    /// `signed_votes`: for a call whose approvals are passkey-signed, every vote as now
+    /// recorded (the receipt carries the assertions).
+    Resolve {
+        by: DecidedBy,
+        votes: Vec<Vote>,
+        signed_votes: Option<Vec<Vote>>,
+    },
+    /// The call stays pending, with the votes so far; `repeated`: this vote was recorded before.
+    Pending { call: Box<Call>, repeated: bool },
+}
+
+/// Counts `decision` as a vote on call `rowid` (with `signed`, the passkey assertion checked
+/// for it). Runs under the call's batch lock: the call is read again here, so the votes counted
+/// are every vote committed before.
+async fn vote(
+    tx: &mut impl WriteTx,
+    rowid: i64,
+    decision: &Decision,
+    signed: Option<SignedApproval>,
+    now: Timestamp,
+) -> Result<Voted> {
+    let mut call = tx.load_call(rowid).await?;
+    let alone = || Voted::Resolve {
+        by: DecidedBy::Approver(decision.approver.clone()),
+        votes: Vec::new(),
+        signed_votes: None,
+    };
+    let (Some(approval), None) = (&mut call.approval, &call.outcome) else {
+        return Ok(alone());
+    };
+    let vote = Vote {
+        passkey: signed,
+        ..Vote::new(decision, now)
+    };
+    match approval.tally(vote)? {
+        Tally::Repeated => Ok(Voted::Pending {
+            call: Box::new(call),
+            repeated: true,
+        }),
+        Tally::Recorded => {
+            tx.record_votes(rowid, approval, now, true).await?;
+            Ok(Voted::Pending {
+                call: Box::new(call),
+                repeated: false,
+            })
+        }
+        Tally::Decides(verdict, approvers) => {
+            // Kept for the audit; the Resolved event announces it.
+            tx.record_votes(rowid, approval, now, false).await?;
+            let votes = approval
+                .votes
+                .iter()
+                .filter(|v| v.verdict() == verdict)
+                .cloned()
+                .collect();
+            Ok(Voted::Resolve {
+                by: DecidedBy::Approver(approvers.join(",")),
+                votes,
+                signed_votes: approval
+                    .requirement
+                    .needs_passkey()
+                    .then(|| approval.votes.clone()),
+            })
+        }
+    }
 }
 
 #[cfg(test)]
