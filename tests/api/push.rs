@@ -301,7 +301,36 @@ backend_tests!(
     a_reminder_and_an_escalation_are_pushed_again_for_the_same_call => super::with_push,
     a_first_subscriber_after_a_time_with_none_gets_the_next_call_at_once => super::with_push,
     calls_committed_while_no_broker_pushed_are_pushed_when_one_starts_unless_decided => super::with_push,
+    a_call_that_needs_a_passkey_is_pushed_saying_so => super::with_push,
 );
+
+/// A call whose requirement asks for a passkey is pushed like any (its notification opens the
+/// call), and says it needs one: `.ci/push` decrypts the capture and checks its line.
+async fn a_call_that_needs_a_passkey_is_pushed_saying_so(app: TestApp) {
+    let mut signed = rule("signed", "deploy", pb::Effect::Ask, 0, None);
+    signed.approvers = Some(pb::Approvers {
+        quorum: 1,
+        step_up: pb::StepUp::Passkey as i32,
+        ..Default::default()
+    });
+    admin_as(&app.channel, ROOT)
+        .create_rule(pb::CreateRuleRequest { rule: Some(signed) })
+        .await
+        .expect("create rule");
+    let service = PushService::start().await;
+    let browser = Browser::new();
+    subscribe(&app, DAVE, &browser, &service.endpoint("/dave")).await;
+    submit_as_bot(&app, call("p1", "deploy", r#"{"command":"make deploy"}"#)).await;
+    let pushed = service.wait_for("/dave", 1).await;
+    assert_eq!(pushed[0].topic, topic_of("p1"));
+    assert_eq!(pushed[0].urgency, "high");
+    browser.capture(
+        &pushed[0],
+        serde_json::json!({"kind": "pending", "tool": "deploy", "step_up": true,
+            "line": "Needs your passkey · make deploy",
+            "url": "/#agent=bot&session=s&call=p1"}),
+    );
+}
 
 /// A VAPID key of the test's own (phases after a restart use it: `with_push`'s is not kept).
 fn new_key(dir: &tempfile::TempDir) -> std::path::PathBuf {

@@ -676,6 +676,7 @@ slack_tests!(
     a_post_that_failed_every_attempt_is_made_later_without_a_restart,
     while_slack_fails_a_call_decided_meanwhile_is_never_posted_and_its_update_is_made_later,
     a_slack_person_without_groups_has_the_token_files_and_their_own_groups_win,
+    a_call_that_needs_a_passkey_is_approved_only_in_the_inbox_and_may_be_denied_from_slack,
     mentions_and_links_in_an_input_reach_slack_escaped,
     retention_prunes_a_decided_calls_slack_message_with_the_call,
 );
@@ -1143,6 +1144,80 @@ async fn a_slack_person_without_groups_has_the_token_files_and_their_own_groups_
         .wait_for("/api/chat.update", |b| {
             b.to_string().contains("APPROVED") && b.to_string().contains("frank")
         })
+        .await;
+    slack.assert_no_problems();
+}
+
+/// A call whose requirement asks for a passkey has no Approve button in Slack: its button opens
+/// the call in the inbox, where the passkey signs the approval. An Approve click on it anyway is
+/// refused ephemerally, pointing there; Deny needs no passkey and works from Slack.
+async fn a_call_that_needs_a_passkey_is_approved_only_in_the_inbox_and_may_be_denied_from_slack(
+    backend: Backend,
+) {
+    let (app, slack, _dir) = start_with(backend, 1, |c| {
+        c.policy.default_approvers = Some(Approvers {
+            groups: vec!["ops".into()],
+            step_up: Some(approval_broker::domain::policy::StepUp::Passkey),
+            ..Approvers::default()
+        });
+    })
+    .await;
+    let message = submit_and_see_posted(&app, &slack, "c1", "").await;
+    let buttons = message["blocks"]
+        .as_array()
+        .and_then(|blocks| blocks.iter().find(|b| b["type"] == "actions"))
+        .and_then(|b| b["elements"].as_array())
+        .cloned()
+        .expect("buttons");
+    let actions: Vec<&str> = buttons
+        .iter()
+        .map(|b| b["action_id"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(actions, ["open", "deny"], "no Approve button: {message}");
+    assert_eq!(buttons[0]["text"]["text"], "Approve in the inbox");
+    let url = buttons[0]["url"].as_str().expect("a link");
+    assert!(
+        url.starts_with("https://approvals.example.com/#call/") && url.ends_with("/s1/c1"),
+        "{url}"
+    );
+    assert!(
+        message.to_string().contains("signed with a passkey"),
+        "{message}"
+    );
+
+    // An Approve click all the same (as a crafted payload or an older message would send).
+    let mut crafted = message.clone();
+    let deny = buttons[1].clone();
+    let approve = json!({
+        "type": "button", "action_id": "approve", "style": "primary",
+        "text": {"type": "plain_text", "text": "Approve"}, "value": deny["value"],
+    });
+    for block in crafted["blocks"].as_array_mut().unwrap() {
+        if block["type"] == "actions" {
+            block["elements"]
+                .as_array_mut()
+                .unwrap()
+                .push(approve.clone());
+        }
+    }
+    assert_eq!(
+        click(&app, &slack, "U0ALICE", "approve", &crafted).await,
+        200
+    );
+    let answer = slack.ephemeral(1).await;
+    assert!(
+        answer.starts_with("Not decided: this call needs your passkey") && answer.contains(url),
+        "{answer}"
+    );
+    assert!(is_pending(&app, "c1").await);
+
+    click(&app, &slack, "U0ALICE", "deny", &message).await;
+    assert_eq!(
+        wait_outcome(&app, "c1").await.status(),
+        pb::CallStatus::Denied
+    );
+    slack
+        .wait_for("/api/chat.update", |b| b.to_string().contains("DENIED"))
         .await;
     slack.assert_no_problems();
 }

@@ -6,7 +6,9 @@
 //! What a message says is [`Notice`]: the tool and the input's first line (bounded), the call's
 //! key, and where the inbox shows it. The service worker (`web/public/sw.js`) shows it, tagged
 //! with the call's key so that a later `withdrawn` message for the same call closes it.
-//! Approving from the notification is not offered: its click opens the call in the inbox.
+//! Approving from the notification is not offered: its click opens the call in the inbox. A
+//! call whose requirement asks for a passkey says so (`step_up`, and its line starts with
+//! [`PASSKEY_NOTE`]): it can only be approved in the inbox, with the person's passkey.
 //!
 //! Sending never happens on a decision's write path: a push service that hangs costs at most
 //! [`Pusher`]'s bounded attempts, in the background.
@@ -40,6 +42,8 @@ pub use self::vapid::Vapid;
 const MAX_ENDPOINT_BYTES: usize = 2048;
 /// How much of the input's first line a notification shows, in characters.
 const MAX_LINE_CHARS: usize = 120;
+/// What a notification's line starts with when the call needs a passkey to be approved.
+pub const PASSKEY_NOTE: &str = "Needs your passkey · ";
 
 /// A browser's push subscription, as `PushSubscription.toJSON()` gives it: where to POST, and
 /// the keys to encrypt for.
@@ -172,6 +176,8 @@ pub struct Notice {
     pub tool: String,
     /// The input as the inbox shows it; only its first line, bounded, is sent.
     pub input: String,
+    /// Its requirement asks for a passkey with each approval (approve in the inbox only).
+    pub step_up: bool,
 }
 
 impl Notice {
@@ -190,6 +196,10 @@ impl Notice {
             .chars()
             .take(MAX_LINE_CHARS)
             .collect();
+        let line = match self.step_up {
+            true => format!("{PASSKEY_NOTE}{line}"),
+            false => line,
+        };
         let query = format!(
             "agent={}&session={}&call={}",
             urlencode(&self.agent),
@@ -205,6 +215,7 @@ impl Notice {
             "call_id": self.call_id,
             "tool": self.tool,
             "line": line,
+            "step_up": self.step_up,
             "url": format!("/#{query}"),
         })
         .to_string()
@@ -529,6 +540,7 @@ mod tests {
             call_id: "c/2".into(),
             tool: "Bash".into(),
             input: format!("\n{}\nsecond line", "x".repeat(500)),
+            step_up: false,
         };
         let v: serde_json::Value = serde_json::from_str(&notice.to_json()).unwrap();
         assert_eq!(v["kind"], "pending");
@@ -537,6 +549,24 @@ mod tests {
         assert_eq!(v["tag"], "call:a 1/s/c/2");
         assert_eq!(v["url"], "/#agent=a%201&session=s&call=c%2F2");
         assert!(topic(&notice.tag()).len() <= 32);
+        assert_eq!(v["step_up"], false);
+    }
+
+    #[test]
+    fn a_call_that_needs_a_passkey_says_so_and_still_opens_the_call() {
+        let notice = Notice {
+            kind: NoticeKind::Pending,
+            agent: "a".into(),
+            session: "s".into(),
+            call_id: "c".into(),
+            tool: "Bash".into(),
+            input: "make deploy".into(),
+            step_up: true,
+        };
+        let v: serde_json::Value = serde_json::from_str(&notice.to_json()).unwrap();
+        assert_eq!(v["step_up"], true);
+        assert_eq!(v["line"], format!("{PASSKEY_NOTE}make deploy"));
+        assert_eq!(v["url"], "/#agent=a&session=s&call=c");
     }
 
     #[test]

@@ -310,7 +310,8 @@ fn decoded(stored: &StoredPushSubscription) -> Option<Subscription> {
     })
 }
 
-/// What a message says of `call`: for a shell call its command, else the canonical input.
+/// What a message says of `call`: for a shell call its command, else the canonical input; and
+/// whether approving it needs a passkey.
 pub fn notice(kind: NoticeKind, call: &Call) -> Notice {
     let input = serde_json::from_str::<serde_json::Value>(call.input.as_str())
         .ok()
@@ -323,5 +324,9 @@ pub fn notice(kind: NoticeKind, call: &Call) -> Notice {
         call_id: call.key.call_id.to_string(),
         tool: call.tool.to_string(),
         input,
+        step_up: call
+            .approval
+            .as_ref()
+            .is_some_and(|a| a.requirement.needs_passkey()),
     }
 }

@@ -5,7 +5,9 @@
 //!
 //! The buttons carry the call's key (agent, session, call id) as their value; a click says
 //! which call and which verdict, never who decides: that comes from the signed request's user,
-//! mapped to an approver (see `interactivity`).
+//! mapped to an approver (see `interactivity`). A call whose requirement asks for a passkey has
+//! no Approve button: Slack cannot carry the person's passkey, so its button opens the call in
+//! the inbox instead (Deny needs no passkey and stays).
 
 use serde_json::{Value, json};
 
@@ -168,7 +170,17 @@ pub fn requirement(call: &Call) -> String {
     if let Some(rule) = &approval.requirement.rule {
         text.push_str(&format!(" (rule `{}`)", escape(rule)));
     }
+    if approval.requirement.needs_passkey() {
+        text.push_str(", each signed with a passkey: approve it in the inbox");
+    }
     text
+}
+
+/// Whether approving `call` needs a passkey, which only the inbox can carry.
+pub fn needs_passkey(call: &Call) -> bool {
+    call.approval
+        .as_ref()
+        .is_some_and(|a| a.requirement.needs_passkey())
 }
 
 fn section(text: String) -> Value {
@@ -190,16 +202,27 @@ fn open_url(call: &Call, inbox_url: Option<&str>) -> Option<String> {
     (url.len() <= limits::URL).then_some(url)
 }
 
-/// The message for a pending call: Approve, Deny (with a confirmation) and Open.
+/// The message for a pending call: Approve, Deny (with a confirmation) and Open; for a call
+/// that needs a passkey, "Approve in the inbox" (opening the call there) and Deny.
 pub fn pending(call: &Call, inbox_url: Option<&str>) -> Value {
     let mut blocks = call_blocks(call, "Approval requested");
     let value = button_value(&call.key);
     let mut buttons = Vec::new();
-    if value.chars().count() <= limits::BUTTON_VALUE {
+    let passkey = needs_passkey(call);
+    let open = open_url(call, inbox_url);
+    if passkey && let Some(url) = &open {
         buttons.push(json!({
-            "type": "button", "action_id": APPROVE, "style": "primary",
-            "text": {"type": "plain_text", "text": "Approve"}, "value": value,
+            "type": "button", "action_id": OPEN, "url": url, "style": "primary",
+            "text": {"type": "plain_text", "text": "Approve in the inbox"},
         }));
+    }
+    if value.chars().count() <= limits::BUTTON_VALUE {
+        if !passkey {
+            buttons.push(json!({
+                "type": "button", "action_id": APPROVE, "style": "primary",
+                "text": {"type": "plain_text", "text": "Approve"}, "value": value,
+            }));
+        }
         buttons.push(json!({
             "type": "button", "action_id": DENY, "style": "danger",
             "text": {"type": "plain_text", "text": "Deny"}, "value": value,
@@ -211,7 +234,7 @@ pub fn pending(call: &Call, inbox_url: Option<&str>) -> Value {
             },
         }));
     }
-    if let Some(url) = open_url(call, inbox_url) {
+    if !passkey && let Some(url) = open {
         buttons.push(json!({
             "type": "button", "action_id": OPEN, "url": url,
             "text": {"type": "plain_text", "text": "Open"},

@@ -7,9 +7,10 @@
 //! payload says about itself; a person Slack knows but the broker does not is refused with an
 //! ephemeral message, seen only by them.
 //!
-//! A requirement cannot ask for a passkey step-up yet (`Requirement` has no such field), so
-//! there is no step-up check here: when the field comes, an approval from Slack of a call whose
-//! requirement asks for one must be refused in `Slack::act` (the Open button is then the way).
+//! A call whose requirement asks for a passkey cannot be approved from Slack (a click carries no
+//! passkey): its message has no Approve button, and an Approve click on it anyway (a message
+//! posted before, a crafted payload) is refused with an ephemeral message pointing to the inbox
+//! before anything is decided. The gate would refuse the vote too; this says why in words.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -25,8 +26,9 @@ use tonic::codegen::http::{HeaderValue, Method, Request, Response, StatusCode, h
 use super::api::form_decode;
 use super::blocks::{self, APPROVE, DENY};
 use super::{Slack, SlackPerson};
+use crate::background::webhooks::payload::inbox_link;
 use crate::broker::Broker;
-use crate::domain::{Verdict, Viewer};
+use crate::domain::{Call, CallKey, Verdict, Viewer};
 use crate::proto::v1 as pb;
 
 /// The one path Slack's clicks are POSTed to (the app's "Request URL").
@@ -129,6 +131,20 @@ impl Slack {
         }
     }
 
+    /// The call `key` names if `viewer` may see it and its approval needs a passkey.
+    async fn needing_passkey(&self, key: &CallKey, viewer: &Viewer) -> Option<Call> {
+        let found = self
+            .store
+            .calls_by_id(&key.agent, &key.session, std::slice::from_ref(&key.call_id))
+            .await
+            // The gate refuses such a vote anyway.
+            .ok()?;
+        found
+            .into_iter()
+            .flatten()
+            .find(|call| call.visible_to(viewer) && blocks::needs_passkey(call))
+    }
+
     /// Decides what a click asks, through the broker's gate, and tells the person.
     pub async fn act(&self, broker: &Broker, click: Click) {
         let verdict = match click.action.as_str() {
@@ -159,6 +175,25 @@ impl Slack {
         let viewer = Viewer::Approver {
             groups: person.groups.clone(),
         };
+        if verdict == Verdict::Approve
+            && let Some(call) = self.needing_passkey(&key, &viewer).await
+        {
+            let url = self
+                .settings
+                .inbox_url
+                .as_deref()
+                .map(|inbox| format!(": {}", inbox_link(inbox, &call)))
+                .unwrap_or_default();
+            self.reply(
+                &click,
+                &format!(
+                    "Not decided: this call needs your passkey, which Slack cannot carry. \
+                     Approve it in the inbox{url}."
+                ),
+            )
+            .await;
+            return;
+        }
         // The same request the inbox sends, parsed by the same code; only who decides is set
         // here, from the mapping, as the gRPC edge sets it from the token.
         let request = pb::DecideRequest {
