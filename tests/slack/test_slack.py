@@ -190,6 +190,22 @@ def main():
     status = outcomes["calls"][0]["outcome"]["status"]
     assert status == "CALL_STATUS_APPROVED", outcomes
 
+    # A call whose requirement asks for a passkey: no Approve button, its first button opens the
+    # call in the inbox (where the passkey signs the approval), and Deny stays.
+    grpcurl("approvals.v1.AdminService/CreateRule", {"rule": {
+        "id": "signed-deploys", "tool": "deploy", "effect": "EFFECT_ASK",
+        "approvers": {"groups": ["ops"], "quorum": 1, "stepUp": "STEP_UP_PASSKEY"},
+    }})
+    grpcurl("approvals.v1.AgentService/Submit", {"batch": {"session_id": "s1", "calls": [{
+        "call_id": "c2", "tool": "deploy", "input_json": json.dumps({"target": "prod"}),
+    }]}})
+    signed = wait_for("/api/chat.postMessage", lambda b: "c2" in json.dumps(b))
+    buttons = [e for b in signed["blocks"] if b["type"] == "actions" for e in b["elements"]]
+    assert [b["action_id"] for b in buttons] == ["open", "deny"], buttons
+    assert buttons[0]["text"]["text"] == "Approve in the inbox", buttons[0]
+    assert "/#call/" in buttons[0]["url"], buttons[0]
+    print("a call that needs a passkey: Approve in the inbox and Deny, no Approve button")
+
     if problems:
         sys.exit("FAILED: requests Slack would refuse:\n" + "\n".join(problems))
     print(f"ok: {len(received)} requests to the stand-in, every block valid for slack_sdk")
