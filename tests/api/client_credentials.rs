@@ -33,9 +33,7 @@ use tonic::Code;
 use crate::helpers::*;
 use crate::routing::{approver_as, bearer};
 
-#[path = "jwt_tokens.rs"]
-mod tokens;
-use tokens::{Signer, jwks, now};
+use crate::jwt::tokens::{Signer, jwks, now};
 
 const AUDIENCE: &str = "approval-broker";
 /// A static approver token, configured beside the issuer.

@@ -21,7 +21,7 @@ use crate::helpers::*;
 use crate::routing::{admin_as, approver_as, bearer};
 
 #[path = "jwt_tokens.rs"]
-mod tokens;
+pub(crate) mod tokens;
 use tokens::{Signer, hs256, jwks, now, unsigned};
 
 const AUDIENCE: &str = "approval-broker";
