@@ -900,6 +900,7 @@ async fn a_message_posted_before_a_restart_is_updated_after_it(backend: Backend)
     let (app, slack, dir) = start(backend, 1).await;
     submit_and_see_posted(&app, &slack, "c1", "").await;
     let ts = message_ts(&slack, "c1");
+    until_recorded(&app, 1).await;
     let app = app.restart_with(configure(&slack, dir.path(), 1)).await;
     approve(&app, "s1", "c1").await;
     let updated = slack
@@ -967,6 +968,7 @@ async fn a_call_pending_before_slack_app_mode_started_is_posted_once(backend: Ba
     let message = slack
         .wait_for("/api/chat.postMessage", |b| b.to_string().contains("c1"))
         .await;
+    until_recorded(&app, 1).await;
     let app = app.restart_with(configure(&slack, dir.path(), 1)).await;
     click(&app, &slack, "U0ALICE", "approve", &message).await;
     assert_eq!(
@@ -1017,6 +1019,21 @@ async fn a_post_that_failed_every_attempt_is_made_at_the_next_start(backend: Bac
         pb::CallStatus::Approved
     );
     slack.assert_no_problems();
+}
+
+/// Waits until the broker stored where `n` messages were posted: Slack answering a post is
+/// seen by the stand-in a moment before the broker records it, and a broker stopped in that
+/// moment leaves a claim without a message (taken over only once stale).
+async fn until_recorded(app: &TestApp, n: i64) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while app
+        .count("SELECT count(*) FROM slack_messages WHERE ts <> ''")
+        .await
+        < n
+    {
+        assert!(tokio::time::Instant::now() < deadline, "never recorded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Waits until `done` holds, up to [`PATIENCE`].
