@@ -894,8 +894,9 @@ pub struct SlackFlags {
     #[arg(id = "slack_api_url", long = "slack-api-url", env = "APPROVALS_SLACK_API_URL", default_value = crate::surface::slack::DEFAULT_API_URL)]
     pub api_url: String,
 
-    /// Attempts at one Web API call (post, update, thread) before it is given up; the waits
-    /// between them are --webhook-retry-min doubling up to --webhook-retry-max.
+    /// Attempts at one Web API call (post, update, thread); the waits between them are
+    /// --webhook-retry-min doubling up to --webhook-retry-max. A post or update that fails them
+    /// all is tried again later, in rounds (docs/notifications.md).
     #[arg(id = "slack_attempts", long = "slack-attempts", env = "APPROVALS_SLACK_ATTEMPTS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub attempts: u32,
 }
