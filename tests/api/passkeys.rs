@@ -734,6 +734,74 @@ async fn nobody_approves_their_own_call_and_no_grant_stands_in_for_a_passkey(app
     );
 }
 
+/// Two replicas on one Postgres schema: a challenge issued by one is answered on the other, a
+/// registration begun on one finishes on the other, and an assertion counts once however many
+/// replicas it is sent to, even at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
+)]
+async fn on_two_replicas_a_challenge_is_answered_anywhere_and_counts_once() {
+    let a = spawn_app_on(Backend::postgres(), two_signed_approvals).await;
+    let b = a.replica(two_signed_approvals).await;
+    let (alice, bob) = (Authenticator::new(1), Authenticator::new(2));
+    let begun = approver_as(&a.channel, ALICE)
+        .begin_passkey_registration(pb::BeginPasskeyRegistrationRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    approver_as(&b.channel, ALICE)
+        .finish_passkey_registration(pb::FinishPasskeyRegistrationRequest {
+            registration_id: begun.registration_id,
+            credential_json: alice.create(&begun.options_json),
+            name: String::new(),
+        })
+        .await
+        .expect("a registration begun on A finishes on B");
+    register(&b, BOB, &bob).await;
+    submit(&a, &["c1"]).await;
+
+    let alices = signed(&a, ALICE, "c1", &alice).await;
+    let first = decide(
+        &b,
+        ALICE,
+        "c1",
+        pb::Decision::Approve,
+        "",
+        Some(alices.clone()),
+    )
+    .await
+    .expect("a challenge issued by A is answered on B");
+    assert!(first.pending.is_some());
+    refused(
+        decide(&a, ALICE, "c1", pb::Decision::Approve, "", Some(alices)).await,
+        Code::FailedPrecondition,
+        "used already",
+    );
+
+    let bobs = signed(&b, BOB, "c1", &bob).await;
+    let (on_a, on_b) = tokio::join!(
+        decide(&a, BOB, "c1", pb::Decision::Approve, "", Some(bobs.clone())),
+        decide(&b, BOB, "c1", pb::Decision::Approve, "", Some(bobs)),
+    );
+    let counted: Vec<_> = [on_a, on_b]
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|r| !r.replayed)
+        .collect();
+    assert_eq!(counted.len(), 1, "one of the two decides the call");
+    let outcome = counted[0].outcome.as_ref().expect("decided");
+    assert_eq!(outcome.decided_by, "approver:alice,bob");
+    let (envelope, _) = receipt_statement(&a, "c1").await;
+    assert_eq!(
+        verify::receipt(&envelope, &receipt_key())
+            .unwrap()
+            .passkey_approvals,
+        2
+    );
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
