@@ -14,6 +14,7 @@ mod group_commit;
 pub mod health;
 mod listing;
 mod passkey_rows;
+mod passkeys;
 mod policy_cache;
 mod postgres;
 mod primitives;

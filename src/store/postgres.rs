@@ -29,7 +29,6 @@
 
 mod approval;
 mod lifecycle;
-mod passkeys;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -9,7 +9,6 @@
 //! power loss.
 
 mod lifecycle;
-mod passkeys;
 #[cfg(test)]
 mod wal_tests;
 mod writer;
