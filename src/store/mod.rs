@@ -3,10 +3,11 @@
 //! call resolved) is written in the same transaction as its event, and nothing is acknowledged
 //! before that transaction commits. The operations themselves are written once, in
 //! `crate::operations`; so are the SQL both backends run (`statements`), the transaction
-//! primitives over it (`primitives`), the reads (`reads`) and the parts with no operation of
-//! their own (`webhooks`, `push`, `slack`, over `primitives::Transact`): each backend owns its
-//! connections and adds only what it does differently. Storage health (`health`) is told where
-//! those connections are used, so no method of the traits below can escape it.
+//! primitives over it (`primitives`), the reads (`reads`) and, over `primitives::Transact`,
+//! rules and grants (`policies`), passkeys (`passkeys`) and the parts with no operation of
+//! their own (`webhooks`, `push`, `slack`): each backend owns its connections and adds only
+//! what it does differently. Storage health (`health`) is told where those connections are
+//! used, so no method of the traits below can escape it.
 
 mod database;
 mod fault;
@@ -15,6 +16,7 @@ pub mod health;
 mod listing;
 mod passkey_rows;
 mod passkeys;
+mod policies;
 mod policy_cache;
 mod postgres;
 mod primitives;

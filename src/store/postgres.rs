@@ -48,18 +48,13 @@ use super::primitives::{Decode, Param, Resolution, Run, SqlTx, Transact};
 use super::reads::{BackendReads, Reads};
 use super::receipt_rows;
 use super::statements as sql;
-use super::{Backend, Calls, Deadlines, EventLog, Policies, RemoteCommits};
-use crate::domain::policy::{
-    ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId, RuleMode,
-};
+use super::{Backend, Calls, Deadlines, EventLog, RemoteCommits};
 use crate::domain::{
     AgentId, Call, CallKey, CancelReport, CancelTarget, DecideReport, Decision, Event, NewBatch,
     SubmitReport, Timestamp, ToolName, ToolResultTexts,
 };
 use crate::error::{Error, Result};
-use crate::operations::{
-    SubmitLocks, Transactions, cancel, decide, escalate, expire, explain, policy_admin, submit,
-};
+use crate::operations::{SubmitLocks, Transactions, cancel, decide, escalate, expire, submit};
 use crate::receipts::Notary;
 
 /// How many connections read the event log, beside the pool. They keep one plan per statement
@@ -442,39 +437,8 @@ impl EventLog for PostgresStore {
     }
 }
 
-#[async_trait]
-impl Policies for PostgresStore {
-    async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport> {
-        policy_admin::revoke_grants(self.begin_write().await?, target, by).await
-    }
-
-    async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
-        policy_admin::create_rule(self.begin_write().await?, rule).await
-    }
-
-    async fn delete_rule(&self, id: &RuleId) -> Result<Rule> {
-        policy_admin::delete_rule(self.begin_write().await?, id).await
-    }
-
-    async fn set_rule_mode(&self, id: &RuleId, mode: RuleMode) -> Result<Rule> {
-        policy_admin::set_rule_mode(self.begin_write().await?, id, mode).await
-    }
-
-    async fn load_file_rules(&self, rules: &[Rule]) -> Result<()> {
-        policy_admin::load_file_rules(self.begin_write().await?, rules).await
-    }
-
-    async fn explain(&self, target: &ExplainTarget) -> Result<Explanation> {
-        // One snapshot of the rules and grants, as a submit's statements would see them.
-        let mut tx = self.begin().await?;
-        let snapshot = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY";
-        tx.execute(Run::read(snapshot, &[])).await?;
-        explain::explain(tx, target).await
-    }
-}
-
-/// The parts written once over `Transact` (webhooks, push, Slack) run on the pool, shared by
-/// every replica: in a transaction of their own, or in autocommit.
+/// The parts written once over `Transact` (rules and grants, webhooks, push, Slack) run on the
+/// pool, shared by every replica: in a transaction of their own, or in autocommit.
 #[async_trait]
 impl Transact for PostgresStore {
     type Tx = PgTx;
@@ -495,6 +459,19 @@ impl Transact for PostgresStore {
         F: Future<Output = Result<T>> + Send + 'static,
     {
         work(self.autocommit().await?).await
+    }
+
+    /// One snapshot of the rules and grants, as a submit's statements would see them.
+    async fn snapshot<T, W, F>(&self, work: W) -> Result<T>
+    where
+        T: Send + 'static,
+        W: FnOnce(PgTx) -> F + Send + 'static,
+        F: Future<Output = Result<T>> + Send + 'static,
+    {
+        let mut tx = self.begin().await?;
+        let snapshot = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY";
+        tx.execute(Run::read(snapshot, &[])).await?;
+        work(tx).await
     }
 }
 

@@ -978,10 +978,11 @@ async fn kept_policy(tx: &mut impl SqlTx) -> Result<Option<(Arc<PolicyCache>, i6
     Ok(Some((cache, version)))
 }
 
-/// How the parts of the store that have no operation of their own (webhook endpoints, Web Push
-/// subscriptions, Slack messages: `store::webhooks`, `push`, `slack`) reach a backend: work over
-/// its [`SqlTx`], run where the backend runs its writes. They are written once, over this; what
-/// the backends do differently is in [`SqlTx`] ([`SqlTx::REPLICAS`]) and here.
+/// How the parts of the store written once for both backends (rules and grants, passkeys,
+/// webhook endpoints, Web Push subscriptions, Slack messages: `store::policies`, `passkeys`,
+/// `webhooks`, `push`, `slack`) reach a backend: work over its [`SqlTx`], run where the backend
+/// runs its writes. What the backends do differently is in [`SqlTx`] ([`SqlTx::REPLICAS`]) and
+/// here.
 ///
 /// `work` takes the transaction and commits it (dropped uncommitted, it rolls back), as the
 /// operations do.
@@ -1008,4 +1009,12 @@ pub trait Transact: super::Backend {
     {
         self.transaction(work).await
     }
+
+    /// Runs `work` in a transaction that reads what a submit beginning now would, and writes
+    /// nothing (Explain): SQLite's on the one writer, between writes; Postgres's one snapshot.
+    async fn snapshot<T, W, F>(&self, work: W) -> Result<T>
+    where
+        T: Send + 'static,
+        W: FnOnce(Self::Tx) -> F + Send + 'static,
+        F: Future<Output = Result<T>> + Send + 'static;
 }

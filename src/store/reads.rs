@@ -162,13 +162,18 @@ where
 
     /// See `Policies::shadow_verdicts`.
     pub async fn shadow_verdicts(&self, key: &CallKey) -> Result<Vec<ShadowVerdict>> {
-        let rows = sqlx::query(sql::SHADOW_VERDICTS_OF_CALL)
+        let rows = self.of_call(sql::SHADOW_VERDICTS_OF_CALL, key).await?;
+        rows.iter().map(shadow_verdict_from_row).collect()
+    }
+
+    /// The rows `statement` reads of the call `key` (bound as agent, session, call id).
+    async fn of_call(&self, statement: &'static str, key: &CallKey) -> Result<Vec<DB::Row>> {
+        Ok(sqlx::query(statement)
             .bind(key.agent.as_str())
             .bind(key.session.as_str())
             .bind(key.call_id.as_str())
             .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(shadow_verdict_from_row).collect()
+            .await?)
     }
 
     pub async fn webhooks(&self) -> Result<Vec<Webhook>> {
@@ -178,12 +183,7 @@ where
 
     /// See [`receipt_rows::RECEIPTS_OF_CALL_ID`].
     pub async fn receipts_of(&self, key: &CallKey) -> Result<Vec<StoredReceipt>> {
-        let rows = sqlx::query(receipt_rows::RECEIPTS_OF_CALL_ID)
-            .bind(key.agent.as_str())
-            .bind(key.session.as_str())
-            .bind(key.call_id.as_str())
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = self.of_call(receipt_rows::RECEIPTS_OF_CALL_ID, key).await?;
         rows.iter().map(receipt_from_row).collect()
     }
 

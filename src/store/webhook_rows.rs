@@ -148,21 +148,29 @@ impl<'a> WebhookRow<'a> {
         ]
     }
 
-    /// What [`UPDATE_WEBHOOK`] binds.
+    /// What [`UPDATE_WEBHOOK`] binds: the settings and state, then the id (never the cursor,
+    /// which only delivery moves, nor when it was made).
     pub fn updated(&self) -> [Param<'a>; 12] {
+        let [
+            id,
+            url,
+            secret,
+            kinds,
+            tool,
+            workspace,
+            agent,
+            format,
+            in_flight,
+            paused,
+            _,
+            failures,
+            _,
+            from_file,
+            _,
+        ] = self.inserted();
         [
-            Param::Text(self.url),
-            Param::Text(self.secret),
-            Param::Int(self.event_kinds),
-            Param::Text(self.tool),
-            Param::Text(self.workspace),
-            Param::Text(self.agent),
-            Param::Int(self.format),
-            Param::Int(self.max_in_flight),
-            Param::OptText(self.paused_reason),
-            Param::Int(self.consecutive_failures),
-            Param::Flag(self.from_file),
-            Param::Text(self.id),
+            url, secret, kinds, tool, workspace, agent, format, in_flight, paused, failures,
+            from_file, id,
         ]
     }
 }

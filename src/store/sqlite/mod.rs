@@ -27,16 +27,13 @@ use super::group_commit::{GroupCommit, Queued};
 use super::health::Watch;
 use super::primitives::Transact;
 use super::reads::{BackendReads, Reads};
-use super::{Backend, Calls, CommittedEvents, Deadlines, EventLog, Policies};
-use crate::domain::policy::{
-    ExplainTarget, Explanation, RevokeReport, RevokeTarget, Rule, RuleId, RuleMode,
-};
+use super::{Backend, Calls, CommittedEvents, Deadlines, EventLog};
 use crate::domain::{
     Call, CallKey, CancelReport, CancelTarget, DecideReport, Decision, Event, NewBatch,
     SubmitReport, Timestamp, ToolResultTexts,
 };
 use crate::error::{Error, Result};
-use crate::operations::{Transactions, decide, escalate, expire, explain, policy_admin};
+use crate::operations::{Transactions, decide, escalate, expire};
 use crate::receipts::Notary;
 
 /// SQLite's `synchronous` setting for the database file.
@@ -282,67 +279,9 @@ impl EventLog for SqliteStore {
     }
 }
 
-#[async_trait]
-impl Policies for SqliteStore {
-    async fn revoke_grants(&self, target: &RevokeTarget, by: &str) -> Result<RevokeReport> {
-        let (target, by) = (target.clone(), by.to_owned());
-        self.group
-            .alone(move |writer| async move {
-                policy_admin::revoke_grants(writer.begin_write().await?, &target, &by).await
-            })
-            .await
-    }
-
-    async fn create_rule(&self, rule: &Rule) -> Result<Rule> {
-        let rule = rule.clone();
-        self.group
-            .alone(move |writer| async move {
-                policy_admin::create_rule(writer.begin_write().await?, &rule).await
-            })
-            .await
-    }
-
-    async fn delete_rule(&self, id: &RuleId) -> Result<Rule> {
-        let id = id.clone();
-        self.group
-            .alone(move |writer| async move {
-                policy_admin::delete_rule(writer.begin_write().await?, &id).await
-            })
-            .await
-    }
-
-    async fn set_rule_mode(&self, id: &RuleId, mode: RuleMode) -> Result<Rule> {
-        let id = id.clone();
-        self.group
-            .alone(move |writer| async move {
-                policy_admin::set_rule_mode(writer.begin_write().await?, &id, mode).await
-            })
-            .await
-    }
-
-    async fn load_file_rules(&self, rules: &[Rule]) -> Result<()> {
-        let rules = rules.to_vec();
-        self.group
-            .alone(move |writer| async move {
-                policy_admin::load_file_rules(writer.begin_write().await?, &rules).await
-            })
-            .await
-    }
-
-    async fn explain(&self, target: &ExplainTarget) -> Result<Explanation> {
-        // On the write connection, between writes: what a submit would read now.
-        let target = target.clone();
-        self.group
-            .alone(
-                move |writer| async move { explain::explain(writer.begin_read()?, &target).await },
-            )
-            .await
-    }
-}
-
-/// The parts written once over `Transact` (webhooks, push, Slack) write on the one writer
-/// thread, between groups, each in a transaction of its own, as every write here is (so
-/// `statements` is `transaction`).
+/// The parts written once over `Transact` (rules and grants, webhooks, push, Slack) write on
+/// the one writer thread, between groups, each in a transaction of its own, as every write here
+/// is (so `statements` is `transaction`); Explain reads there too, between writes.
 #[async_trait]
 impl Transact for SqliteStore {
     type Tx = SqliteTx;
@@ -355,6 +294,17 @@ impl Transact for SqliteStore {
     {
         self.group
             .alone(move |writer| async move { work(writer.begin_write().await?).await })
+            .await
+    }
+
+    async fn snapshot<T, W, F>(&self, work: W) -> Result<T>
+    where
+        T: Send + 'static,
+        W: FnOnce(SqliteTx) -> F + Send + 'static,
+        F: Future<Output = Result<T>> + Send + 'static,
+    {
+        self.group
+            .alone(move |writer| async move { work(writer.begin_read()?).await })
             .await
     }
 }
