@@ -78,6 +78,15 @@ fn origin_host(origin: &str) -> Option<&str> {
     (!host.is_empty()).then_some(host)
 }
 
+/// Whether `id` can be a relying party id: a host name of letters, digits, `.` and `-`.
+fn is_host_name(id: &str) -> bool {
+    !id.is_empty()
+        && !id.starts_with('.')
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-'))
+}
+
 /// The origin of a URL (`https://host:8443/inbox` gives `https://host:8443`).
 fn origin_of(url: &str) -> Option<String> {
     let scheme_end = url.find("://")? + 3;
@@ -97,7 +106,11 @@ impl PasskeyFlags {
         port: u16,
         tls: bool,
     ) -> Result<RelyingParty> {
-        let inbox_origin = inbox_url.and_then(origin_of);
+        // The inbox's URL counts only where its host can be a relying party id (an IPv6
+        // literal cannot): otherwise the defaults are localhost's, and the broker starts.
+        let inbox_origin = inbox_url
+            .and_then(origin_of)
+            .filter(|origin| origin_host(origin).is_some_and(is_host_name));
         let origins = if !self.origins.is_empty() {
             self.origins.clone()
         } else if let Some(origin) = &inbox_origin {
@@ -114,8 +127,7 @@ impl PasskeyFlags {
                 .unwrap_or("localhost")
                 .to_owned(),
         };
-        let host_chars = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-');
-        if id.is_empty() || !id.chars().all(host_chars) || id.starts_with('.') {
+        if !is_host_name(&id) {
             return Err(Error::invalid(
                 "--passkey-rp-id",
                 format!("`{id}` is not a host name (letters, digits, `.` and `-`)"),
@@ -186,5 +198,10 @@ mod tests {
             ..PasskeyFlags::default()
         };
         assert!(path.relying_party(None, 1, false).is_err());
+        // An inbox at an IPv6 literal cannot be a relying party: localhost's defaults apply.
+        let v6 = flags
+            .relying_party(Some("https://[::1]:8443/"), 8443, true)
+            .unwrap();
+        assert_eq!(v6.id, "localhost");
     }
 }
