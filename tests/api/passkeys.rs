@@ -338,15 +338,21 @@ fn resealed(statement: &Value) -> String {
 /// what it said.
 fn verify_command(envelope: &str) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
-    let key = dir.path().join("key.pub");
-    std::fs::write(&key, receipt_key().to_pem()).unwrap();
     let file = dir.path().join("receipt.json");
     std::fs::write(&file, envelope).unwrap();
+    verify_with(&[file.to_str().unwrap()])
+}
+
+/// `approval-broker verify --key <the receipt key> <args>`: whether it passed, and what it said.
+fn verify_with(args: &[&str]) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key.pub");
+    std::fs::write(&key, receipt_key().to_pem()).unwrap();
     let out = broker_binary()
         .arg("verify")
         .arg("--key")
         .arg(&key)
-        .arg(&file)
+        .args(args)
         .output()
         .unwrap();
     let said = format!(
@@ -615,6 +621,15 @@ async fn a_vote_without_a_valid_assertion_never_counts_and_a_denial_needs_none(a
         json!({"env": "staging"})
     );
     verify::receipt(&envelope, &receipt_key()).expect("the edit's receipt verifies");
+    // The whole chain, and every stored call against its receipt (the votes with their
+    // assertions included).
+    let (passed, said) = verify_with(&["--database", &app.database_url]);
+    assert!(
+        passed
+            && said.contains("its 1 passkey-signed approval")
+            && said.contains("2 decided compared"),
+        "{said}"
+    );
 }
 
 async fn a_quorum_needs_two_signed_people_and_a_nonce_signs_one_vote(app: TestApp) {
