@@ -40,11 +40,14 @@
 //! - `operations/`: what the broker does, one file per operation: `submit`, `decide`, `cancel`,
 //!   `expire`, `escalate` (reminders and escalations), `prune` (retention), `policy_admin`
 //!   (grants and rules), `explain`, `ruling` (what a rule or grant deciding a pending call
-//!   brings along), and `routing` (who may decide a call, and the votes of two-person rules);
+//!   brings along), `routing` (who may decide a call, and the votes of two-person rules), and
+//!   `passkeys` (registering passkeys, and the check of a passkey-signed vote in its decision);
 //!   `tx` holds the transaction primitives they are written over, and the lock order they keep.
 //! - `domain/`: plain, validated types and rules with no I/O: ids, inputs in canonical JSON,
 //!   calls, batches, outcomes, events, policy rules, grants and the one gate
-//!   (`domain/policy/gate.rs`), and the requests and reports the operations take and return.
+//!   (`domain/policy/gate.rs`), passkeys (`domain/passkey/`: WebAuthn checked from its bytes,
+//!   and the statement a passkey signs), and the requests and reports the operations take and
+//!   return.
 //! - `background/`: the work that follows the committed event log, off every request's path:
 //!   `events` (the in-memory fan-out to every stream), `expiry` (the deadline sweeper, which
 //!   also fires escalation steps), `retention` (pruning past `--retain-decided`), `webhooks/`
@@ -57,7 +60,8 @@
 //! - `door/`: who comes in and what goes out: `auth` (bearer tokens, JWTs, roles),
 //!   `connections/` and `stream_slots` (caps), `links` (signed approval links: they open a
 //!   call, never decide it), `outbound` (the one way out: every HTTP request the broker sends
-//!   itself, under the egress policy and one TLS configuration).
+//!   itself, under the egress policy and one TLS configuration), `passkeys` (who the broker is
+//!   to WebAuthn authenticators: `--passkey-*`).
 //! - `observe/`: `meters` (metrics), `telemetry` (one log line per outcome), `traces` (OTLP).
 //! - `receipts/`: signed receipts (DSSE over in-toto, Ed25519): the signing key and the offline
 //!   verifier; the statement itself is `domain::receipt`, and the store signs it in the
