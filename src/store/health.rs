@@ -192,4 +192,58 @@ mod tests {
         health.observe(&failed(StorageFault::Full), wrote);
         assert_eq!(*state.borrow(), Some(StorageFault::Corrupt));
     }
+
+    /// Every method of a store opened with health is watched, with no list of methods to keep
+    /// up to date: here Web Push's, which came after health did. A commit that changed rows
+    /// mends failing storage; a read, or a write that changed nothing, does not. A write once
+    /// the database's files are gone fails into health. (Mutation checked: without the watch
+    /// on the transaction's commit or on its BEGIN, this fails.)
+    #[tokio::test]
+    async fn every_store_method_is_watched_through_the_transaction_it_runs_in() {
+        use crate::store::{PushSubscriptions as _, SqliteStore, StoredPushSubscription};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.db");
+        let health = StorageHealth::new();
+        let state = health.subscribe();
+        let texts = crate::domain::ToolResultTexts::default();
+        let watch = Watch::new(&health);
+        let store = SqliteStore::open_watched(&path, Default::default(), texts, None, watch)
+            .await
+            .unwrap();
+        let subscription = StoredPushSubscription {
+            endpoint: "https://push.example/1".into(),
+            approver: "alice".into(),
+            sees_all: true,
+            groups: Vec::new(),
+            p256dh: "key".into(),
+            auth: "auth".into(),
+            created_at: 1,
+        };
+
+        health.observe(&failed(StorageFault::Unavailable), |_| false);
+        store.push_subscriptions().await.unwrap();
+        store.drop_push_subscription("nobody's").await.unwrap();
+        assert_eq!(
+            *state.borrow(),
+            Some(StorageFault::Unavailable),
+            "nothing written"
+        );
+        store.add_push_subscription(&subscription).await.unwrap();
+        assert_eq!(*state.borrow(), None, "a row written");
+
+        for suffix in ["", "-wal", "-shm"] {
+            let mut file = path.as_os_str().to_owned();
+            file.push(suffix);
+            std::fs::remove_file(&file).unwrap();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while store.add_push_subscription(&subscription).await.is_ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the deletion went unnoticed"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(*state.borrow(), Some(StorageFault::Unavailable));
+    }
 }
