@@ -36,11 +36,15 @@
 //!   `Webhooks`, `Lifecycle`, `Receipts`, over the shared reads of `Backend`), one backend each:
 //!   `sqlite/` (its one `writer` thread) and `postgres`, both group-committing submits, decisions
 //!   and cancels (`group_commit`); the SQL both run is written once (`statements`), as is the
-//!   keyset `listing`; `database` parses the URL once; `health` watches whether writes work.
+//!   keyset `listing`; the feature tables (`webhooks`, `push`, `slack`, `passkeys`) and rule and
+//!   grant administration (`policies`) are each written once over the `Transact` port;
+//!   `database` parses the URL once; `health` is told inside every transaction and shared read
+//!   whether storage works; `fault` is the one place that reads the drivers' errors.
 //! - `operations/`: what the broker does, one file per operation: `submit`, `decide`, `cancel`,
 //!   `expire`, `escalate` (reminders and escalations), `prune` (retention), `policy_admin`
 //!   (grants and rules), `explain`, `ruling` (what a rule or grant deciding a pending call
-//!   brings along), `routing` (who may decide a call, and the votes of two-person rules), and
+//!   brings along), `routing` (the requirement a call gets at submit: who may decide it, how
+//!   many must agree; `decide` counts the votes), and
 //!   `passkeys` (registering passkeys, and the check of a passkey-signed vote in its decision);
 //!   `tx` holds the transaction primitives they are written over, and the lock order they keep.
 //! - `domain/`: plain, validated types and rules with no I/O: ids, inputs in canonical JSON,
