@@ -40,7 +40,16 @@ async function handle(event) {
   });
 }
 
-self.addEventListener("push", (event) => event.waitUntil(handle(event)));
+// One push at a time: Chromium's getNotifications() reconciles its list with the notifications on
+// screen and can drop one being shown at that moment (seen in web/tests/push.test.ts), so a
+// withdrawal's lookup must not overlap another call's showing; the dropped one would stay on
+// screen with no click and no withdrawal reaching it.
+let turn = Promise.resolve();
+self.addEventListener("push", (event) => {
+  const handled = turn.then(() => handle(event));
+  turn = handled.catch(() => {});
+  event.waitUntil(handled);
+});
 
 async function open(url) {
   const target = new URL(url, self.location.origin).href;
