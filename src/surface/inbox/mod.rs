@@ -40,41 +40,32 @@ struct Asset {
     bytes: &'static [u8],
 }
 
+/// An [`Asset`] of `web/dist/$file`, served at `$path` (at `/$file` when no path is given): the
+/// file is named once, so the path served and the file embedded cannot drift apart.
+macro_rules! asset {
+    ($path:expr, $file:literal, $content_type:expr) => {
+        Asset {
+            path: $path,
+            content_type: $content_type,
+            bytes: include_bytes!(concat!("../../../web/dist/", $file)),
+        }
+    };
+    ($file:literal, $content_type:expr) => {
+        asset!(concat!("/", $file), $file, $content_type)
+    };
+}
+
 /// The page's files, as `npm run build` wrote them (file names without hashes, so the build is
 /// reproducible and the paths fixed).
 const ASSETS: [Asset; 6] = [
-    Asset {
-        path: "/",
-        content_type: "text/html; charset=utf-8",
-        bytes: include_bytes!("../../../web/dist/index.html"),
-    },
-    Asset {
-        path: "/inbox.js",
-        content_type: "text/javascript; charset=utf-8",
-        bytes: include_bytes!("../../../web/dist/inbox.js"),
-    },
-    Asset {
-        path: "/inbox.css",
-        content_type: "text/css; charset=utf-8",
-        bytes: include_bytes!("../../../web/dist/inbox.css"),
-    },
+    asset!("/", "index.html", "text/html; charset=utf-8"),
+    asset!("inbox.js", "text/javascript; charset=utf-8"),
+    asset!("inbox.css", "text/css; charset=utf-8"),
     // Web Push (docs/notifications.md): the service worker, at the root so that its scope is the
     // whole page; the manifest that makes the inbox installable; its icon.
-    Asset {
-        path: "/sw.js",
-        content_type: "text/javascript; charset=utf-8",
-        bytes: include_bytes!("../../../web/dist/sw.js"),
-    },
-    Asset {
-        path: "/manifest.webmanifest",
-        content_type: "application/manifest+json",
-        bytes: include_bytes!("../../../web/dist/manifest.webmanifest"),
-    },
-    Asset {
-        path: "/icon.svg",
-        content_type: "image/svg+xml",
-        bytes: include_bytes!("../../../web/dist/icon.svg"),
-    },
+    asset!("sw.js", "text/javascript; charset=utf-8"),
+    asset!("manifest.webmanifest", "application/manifest+json"),
+    asset!("icon.svg", "image/svg+xml"),
 ];
 
 /// The page may load only its own files and talk only to its own origin (and, with sign-in,
