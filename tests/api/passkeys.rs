@@ -205,13 +205,23 @@ impl Authenticator {
 
 /// Registers `authenticator` as `token`'s passkey.
 async fn register(app: &TestApp, token: &str, authenticator: &Authenticator) -> pb::Passkey {
-    let mut client = approver_as(&app.channel, token);
-    let begun = client
+    register_across(app, app, token, authenticator).await
+}
+
+/// Registers `authenticator` as `token`'s passkey: begun on `begin_on`, finished on `finish_on`
+/// (the same broker, or two replicas of one database).
+async fn register_across(
+    begin_on: &TestApp,
+    finish_on: &TestApp,
+    token: &str,
+    authenticator: &Authenticator,
+) -> pb::Passkey {
+    let begun = approver_as(&begin_on.channel, token)
         .begin_passkey_registration(pb::BeginPasskeyRegistrationRequest {})
         .await
         .expect("begin registration")
         .into_inner();
-    client
+    approver_as(&finish_on.channel, token)
         .finish_passkey_registration(pb::FinishPasskeyRegistrationRequest {
             registration_id: begun.registration_id,
             credential_json: authenticator.create(&begun.options_json),
@@ -257,6 +267,22 @@ async fn begin_step_up(
         .map(tonic::Response::into_inner)
 }
 
+/// The Decide request for `call_id` of `bot`'s session `s`, approving `edited` when it is not
+/// empty, with `assertion` (a credential's JSON) when given; the approver is the token's.
+fn step_up_decision(
+    call_id: &str,
+    verdict: pb::Decision,
+    edited: &str,
+    assertion: Option<String>,
+) -> pb::DecideRequest {
+    let mut request = decide_request("s", call_id, verdict, "");
+    request.agent = "bot".into();
+    request.approver = String::new();
+    request.edited_input_json = edited.into();
+    request.passkey = assertion.map(|credential_json| pb::PasskeyAssertion { credential_json });
+    request
+}
+
 /// Decides `call_id` as `token`, with `assertion` (a credential's JSON) when given.
 async fn decide(
     app: &TestApp,
@@ -266,15 +292,43 @@ async fn decide(
     edited: &str,
     assertion: Option<String>,
 ) -> Result<pb::DecideResponse, tonic::Status> {
-    let mut request = decide_request("s", call_id, verdict, "");
-    request.agent = "bot".into();
-    request.approver = String::new();
-    request.edited_input_json = edited.into();
-    request.passkey = assertion.map(|credential_json| pb::PasskeyAssertion { credential_json });
     approver_as(&app.channel, token)
-        .decide(request)
+        .decide(step_up_decision(call_id, verdict, edited, assertion))
         .await
         .map(tonic::Response::into_inner)
+}
+
+/// Approves `call_id` (its input as submitted) as `token` with `assertion`.
+async fn approve(
+    app: &TestApp,
+    token: &str,
+    call_id: &str,
+    assertion: String,
+) -> Result<pb::DecideResponse, tonic::Status> {
+    decide(
+        app,
+        token,
+        call_id,
+        pb::Decision::Approve,
+        "",
+        Some(assertion),
+    )
+    .await
+}
+
+/// Starts a step-up for `call_id` as `token` (for the input `edited`, or the call's own when
+/// empty) and answers its request options with `sign`, as a browser would: the assertion.
+async fn signed_with(
+    app: &TestApp,
+    token: &str,
+    call_id: &str,
+    edited: &str,
+    sign: impl FnOnce(&str) -> String,
+) -> String {
+    let offer = begin_step_up(app, token, call_id, edited)
+        .await
+        .expect("begin step-up");
+    sign(&offer.options_json)
 }
 
 /// Starts a step-up for `call_id` as `token` and signs it with `authenticator`.
@@ -284,10 +338,10 @@ async fn signed(
     call_id: &str,
     authenticator: &Authenticator,
 ) -> String {
-    let offer = begin_step_up(app, token, call_id, "")
-        .await
-        .expect("begin step-up");
-    authenticator.get(&offer.options_json)
+    signed_with(app, token, call_id, "", |options| {
+        authenticator.get(options)
+    })
+    .await
 }
 
 async fn the_call(app: &TestApp, call_id: &str) -> pb::Call {
@@ -414,16 +468,9 @@ async fn a_registered_passkey_approves_a_step_up_call_and_its_receipt_proves_it(
     );
     assert_eq!(options["allowCredentials"][0]["id"], alice.credential_id());
 
-    let approved = decide(
-        &app,
-        ALICE,
-        "c1",
-        pb::Decision::Approve,
-        "",
-        Some(alice.get(&offer.options_json)),
-    )
-    .await
-    .expect("a signed approval counts");
+    let approved = approve(&app, ALICE, "c1", alice.get(&offer.options_json))
+        .await
+        .expect("a signed approval counts");
     let outcome = approved.outcome.unwrap();
     assert_eq!(outcome.status, pb::CallStatus::Approved as i32);
     assert_eq!(outcome.decided_by, "approver:alice");
@@ -475,60 +522,48 @@ async fn a_vote_without_a_valid_assertion_never_counts_and_a_denial_needs_none(a
     // Bob's challenge, signed by Bob, sent by Alice.
     let bobs = signed(&app, BOB, "c1", &bob).await;
     refused(
-        decide(&app, ALICE, "c1", pb::Decision::Approve, "", Some(bobs)).await,
+        approve(&app, ALICE, "c1", bobs).await,
         Code::PermissionDenied,
         "issued to `bob`",
     );
     // Alice's challenge, signed with Bob's passkey.
-    let offer = begin_step_up(&app, ALICE, "c1", "").await.unwrap();
+    let with_bobs_passkey = signed(&app, ALICE, "c1", &bob).await;
     refused(
-        decide(
-            &app,
-            ALICE,
-            "c1",
-            pb::Decision::Approve,
-            "",
-            Some(bob.get(&offer.options_json)),
-        )
-        .await,
+        approve(&app, ALICE, "c1", with_bobs_passkey).await,
         Code::PermissionDenied,
         "is not a passkey `alice` registered",
     );
     // From another origin, or for another relying party.
-    let offer = begin_step_up(&app, ALICE, "c1", "").await.unwrap();
-    let elsewhere = alice.get_as(&offer.options_json, "https://evil.example", None);
+    let elsewhere = signed_with(&app, ALICE, "c1", "", |options| {
+        alice.get_as(options, "https://evil.example", None)
+    })
+    .await;
     refused(
-        decide(
-            &app,
-            ALICE,
-            "c1",
-            pb::Decision::Approve,
-            "",
-            Some(elsewhere),
-        )
-        .await,
+        approve(&app, ALICE, "c1", elsewhere).await,
         Code::PermissionDenied,
         "origin `https://evil.example`",
     );
-    let offer = begin_step_up(&app, ALICE, "c1", "").await.unwrap();
-    let other_rp = alice.get_as(&offer.options_json, ORIGIN, Some("evil.example"));
+    let other_rp = signed_with(&app, ALICE, "c1", "", |options| {
+        alice.get_as(options, ORIGIN, Some("evil.example"))
+    })
+    .await;
     refused(
-        decide(&app, ALICE, "c1", pb::Decision::Approve, "", Some(other_rp)).await,
+        approve(&app, ALICE, "c1", other_rp).await,
         Code::PermissionDenied,
         "another relying party",
     );
     // Made for another call.
     let for_c2 = signed(&app, ALICE, "c2", &alice).await;
     refused(
-        decide(&app, ALICE, "c1", pb::Decision::Approve, "", Some(for_c2)).await,
+        approve(&app, ALICE, "c1", for_c2).await,
         Code::PermissionDenied,
         "made for another call `c2`",
     );
     // Made for another (edited) input, or for an edit and sent without it.
-    let offer = begin_step_up(&app, ALICE, "c1", r#"{"env":"staging"}"#)
-        .await
-        .unwrap();
-    let for_staging = alice.get(&offer.options_json);
+    let for_staging = signed_with(&app, ALICE, "c1", r#"{"env":"staging"}"#, |options| {
+        alice.get(options)
+    })
+    .await;
     refused(
         decide(
             &app,
@@ -543,20 +578,12 @@ async fn a_vote_without_a_valid_assertion_never_counts_and_a_denial_needs_none(a
         "another statement",
     );
     refused(
-        decide(
-            &app,
-            ALICE,
-            "c1",
-            pb::Decision::Approve,
-            "",
-            Some(for_staging),
-        )
-        .await,
+        approve(&app, ALICE, "c1", for_staging).await,
         Code::PermissionDenied,
         "another statement",
     );
-    // A passkey revoked after its challenge was issued.
-    let offer = begin_step_up(&app, ALICE, "c1", "").await.unwrap();
+    // A passkey revoked after its challenge was issued (and signed).
+    let before_revoking = signed(&app, ALICE, "c1", &alice).await;
     let revoked = admin_as(&app.channel, ROOT)
         .revoke_passkey(pb::RevokePasskeyRequest {
             credential_id: alice.credential_id(),
@@ -566,15 +593,7 @@ async fn a_vote_without_a_valid_assertion_never_counts_and_a_denial_needs_none(a
         .into_inner();
     assert_eq!(revoked.revoked_by, "root");
     refused(
-        decide(
-            &app,
-            ALICE,
-            "c1",
-            pb::Decision::Approve,
-            "",
-            Some(alice.get(&offer.options_json)),
-        )
-        .await,
+        approve(&app, ALICE, "c1", before_revoking).await,
         Code::PermissionDenied,
         "was revoked by `root`",
     );
@@ -600,16 +619,15 @@ async fn a_vote_without_a_valid_assertion_never_counts_and_a_denial_needs_none(a
         pb::CallStatus::Denied as i32
     );
     // An edit approved as signed runs the edit.
-    let offer = begin_step_up(&app, BOB, "c2", r#"{"env":"staging"}"#)
-        .await
-        .unwrap();
+    let staging = r#"{"env":"staging"}"#;
+    let signed_edit = signed_with(&app, BOB, "c2", staging, |options| bob.get(options)).await;
     let edited = decide(
         &app,
         BOB,
         "c2",
         pb::Decision::Approve,
-        r#"{"env":"staging"}"#,
-        Some(bob.get(&offer.options_json)),
+        staging,
+        Some(signed_edit),
     )
     .await
     .expect("the signed edit counts");
@@ -638,51 +656,31 @@ async fn a_quorum_needs_two_signed_people_and_a_nonce_signs_one_vote(app: TestAp
     register(&app, BOB, &bob).await;
     submit(&app, &["c1", "c2"]).await;
     let alices = signed(&app, ALICE, "c1", &alice).await;
-    let first = decide(
-        &app,
-        ALICE,
-        "c1",
-        pb::Decision::Approve,
-        "",
-        Some(alices.clone()),
-    )
-    .await
-    .expect("alice's signed vote");
+    let first = approve(&app, ALICE, "c1", alices.clone())
+        .await
+        .expect("alice's signed vote");
     let pending = first.pending.expect("one of two");
     let votes = pending.approval.unwrap().votes;
     assert_eq!(votes[0].passkey_credential_id, alice.credential_id());
     // The same assertion again: its nonce signed one vote.
     refused(
-        decide(&app, ALICE, "c1", pb::Decision::Approve, "", Some(alices)).await,
+        approve(&app, ALICE, "c1", alices).await,
         Code::FailedPrecondition,
         "used already",
     );
     // A sign count that did not increase (a cloned credential, or an assertion replayed):
     // refused.
     alice.set_count(0);
+    let replayed_count = signed(&app, ALICE, "c2", &alice).await;
     refused(
-        decide(
-            &app,
-            ALICE,
-            "c2",
-            pb::Decision::Approve,
-            "",
-            Some(signed(&app, ALICE, "c2", &alice).await),
-        )
-        .await,
+        approve(&app, ALICE, "c2", replayed_count).await,
         Code::PermissionDenied,
         "sign count (1) did not increase past 1",
     );
-    let decided = decide(
-        &app,
-        BOB,
-        "c1",
-        pb::Decision::Approve,
-        "",
-        Some(signed(&app, BOB, "c1", &bob).await),
-    )
-    .await
-    .expect("bob's signed vote completes it");
+    let bobs = signed(&app, BOB, "c1", &bob).await;
+    let decided = approve(&app, BOB, "c1", bobs)
+        .await
+        .expect("bob's signed vote completes it");
     assert_eq!(decided.outcome.unwrap().decided_by, "approver:alice,bob");
     let (envelope, statement) = receipt_statement(&app, "c1").await;
     let approvals = statement["predicate"]["stepUp"]["approvals"]
@@ -726,13 +724,9 @@ async fn nobody_approves_their_own_call_and_no_grant_stands_in_for_a_passkey(app
 
     // Alice approves, signed, asking to remember it for the session: the grant is kept but
     // approves no later step-up call.
-    let mut request = decide_request("s", "c1", pb::Decision::Approve, "");
-    request.agent = "bot".into();
-    request.approver = String::new();
+    let alices = signed(&app, ALICE, "c1", &alice).await;
+    let mut request = step_up_decision("c1", pb::Decision::Approve, "", Some(alices));
     request.scope = pb::Scope::Session as i32;
-    request.passkey = Some(pb::PasskeyAssertion {
-        credential_json: signed(&app, ALICE, "c1", &alice).await,
-    });
     let remembered = approver_as(&app.channel, ALICE)
         .decide(request)
         .await
@@ -761,44 +755,26 @@ async fn on_two_replicas_a_challenge_is_answered_anywhere_and_counts_once() {
     let a = spawn_app_on(Backend::postgres(), two_signed_approvals).await;
     let b = a.replica(two_signed_approvals).await;
     let (alice, bob) = (Authenticator::new(1), Authenticator::new(2));
-    let begun = approver_as(&a.channel, ALICE)
-        .begin_passkey_registration(pb::BeginPasskeyRegistrationRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    approver_as(&b.channel, ALICE)
-        .finish_passkey_registration(pb::FinishPasskeyRegistrationRequest {
-            registration_id: begun.registration_id,
-            credential_json: alice.create(&begun.options_json),
-            name: String::new(),
-        })
-        .await
-        .expect("a registration begun on A finishes on B");
+    // A registration begun on A finishes on B.
+    register_across(&a, &b, ALICE, &alice).await;
     register(&b, BOB, &bob).await;
     submit(&a, &["c1"]).await;
 
     let alices = signed(&a, ALICE, "c1", &alice).await;
-    let first = decide(
-        &b,
-        ALICE,
-        "c1",
-        pb::Decision::Approve,
-        "",
-        Some(alices.clone()),
-    )
-    .await
-    .expect("a challenge issued by A is answered on B");
+    let first = approve(&b, ALICE, "c1", alices.clone())
+        .await
+        .expect("a challenge issued by A is answered on B");
     assert!(first.pending.is_some());
     refused(
-        decide(&a, ALICE, "c1", pb::Decision::Approve, "", Some(alices)).await,
+        approve(&a, ALICE, "c1", alices).await,
         Code::FailedPrecondition,
         "used already",
     );
 
     let bobs = signed(&b, BOB, "c1", &bob).await;
     let (on_a, on_b) = tokio::join!(
-        decide(&a, BOB, "c1", pb::Decision::Approve, "", Some(bobs.clone())),
-        decide(&b, BOB, "c1", pb::Decision::Approve, "", Some(bobs)),
+        approve(&a, BOB, "c1", bobs.clone()),
+        approve(&b, BOB, "c1", bobs),
     );
     let counted: Vec<_> = [on_a, on_b]
         .into_iter()
