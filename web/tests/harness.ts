@@ -1,6 +1,7 @@
 // What the browser tests and the screenshot script share: the real broker binary started on a
 // free port with a fresh SQLite file and known tokens, an agent and an admin speaking real gRPC
-// (HTTP/2, @connectrpc/connect-node), and Debian's Chromium driven by playwright-core.
+// (HTTP/2, @connectrpc/connect-node), Debian's Chromium driven by playwright-core, and the
+// start-up and shutdown of all three that every browser suite runs before and after its tests.
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { mkdtempSync, openSync } from "node:fs";
@@ -9,7 +10,7 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { createClient, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import { type Browser, chromium } from "playwright-core";
+import { type Browser, type BrowserContext, chromium } from "playwright-core";
 import { AdminService } from "../src/gen/approvals/v1/admin_pb";
 import { AgentService } from "../src/gen/approvals/v1/agent_pb";
 import { ApproverService } from "../src/gen/approvals/v1/approver_pb";
@@ -44,14 +45,23 @@ export async function freePort(): Promise<number> {
   });
 }
 
+export interface BrokerOptions {
+  /** `false` runs the broker without tokens (authentication off, the laptop default). */
+  tokens: boolean;
+  /** More flags for the broker (the push test allows its loopback push service). */
+  args?: string[];
+  /** The port to serve on, when its flags must name it (the passkey origin); else a free one. */
+  port?: number;
+}
+
 export class Broker {
   process: ChildProcess | undefined;
   readonly dir = mkdtempSync(join(tmpdir(), "inbox-test-"));
   port = 0;
 
-  /** `tokens: false` runs the broker without tokens (authentication off, the laptop default). */
-  /** `args`: more flags for the broker (the push test allows its loopback push service). */
-  constructor(private readonly options: { tokens: boolean; args?: string[] } = { tokens: true }) {}
+  constructor(private readonly options: BrokerOptions = { tokens: true }) {
+    this.port = options.port ?? 0;
+  }
 
   get url(): string {
     return `http://127.0.0.1:${this.port}`;
@@ -139,4 +149,37 @@ export async function launchChromium(): Promise<Browser> {
       "--disable-sync",
     ],
   });
+}
+
+/** A started broker, gRPC clients of it and Chromium: what a browser suite runs against. */
+export interface Started {
+  broker: Broker;
+  clients: ReturnType<typeof grpcClients>;
+  browser: Browser;
+}
+
+/**
+ * A suite's start-up (its `before`): the broker, then its gRPC clients and Chromium. When
+ * Chromium does not start, the broker is stopped before the error is thrown, so no broker
+ * outlives a suite that could not run.
+ */
+export async function startBrokerAndChromium(options: BrokerOptions = { tokens: true }): Promise<Started> {
+  const broker = new Broker(options);
+  await broker.start();
+  try {
+    return { broker, clients: grpcClients(broker), browser: await launchChromium() };
+  } catch (error) {
+    await broker.stop();
+    throw error;
+  }
+}
+
+/**
+ * A suite's shutdown (its `after`): the browser contexts its tests left open, Chromium, then the
+ * broker. Any of them may be missing (a start-up that failed).
+ */
+export async function stopBrokerAndChromium(started: Partial<Started>, contexts: BrowserContext[] = []): Promise<void> {
+  for (const context of contexts.splice(0)) await context.close().catch(() => {});
+  await started.browser?.close();
+  await started.broker?.stop();
 }

@@ -6,7 +6,7 @@ import { after, afterEach, before, describe, test } from "node:test";
 import type { Browser, BrowserContext, Locator, Page } from "playwright-core";
 import { Decision } from "../src/gen/approvals/v1/approver_pb";
 import { CallStatus, Effect, type Outcome } from "../src/gen/approvals/v1/types_pb";
-import { anonymousAgent, Broker, grpcClients, launchChromium, TOKENS } from "./harness";
+import { anonymousAgent, Broker, grpcClients, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
 
 let broker: Broker;
 let browser: Browser;
@@ -14,10 +14,7 @@ let clients: ReturnType<typeof grpcClients>;
 const contexts: BrowserContext[] = [];
 
 before(async () => {
-  broker = new Broker();
-  await broker.start();
-  clients = grpcClients(broker);
-  browser = await launchChromium();
+  ({ broker, clients, browser } = await startBrokerAndChromium());
 });
 
 // Each test's pages close with it: open pages keep their live streams and render every event.
@@ -26,8 +23,7 @@ afterEach(async () => {
 });
 
 after(async () => {
-  await browser?.close();
-  await broker?.stop();
+  await stopBrokerAndChromium({ broker, browser }, contexts);
 });
 
 async function openInbox(token: string, viewport = { width: 1200, height: 900 }): Promise<Page> {

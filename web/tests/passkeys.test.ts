@@ -17,7 +17,7 @@ import { after, before, describe, test } from "node:test";
 import type { Browser, BrowserContext, CDPSession, Page } from "playwright-core";
 import { Decision } from "../src/gen/approvals/v1/approver_pb";
 import { CallStatus, Effect, type Outcome, StepUp } from "../src/gen/approvals/v1/types_pb";
-import { Broker, freePort, grpcClients, launchChromium, TOKENS } from "./harness";
+import { type Broker, freePort, type grpcClients, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
 
 let broker: Broker;
 let browser: Browser;
@@ -37,20 +37,14 @@ before(async () => {
   const port = await freePort();
   origin = `http://localhost:${port}`;
   evidence.origin = origin;
-  broker = new Broker({ tokens: true, args: ["--passkey-rp-id", "localhost", "--passkey-origin", origin] });
-  broker.port = port;
-  await broker.start();
-  clients = grpcClients(broker);
-  browser = await launchChromium();
+  ({ broker, clients, browser } = await startBrokerAndChromium({ tokens: true, port, args: ["--passkey-rp-id", "localhost", "--passkey-origin", origin] }));
   await clients.admin.createRule({
     rule: { id: "deploys-need-a-passkey", tool: "deploy", effect: Effect.ASK, description: "production deploys", approvers: { stepUp: StepUp.PASSKEY } },
   });
 });
 
 after(async () => {
-  for (const context of contexts.splice(0)) await context.close().catch(() => {});
-  await browser?.close();
-  await broker?.stop();
+  await stopBrokerAndChromium({ broker, browser }, contexts);
   const dir = process.env.PASSKEY_EVIDENCE_DIR;
   if (dir) {
     mkdirSync(dir, { recursive: true });
