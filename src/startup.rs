@@ -105,9 +105,7 @@ pub async fn run(
         database.key_home(),
         store.clone(),
         &bus,
-        config.webhook_delivery().egress,
-        config.webhooks.timeout,
-        config.webhooks.retry_min,
+        &config.webhook_delivery(),
     )
     .await?;
     let sweeper = DeadlineSweeper::new(store.clone(), Arc::clone(&bus));
@@ -125,17 +123,18 @@ pub async fn run(
         tokio::spawn(health::probe_while_open(Arc::clone(&store))),
         tokio::spawn(Arc::clone(&dispatcher).run()),
     ];
-    // Slack app mode: posts the calls committed from now on, from the event log.
+    // Slack app mode: follows the event log from where it stopped (docs/notifications.md).
     let slack = match slack_settings {
         Some(settings) => {
             let slack = crate::surface::slack::Slack::new(settings, store.clone());
-            let feed = bus.feed_after(store.latest_seq().await?);
+            let after = slack.resume_point().await?;
             tracing::info!(
                 path = crate::surface::slack::interactivity::PATH,
                 "Slack app mode on: clicks are taken at {}",
                 crate::surface::slack::interactivity::PATH
             );
-            Some((Arc::clone(&slack), tokio::spawn(slack.post_from(feed))))
+            let poster = tokio::spawn(Arc::clone(&slack).post_from(Arc::downgrade(&bus), after));
+            Some((slack, poster))
         }
         None => None,
     };

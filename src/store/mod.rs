@@ -115,6 +115,11 @@ pub trait SlackMessages: Backend {
     async fn record_slack_message(&self, key: &CallKey, channel: &str, ts: &str) -> Result<()>;
     /// The message of `key`, if its posting was claimed.
     async fn slack_message(&self, key: &CallKey) -> Result<Option<StoredSlackMessage>>;
+    /// Where the Slack poster stopped in the event log (the furthest any replica recorded);
+    /// `None` before it ever ran.
+    async fn slack_cursor(&self) -> Result<Option<u64>>;
+    /// Records that the poster handled every event up to `seq` (never moves the position back).
+    async fn record_slack_cursor(&self, seq: u64) -> Result<()>;
 }
 
 /// Passkeys (`crate::broker::passkeys`): the challenges the broker issues, and the credentials

@@ -10,9 +10,9 @@ use async_trait::async_trait;
 use super::PushSubscriptions;
 use super::primitives::{Param, Run, SqlTx, Transact};
 use super::push_rows::{
-    ADVANCE_CURSOR, CLAIM_EVENT, CURSOR_CONSUMER, DELETE, DELETE_OF_APPROVER, KEEP_CLAIMS,
-    PRUNE_CLAIMS, PRUNE_EVERY, SELECT_ALL, SELECT_CURSOR, StoredPushSubscription, UPSERT,
-    groups_of, groups_text,
+    ADVANCE_CURSOR, CLAIM_EVENT, DELETE, DELETE_OF_APPROVER, KEEP_CLAIMS, PRUNE_CLAIMS,
+    PRUNE_EVERY, PUSH_CURSOR, SELECT_ALL, SELECT_CURSOR, StoredPushSubscription, UPSERT, groups_of,
+    groups_text,
 };
 use crate::domain::Timestamp;
 use crate::error::Result;
@@ -98,21 +98,41 @@ impl<S: Transact> PushSubscriptions for S {
     }
 
     async fn push_cursor(&self) -> Result<Option<u64>> {
-        self.statements(move |mut tx| async move {
-            let params = [Param::Text(CURSOR_CONSUMER)];
+        event_cursor(self, PUSH_CURSOR).await
+    }
+
+    async fn record_push_cursor(&self, seq: u64) -> Result<()> {
+        record_event_cursor(self, PUSH_CURSOR, seq).await
+    }
+}
+
+/// Where `consumer` (`event_cursors`) stopped in the event log.
+pub(super) async fn event_cursor<S: Transact>(
+    store: &S,
+    consumer: &'static str,
+) -> Result<Option<u64>> {
+    store
+        .statements(move |mut tx| async move {
+            let params = [Param::Text(consumer)];
             let seq = tx.rows(Run::read(SELECT_CURSOR, &params), |row| row.int("seq"));
             let seq = seq.await?;
             tx.commit().await?;
             Ok(seq.first().map(|seq| *seq as u64))
         })
         .await
-    }
+}
 
-    async fn record_push_cursor(&self, seq: u64) -> Result<()> {
-        let seq = i64::try_from(seq).unwrap_or(i64::MAX);
-        self.statements(move |mut tx| async move {
+/// Moves `consumer`'s position forward to `seq` (never back).
+pub(super) async fn record_event_cursor<S: Transact>(
+    store: &S,
+    consumer: &'static str,
+    seq: u64,
+) -> Result<()> {
+    let seq = i64::try_from(seq).unwrap_or(i64::MAX);
+    store
+        .statements(move |mut tx| async move {
             let params = [
-                Param::Text(CURSOR_CONSUMER),
+                Param::Text(consumer),
                 Param::Int(seq),
                 Param::Int(Timestamp::now().as_micros()),
             ];
@@ -120,5 +140,4 @@ impl<S: Transact> PushSubscriptions for S {
             tx.commit().await
         })
         .await
-    }
 }

@@ -1,7 +1,8 @@
 //! Web Push subscriptions as stored (`push_subscriptions`, migrations 0022 SQLite / 0026
 //! Postgres): plain text columns both backends read and write alike; `crate::background::push` validates
 //! them before they are written and turns them into what it sends. Also the sender's position
-//! in the event log (`event_cursors`, migrations 0025 SQLite / 0029 Postgres).
+//! in the event log (`event_cursors`, migrations 0025 SQLite / 0029 Postgres), and the Slack
+//! poster's beside it.
 
 /// One browser's subscription, kept for the approver who added it.
 #[derive(Clone, PartialEq, Eq)]
@@ -62,7 +63,9 @@ pub const KEEP_CLAIMS: i64 = 100_000;
 pub const PRUNE_EVERY: i64 = 1_000;
 
 /// The Web Push sender's row in `event_cursors`.
-pub const CURSOR_CONSUMER: &str = "push";
+pub const PUSH_CURSOR: &str = "push";
+/// The Slack poster's row in `event_cursors`.
+pub const SLACK_CURSOR: &str = "slack";
 pub const SELECT_CURSOR: &str = "SELECT seq FROM event_cursors WHERE consumer = $1";
 /// Moves a consumer's position forward, never back (replicas each record theirs).
 pub const ADVANCE_CURSOR: &str = "INSERT INTO event_cursors (consumer, seq, updated_at) \

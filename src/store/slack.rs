@@ -1,12 +1,15 @@
 //! Slack messages' storage, written once for both backends over their transactions
 //! ([`Transact`]): each write and the read of one row one statement (on Postgres on the pool,
 //! shared by every replica, where the claim decides which replica posts a call; on SQLite a
-//! small transaction on the one writer thread).
+//! small transaction on the one writer thread). The poster's position in the event log is kept
+//! as Web Push's is (`event_cursors`, its own row).
 
 use async_trait::async_trait;
 
 use super::SlackMessages;
 use super::primitives::{Param, Run, SqlTx, Transact};
+use super::push::{event_cursor, record_event_cursor};
+use super::push_rows::SLACK_CURSOR;
 use super::slack_rows::{CLAIM, RECORD, SELECT, StoredSlackMessage};
 use crate::domain::CallKey;
 use crate::error::Result;
@@ -71,6 +74,13 @@ impl<S: Transact> SlackMessages for S {
             Ok(message)
         })
         .await
+    }
+    async fn slack_cursor(&self) -> Result<Option<u64>> {
+        event_cursor(self, SLACK_CURSOR).await
+    }
+
+    async fn record_slack_cursor(&self, seq: u64) -> Result<()> {
+        record_event_cursor(self, SLACK_CURSOR, seq).await
     }
 }
 

@@ -50,13 +50,17 @@ struct Pushed {
     urgency: String,
     topic: String,
     body: Bytes,
+    /// Answered 201 (not failed on purpose).
+    accepted: bool,
 }
 
 /// A loopback HTTP/1.1 server standing in for a browser vendor's push service: `/gone/...`
-/// answers 410, `/hang/...` never answers, anything else 201. It records every request.
+/// answers 410, `/hang/...` never answers, `/flaky/...` 503 while [`PushService::fail`] says
+/// so, anything else 201. It records every request.
 struct PushService {
     address: SocketAddr,
     received: Arc<Mutex<Vec<Pushed>>>,
+    failing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl PushService {
@@ -64,16 +68,20 @@ impl PushService {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().unwrap();
         let received: Arc<Mutex<Vec<Pushed>>> = Arc::default();
+        let failing: Arc<std::sync::atomic::AtomicBool> = Arc::default();
         let log = Arc::clone(&received);
+        let fails = Arc::clone(&failing);
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
                 let log = Arc::clone(&log);
+                let fails = Arc::clone(&fails);
                 tokio::spawn(async move {
                     let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                         let log = Arc::clone(&log);
+                        let fails = Arc::clone(&fails);
                         async move {
                             let header = |name: &str| {
                                 request
@@ -91,14 +99,24 @@ impl PushService {
                                 urgency: header("urgency"),
                                 topic: header("topic"),
                                 body: Bytes::new(),
+                                accepted: false,
                             };
                             pushed.body = request.into_body().collect().await.unwrap().to_bytes();
                             let path = pushed.path.clone();
+                            let status = if path.starts_with("/gone/") {
+                                410
+                            } else if path.starts_with("/flaky/")
+                                && fails.load(std::sync::atomic::Ordering::SeqCst)
+                            {
+                                503
+                            } else {
+                                201
+                            };
+                            pushed.accepted = status == 201;
                             log.lock().unwrap().push(pushed);
                             if path.starts_with("/hang/") {
                                 std::future::pending::<()>().await;
                             }
-                            let status = if path.starts_with("/gone/") { 410 } else { 201 };
                             Ok::<_, std::convert::Infallible>(
                                 Response::builder()
                                     .status(status)
@@ -113,7 +131,34 @@ impl PushService {
                 });
             }
         });
-        PushService { address, received }
+        PushService {
+            address,
+            received,
+            failing,
+        }
+    }
+
+    /// Whether `/flaky/...` fails every request (503) from now on.
+    fn fail(&self, failing: bool) {
+        self.failing
+            .store(failing, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The pushes `path` accepted, waiting until there are `n`, up to [`PATIENCE`].
+    async fn wait_for_accepted(&self, path: &str, n: usize) -> Vec<Pushed> {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let got: Vec<Pushed> = self.at(path).into_iter().filter(|p| p.accepted).collect();
+            if got.len() >= n {
+                return got;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{path} accepted {} pushes, not {n}",
+                got.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     fn endpoint(&self, path: &str) -> String {
@@ -302,7 +347,43 @@ backend_tests!(
     a_first_subscriber_after_a_time_with_none_gets_the_next_call_at_once => super::with_push,
     calls_committed_while_no_broker_pushed_are_pushed_when_one_starts_unless_decided => super::with_push,
     a_call_that_needs_a_passkey_is_pushed_saying_so => super::with_push,
+    a_push_that_failed_every_attempt_arrives_in_a_later_round_and_so_does_a_withdrawal => super::with_push_retried,
 );
+
+/// As [`with_push`], with two attempts a push and rounds of retries a moment apart.
+fn with_push_retried(config: &mut Config) {
+    with_push(config);
+    config.push.attempts = 2;
+    config.webhooks.retry_max = Duration::from_millis(100);
+}
+
+/// A push service that fails every attempt at a push, then recovers, gets it in a later round
+/// of the same broker, no restart; each round reads the call as it is then: decided meanwhile,
+/// the call is withdrawn in a later round, since its pending push was shown.
+async fn a_push_that_failed_every_attempt_arrives_in_a_later_round_and_so_does_a_withdrawal(
+    app: TestApp,
+) {
+    let service = PushService::start().await;
+    let browser = Browser::new();
+    subscribe(&app, DAVE, &browser, &service.endpoint("/flaky/1")).await;
+    service.fail(true);
+    submit_as_bot(&app, call("r", "Bash", r#"{"command":"true"}"#)).await;
+    // Both attempts failed, and both of the first round.
+    service.wait_for("/flaky/1", 4).await;
+    service.fail(false);
+    let pushed = service.wait_for_accepted("/flaky/1", 1).await.remove(0);
+    assert_eq!(pushed.topic, topic_of("r"));
+    assert_eq!(pushed.urgency, "high", "the pending push, not a withdrawal");
+    // Its withdrawal fails every attempt too, then arrives.
+    service.fail(true);
+    let before = service.at("/flaky/1").len();
+    decide_as(&app, DAVE, "r").await;
+    service.wait_for("/flaky/1", before + 4).await;
+    service.fail(false);
+    let withdrawn = service.wait_for_accepted("/flaky/1", 2).await.remove(1);
+    assert_eq!(withdrawn.topic, topic_of("r"));
+    assert_eq!(withdrawn.urgency, "normal", "a withdrawal");
+}
 
 /// A call whose requirement asks for a passkey is pushed like any (its notification opens the
 /// call), and says it needs one: `.ci/push` decrypts the capture and checks its line.

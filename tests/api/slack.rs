@@ -679,6 +679,7 @@ slack_tests!(
     a_call_that_needs_a_passkey_is_approved_only_in_the_inbox_and_may_be_denied_from_slack,
     mentions_and_links_in_an_input_reach_slack_escaped,
     retention_prunes_a_decided_calls_slack_message_with_the_call,
+    a_call_decided_while_no_broker_ran_slack_app_mode_loses_its_buttons_when_one_starts,
 );
 
 // --- the tests ----------------------------------------------------------------------------------
@@ -1345,5 +1346,74 @@ async fn retention_prunes_a_decided_calls_slack_message_with_the_call(backend: B
     };
     assert_eq!(app.count(&kept("decided")).await, 0);
     assert_eq!(app.count(&kept("pending")).await, 1);
+    slack.assert_no_problems();
+}
+
+/// The `chat.update`s the stand-in received for the message `ts`.
+fn updates_of(slack: &FakeSlack, ts: &str) -> Vec<Value> {
+    slack
+        .received()
+        .into_iter()
+        .filter(|r| r.path == "/api/chat.update" && r.body["ts"] == ts)
+        .map(|r| r.body)
+        .collect()
+}
+
+/// Whether a message still offers Approve or Deny.
+fn has_decision_buttons(message: &Value) -> bool {
+    message["blocks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|block| block["type"] == "actions")
+        .flat_map(|block| block["elements"].as_array().cloned().unwrap_or_default())
+        .any(|button| button["action_id"] == "approve" || button["action_id"] == "deny")
+}
+
+/// The poster follows the event log from where it stopped: a call posted by one Slack-mode
+/// broker and decided through a broker that runs without Slack app mode has its Approve and Deny
+/// buttons removed when a Slack-mode broker starts again; a call decided while that one runs is
+/// updated once.
+async fn a_call_decided_while_no_broker_ran_slack_app_mode_loses_its_buttons_when_one_starts(
+    backend: Backend,
+) {
+    let (app, slack, dir) = start(backend, 1).await;
+    let posted = submit_and_see_posted(&app, &slack, "c1", "").await;
+    assert!(has_decision_buttons(&posted), "{posted}");
+    let ts = message_ts(&slack, "c1");
+    until_recorded(&app, 1).await;
+    // The same database, served by a broker without Slack app mode: it decides the call.
+    let app = app.restart_with(|_| {}).await;
+    approve(&app, "s1", "c1").await;
+    assert_eq!(
+        wait_outcome(&app, "c1").await.status(),
+        pb::CallStatus::Approved
+    );
+    assert!(updates_of(&slack, &ts).is_empty(), "nobody could update it");
+    // A Slack-mode broker again: it catches up.
+    let app = app.restart_with(configure(&slack, dir.path(), 1)).await;
+    let updated = slack
+        .wait_for("/api/chat.update", |b| b["ts"] == ts.as_str())
+        .await;
+    assert_eq!(updated["channel"], CHANNEL);
+    assert!(updated.to_string().contains("APPROVED"), "{updated}");
+    assert!(!has_decision_buttons(&updated), "buttons left: {updated}");
+    // Decided while it runs: updated once, from the live event.
+    submit_and_see_posted(&app, &slack, "c2", "").await;
+    let ts2 = message_ts(&slack, "c2");
+    approve(&app, "s1", "c2").await;
+    slack
+        .wait_for("/api/chat.update", |b| {
+            b["ts"] == ts2.as_str() && b.to_string().contains("APPROVED")
+        })
+        .await;
+    // The poster handles the log in order: once c3 is posted, c2's events are behind it.
+    submit_and_see_posted(&app, &slack, "c3", "").await;
+    assert_eq!(
+        updates_of(&slack, &ts2).len(),
+        1,
+        "c2's message updated once"
+    );
+    assert_eq!(posts_of(&slack, "c1"), 1, "c1 was not posted again");
     slack.assert_no_problems();
 }

@@ -28,6 +28,7 @@ use bytes::Bytes;
 use serde_json::json;
 
 use crate::background::events::EventBus;
+use crate::background::webhooks::DeliverySettings;
 use crate::background::webhooks::egress::EgressPolicy;
 use crate::domain::time::parse_duration;
 use crate::domain::{Timestamp, Viewer};
@@ -379,16 +380,17 @@ pub struct PushFlags {
 
 /// Starts Web Push as `flags` say: loads or creates the VAPID key, starts the sender where it
 /// stopped in the event log (see `sender`), and returns what the RPCs use; `None` when push is
-/// off.
+/// off. Requests go out as webhook delivery's do (`delivery`: its timeout, its first retry's
+/// wait, its egress policy), and the rounds of retries wait `--webhook-retry-max` first, as
+/// Slack's do.
 pub async fn start(
     flags: &PushFlags,
     home: KeyHome<'_>,
     store: Arc<dyn Store>,
     bus: &Arc<EventBus>,
-    egress: Arc<EgressPolicy>,
-    timeout: Duration,
-    retry_min: Duration,
+    delivery: &DeliverySettings,
 ) -> Result<Option<Arc<Registry>>> {
+    let egress = Arc::clone(&delivery.egress);
     if flags.mode == ReceiptsMode::Off {
         return Ok(None);
     }
@@ -422,14 +424,15 @@ pub async fn start(
         PushSettings {
             subject: flags.subject.clone(),
             ttl: flags.ttl,
-            timeout,
+            timeout: delivery.timeout,
             attempts: flags.attempts,
-            retry_min,
+            retry_min: delivery.retry_min,
             egress: Arc::clone(&egress),
         },
     );
     let added = Arc::new(AtomicU64::new(0));
-    let sender = sender::Sender::new(Arc::clone(&store), pusher, Arc::clone(&added));
+    let first_round = delivery.retry_max;
+    let sender = sender::Sender::new(Arc::clone(&store), pusher, Arc::clone(&added), first_round);
     let after = sender.resume_point().await?;
     tokio::spawn(sender.run(Arc::downgrade(bus), after));
     Ok(Some(Arc::new(Registry {

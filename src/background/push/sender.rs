@@ -7,12 +7,19 @@
 //! they subscribed, or every call for an admin, an auditor, or anyone while auth is off), asked
 //! the same [`Call::visible_to`] that the inbox's list and stream ask.
 //!
-//! The sender resumes where it stopped: its position in the log is stored (`event_cursors`, at
-//! most once a [`CURSOR_EVERY`] while events flow, as webhook delivery stores its cursor), so
-//! the calls committed while no broker pushed, or while this one was behind, are pushed when it
-//! catches up. An event read back from the log that way may be about a call decided since: it
+//! The sender resumes where it stopped: its position in the log is stored
+//! (`crate::background::cursor`, as the Slack poster's is), so the calls committed while no
+//! broker pushed, or while this one was behind, are pushed when it catches up. An event read back from the log that way may be about a call decided since: it
 //! is not pushed (nor, then, its withdrawal). Replicas each follow the log and the first to
 //! claim an event pushes it, as for live events.
+//!
+//! A push its service did not accept within `--push-attempts` (429, 5xx, no answer) is tried
+//! again in rounds (`crate::background::rounds`, as Slack's messages are), by the process that
+//! claimed it: each round reads the call as it is then, so a call decided meanwhile is not
+//! pushed as pending, and gets a withdrawal instead only if something of it may be shown on
+//! that browser (a reminder's failure, or a withdrawal's own). A 404 or 410 drops the
+//! subscription at once, and a push service that refuses a push (another 4xx) is not asked
+//! again.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,21 +31,15 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use tokio::sync::Semaphore;
 
 use super::{Answer, Notice, NoticeKind, Pusher, Subscription};
+use crate::background::cursor::{Follower, Position};
 use crate::background::events::{EventBus, Feed};
+use crate::background::rounds::{Next, Rounds};
 use crate::domain::{Call, CallKey, Event, EventKind, Viewer};
 use crate::error::{Error, Result};
 use crate::store::{Store, StoredPushSubscription};
 
 /// Messages in flight at once, across subscriptions.
 const MAX_IN_FLIGHT: usize = 64;
-
-/// How long a handled event may wait for the stored position to pass it. A crash re-reads at
-/// most that stretch (on Postgres the claims keep those from being pushed twice).
-pub const CURSOR_EVERY: Duration = Duration::from_secs(1);
-
-/// The most events a starting sender catches up on: one that finds the stored position further
-/// behind starts that far from the log's end (far fewer than the claims Postgres keeps).
-const MAX_CATCH_UP: u64 = 50_000;
 
 /// The most calls remembered as "decided before their pending push was sent" (so that their
 /// withdrawal is not sent either); past it the memory starts again, at worst sending a
@@ -63,10 +64,57 @@ pub struct Sender {
     /// Calls whose pending push this process held the claim of and did not send, the call
     /// being decided by the time the event was read (see [`Sender::tell`]).
     unpushed: Mutex<HashSet<CallKey>>,
+    /// The pushes waiting for a round (see the module).
+    rounds: Rounds<Unsent, Failed>,
+}
+
+/// A push no attempt delivered: to which subscription (its endpoint), of which call.
+type Unsent = (String, CallKey);
+
+/// What an unsent push was, as a round needs it.
+#[derive(Debug, Clone, Copy)]
+struct Failed {
+    /// The last push of the call that failed there.
+    kind: NoticeKind,
+    /// Whether something of the call may be shown on that browser, so that a round that finds
+    /// it decided sends a withdrawal: not when its pending push is the one that failed (a
+    /// reminder's or a withdrawal's failure supposes its pending push was shown).
+    shown: bool,
+}
+
+impl Failed {
+    fn of(kind: NoticeKind) -> Self {
+        Self {
+            kind,
+            shown: kind != NoticeKind::Pending,
+        }
+    }
+
+    /// A later failure of a push still waiting: it says what the push is now; what may be
+    /// shown stays, as neither got through.
+    fn merge(mine: &mut Failed, theirs: Failed) {
+        mine.kind = theirs.kind;
+    }
+}
+
+/// What a round of an unsent push came to.
+enum Round {
+    /// Delivered, or nothing left to send (the call or the subscription is gone, the call was
+    /// decided and nothing of it shown there, the push service refused it for good).
+    Done,
+    /// The push service failed again, or the store could not say: try again later.
+    Again,
 }
 
 impl Sender {
-    pub fn new(store: Arc<dyn Store>, pusher: Pusher, added: Arc<AtomicU64>) -> Arc<Self> {
+    /// A sender whose rounds of retries (see the module) start `first_round` after a push
+    /// failed every attempt.
+    pub fn new(
+        store: Arc<dyn Store>,
+        pusher: Pusher,
+        added: Arc<AtomicU64>,
+        first_round: Duration,
+    ) -> Arc<Self> {
         Arc::new(Self {
             store,
             pusher,
@@ -74,6 +122,7 @@ impl Sender {
             added,
             none_since: Mutex::new(None),
             unpushed: Mutex::default(),
+            rounds: Rounds::new(first_round),
         })
     }
 
@@ -88,9 +137,17 @@ impl Sender {
         })
     }
 
-    /// Pushes from `after` (see [`Sender::resume_point`]) until the event bus stops. The bus
-    /// is held weakly: the sender must not keep a stopped broker's bus alive.
-    pub async fn run(self: Arc<Self>, bus: Weak<EventBus>, mut after: u64) {
+    /// Pushes from `after` (see [`Sender::resume_point`]) until the event bus stops, and
+    /// beside it runs the rounds of the pushes that failed. The bus is held weakly: the sender
+    /// must not keep a stopped broker's bus alive.
+    pub async fn run(self: Arc<Self>, bus: Weak<EventBus>, after: u64) {
+        tokio::select! {
+            () = self.follow_from(bus, after) => {}
+            () = self.retry_rounds() => {}
+        }
+    }
+
+    async fn follow_from(self: &Arc<Self>, bus: Weak<EventBus>, mut after: u64) {
         loop {
             let Some(mut feed) = bus.upgrade().map(|bus| bus.feed_after(after)) else {
                 return;
@@ -114,58 +171,32 @@ impl Sender {
         }
     }
 
-    /// Where to push from: the stored position, at most [`MAX_CATCH_UP`] behind the log's
-    /// end; on a first start the log's end (stored at once, so that a broker stopped before
-    /// any event catches up from there).
+    /// Where to push from (see `crate::background::cursor`; on Postgres the claims, kept far
+    /// longer than a catch-up reaches back, keep a re-read event from being pushed twice).
     pub async fn resume_point(&self) -> Result<u64> {
-        let latest = self.store.latest_seq().await?;
-        Ok(match self.store.push_cursor().await? {
-            Some(stored) if latest.saturating_sub(stored) > MAX_CATCH_UP => {
-                tracing::warn!(
-                    stored,
-                    latest,
-                    "Web Push was stopped long ago: only the last {MAX_CATCH_UP} events are caught up"
-                );
-                latest - MAX_CATCH_UP
-            }
-            Some(stored) => stored.min(latest),
-            None => {
-                self.store.record_push_cursor(latest).await?;
-                latest
-            }
-        })
+        Follower::Push.resume_point(&*self.store).await
     }
 
     /// Pushes for each event `feed` gives and stores how far it got, until the feed fails;
     /// returns why.
     async fn follow(self: &Arc<Self>, feed: &mut Feed) -> Error {
-        let mut unrecorded: Option<u64> = None;
-        let mut recorded_at = Instant::now();
+        let mut position = Position::new(Follower::Push);
         loop {
-            let record_in = CURSOR_EVERY.saturating_sub(recorded_at.elapsed());
+            let due_in = position.due_in();
             tokio::select! {
                 next = feed.next() => match next {
                     Ok(delivery) => {
                         self.tell(&delivery.event, delivery.live).await;
-                        unrecorded = Some(delivery.event.seq);
+                        position.handled(&*self.store, delivery.event.seq).await;
                     }
                     Err(err) => {
-                        if let Some(seq) = unrecorded {
-                            // The broker stopping: keep what was done, if the store still can.
-                            let _ = self.store.record_push_cursor(seq).await;
-                        }
+                        // The broker stopping: keep what was done, if the store still can.
+                        position.flush(&*self.store).await;
                         return err;
                     }
                 },
-                _ = tokio::time::sleep(record_in), if unrecorded.is_some() => {}
-            }
-            if let Some(seq) = unrecorded
-                && recorded_at.elapsed() >= CURSOR_EVERY
-            {
-                recorded_at = Instant::now();
-                match self.store.record_push_cursor(seq).await {
-                    Ok(()) => unrecorded = None,
-                    Err(err) => tracing::warn!(error = %err, "cannot store where Web Push got to"),
+                () = tokio::time::sleep(due_in.unwrap_or_default()), if due_in.is_some() => {
+                    position.store_if_due(&*self.store).await;
                 }
             }
         }
@@ -262,33 +293,155 @@ impl Sender {
             };
             let this = Arc::clone(self);
             let notice = Arc::clone(&notice);
+            let key = event.call.key.clone();
             tokio::spawn(async move {
                 let _permit = permit;
                 match this.pusher.send(&subscription, &notice).await {
                     Answer::Accepted => {}
-                    Answer::Gone => {
-                        tracing::info!(
+                    Answer::Gone => this.drop_gone(&stored, &subscription).await,
+                    Answer::Retry(why) => {
+                        tracing::warn!(
                             approver = %stored.approver,
-                            "a push subscription expired (404/410): dropped"
+                            ?subscription,
+                            reason = %why,
+                            "a push was not delivered; tried again later"
                         );
-                        if let Err(err) = this
-                            .store
-                            .drop_push_subscription(&subscription.endpoint)
-                            .await
-                        {
-                            tracing::warn!(error = %err, "cannot drop an expired push subscription");
-                        }
+                        this.retry_later(&stored, &key, notice.kind);
                     }
-                    Answer::Retry(why) | Answer::Refused(why) => tracing::warn!(
+                    Answer::Refused(why) => tracing::warn!(
                         approver = %stored.approver,
                         ?subscription,
                         reason = %why,
-                        "a push was not delivered"
+                        "a push was refused; not tried again"
                     ),
                 }
             });
         }
     }
+
+    /// Tries the push of `kind` for `key` to `stored` again in a later round.
+    fn retry_later(&self, stored: &StoredPushSubscription, key: &CallKey, kind: NoticeKind) {
+        let unsent = (stored.endpoint.clone(), key.clone());
+        if self
+            .rounds
+            .first_failure(unsent, Failed::of(kind), Failed::merge)
+            == Next::GivenUp
+        {
+            given_up(&stored.approver, key);
+        }
+    }
+
+    /// Runs the rounds as they fall due, each in its own bounded task, until the sender stops.
+    async fn retry_rounds(self: &Arc<Self>) {
+        loop {
+            let due = self.rounds.due().await;
+            let subscriptions = match self.store.push_subscriptions().await {
+                Ok(subscriptions) => subscriptions,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot read the push subscriptions");
+                    for (unsent, waiting) in due {
+                        self.again(unsent, waiting.round, waiting.data, "");
+                    }
+                    continue;
+                }
+            };
+            for ((endpoint, key), waiting) in due {
+                // Removed or dropped meanwhile: nothing to send.
+                let Some(stored) = subscriptions.iter().find(|s| s.endpoint == endpoint) else {
+                    continue;
+                };
+                let stored = stored.clone();
+                let Ok(permit) = Arc::clone(&self.in_flight).acquire_owned().await else {
+                    return;
+                };
+                let this = Arc::clone(self);
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    if let Round::Again = this.round(&stored, &key, waiting.data).await {
+                        let approver = stored.approver.clone();
+                        this.again((endpoint, key), waiting.round, waiting.data, &approver);
+                    }
+                });
+            }
+        }
+    }
+
+    /// Schedules the next round of `unsent`, or gives it up after the last.
+    fn again(&self, unsent: Unsent, tried: u32, failed: Failed, approver: &str) {
+        let key = unsent.1.clone();
+        if self
+            .rounds
+            .failed_again(unsent, tried, failed, Failed::merge)
+            == Next::GivenUp
+        {
+            given_up(approver, &key);
+        }
+    }
+
+    /// One round of a push to `stored` for `key`: what the call asks for now, sent.
+    async fn round(&self, stored: &StoredPushSubscription, key: &CallKey, failed: Failed) -> Round {
+        let call = match self
+            .store
+            .calls_by_id(&key.agent, &key.session, std::slice::from_ref(&key.call_id))
+            .await
+        {
+            Ok(found) => found.into_iter().next().flatten(),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read a call to push it again");
+                return Round::Again;
+            }
+        };
+        let Some(call) = call else {
+            return Round::Done;
+        };
+        let kind = match (call.outcome.is_some(), failed.kind) {
+            (true, _) if failed.shown => NoticeKind::Withdrawn,
+            (true, _) => return Round::Done,
+            (false, NoticeKind::Reminder) => NoticeKind::Reminder,
+            (false, _) => NoticeKind::Pending,
+        };
+        let (Some(subscription), true) = (decoded(stored), call.visible_to(&viewer(stored))) else {
+            return Round::Done;
+        };
+        match self.pusher.send(&subscription, &notice(kind, &call)).await {
+            Answer::Accepted => Round::Done,
+            Answer::Gone => {
+                self.drop_gone(stored, &subscription).await;
+                Round::Done
+            }
+            Answer::Refused(why) => {
+                tracing::warn!(approver = %stored.approver, reason = %why, "a push was refused");
+                Round::Done
+            }
+            Answer::Retry(_) => Round::Again,
+        }
+    }
+
+    /// Forgets a subscription its push service says is gone (404/410).
+    async fn drop_gone(&self, stored: &StoredPushSubscription, subscription: &Subscription) {
+        tracing::info!(
+            approver = %stored.approver,
+            "a push subscription expired (404/410): dropped"
+        );
+        if let Err(err) = self
+            .store
+            .drop_push_subscription(&subscription.endpoint)
+            .await
+        {
+            tracing::warn!(error = %err, "cannot drop an expired push subscription");
+        }
+    }
+}
+
+/// Logs that a push is given up.
+fn given_up(approver: &str, key: &CallKey) {
+    tracing::warn!(
+        approver,
+        agent = %key.agent,
+        session = %key.session,
+        call = %key.call_id,
+        "a push was not delivered in any round; given up"
+    );
 }
 
 /// The subscription's owner as a reader of calls.

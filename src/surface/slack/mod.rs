@@ -4,8 +4,9 @@
 //! gate (`Broker::decide`), as the approver the Slack user is mapped to.
 //!
 //! - this file: the settings, the `--slack-file` (channels and people), and the poster, which
-//!   reads the committed event log (as webhook delivery does), so Slack being slow or down never
-//!   slows a decision: posting happens after the fact, retried a bounded number of times;
+//!   follows the committed event log from where it stopped (as Web Push does), so Slack being
+//!   slow or down never slows a decision, and a call decided while no broker ran Slack app mode
+//!   has its message updated when one starts: posting happens after the fact, retried;
 //! - `blocks`: the messages (Block Kit, escaped, bounded); `api`: the Web API client;
 //! - `signature`: `X-Slack-Signature` and replays; `interactivity`: the HTTP endpoint Slack
 //!   POSTs clicks to, on the gRPC port;
@@ -20,13 +21,14 @@ pub mod interactivity;
 mod retry;
 pub mod signature;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::background::events::Feed;
+use crate::background::cursor::{Follower, Position};
+use crate::background::events::{EventBus, Feed};
 use crate::background::webhooks::egress::EgressPolicy;
 use crate::domain::identity::Identity;
 use crate::domain::policy::group_name;
@@ -244,6 +246,27 @@ pub fn parse_file(text: &str) -> Result<(Vec<Route>, Vec<SlackPerson>)> {
     Ok((routes, people))
 }
 
+/// The calls whose message a catch-up brought in line, each with the log's end when their state
+/// was read: an event of theirs up to there changes nothing more. Bounded: past
+/// [`CaughtUp::MAX`] calls it starts again, at worst updating a message once more.
+#[derive(Default)]
+struct CaughtUp(std::collections::HashMap<CallKey, u64>);
+
+impl CaughtUp {
+    const MAX: usize = 4096;
+
+    fn covers(&self, key: &CallKey, seq: u64) -> bool {
+        self.0.get(key).is_some_and(|read_at| seq <= *read_at)
+    }
+
+    fn remember(&mut self, key: &CallKey, read_at: u64) {
+        if self.0.len() >= Self::MAX {
+            self.0.clear();
+        }
+        self.0.insert(key.clone(), read_at);
+    }
+}
+
 /// Where a call's message is: its channel and timestamp (Slack's id of a message), and whether
 /// this process posted it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -277,13 +300,14 @@ impl Slack {
             Arc::clone(&settings.egress),
         );
         let verifier = Verifier::new(&settings.signing_secret);
+        let retries = retry::Retries::new(settings.retry_max);
         Arc::new(Self {
             settings,
             api,
             verifier,
             store,
             owner: uuid::Uuid::new_v4().simple().to_string(),
-            retries: retry::Retries::default(),
+            retries,
             failing: AtomicBool::new(false),
         })
     }
@@ -340,28 +364,108 @@ impl Slack {
         }
     }
 
+    /// Where to follow the event log from: where the poster stopped (see
+    /// `crate::background::cursor`), so the messages of calls decided while no broker ran Slack
+    /// app mode are updated when one starts.
+    pub async fn resume_point(&self) -> Result<u64> {
+        Follower::Slack.resume_point(&*self.store).await
+    }
+
     /// Posts the calls pending now that no broker posted (submitted while none ran Slack app
     /// mode, or while this one was down), then posts, updates and threads from the committed
-    /// events `feed` yields, until it ends. A call both pending now and in the feed is posted
-    /// once: the claim decides. Beside it, in the same task, the calls whose message failed
-    /// every attempt are tried again (`retry`).
-    pub async fn post_from(self: Arc<Self>, feed: Feed) {
+    /// events after `after`, until the event bus stops. A call both pending now and in the log
+    /// is posted once: the claim decides. Beside it, in the same task, the calls whose message
+    /// failed every attempt are tried again (`retry`). The bus is held weakly: the poster must
+    /// not keep a stopped broker's bus alive.
+    pub async fn post_from(self: Arc<Self>, bus: Weak<EventBus>, after: u64) {
         tokio::select! {
-            () = self.follow(feed) => {}
+            () = self.follow(bus, after) => {}
             () = self.retry_rounds() => {}
         }
     }
 
-    async fn follow(&self, mut feed: Feed) {
+    async fn follow(&self, bus: Weak<EventBus>, mut after: u64) {
         self.post_pending().await;
         loop {
-            match feed.next().await {
-                Ok(delivery) => self.tell(&delivery.event).await,
-                Err(err) => {
+            let Some(mut feed) = bus.upgrade().map(|bus| bus.feed_after(after)) else {
+                return;
+            };
+            match self.follow_feed(&mut feed).await {
+                // Retention pruned events the poster had not read: go on after them (their
+                // calls were decided long ago).
+                Error::Pruned { through, .. } => {
+                    tracing::warn!(
+                        after,
+                        through,
+                        "the Slack poster skips events retention pruned before it read them"
+                    );
+                    after = through;
+                }
+                err => {
                     tracing::warn!(error = %err, "the Slack poster's event feed ended");
                     return;
                 }
             }
+        }
+    }
+
+    /// Tells Slack of each event `feed` gives and stores how far it got, until the feed fails;
+    /// returns why.
+    async fn follow_feed(&self, feed: &mut Feed) -> Error {
+        let mut position = Position::new(Follower::Slack);
+        let mut caught_up = CaughtUp::default();
+        loop {
+            let due_in = position.due_in();
+            tokio::select! {
+                next = feed.next() => match next {
+                    Ok(delivery) => {
+                        match delivery.live {
+                            true => self.tell(&delivery.event).await,
+                            false => self.catch_up(&delivery.event, &mut caught_up).await,
+                        }
+                        position.handled(&*self.store, delivery.event.seq).await;
+                    }
+                    Err(err) => {
+                        position.flush(&*self.store).await;
+                        return err;
+                    }
+                },
+                () = tokio::time::sleep(due_in.unwrap_or_default()), if due_in.is_some() => {
+                    position.store_if_due(&*self.store).await;
+                }
+            }
+        }
+    }
+
+    /// What an event read back from the log (committed while no broker followed it, or while
+    /// this one was behind) does: a call still pending posted if nobody did; a decision or a
+    /// vote brings its call's message in line with the call as it is now, which may have
+    /// changed since. A call's events read back together are one update: the later ones that
+    /// the state read already held are skipped. Reminders and escalations are threaded as live
+    /// ones are: by the process that posted the message.
+    async fn catch_up(&self, event: &Event, caught_up: &mut CaughtUp) {
+        let key = &event.call.key;
+        match event.kind {
+            // Posted as it was requested: only a call nobody posted is to do.
+            EventKind::Requested => self.bring_up_to_date(key, false).await,
+            EventKind::Resolved | EventKind::ApprovalRecorded => {
+                if caught_up.covers(key, event.seq) {
+                    return;
+                }
+                // Read before the call: every event up to it is in the state read next.
+                let read_at = match self.store.latest_seq().await {
+                    Ok(seq) => Some(seq),
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot read the event log's end");
+                        None
+                    }
+                };
+                self.bring_up_to_date(key, true).await;
+                if let Some(seq) = read_at {
+                    caught_up.remember(key, seq);
+                }
+            }
+            EventKind::Reminded | EventKind::Escalated => self.tell(event).await,
         }
     }
 

@@ -5,45 +5,21 @@
 //! made only under this process's claim of it (the one `slack_messages` row per call), so a
 //! fleet still posts each call once.
 //!
-//! The rounds wait `--webhook-retry-max`, then twice that, and so on (each at most
-//! [`MAX_ROUND_WAIT`]), [`ROUNDS`] of them; then the call is given up (logged) until the next
-//! start posts what is still pending. While Slack fails, each Web API call is tried once rather
+//! The rounds are `crate::background::rounds`' (as Web Push's): they wait `--webhook-retry-max`,
+//! then twice that, and so on, a bounded number of them; then the call is given up (logged)
+//! until the next start posts what is still pending. While Slack fails, each Web API call is tried once rather
 //! than `--slack-attempts` times (see `Slack::call_with_retries`), so a Slack that is down does
 //! not hold the event log's poster; the first answer again brings every waiting call forward.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
-
-use tokio::sync::Notify;
-use tokio::time::Instant;
+use crate::background::rounds::Next;
 
 use super::{Slack, blocks};
 use crate::domain::{Call, CallKey, Timestamp};
 
-/// Rounds after the first failure before a call is given up.
-pub const ROUNDS: u32 = 6;
-
-/// The longest wait between two rounds.
-pub const MAX_ROUND_WAIT: Duration = Duration::from_secs(3600);
-
-/// One call waiting for its next round.
-#[derive(Debug, Clone, Copy)]
-struct Waiting {
-    /// Rounds tried so far.
-    round: u32,
-    due: Instant,
-    /// When this process last claimed the call's posting, while it holds the claim: the next
-    /// claim is taken only if the row still holds that one (a compare-and-set on the time).
-    claimed_at: Option<i64>,
-}
-
-/// The calls waiting for a round, by call.
-#[derive(Default)]
-pub(super) struct Retries {
-    waiting: Mutex<HashMap<CallKey, Waiting>>,
-    added: Notify,
-}
+/// The calls waiting for a round, each with when this process last claimed its posting, while
+/// it holds the claim: the next claim is taken only if the row still holds that one (a
+/// compare-and-set on the time).
+pub(super) type Retries = crate::background::rounds::Rounds<CallKey, Option<i64>>;
 
 /// What a round came to.
 enum Round {
@@ -54,117 +30,37 @@ enum Round {
     Again { claimed_at: Option<i64> },
 }
 
-impl Retries {
-    /// Schedules `key` for a round `wait` from now (or sooner, if it waits already).
-    fn schedule(&self, key: &CallKey, round: u32, wait: Duration, claimed_at: Option<i64>) {
-        let due = Instant::now() + wait;
-        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        waiting
-            .entry(key.clone())
-            .and_modify(|w| {
-                w.round = w.round.min(round);
-                w.due = w.due.min(due);
-                w.claimed_at = w.claimed_at.or(claimed_at);
-            })
-            .or_insert(Waiting {
-                round,
-                due,
-                claimed_at,
-            });
-        drop(waiting);
-        self.added.notify_one();
-    }
-
-    /// Every waiting call due now (Slack answered again).
-    pub(super) fn bring_forward(&self) {
-        let now = Instant::now();
-        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        if waiting.is_empty() {
-            return;
-        }
-        for w in waiting.values_mut() {
-            w.due = w.due.min(now);
-        }
-        drop(waiting);
-        self.added.notify_one();
-    }
-
-    fn next_due(&self) -> Option<Instant> {
-        let waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        waiting.values().map(|w| w.due).min()
-    }
-
-    /// Takes the calls due now, the longest due first.
-    fn take_due(&self) -> Vec<(CallKey, Waiting)> {
-        let now = Instant::now();
-        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        let keys: Vec<CallKey> = waiting
-            .iter()
-            .filter(|(_, w)| w.due <= now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        let mut due: Vec<(CallKey, Waiting)> = keys
-            .into_iter()
-            .filter_map(|k| waiting.remove(&k).map(|w| (k, w)))
-            .collect();
-        due.sort_by_key(|(_, w)| w.due);
-        due
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.waiting
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
-}
-
-/// The wait before round `round` (from 1): `first`, doubling, at most [`MAX_ROUND_WAIT`].
-fn round_wait(first: Duration, round: u32) -> Duration {
-    first
-        .saturating_mul(1 << round.saturating_sub(1).min(20))
-        .min(MAX_ROUND_WAIT)
+/// Two failures of one call: the claim taken first is the one the row may still hold.
+fn keep_claim(mine: &mut Option<i64>, theirs: Option<i64>) {
+    *mine = mine.or(theirs);
 }
 
 impl Slack {
     /// Tries `key`'s message again later: its post (under the claim this process took at
     /// `claimed_at`) or its update failed every attempt.
     pub(super) fn retry_later(&self, key: &CallKey, claimed_at: Option<i64>) {
-        let wait = round_wait(self.settings.retry_max, 1);
-        self.retries.schedule(key, 0, wait, claimed_at);
+        if self
+            .retries
+            .first_failure(key.clone(), claimed_at, keep_claim)
+            == Next::GivenUp
+        {
+            give_up(key);
+        }
     }
 
     /// Runs the rounds as they fall due, until the task is dropped.
     pub(super) async fn retry_rounds(&self) {
         loop {
-            match self.retries.next_due() {
-                None => self.retries.added.notified().await,
-                Some(due) => {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(due) => {}
-                        _ = self.retries.added.notified() => continue,
-                    }
-                }
-            }
-            for (key, waiting) in self.retries.take_due() {
-                let round = waiting.round + 1;
-                match self.bring_in_line(&key, waiting.claimed_at).await {
-                    Round::Done => {}
-                    Round::Again { .. } if round >= ROUNDS => {
-                        tracing::warn!(
-                            agent = %key.agent,
-                            session = %key.session,
-                            call = %key.call_id,
-                            rounds = round,
-                            "the call's Slack message could not be posted or updated; given up \
-                             (a start posts the calls still pending)"
-                        );
-                    }
-                    Round::Again { claimed_at } => {
-                        let wait = round_wait(self.settings.retry_max, round + 1);
-                        self.retries.schedule(&key, round, wait, claimed_at);
-                    }
+            for (key, waiting) in self.retries.due().await {
+                let Round::Again { claimed_at } = self.bring_in_line(&key, waiting.data).await
+                else {
+                    continue;
+                };
+                let next =
+                    self.retries
+                        .failed_again(key.clone(), waiting.round, claimed_at, keep_claim);
+                if next == Next::GivenUp {
+                    give_up(&key);
                 }
             }
         }
@@ -229,6 +125,32 @@ impl Slack {
         Round::Done
     }
 
+    /// Brings `key`'s message in line with the call as it is now, from an event read back from
+    /// the log: the message updated if one exists (and `update`: the event changed the call
+    /// since it was posted); else the call posted if it is still pending and nobody claimed it.
+    /// What fails goes to the rounds.
+    pub(super) async fn bring_up_to_date(&self, key: &CallKey, update: bool) {
+        let Some(call) = self.call_now(key).await else {
+            self.retry_later(key, None);
+            return;
+        };
+        let Some(call) = call else {
+            return;
+        };
+        match self.posted(key).await {
+            Some(_) if !update => {}
+            Some(posted) => {
+                let body = current_blocks(&call, self.settings.inbox_url.as_deref());
+                if !self.update(&posted, body).await {
+                    self.retry_later(key, None);
+                }
+            }
+            None if call.outcome.is_none() => self.post_new(&call).await,
+            // Decided, and never posted: nothing to ask in Slack any more.
+            None => {}
+        }
+    }
+
     /// The call as stored now: `Some(None)` when it is gone (pruned); `None` when the store
     /// cannot say.
     async fn call_now(&self, key: &CallKey) -> Option<Option<Call>> {
@@ -254,46 +176,13 @@ fn current_blocks(call: &Call, inbox_url: Option<&str>) -> serde_json::Value {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::domain::{AgentId, CallId, SessionId};
-
-    fn key(id: &str) -> CallKey {
-        CallKey {
-            agent: AgentId::parse("agent", "a").unwrap(),
-            session: SessionId::parse("session", "s").unwrap(),
-            call_id: CallId::parse("call", id).unwrap(),
-        }
-    }
-
-    #[test]
-    fn rounds_wait_doubling_from_the_first_up_to_the_longest() {
-        let first = Duration::from_secs(300);
-        assert_eq!(round_wait(first, 1), first);
-        assert_eq!(round_wait(first, 2), first * 2);
-        assert_eq!(round_wait(first, 4), first * 8);
-        assert_eq!(round_wait(first, 5), MAX_ROUND_WAIT);
-        assert_eq!(round_wait(first, 60), MAX_ROUND_WAIT);
-    }
-
-    #[tokio::test]
-    async fn a_call_waits_once_and_slack_answering_again_brings_every_call_forward() {
-        let retries = Retries::default();
-        retries.schedule(&key("c1"), 0, Duration::from_secs(60), Some(7));
-        retries.schedule(&key("c1"), 2, Duration::from_secs(600), None);
-        retries.schedule(&key("c2"), 0, Duration::from_secs(60), None);
-        assert_eq!(retries.len(), 2, "one entry per call");
-        assert!(retries.take_due().is_empty(), "nothing due yet");
-        retries.bring_forward();
-        let due = retries.take_due();
-        assert_eq!(due.len(), 2);
-        let c1 = due.iter().find(|(k, _)| *k == key("c1")).unwrap().1;
-        assert_eq!(
-            (c1.round, c1.claimed_at),
-            (0, Some(7)),
-            "the earlier round and the claim kept"
-        );
-        assert_eq!(retries.len(), 0);
-    }
+/// Logs that `key`'s message is given up for this run.
+fn give_up(key: &CallKey) {
+    tracing::warn!(
+        agent = %key.agent,
+        session = %key.session,
+        call = %key.call_id,
+        "the call's Slack message could not be posted or updated; given up \
+         (a start posts the calls still pending)"
+    );
 }
