@@ -373,7 +373,8 @@ pub struct PushFlags {
     pub ttl: Duration,
 
     /// Attempts at one message on 429, 5xx or no answer; the waits between them start at
-    /// --webhook-retry-min and double. Each attempt ends within --webhook-timeout.
+    /// --webhook-retry-min and double. Each attempt ends within --webhook-timeout. A message
+    /// that fails every attempt is tried again in rounds, from --webhook-retry-max doubling.
     #[arg(id = "push_attempts", long = "push-attempts", env = "APPROVALS_PUSH_ATTEMPTS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=10))]
     pub attempts: u32,
 }
