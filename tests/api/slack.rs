@@ -1417,3 +1417,41 @@ async fn a_call_decided_while_no_broker_ran_slack_app_mode_loses_its_buttons_whe
     assert_eq!(posts_of(&slack, "c1"), 1, "c1 was not posted again");
     slack.assert_no_problems();
 }
+
+/// Two Slack-mode replicas starting after a call was decided elsewhere both catch up from the
+/// fleet's stored position: every update its message gets is the outcome, alike whichever
+/// replica made it (no buttons left), and a call left pending is posted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(approvals_test_postgres),
+    ignore = "not run: set APPROVALS_TEST_POSTGRES_URL to run the Postgres tests"
+)]
+async fn replicas_catching_up_update_a_message_alike_and_post_a_pending_call_once() {
+    let (app, slack, dir) = start(Backend::postgres(), 1).await;
+    submit_and_see_posted(&app, &slack, "c1", "").await;
+    let ts = message_ts(&slack, "c1");
+    until_recorded(&app, 1).await;
+    let app = app.restart_with(|_| {}).await;
+    approve(&app, "s1", "c1").await;
+    submit_one(&app, "s1", call("c2", "Bash", "{}")).await;
+    let app = app.restart_with(configure(&slack, dir.path(), 1)).await;
+    let replica = app.replica(configure(&slack, dir.path(), 1)).await;
+    slack
+        .wait_for("/api/chat.update", |b| b["ts"] == ts.as_str())
+        .await;
+    slack
+        .wait_for("/api/chat.postMessage", |b| b.to_string().contains("c2"))
+        .await;
+    // A call submitted now, through either replica, is posted once too.
+    submit_and_see_posted(&replica, &slack, "c3", "").await;
+    let updates = updates_of(&slack, &ts);
+    assert!(
+        updates.iter().all(|u| u["blocks"] == updates[0]["blocks"]),
+        "replicas updated c1 differently: {updates:#?}"
+    );
+    assert!(!has_decision_buttons(&updates[0]), "{:#}", updates[0]);
+    for id in ["c1", "c2", "c3"] {
+        assert_eq!(posts_of(&slack, id), 1, "{id} posted once");
+    }
+    slack.assert_no_problems();
+}
