@@ -30,13 +30,15 @@
 //!   the broker like any decision, and the Block Kit posts. Surfaces reach storage only through
 //!   the broker.
 //! - `broker/`: the one facade every surface calls; it judges large inputs ahead (`prejudge`),
-//!   runs a write through the store, then hands what committed to the one after-commit step
-//!   (`background::events::EventBus::committed`) and, after a submit, tells the deadline sweeper.
+//!   writes calls through the store's `Writes` port, then runs the one after-commit step
+//!   (`Broker::committed`: the event pump woken, each outcome counted and logged) and, after a
+//!   submit, tells the deadline sweeper, whose own writes come back through the broker
+//!   (`background::expiry::Sweeps`).
 //! - `store/`: storage behind small traits (`Calls`, `Deadlines`, `EventLog`, `Policies`,
 //!   `Webhooks`, `Lifecycle`, `Receipts`, over the shared reads of `Backend`), one backend each:
-//!   `sqlite/` (its one `writer` thread) and `postgres`, both group-committing submits, decisions
-//!   and cancels (`group_commit`); the SQL both run is written once (`statements`), as is the
-//!   keyset `listing`; the feature tables (`webhooks`, `push`, `slack`, `passkeys`) and rule and
+//!   `sqlite/` (its one `writer` thread) and `postgres`; submits, decisions and cancels go
+//!   through the `Writes` port, group-committed on both (`writes`); the SQL both run is
+//!   written once (`statements`), as is the keyset `listing`; the feature tables (`webhooks`, `push`, `slack`, `passkeys`) and rule and
 //!   grant administration (`policies`) are each written once over the `Transact` port;
 //!   `database` parses the URL once; `health` is told inside every transaction and shared read
 //!   whether storage works; `fault` is the one place that reads the drivers' errors.

@@ -108,17 +108,13 @@ pub async fn run(
         &config.webhook_delivery(),
     )
     .await?;
-    let sweeper = DeadlineSweeper::new(store.clone(), Arc::clone(&bus));
-    // Steps and calls that fell due while the broker was down fire and expire before anything
-    // is served.
-    sweeper.sweep().await?;
+    let sweeper = DeadlineSweeper::new(store.clone());
     let retention = config
         .lifecycle
         .retention()
         .map(|policy| tokio::spawn(Retention::new(store.clone(), policy).run()));
     let background = [
         tokio::spawn(Arc::clone(&bus).pump()),
-        tokio::spawn(Arc::clone(&sweeper).run()),
         tokio::spawn(count_pending(store.clone())),
         tokio::spawn(health::probe_while_open(Arc::clone(&store))),
         tokio::spawn(Arc::clone(&dispatcher).run()),
@@ -140,7 +136,7 @@ pub async fn run(
     };
 
     let (stop, stopping) = watch::channel(false);
-    let mut broker = Broker::new(store, bus, sweeper, config.limits(), stopping)
+    let mut broker = Broker::new(store, bus, Arc::clone(&sweeper), config.limits(), stopping)
         .with_webhooks(Arc::clone(&dispatcher))
         .with_default_escalation(default_escalation)
         .with_receipt_key(public_key)
@@ -157,6 +153,10 @@ pub async fn run(
         );
     }
     let broker = Arc::new(broker);
+    // Steps and calls that fell due while the broker was down fire and expire before anything
+    // is served; then the sweeper follows the deadlines, writing through the broker.
+    sweeper.sweep(&*broker).await?;
+    let sweeping = tokio::spawn(Arc::clone(&sweeper).run(broker.clone()));
 
     let tokens = config.tokens()?.map(Arc::new);
     match &tokens {
@@ -353,7 +353,7 @@ pub async fn run(
     if let Some((_, poster)) = &slack {
         poster.abort();
     }
-    for task in background.into_iter().chain(retention) {
+    for task in background.into_iter().chain([sweeping]).chain(retention) {
         task.abort();
     }
     dispatcher.stop().await;

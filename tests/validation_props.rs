@@ -2,7 +2,7 @@
 //! directly with arbitrary protobuf values: strings with control characters, multi-byte
 //! characters and lengths around and far beyond every limit, arbitrary enum numbers, timestamps
 //! with out-of-range nanos and i64 extremes, batches of 0 to 200 calls. They prove that
-//! `parse::batch`, `decide::decision`, `cancel`, `filter`, `page` (and the small helpers) never panic;
+//! `parse::batch`, `approver::decision`, `cancel`, `filter`, `page` (and the small helpers) never panic;
 //! that they accept exactly the values an independent model of the documented limits accepts
 //! (ids 1..=256 bytes without control characters, tools 1..=128 bytes, inputs that are JSON
 //! objects within the byte limit, deadlines within range...); that every refusal is an
@@ -23,7 +23,7 @@ use approval_broker::domain::{
 };
 use approval_broker::domain::{CallQuery, CancelScope, Cursor};
 use approval_broker::proto::v1 as pb;
-use approval_broker::surface::grpc::{decide, parse};
+use approval_broker::surface::grpc::{approver, parse};
 use proptest::collection::{btree_map, vec};
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -766,7 +766,7 @@ proptest! {
         } else {
             None
         };
-        match (fault, decide::decision(request, max_input)) {
+        match (fault, approver::decision(request, max_input)) {
             (Some(fault), Err(err)) => prop_assert_eq!(invalid_field(&err), Ok(fault), "{}", err),
             (Some(fault), Ok(_)) => prop_assert!(false, "accepted a bad {}", fault),
             (None, Err(err)) => prop_assert!(false, "refused a valid decision: {}", err),

@@ -25,9 +25,8 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, broadcast, mpsc};
 
-use crate::domain::{AgentId, Call, Event, SessionId};
+use crate::domain::{AgentId, Event, SessionId};
 use crate::error::{Error, Result};
-use crate::observe::meters;
 use crate::store::EventLog;
 
 /// How many events one store read returns.
@@ -136,15 +135,10 @@ impl EventBus {
         self.published.load(Ordering::SeqCst)
     }
 
-    /// The one step after every commit, whoever wrote it (the broker's operations, the deadline
-    /// sweeper): the pump is told to read the log, and each outcome the commit wrote is counted
-    /// (`meters::outcomes`) and logged (`telemetry::outcomes_written`). A writer that skipped
-    /// it would leave streams waiting for the next commit and the metrics short, so no writer
-    /// does these apart.
-    pub fn committed<'a>(&self, outcomes: impl IntoIterator<Item = &'a Call> + Clone) {
+    /// A commit logged events: the pump reads the log now (`Broker::committed`, the one
+    /// after-commit step, is what calls it).
+    pub fn wake(&self) {
         self.committed.notify_one();
-        meters::outcomes(outcomes.clone());
-        crate::observe::telemetry::outcomes_written(outcomes);
     }
 
     /// A feed of every event after sequence number `after`.
@@ -611,7 +605,7 @@ mod tests {
         let settle = || tokio::time::sleep(Duration::from_millis(10));
 
         log.commit([1, 2]);
-        bus.committed(std::iter::empty());
+        bus.wake();
         assert_eq!(next().await, 1);
         assert_eq!(next().await, 2);
         settle().await;
@@ -655,7 +649,7 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::ZERO);
 
         log.commit([2]);
-        bus.committed(std::iter::empty());
+        bus.wake();
         assert_eq!(next().await, 2);
         assert_eq!(
             numberings(),
@@ -747,7 +741,7 @@ mod tests {
         let bus = EventBus::new(log.clone(), 64).await.unwrap();
         let pump = tokio::spawn(Arc::clone(&bus).pump());
         log.commit([1, 2]);
-        bus.committed(std::iter::empty());
+        bus.wake();
         let mut behind = bus.feed_after(0);
         assert_eq!(behind.next().await.unwrap().event.seq, 1);
         assert_eq!(behind.next().await.unwrap().event.seq, 2);
@@ -757,7 +751,7 @@ mod tests {
         log.events.lock().unwrap().retain(|e| e.seq > 4);
         log.pruned_through.store(4, Ordering::SeqCst);
         log.commit([5]);
-        bus.committed(std::iter::empty());
+        bus.wake();
 
         let refused = behind.next().await.err().expect("refused, not a gap");
         assert!(
@@ -819,7 +813,7 @@ mod tests {
         let pump = tokio::spawn(Arc::clone(&bus).pump());
         let mut published = bus.feed_live();
         log.commit_of(["a/1", "b/1", "a/1"]);
-        bus.committed(std::iter::empty());
+        bus.wake();
         assert_eq!(next_of(&mut published, 3).await.len(), 3, "published");
         let mut a1 = following(&bus, &["1"]);
         let mut a12 = following(&bus, &["1", "2"]);
@@ -830,7 +824,7 @@ mod tests {
         let mut every = bus.feed_live();
 
         log.commit_of(["b/1", "a/1", "a/2", "c/1", "b/1", "a/1"]);
-        bus.committed(std::iter::empty());
+        bus.wake();
         assert_eq!(next_of(&mut a1, 2).await, at(&[(5, "a/1"), (9, "a/1")]));
         let a12_got = next_of(&mut a12, 3).await;
         assert_eq!(a12_got, at(&[(5, "a/1"), (6, "a/2"), (9, "a/1")]));
@@ -847,7 +841,7 @@ mod tests {
         // sessions. `later` follows session 2 only now: what came before is not its.
         later.follow(&session("2"));
         log.commit_of(["c/1", "b/1", "a/2", "a/1"]);
-        bus.committed(std::iter::empty());
+        bus.wake();
         assert_eq!(next_of(&mut a1, 1).await, at(&[(13, "a/1")]));
         assert_eq!(next_of(&mut a12, 2).await, at(&[(12, "a/2"), (13, "a/1")]));
         assert_eq!(next_of(&mut b1, 1).await, at(&[(11, "b/1")]));
@@ -867,13 +861,13 @@ mod tests {
         let rounds = ROUTED + 10;
         for _ in 0..rounds {
             log.commit_of(["a/1", "b/1", "a/2", "a/3"]);
-            bus.committed(std::iter::empty());
+            bus.wake();
             tokio::task::yield_now().await;
         }
         let last = 4 * rounds as u64;
         let mut every = bus.feed_live();
         log.commit_of(["a/1"]);
-        bus.committed(std::iter::empty());
+        bus.wake();
         assert_eq!(every.next().await.unwrap().event.seq, last + 1);
         let reads_before = log.reads.load(Ordering::SeqCst);
         let got = next_of(&mut a, 2 * rounds + 1).await;
@@ -890,7 +884,7 @@ mod tests {
         );
         // Live again after catching up, for both sessions.
         log.commit_of(["b/1", "a/2", "a/3", "a/1"]);
-        bus.committed(std::iter::empty());
+        bus.wake();
         let live = next_of(&mut a, 2).await;
         assert_eq!(live, at(&[(last + 3, "a/2"), (last + 5, "a/1")]));
         pump.abort();
@@ -929,7 +923,7 @@ mod tests {
         let bus = EventBus::new(log.clone(), 64).await.unwrap();
         let pump = tokio::spawn(Arc::clone(&bus).pump());
         log.commit_of(["a/1", "b/1"]);
-        bus.committed(std::iter::empty());
+        bus.wake();
         let mut a = bus.session_feed_after(&agent("a"), &session("1"), 0);
         assert_eq!(next_of(&mut a, 1).await, at(&[(1, "a/1")]));
         let mut every = bus.feed_after(0);
@@ -940,7 +934,7 @@ mod tests {
         log.events.lock().unwrap().clear();
         log.pruned_through.store(4, Ordering::SeqCst);
         log.events.lock().unwrap().push(event_of(5, "a/1"));
-        bus.committed(std::iter::empty());
+        bus.wake();
         let refused = a.next().await.err().expect("refused, not a gap");
         assert!(
             matches!(refused, Error::Pruned { through: 4, .. }),

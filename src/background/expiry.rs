@@ -3,14 +3,16 @@
 //! fires the escalation steps (reminders, escalations) that fell due, each once, before it
 //! expires anything (a step due before a deadline comes before the EXPIRED it precedes).
 //! It sleeps until the earliest deadline or step (at most a second), and is woken early when a
-//! call with a deadline or a ladder is submitted.
+//! call with a deadline or a ladder is submitted. It decides when; the writes themselves go
+//! through the broker ([`Sweeps`]), so they are followed by the same after-commit step as every
+//! other write of calls.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use crate::background::events::EventBus;
 use crate::domain::Timestamp;
 use crate::error::Result;
 use crate::store::Deadlines;
@@ -18,53 +20,42 @@ use crate::store::Deadlines;
 /// The longest the sweeper sleeps between two sweeps.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 
+/// The writes a sweep makes: the broker's, which follows each commit with its one after-commit
+/// step (`Broker::committed`), as it does its own writes.
+#[async_trait]
+pub trait Sweeps: Send + Sync {
+    /// Fires every escalation step of a pending call due at or before `now`; how many fired.
+    async fn escalate_due(&self, now: Timestamp) -> Result<u64>;
+    /// Expires every pending call whose deadline is at or before `now`; how many expired.
+    async fn expire_due(&self, now: Timestamp) -> Result<usize>;
+}
+
 pub struct DeadlineSweeper {
     store: Arc<dyn Deadlines>,
-    bus: Arc<EventBus>,
     deadline_added: Notify,
 }
 
 impl DeadlineSweeper {
-    pub fn new(store: Arc<dyn Deadlines>, bus: Arc<EventBus>) -> Arc<Self> {
+    pub fn new(store: Arc<dyn Deadlines>) -> Arc<Self> {
         Arc::new(Self {
             store,
-            bus,
             deadline_added: Notify::new(),
         })
     }
 
-    /// Expires every call that is due now. Returns how many expired.
-    pub async fn expire_due(&self) -> Result<usize> {
-        let expired = self.store.expire_due(Timestamp::now()).await?;
-        if !expired.is_empty() {
-            tracing::info!(count = expired.len(), "expired calls past their deadline");
-            self.bus.committed(&expired);
-        }
-        Ok(expired.len())
-    }
-
-    /// Fires every escalation step that is due now. Returns how many fired.
-    pub async fn escalate_due(&self) -> Result<u64> {
+    /// Fires the steps due, then expires the calls due: what a sweep does, through `writes`.
+    pub async fn sweep(&self, writes: &dyn Sweeps) -> Result<()> {
         let now = Timestamp::now();
         // A read first: without a step due, the writer is not asked for a transaction.
-        if self.store.next_step_due().await?.is_none_or(|at| at > now) {
-            return Ok(0);
+        if self
+            .store
+            .next_step_due()
+            .await?
+            .is_some_and(|at| at <= now)
+        {
+            writes.escalate_due(now).await?;
         }
-        let fired = self.store.escalate_due(now).await?;
-        if fired > 0 {
-            tracing::info!(
-                count = fired,
-                "escalation steps fired for calls still pending"
-            );
-            self.bus.committed(std::iter::empty());
-        }
-        Ok(fired)
-    }
-
-    /// Fires the steps due, then expires the calls due: what a sweep does.
-    pub async fn sweep(&self) -> Result<()> {
-        self.escalate_due().await?;
-        self.expire_due().await?;
+        writes.expire_due(Timestamp::now()).await?;
         Ok(())
     }
 
@@ -80,10 +71,10 @@ impl DeadlineSweeper {
         self.deadline_added.notify_one();
     }
 
-    /// Runs until the task is dropped.
-    pub async fn run(self: Arc<Self>) {
+    /// Sweeps through `writes` until the task is dropped.
+    pub async fn run(self: Arc<Self>, writes: Arc<dyn Sweeps>) {
         loop {
-            if let Err(err) = self.sweep().await {
+            if let Err(err) = self.sweep(&*writes).await {
                 tracing::warn!(error = %err, "escalating or expiring due calls failed; retrying");
             }
             let sleep = match self.next_due().await {

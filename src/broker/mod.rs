@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use tracing::Instrument as _;
 
 use crate::background::events::EventBus;
-use crate::background::expiry::DeadlineSweeper;
+use crate::background::expiry::{DeadlineSweeper, Sweeps};
 use crate::background::webhooks::Dispatcher;
 use crate::domain::Call;
 use crate::domain::escalation::Ladder;
@@ -34,7 +34,7 @@ use crate::observe::meters::{self, StreamKind};
 use crate::observe::traces;
 use crate::receipts::PublicKey;
 use crate::receipts::trust::KeySet;
-use crate::store::Store;
+use crate::store::{Store, Writes};
 
 mod lifecycle;
 mod links;
@@ -75,6 +75,8 @@ pub struct Limits {
 
 pub struct Broker {
     store: Arc<dyn Store>,
+    /// The store's writes of calls (`store/writes.rs`): submit, decide, cancel.
+    writes: Arc<dyn Writes>,
     bus: Arc<EventBus>,
     sweeper: Arc<DeadlineSweeper>,
     limits: Limits,
@@ -120,6 +122,7 @@ impl Broker {
                 "--max-subscribers",
                 limits.max_subscribers,
             ),
+            writes: Arc::clone(&store).writes(),
             store,
             bus,
             sweeper,
@@ -217,7 +220,7 @@ impl Broker {
         let has_deadline = batch.calls.iter().any(|c| c.deadline.is_some());
         let batch = self.prejudge(batch).await?;
         let report = self
-            .store
+            .writes
             .submit(batch)
             .instrument(traces::when_on(|| tracing::info_span!("store.submit")))
             .await?;
@@ -243,7 +246,7 @@ impl Broker {
             .into_iter()
             .filter(|call| !matches!(call.status(), Status::Decided(OutcomeKind::Superseded)));
         let decided_at_once: Vec<&Call> = decided_at_once.chain(&report.superseded).collect();
-        self.bus.committed(decided_at_once.iter().copied());
+        self.committed(decided_at_once.iter().copied());
         meters::shadow_verdicts(&report.shadow_verdicts);
         if has_deadline || escalating {
             self.sweeper.deadline_added();
@@ -296,9 +299,9 @@ impl Broker {
                     prejudged,
                     ..decision.clone()
                 };
-                self.store.preview_decide(key, &decision).await
+                self.writes.preview_decide(key, &decision).await
             }
-            None => self.store.preview_decide(key, decision).await,
+            None => self.writes.preview_decide(key, decision).await,
         }
     }
 
@@ -310,13 +313,13 @@ impl Broker {
                     prejudged,
                     ..decision.clone()
                 };
-                self.store
+                self.writes
                     .decide(key, &decision)
                     .instrument(store_span())
                     .await?
             }
             None => {
-                self.store
+                self.writes
                     .decide(key, decision)
                     .instrument(store_span())
                     .await?
@@ -327,7 +330,7 @@ impl Broker {
             let written = std::iter::once(&report.call)
                 .chain(&report.skipped)
                 .chain(&report.decided_by_grant);
-            self.bus.committed(written);
+            self.committed(written);
         }
         tracing::debug!(
             verdict = ?decision.verdict,
@@ -344,9 +347,9 @@ impl Broker {
         scope = ?target.scope,
     ))]
     pub async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
-        let report = self.store.cancel(target).await?;
+        let report = self.writes.cancel(target).await?;
         if !report.cancelled.is_empty() {
-            self.bus.committed(&report.cancelled);
+            self.committed(&report.cancelled);
         }
         tracing::debug!(
             cancelled = report.cancelled.len(),
@@ -354,6 +357,43 @@ impl Broker {
             "cancelled"
         );
         Ok(report)
+    }
+}
+
+impl Broker {
+    /// The one step after every commit of calls, whoever asked for it (an RPC, the deadline
+    /// sweeper): the event pump is woken to publish what the commit logged, and each outcome the
+    /// commit wrote is counted and logged once. Every write of calls goes through the broker,
+    /// so none skips it (streams would wait for the next commit, the metrics would fall short).
+    fn committed<'a>(&self, outcomes: impl IntoIterator<Item = &'a Call> + Clone) {
+        self.bus.wake();
+        meters::outcomes(outcomes.clone());
+        crate::observe::telemetry::outcomes_written(outcomes);
+    }
+}
+
+/// The deadline sweeper's writes (`background/expiry.rs`), through the broker like every write.
+#[async_trait::async_trait]
+impl Sweeps for Broker {
+    async fn escalate_due(&self, now: Timestamp) -> Result<u64> {
+        let fired = self.store.escalate_due(now).await?;
+        if fired > 0 {
+            tracing::info!(
+                count = fired,
+                "escalation steps fired for calls still pending"
+            );
+            self.committed(std::iter::empty());
+        }
+        Ok(fired)
+    }
+
+    async fn expire_due(&self, now: Timestamp) -> Result<usize> {
+        let expired = self.store.expire_due(now).await?;
+        if !expired.is_empty() {
+            tracing::info!(count = expired.len(), "expired calls past their deadline");
+            self.committed(&expired);
+        }
+        Ok(expired.len())
     }
 }
 
@@ -391,7 +431,7 @@ mod tests {
             .await
             .unwrap();
         let bus = EventBus::new(store.clone(), 16).await.unwrap();
-        let sweeper = DeadlineSweeper::new(store.clone(), Arc::clone(&bus));
+        let sweeper = DeadlineSweeper::new(store.clone());
         let limits = Limits {
             max_input_bytes: 1024,
             default_deadline: None,

@@ -11,7 +11,6 @@
 
 mod database;
 mod fault;
-mod group_commit;
 pub mod health;
 mod listing;
 mod passkey_rows;
@@ -33,6 +32,7 @@ pub(crate) mod sqlite;
 pub mod statements;
 mod webhook_rows;
 mod webhooks;
+mod writes;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -47,9 +47,8 @@ use crate::domain::policy::{
 use crate::domain::receipt::Sealed;
 use crate::domain::webhook::{DeliveryFailure, Webhook, WebhookChange, WebhookId};
 use crate::domain::{
-    AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, CancelReport, CancelTarget,
-    DecideReport, Decision, Event, GrantPage, GrantQuery, NewBatch, SessionId, SubmitReport,
-    Timestamp, ToolResultTexts,
+    AgentId, BatchId, Call, CallId, CallKey, CallPage, CallQuery, Event, GrantPage, GrantQuery,
+    SessionId, Timestamp, ToolResultTexts,
 };
 use crate::error::Result;
 use health::{StorageHealth, Watch};
@@ -65,6 +64,7 @@ pub use sqlite::{
     CHECKPOINT_EVERY, ProcessLock, SqliteStore, Synchronous, WRITER_CHECKPOINT_PAGES,
 };
 pub use sqlite_ffi::allocator as sqlite_allocator;
+pub use writes::Writes;
 
 /// The broker's durable state: every part below, from one backend. What startup opens and the
 /// broker holds; each other part of the broker needs only the part it names.
@@ -178,25 +178,12 @@ pub trait Backend: Send + Sync + 'static {
     fn reads(&self) -> &BackendReads;
 }
 
-/// Calls: the writes of submit, decide and cancel (each one transaction, acknowledged only after
-/// it commits), and the reads the API answers from.
+/// Calls: the port their writes go through (submit, decide and cancel: [`Writes`]), and the
+/// reads the API answers from.
 #[async_trait]
 pub trait Calls: Backend {
-    /// Stores a batch's new calls, recognising duplicates and refusing conflicting reuse of a
-    /// call id, and supersedes what the batch supersedes. One transaction.
-    async fn submit(&self, batch: NewBatch) -> Result<SubmitReport>;
-
-    /// Writes an approver's decision if the call is pending (first decision wins), and skips the
-    /// rest of its batch on a denial when the batch says so. A decision to remember creates its
-    /// grant and decides the pending calls the grant matches. One transaction.
-    async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport>;
-
-    /// What [`decide`](Calls::decide) would report now, written in a transaction that is rolled
-    /// back: nothing is kept (`operations::decide::preview`).
-    async fn preview_decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport>;
-
-    /// Cancels what `target` names; reports calls already decided as they stand.
-    async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport>;
+    /// The writes of calls (`writes.rs`): the group commit, or the backend's own transactions.
+    fn writes(self: Arc<Self>) -> Arc<dyn Writes>;
 
     /// The named calls of a session, in the order asked; `None` for unknown ids.
     async fn calls_by_id(

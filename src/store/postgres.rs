@@ -17,7 +17,7 @@
 //! treat as a hint to read (a lost notification only delays an event: each replica also polls).
 //!
 //! Under `--postgres-group-commit`, submits, decisions and cancels are group-committed
-//! (`group_commit`, as on SQLite): one task per replica runs the writes queued meanwhile in one
+//! (`writes`, as on SQLite): one task per replica runs the writes queued meanwhile in one
 //! transaction, and that transaction numbers its events itself, last, under the sequencer's lock
 //! held through its commit, so it needs no sequencing transaction after it. Numbers are still
 //! taken in commit order: the lock is held until the numbers are visible, and the next holder
@@ -41,13 +41,13 @@ use sqlx::query::Query;
 use sqlx::{PgConnection, Postgres, Row};
 use tokio::task::JoinHandle;
 
-use super::group_commit::{GroupCommit, Job};
 use super::health::Watch;
 use super::policy_cache::{PolicyCache, PolicyView};
 use super::primitives::{Decode, Param, Resolution, Run, SqlTx, Transact};
 use super::reads::{BackendReads, Reads};
 use super::receipt_rows;
 use super::statements as sql;
+use super::writes::{GroupCommit, Job, Writes};
 use super::{Backend, Calls, Deadlines, EventLog, RemoteCommits};
 use crate::domain::{
     AgentId, Call, CallKey, CancelReport, CancelTarget, DecideReport, Decision, Event, NewBatch,
@@ -357,16 +357,41 @@ impl Transactions for PostgresStore {
 
 #[async_trait]
 impl Calls for PostgresStore {
+    fn writes(self: Arc<Self>) -> Arc<dyn Writes> {
+        self
+    }
+
+    async fn probe(&self) -> Result<()> {
+        // Taking a transaction id makes the commit write (and flush) a commit record.
+        let probed = async {
+            let mut tx = self.pool.begin().await?;
+            sqlx::query("SELECT txid_current()")
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok::<_, Error>(())
+        };
+        self.health.seen(probed.await)?;
+        self.health.wrote();
+        Ok(())
+    }
+}
+
+/// Postgres's writes: the replica's group commit under `--postgres-group-commit`; otherwise each
+/// in a transaction of its own, and a plain approval (no receipts) in one statement when the
+/// gate allows it (`approval.rs`).
+#[async_trait]
+impl Writes for PostgresStore {
     async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
         match &self.group {
-            Some(group) => group.submit(batch).await,
+            Some(group) => group.submit_queued(batch).await,
             None => submit::submit(self.begin_write().await?, &batch, &self.texts).await,
         }
     }
 
     async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
         if let Some(group) = &self.group {
-            return group.decide(key, decision).await;
+            return group.decide_queued(key, decision).await;
         }
         if self.notary.is_none() && decide::approves_only(decision) {
             let approved = self.approve_at_once(key, decision).await;
@@ -384,24 +409,9 @@ impl Calls for PostgresStore {
 
     async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
         match &self.group {
-            Some(group) => group.cancel(target).await,
+            Some(group) => group.cancel_queued(target).await,
             None => cancel::cancel(self.begin_write().await?, target, &self.texts).await,
         }
-    }
-
-    async fn probe(&self) -> Result<()> {
-        // Taking a transaction id makes the commit write (and flush) a commit record.
-        let probed = async {
-            let mut tx = self.pool.begin().await?;
-            sqlx::query("SELECT txid_current()")
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            Ok::<_, Error>(())
-        };
-        self.health.seen(probed.await)?;
-        self.health.wrote();
-        Ok(())
     }
 }
 

@@ -245,11 +245,11 @@ async fn an_hour_of_outage_is_retried_on_the_backoff_schedule_then_everything_ar
     tokio::time::sleep(Duration::from_secs(600)).await;
     log.commit("c1", EventKind::Resolved);
     log.commit("c3", EventKind::Requested);
-    bus.committed(std::iter::empty());
+    bus.wake();
     tokio::time::sleep(Duration::from_secs(1200)).await;
     log.commit("c2", EventKind::Resolved);
     log.commit("c3", EventKind::Resolved);
-    bus.committed(std::iter::empty());
+    bus.wake();
     tokio::time::sleep_until(start + Duration::from_secs(3600)).await;
 
     // The attempts of the hour: one round per instant (both pending calls at once).

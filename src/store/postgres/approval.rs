@@ -113,7 +113,7 @@ mod tests {
     use super::*;
     use crate::domain::{AgentId, NewCall, OnDeny, OutcomeKind, SessionId, Verdict};
     use crate::operations::testing::{AGENT, batch, call, decision, key, texts};
-    use crate::store::Calls as _;
+    use crate::store::{Calls as _, Writes as _};
 
     /// Which approvals the one statement writes, and which it leaves untouched for the whole
     /// transaction (`None`), on a fresh schema of the test database: written where the

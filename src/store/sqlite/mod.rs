@@ -23,17 +23,14 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 
 pub use self::writer::{CHECKPOINT_EVERY, WRITER_CHECKPOINT_PAGES};
 use self::writer::{SqliteTx, WriteConnection};
-use super::group_commit::{GroupCommit, Queued};
 use super::health::Watch;
 use super::primitives::Transact;
 use super::reads::{BackendReads, Reads};
+use super::writes::{GroupCommit, Queued, Writes};
 use super::{Backend, Calls, CommittedEvents, Deadlines, EventLog};
-use crate::domain::{
-    Call, CallKey, CancelReport, CancelTarget, DecideReport, Decision, Event, NewBatch,
-    SubmitReport, Timestamp, ToolResultTexts,
-};
+use crate::domain::{Call, Event, Timestamp, ToolResultTexts};
 use crate::error::{Error, Result};
-use crate::operations::{Transactions, decide, escalate, expire};
+use crate::operations::{Transactions, escalate, expire};
 use crate::receipts::Notary;
 
 /// SQLite's `synchronous` setting for the database file.
@@ -62,7 +59,7 @@ impl FromStr for Synchronous {
 pub struct SqliteStore {
     /// Every write: submits, decisions and cancels group-committed, the rest alone, all on the
     /// one writer thread.
-    group: GroupCommit<Queued<WriteConnection>>,
+    group: Arc<GroupCommit<Queued<WriteConnection>>>,
     /// Only to hand committed events over (every write goes through `group`).
     writer: WriteConnection,
     reads: BackendReads,
@@ -137,7 +134,7 @@ impl SqliteStore {
             .await?;
         let writer = WriteConnection::open(path, synchronous, notary)?.watched_by(health.clone());
         Ok(Self {
-            group: GroupCommit::start(writer.clone(), texts.clone())?,
+            group: Arc::new(GroupCommit::start(writer.clone(), texts.clone())?),
             writer,
             reads: BackendReads::Sqlite(Reads::new(reader, health.clone())),
             texts,
@@ -208,27 +205,8 @@ impl SqliteStore {
 
 #[async_trait]
 impl Calls for SqliteStore {
-    async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
-        self.group.submit(batch).await
-    }
-
-    async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
-        self.group.decide(key, decision).await
-    }
-
-    async fn preview_decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
-        // On the write connection, between groups of writes, in a transaction of its own that
-        // is rolled back.
-        let (key, decision, texts) = (key.clone(), decision.clone(), self.texts.clone());
-        self.group
-            .alone(move |writer| async move {
-                decide::preview(writer.begin_write().await?, &key, &decision, &texts).await
-            })
-            .await
-    }
-
-    async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
-        self.group.cancel(target).await
+    fn writes(self: Arc<Self>) -> Arc<dyn Writes> {
+        self.group.clone()
     }
 
     async fn probe(&self) -> Result<()> {
@@ -312,7 +290,7 @@ impl Transact for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{AgentId, CallId, SessionId};
+    use crate::domain::{AgentId, CallId, CallKey, NewBatch, SessionId, SubmitReport};
     use crate::store::statements as sql;
 
     /// The store's read-only pool.
@@ -501,7 +479,7 @@ mod tests {
         assert!(broken.is_empty(), "{broken:?}");
         assert_eq!(pragma(&store, "foreign_keys").await, "1");
         // The trigger is back: a new call gets its Requested event.
-        store.submit(one_call("s", "after")).await.unwrap();
+        store.group.submit(one_call("s", "after")).await.unwrap();
         let requested: i64 =
             sqlx::query_scalar("SELECT requested_seq FROM calls WHERE call_id = 'after'")
                 .fetch_one(reader(&store))
@@ -584,11 +562,11 @@ mod tests {
     #[tokio::test]
     async fn a_power_safe_commit_reaches_the_wal_in_one_write_and_readers_see_it_at_once() {
         let (_dir, url, store) = fresh().await;
-        store.submit(one_call("s", "first")).await.unwrap();
+        store.group.submit(one_call("s", "first")).await.unwrap();
         let before = wal_writes(&store)
             .await
             .expect("FULL: the WAL is coalesced");
-        store.submit(one_call("s", "second")).await.unwrap();
+        store.group.submit(one_call("s", "second")).await.unwrap();
         let after = wal_writes(&store).await.unwrap();
         let (asked, written) = (after.0 - before.0, after.1 - before.1);
         assert!(
@@ -609,7 +587,7 @@ mod tests {
         // Under NORMAL a commit does not sync, so nothing would write what was kept before
         // the readers may see it: that WAL is written as SQLite writes it.
         let relaxed = open(&url, Synchronous::Normal).await;
-        relaxed.submit(one_call("s", "third")).await.unwrap();
+        relaxed.group.submit(one_call("s", "third")).await.unwrap();
         assert_eq!(wal_writes(&relaxed).await, None);
         assert_eq!(relaxed.events_after(0, 10).await.unwrap().len(), 3);
     }
@@ -650,7 +628,7 @@ mod tests {
         let mut committed = store.take_committed_events().expect("handed over");
         assert!(store.take_committed_events().is_none(), "taken once");
 
-        store.submit(one_call("s", "first")).await.unwrap();
+        store.group.submit(one_call("s", "first")).await.unwrap();
         let events = committed.events.recv().await.unwrap();
         let got: Vec<(u64, EventKind, &str)> = events
             .iter()
@@ -660,9 +638,13 @@ mod tests {
 
         // Nobody reads: the queue fills, and the commit after that is signalled as missed.
         for i in 0..PUBLISHED_QUEUE {
-            store.submit(one_call("s", &format!("c{i}"))).await.unwrap();
+            store
+                .group
+                .submit(one_call("s", &format!("c{i}")))
+                .await
+                .unwrap();
         }
-        store.submit(one_call("s", "overflow")).await.unwrap();
+        store.group.submit(one_call("s", "overflow")).await.unwrap();
         tokio::time::timeout(Duration::from_secs(5), committed.missed.notified())
             .await
             .expect("the dropped hand-over is signalled");
@@ -690,7 +672,7 @@ mod tests {
     ) -> Vec<Result<SubmitReport>> {
         let submits = calls
             .iter()
-            .map(|(session, id)| store.submit(one_call(session, id)));
+            .map(|(session, id)| store.group.submit(one_call(session, id)));
         as_one_group(store, submits).await
     }
 
@@ -743,7 +725,7 @@ mod tests {
             .unwrap();
         let ids = ["alone", "first", "second", "third"];
         for id in ids {
-            store.submit(one_call("s", id)).await.unwrap();
+            store.group.submit(one_call("s", id)).await.unwrap();
         }
         let mut batch = one_call("s", "denied");
         let mut skipped = batch.calls[0].clone();
@@ -751,7 +733,7 @@ mod tests {
         skipped.path = "batch.calls[1]".into();
         skipped.call_id = CallId::from_stored("skipped".into());
         batch.calls.push(skipped);
-        store.submit(batch).await.unwrap();
+        store.group.submit(batch).await.unwrap();
         let key = |id: &str| CallKey {
             agent: AgentId::from_stored("agent".into()),
             session: SessionId::from_stored("s".into()),
@@ -759,11 +741,12 @@ mod tests {
         };
         let approve = decision(Verdict::Approve, "");
 
-        store.decide(&key("alone"), &approve).await.unwrap();
+        store.group.decide(&key("alone"), &approve).await.unwrap();
         assert_eq!(store.writer.receipts_handed_over(), 0, "one call in flight");
 
         let keys: Vec<CallKey> = ids[1..].iter().map(|id| key(id)).collect();
-        let decided = as_one_group(&store, keys.iter().map(|k| store.decide(k, &approve))).await;
+        let decided =
+            as_one_group(&store, keys.iter().map(|k| store.group.decide(k, &approve))).await;
         assert!(decided.iter().all(Result::is_ok), "{decided:?}");
         assert_eq!(
             store.writer.receipts_handed_over(),
@@ -772,7 +755,7 @@ mod tests {
         );
 
         let deny = decision(Verdict::Deny, "no");
-        let denied = store.decide(&key("denied"), &deny).await.unwrap();
+        let denied = store.group.decide(&key("denied"), &deny).await.unwrap();
         assert_eq!(denied.skipped.len(), 1, "{denied:?}");
         assert_eq!(
             store.writer.receipts_handed_over(),
@@ -842,7 +825,7 @@ mod tests {
         assert_eq!(store.latest_seq().await.unwrap(), 0, "no event kept");
 
         // The writer goes on: a retry is stored.
-        let retried = store.submit(one_call("s", "first")).await.unwrap();
+        let retried = store.group.submit(one_call("s", "first")).await.unwrap();
         assert!(retried.batch_id.is_some(), "stored on retry");
         assert_eq!(store.latest_seq().await.unwrap(), 1);
     }
@@ -893,7 +876,7 @@ mod tests {
         rich.deadline = Some(Timestamp::from_micros(4_102_444_800_000_000));
         batch.calls.push(rich);
 
-        let report = store.submit(batch).await.unwrap();
+        let report = store.group.submit(batch).await.unwrap();
         let answered: Vec<String> = report
             .items
             .iter()
@@ -933,7 +916,7 @@ mod tests {
                 call.deadline = Some(deadline);
                 batch.calls.push(call);
             }
-            store.submit(batch).await.unwrap();
+            store.group.submit(batch).await.unwrap();
         }
         let expired = store.expire_due(later).await.unwrap();
         assert_eq!(expired.len(), 300);

@@ -185,21 +185,14 @@ impl pb::agent_service_server::AgentService for AgentApi {
         let req = request.into_inner();
         let mut key = parse::call_key(String::new(), req.session_id, req.call_id)?;
         key.agent = agent;
-        let receipt = self.broker.receipt(&key, &caller.viewer()).await?;
-        Ok(Response::new(render::receipt_response(
-            &receipt,
-            self.broker.receipt_key().as_ref(),
-        )))
+        super::receipt(&self.broker, &key, &caller.viewer()).await
     }
 
     async fn list_receipt_keys(
         &self,
         _request: Request<pb::ListReceiptKeysRequest>,
     ) -> Result<Response<pb::ListReceiptKeysResponse>, Status> {
-        Ok(Response::new(render::receipt_keys(
-            self.broker.receipt_keys(),
-            self.broker.receipt_key().as_ref(),
-        )))
+        Ok(super::receipt_keys(&self.broker))
     }
 }
 

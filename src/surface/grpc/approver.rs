@@ -1,36 +1,35 @@
-//! ApproverService: what approver UIs watch (`Subscribe`), page through (`ListPending`) and
-//! decide (`Decide`).
+//! ApproverService: what approver UIs watch (`Subscribe`, served in `subscribe.rs`), page
+//! through (`ListPending`) and decide (`Decide`). The Decide edge is here whole: the request read
+//! into a domain [`Decision`] (with auth on, the token says who decides, with which groups,
+//! seeing what; the request cannot), `Broker::decide`, and the report filtered to what the
+//! approver may see and rendered within the reply limit. The rest of the path is in
+//! `docs/architecture.md` ("One decision").
 //!
 //! Every call these return is one the caller may see ([`Call::visible_to`], asked of the
 //! caller's [`Viewer`]): the others are left out of snapshots, live events, pages and replies,
 //! and `GetReceipt` answers NOT_FOUND for them exactly as for an unknown call.
 //!
 //! [`Call::visible_to`]: crate::domain::Call::visible_to
-//!
-//! A subscriber's stream has a bounded queue. Catch-up (snapshot pages, events after a cursor)
-//! waits for the client; a live event that finds the queue full ends the stream with
-//! RESOURCE_EXHAUSTED naming the last sequence number queued, so the UI resumes from there:
-//! never a silent drop, never unbounded memory. That status, and the one a shutdown ends the
-//! stream with, travel beside the queue (see [`queue`]): however long the client leaves its
-//! window closed, it gets every queued event and then the status, with the resume position in
-//! the `approvals-last-seq` trailer.
 
 use std::sync::Arc;
 
-use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
-use super::queue::{self, Full};
-use super::{StreamOver, decide, paging, parse, passkey_messages, render};
-use crate::background::events::Feed;
+use super::oversize::Room;
+use super::parse::{MAX_REASON_BYTES, grant_lifetime, line, matcher, scope, text};
+use super::render::{call, grant, outcome_unsealed};
+use super::subscribe::Subscriber;
+use super::{paging, parse, passkey_messages, queue, render};
 use crate::broker::Broker;
-use crate::domain::{CallQuery, EventKind, Status as CallStatus, Viewer};
+use crate::domain::policy::{Remember, Scope};
+use crate::domain::{
+    AgentId, CallId, CallKey, DecideReport, Decision, SessionId, Status as CallStatus, Timestamp,
+    ToolInput, Verdict, Viewer,
+};
 use crate::door::auth::Caller;
 use crate::error::{Error, Result};
-use crate::observe::meters;
 use crate::proto::v1 as pb;
-use crate::proto::v1::approver_event::Event as E;
 
 /// The trailer naming the last sequence number delivered to a subscriber whose stream the broker
 /// ended (it fell behind, or the broker is shutting down): resume with `after_seq` set to it.
@@ -119,16 +118,16 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         &self,
         request: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
-        let (key, decision) = decide::request(&self.broker, request)?;
+        let (key, decision) = decide_request(&self.broker, request)?;
         let report = self.broker.decide(&key, &decision).await?;
-        Ok(decide::reply(&self.broker, report, &decision.viewer))
+        Ok(decide_reply(&self.broker, report, &decision.viewer))
     }
 
     async fn preview_decision(
         &self,
         request: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
-        let (key, decision) = decide::request(&self.broker, request)?;
+        let (key, decision) = decide_request(&self.broker, request)?;
         if decision.remember.is_none() {
             return Err(crate::error::Error::invalid(
                 "scope",
@@ -138,7 +137,7 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
             .into());
         }
         let report = self.broker.preview_decide(&key, &decision).await?;
-        Ok(decide::reply(&self.broker, report, &decision.viewer))
+        Ok(decide_reply(&self.broker, report, &decision.viewer))
     }
 
     async fn create_call_link(
@@ -194,21 +193,14 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
         let viewer = Caller::of(&request).viewer();
         let req = request.into_inner();
         let key = parse::call_key(req.agent, req.session_id, req.call_id)?;
-        let receipt = self.broker.receipt(&key, &viewer).await?;
-        Ok(Response::new(render::receipt_response(
-            &receipt,
-            self.broker.receipt_key().as_ref(),
-        )))
+        super::receipt(&self.broker, &key, &viewer).await
     }
 
     async fn list_receipt_keys(
         &self,
         _request: Request<pb::ListReceiptKeysRequest>,
     ) -> Result<Response<pb::ListReceiptKeysResponse>, Status> {
-        Ok(Response::new(render::receipt_keys(
-            self.broker.receipt_keys(),
-            self.broker.receipt_key().as_ref(),
-        )))
+        Ok(super::receipt_keys(&self.broker))
     }
 
     async fn get_push_key(
@@ -313,158 +305,210 @@ impl pb::approver_service_server::ApproverService for ApproverApi {
     }
 }
 
-struct Subscriber {
-    broker: Arc<Broker>,
-    /// Who subscribed: calls they may not see (their groups may not decide them) are left out
-    /// of the snapshot and the events alike.
-    viewer: Viewer,
-    filter: CallQuery,
-    out: queue::Sender<pb::ApproverEvent>,
-    /// The sequence number of the last event queued for the client.
-    last_queued: u64,
+/// A Decide (or PreviewDecision) request as the broker takes it: with auth on, the token says
+/// who decides, with which groups, seeing what; the request cannot.
+fn decide_request(
+    broker: &Broker,
+    request: Request<pb::DecideRequest>,
+) -> std::result::Result<(CallKey, Decision), Status> {
+    let caller = Caller::of(&request);
+    let mut req = request.into_inner();
+    let passkey = req.passkey.take();
+    let (key, mut decision) = decision(req, broker.limits().max_input_bytes)?;
+    decision.approver = caller.approver(decision.approver)?;
+    decision.approver_groups = caller.groups();
+    decision.viewer = caller.viewer();
+    if let Some(assertion) = passkey {
+        let approves = decision.verdict == Verdict::Approve;
+        decision.passkey = Some(passkey_messages::assertion(
+            assertion,
+            approves,
+            broker.relying_party()?,
+        )?);
+    }
+    Ok((key, decision))
 }
 
-impl Subscriber {
-    async fn run(mut self, with_snapshot: bool) {
-        let snapshot_seq = self.last_queued;
-        if with_snapshot && self.send_snapshot(snapshot_seq).await.is_err() {
-            return;
+/// The reply to a decision: the siblings a denial skipped, and the calls a new grant decided,
+/// told only as far as the approver (`viewer`) may see them.
+fn decide_reply(
+    broker: &Broker,
+    mut report: DecideReport,
+    viewer: &Viewer,
+) -> Response<pb::DecideResponse> {
+    report.skipped.retain(|c| c.visible_to(viewer));
+    report.decided_by_grant.retain(|c| c.visible_to(viewer));
+    Response::new(response(
+        &report,
+        Timestamp::now(),
+        broker.limits().max_reply_bytes,
+    ))
+}
+
+/// A DecideRequest read into the call it names and a validated [`Decision`] (verdict, reason,
+/// edited input, what to remember), refusing bad combinations. Who decides, with which groups,
+/// is the request's here; [`request`] sets them from the token. Slack's clicks are read here too.
+pub fn decision(req: pb::DecideRequest, max_input_bytes: usize) -> Result<(CallKey, Decision)> {
+    let key = CallKey {
+        agent: AgentId::parse_or_default("agent", req.agent)?,
+        session: SessionId::parse("session_id", req.session_id)?,
+        call_id: CallId::parse("call_id", req.call_id)?,
+    };
+    let (verdict, responds) = match pb::Decision::try_from(req.decision) {
+        Ok(pb::Decision::Approve) => (Verdict::Approve, false),
+        Ok(pb::Decision::Deny) => (Verdict::Deny, false),
+        Ok(pb::Decision::Respond) => (Verdict::Deny, true),
+        Ok(pb::Decision::Unspecified) => {
+            return Err(Error::invalid(
+                "decision",
+                "must be DECISION_APPROVE, DECISION_DENY or DECISION_RESPOND",
+            ));
         }
-        let mut feed = self.broker.bus().feed_after(snapshot_seq);
-        let _ = self.follow(&mut feed).await;
-    }
-
-    /// Every pending call that matches, as of `seq`, then the marker.
-    async fn send_snapshot(&mut self, seq: u64) -> Result<(), StreamOver> {
-        let mut query = self.filter.clone();
-        query.statuses = vec![CallStatus::Pending];
-        query.requested_at_or_before = Some(seq);
-        query.limit = 256;
-        let mut pending = 0u64;
-        loop {
-            let page = match self.broker.list_calls(&query).await {
-                Ok(page) => page,
-                Err(err) => return self.fail(err.into()),
-            };
-            let viewer = self.viewer.clone();
-            for call in page.calls.iter().filter(|c| c.visible_to(&viewer)) {
-                pending += 1;
-                self.queue(seq, E::Snapshot(render::call(call))).await?;
-            }
-            match page.next {
-                Some(cursor) => query.after = Some(cursor),
-                None => break,
-            }
+        Err(_) => {
+            return Err(Error::invalid(
+                "decision",
+                format!("unknown value {}", req.decision),
+            ));
         }
-        self.queue(seq, E::SnapshotComplete(pb::SnapshotComplete { pending }))
-            .await
-    }
-
-    async fn follow(&mut self, feed: &mut Feed) -> Result<(), StreamOver> {
-        let broker = Arc::clone(&self.broker);
-        loop {
-            let delivery = tokio::select! {
-                delivery = feed.next() => delivery,
-                _ = self.out.closed() => return Err(StreamOver),
-                _ = broker.stopping() => {
-                    let status = self.resume_status(tonic::Code::Unavailable, format!(
-                        "the broker is shutting down; resume with after_seq={}",
-                        self.last_queued
-                    ));
-                    return self.fail(status);
-                }
-            };
-            let delivery = match delivery {
-                Ok(delivery) => delivery,
-                Err(err) => return self.fail(err.into()),
-            };
-            let event = &delivery.event;
-            if !self.filter.matches(&event.call) || !event.call.visible_to(&self.viewer) {
-                continue;
-            }
-            let item = match event.kind {
-                EventKind::Requested => E::Requested(render::call(&event.call)),
-                EventKind::Resolved => match render::outcome_unsealed(&event.call) {
-                    Some(outcome) => E::Resolved(outcome),
-                    None => continue,
-                },
-                EventKind::Reminded | EventKind::Escalated => {
-                    match super::escalation_messages::fired(event) {
-                        Some(fired) => E::Escalation(fired),
-                        None => continue,
-                    }
-                }
-                EventKind::ApprovalRecorded => E::ApprovalRecorded(render::call(&event.call)),
-            };
-            if delivery.live {
-                self.offer(event.seq, item).await?;
-            } else {
-                self.queue(event.seq, item).await?;
-            }
+    };
+    let response = respond_message(responds, req.response, &req.reason, req.scope)?;
+    let edited_input = if req.edited_input_json.is_empty() {
+        None
+    } else if verdict == Verdict::Deny {
+        return Err(Error::invalid(
+            "edited_input_json",
+            "is only allowed with DECISION_APPROVE",
+        ));
+    } else {
+        Some(ToolInput::parse(
+            "edited_input_json",
+            &req.edited_input_json,
+            max_input_bytes,
+        )?)
+    };
+    // Required unless a token names the approver; see `auth::Caller::approver`.
+    let approver = line("approver", req.approver, 256)?;
+    // A response's message is the outcome's reason: what the receipt and the audit record.
+    let reason = match response {
+        Some(message) => message,
+        None => text("reason", req.reason, MAX_REASON_BYTES)?,
+    };
+    let scope = scope("scope", req.scope)?;
+    let remember = if scope == Scope::Once {
+        if req.matcher.is_some() {
+            return Err(Error::invalid(
+                "matcher",
+                "is only for a decision remembered with a scope other than SCOPE_ONCE",
+            ));
         }
-    }
-
-    fn message(seq: u64, event: E) -> pb::ApproverEvent {
-        pb::ApproverEvent {
-            seq,
-            event: Some(event),
+        if req.grant_expires_in.is_some() {
+            return Err(Error::invalid(
+                "grant_expires_in",
+                "is only for a decision remembered with a scope other than SCOPE_ONCE",
+            ));
         }
-    }
-
-    /// Queues an item, waiting for room (catch-up reads pace themselves to the client).
-    async fn queue(&mut self, seq: u64, event: E) -> Result<(), StreamOver> {
-        meters::subscriber_lag(self.broker.bus().published().saturating_sub(seq));
-        self.out
-            .send(Self::message(seq, event))
-            .await
-            .map_err(|_| StreamOver)?;
-        self.last_queued = seq;
-        Ok(())
-    }
-
-    /// Queues a live item if there is room; otherwise the subscriber has fallen too far behind.
-    async fn offer(&mut self, seq: u64, event: E) -> Result<(), StreamOver> {
-        meters::subscriber_lag(self.broker.bus().published().saturating_sub(seq));
-        match self.out.try_send(Self::message(seq, event)) {
-            Ok(()) => {
-                self.last_queued = seq;
-                Ok(())
-            }
-            Err(Full::Closed) => Err(StreamOver),
-            Err(Full::Full) => {
-                let status = self.resume_status(
-                    tonic::Code::ResourceExhausted,
-                    format!(
-                        "subscriber fell behind: {} events were waiting to be read; \
-                         resume with after_seq={}",
-                        self.out.capacity(),
-                        self.last_queued
-                    ),
-                );
-                tracing::info!(
-                    last_seq = self.last_queued,
-                    "ending a subscriber that fell behind"
-                );
-                self.fail(status)
-            }
+        None
+    } else {
+        if edited_input.is_some() {
+            return Err(Error::invalid(
+                "scope",
+                "a decision with edited_input_json cannot be remembered (the grant would run \
+                 later calls' own inputs, not the edit); decide it SCOPE_ONCE",
+            ));
         }
-    }
+        Some(Remember {
+            scope,
+            matcher: matcher("matcher", req.matcher, max_input_bytes, true)?,
+            expires_in: req
+                .grant_expires_in
+                .map(|d| grant_lifetime("grant_expires_in", d))
+                .transpose()?,
+        })
+    };
+    Ok((
+        key,
+        Decision {
+            verdict,
+            reason,
+            edited_input,
+            approver,
+            // The token's, set by the service (see `auth::Caller::groups`).
+            approver_groups: None,
+            viewer: crate::domain::Viewer::Operator,
+            remember,
+            responds,
+            prejudged: Default::default(),
+            // The assertion, with the relying party, set by the service (see
+            // `passkey_messages::assertion`).
+            passkey: None,
+        },
+    ))
+}
 
-    /// A status ending the stream, with the position to resume from in the
-    /// [`LAST_SEQ_TRAILER`] (the message says it too, for people reading it).
-    fn resume_status(&self, code: tonic::Code, message: String) -> Status {
-        let mut status = Status::new(code, message);
-        if let Ok(value) = MetadataValue::try_from(self.last_queued.to_string()) {
-            status.metadata_mut().insert(LAST_SEQ_TRAILER, value);
+/// The message of a DECISION_RESPOND (required, not blank, and not remembered: it answers this
+/// call only), `None` for another decision, which may not carry one.
+fn respond_message(
+    responds: bool,
+    response: String,
+    reason: &str,
+    scope: i32,
+) -> Result<Option<String>> {
+    if !responds {
+        if !response.is_empty() {
+            return Err(Error::invalid(
+                "response",
+                "is only for DECISION_RESPOND (a denial's reason goes in `reason`)",
+            ));
         }
-        status
+        return Ok(None);
     }
+    let response = text("response", response, MAX_REASON_BYTES)?;
+    if response.trim().is_empty() {
+        return Err(Error::invalid(
+            "response",
+            "is required with DECISION_RESPOND: the message for the model, not empty",
+        ));
+    }
+    if !reason.is_empty() {
+        return Err(Error::invalid(
+            "reason",
+            "is not used with DECISION_RESPOND: the message goes in `response`",
+        ));
+    }
+    if !matches!(
+        pb::Scope::try_from(scope),
+        Ok(pb::Scope::Unspecified | pb::Scope::Once)
+    ) {
+        return Err(Error::invalid(
+            "scope",
+            "a response answers this call only: DECISION_RESPOND is SCOPE_ONCE",
+        ));
+    }
+    Ok(Some(response))
+}
 
-    /// Ends the stream with `status`, after the events already queued. It does not wait for
-    /// the client: the status is kept beside the queue until the client reads it, however long
-    /// that takes.
-    fn fail(&mut self, status: Status) -> Result<(), StreamOver> {
-        self.out.end(status);
-        Err(StreamOver)
+/// What a decision did: the outcome that stands and its grant, then the outcomes it skipped and
+/// its grant decided that fit in `reply_limit`.
+fn response(report: &DecideReport, now: Timestamp, reply_limit: usize) -> pb::DecideResponse {
+    let decided = outcome_unsealed(&report.call);
+    let grant = report.grant.as_ref().map(|g| grant(g, now));
+    let mut room = Room::new(reply_limit);
+    decided.iter().for_each(|o| room.charge(o));
+    grant.iter().for_each(|g| room.charge(g));
+    let (skipped, all_skipped) = room.fill(report.skipped.iter().filter_map(outcome_unsealed));
+    let (decided_by_grant, all_by_grant) =
+        room.fill(report.decided_by_grant.iter().filter_map(outcome_unsealed));
+    pb::DecideResponse {
+        outcome: decided,
+        replayed: report.replayed,
+        skipped,
+        grant,
+        decided_by_grant,
+        skipped_count: report.skipped.len() as u64,
+        decided_by_grant_count: report.decided_by_grant.len() as u64,
+        truncated: !(all_skipped && all_by_grant),
+        // A vote that left the call pending: the call, with its votes so far.
+        pending: report.call.outcome.is_none().then(|| call(&report.call)),
+        grant_note: report.grant_note.clone().unwrap_or_default(),
     }
 }

@@ -208,7 +208,7 @@ impl Slack {
             approver: person.identity.clone(),
             ..Default::default()
         };
-        let (key, mut decision) = match crate::surface::grpc::decide::decision(
+        let (key, mut decision) = match crate::surface::grpc::approver::decision(
             request,
             broker.limits().max_input_bytes,
         ) {

@@ -1,5 +1,12 @@
-//! Group commit, for both backends: the writes queued while a commit is on its way to disk share
-//! the next transaction, and so one commit.
+//! The write path: the three writes the API makes (submit, decide, cancel), as the one port the
+//! broker writes through ([`Writes`]), and the group commit that runs them on both backends.
+//! Each write is one transaction in which its operation (`crate::operations`) runs, acknowledged
+//! only after it commits. SQLite's writes all take the group commit below; Postgres's take it
+//! under `--postgres-group-commit`, else each runs in a transaction of its own
+//! (`PostgresStore`'s [`Writes`]).
+//!
+//! Group commit: the writes queued while a commit is on its way to disk share the next
+//! transaction, and so one commit.
 //!
 //! One writer owns the write path: SQLite's writer thread ([`GroupCommit::start`]), or one task
 //! per Postgres replica ([`GroupCommit::spawn`]). It takes every write waiting in its queue (up to
@@ -33,6 +40,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
 use std::time::Instant;
 
+use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::domain::{
@@ -42,6 +50,29 @@ use crate::domain::{
 use crate::error::{Error, Result};
 use crate::observe::meters;
 use crate::operations::{PolicyTx, Transactions, WriteTx, cancel, decide, submit};
+
+/// The writes of the API, each one transaction acknowledged only after it commits: what the
+/// broker writes through (`Calls::writes` gives it). On SQLite (and Postgres under
+/// `--postgres-group-commit`) the [`GroupCommit`] below; on Postgres otherwise `PostgresStore`.
+#[async_trait]
+pub trait Writes: Send + Sync {
+    /// Stores a batch's new calls, recognising duplicates and refusing conflicting reuse of a
+    /// call id, and supersedes what the batch supersedes (`operations::submit`).
+    async fn submit(&self, batch: NewBatch) -> Result<SubmitReport>;
+
+    /// Writes an approver's decision if the call is pending (first decision wins), and skips the
+    /// rest of its batch on a denial when the batch says so. A decision to remember creates its
+    /// grant and decides the pending calls the grant matches (`operations::decide`).
+    async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport>;
+
+    /// What [`decide`](Writes::decide) would report now, written in a transaction that is rolled
+    /// back: nothing is kept (`operations::decide::preview`).
+    async fn preview_decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport>;
+
+    /// Cancels what `target` names; reports calls already decided as they stand
+    /// (`operations::cancel`).
+    async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport>;
+}
 
 /// The most writes one transaction takes. Bounds how long the first of them waits for the last.
 pub const MAX_GROUP: usize = 256;
@@ -58,6 +89,8 @@ const QUEUE: usize = 4 * MAX_GROUP;
 /// last handle is dropped, after finishing what was queued.
 pub struct GroupCommit<M> {
     queue: mpsc::Sender<M>,
+    /// The texts tool results carry, for a preview run beside the groups.
+    texts: ToolResultTexts,
 }
 
 /// What SQLite's writer thread takes from its queue.
@@ -129,11 +162,12 @@ where
     /// runtime (the thread has none).
     pub fn start(writer: W, texts: ToolResultTexts) -> Result<Self> {
         let (queue, jobs) = mpsc::channel(QUEUE);
+        let written = texts.clone();
         thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || run_here(write_groups(writer, texts, jobs)))
+            .spawn(move || run_here(write_groups(writer, written, jobs)))
             .map_err(|e| Error::Internal(format!("cannot start the store's writer thread: {e}")))?;
-        Ok(Self { queue })
+        Ok(Self { queue, texts })
     }
 
     /// Runs `work` on the writer thread, between groups, and returns its result. It opens (and
@@ -158,6 +192,34 @@ where
     }
 }
 
+/// SQLite's writes: every one joins a group on the writer thread; a preview runs there too,
+/// between groups, in a transaction that is rolled back.
+#[async_trait]
+impl<W> Writes for GroupCommit<Queued<W>>
+where
+    W: Transactions + Clone + Send + 'static,
+{
+    async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
+        self.submit_queued(batch).await
+    }
+
+    async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
+        self.decide_queued(key, decision).await
+    }
+
+    async fn preview_decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
+        let (key, decision, texts) = (key.clone(), decision.clone(), self.texts.clone());
+        self.alone(move |writer| async move {
+            decide::preview(writer.begin_write().await?, &key, &decision, &texts).await
+        })
+        .await
+    }
+
+    async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
+        self.cancel_queued(target).await
+    }
+}
+
 impl GroupCommit<Job> {
     /// Starts the writer as a task on the current runtime, over `writer`.
     pub fn spawn<W>(writer: W, texts: ToolResultTexts) -> Self
@@ -166,31 +228,35 @@ impl GroupCommit<Job> {
         W::Tx: 'static,
     {
         let (queue, mut jobs) = mpsc::channel::<Job>(QUEUE);
+        let written = texts.clone();
         tokio::spawn(async move {
             let mut group = Vec::with_capacity(MAX_GROUP);
             while jobs.recv_many(&mut group, MAX_GROUP).await > 0 {
-                write_group(&writer, &texts, group.drain(..)).await;
+                write_group(&writer, &written, group.drain(..)).await;
                 writer.after_commit();
             }
         });
-        Self { queue }
+        Self { queue, texts }
     }
 }
 
 impl<M: From<Job> + Send> GroupCommit<M> {
-    pub async fn submit(&self, batch: NewBatch) -> Result<SubmitReport> {
+    /// Queues a submit on the group commit; its report once its group committed.
+    pub async fn submit_queued(&self, batch: NewBatch) -> Result<SubmitReport> {
         let (slot, answer) = Errand::new(batch);
         self.enqueue(Job::Submit(Box::new(slot))).await?;
         answer.await.map_err(writer_gone)?
     }
 
-    pub async fn decide(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
+    /// Queues a decision on the group commit; its report once its group committed.
+    pub async fn decide_queued(&self, key: &CallKey, decision: &Decision) -> Result<DecideReport> {
         let (slot, answer) = Errand::new((key.clone(), decision.clone()));
         self.enqueue(Job::Decide(Box::new(slot))).await?;
         answer.await.map_err(writer_gone)?
     }
 
-    pub async fn cancel(&self, target: &CancelTarget) -> Result<CancelReport> {
+    /// Queues a cancel on the group commit; its report once its group committed.
+    pub async fn cancel_queued(&self, target: &CancelTarget) -> Result<CancelReport> {
         let (slot, answer) = Errand::new(target.clone());
         self.enqueue(Job::Cancel(slot)).await?;
         answer.await.map_err(writer_gone)?
