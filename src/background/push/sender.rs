@@ -404,6 +404,17 @@ impl Sender {
             return Round::Done;
         };
         match self.pusher.send(&subscription, &notice(kind, &call)).await {
+            Answer::Accepted
+                if kind != NoticeKind::Withdrawn && self.decided_since(&call).await =>
+            {
+                // Decided while the push was on its way, its withdrawal perhaps sent before it
+                // arrived: withdraw it now (in a later round if that fails).
+                let withdrawn = notice(NoticeKind::Withdrawn, &call);
+                if let Answer::Retry(_) = self.pusher.send(&subscription, &withdrawn).await {
+                    self.retry_later(stored, key, NoticeKind::Withdrawn);
+                }
+                Round::Done
+            }
             Answer::Accepted => Round::Done,
             Answer::Gone => {
                 self.drop_gone(stored, &subscription).await;
