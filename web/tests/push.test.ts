@@ -16,7 +16,7 @@ import { after, before, describe, test } from "node:test";
 import type { Browser, BrowserContext, CDPSession, Page, Worker } from "playwright-core";
 import { Decision } from "../src/gen/approvals/v1/approver_pb";
 import { CallStatus, Effect, EscalationStepKind, StepUp } from "../src/gen/approvals/v1/types_pb";
-import { Broker, grpcClients, launchChromium, TOKENS } from "./harness";
+import { type Broker, type grpcClients, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
 
 const b64u = (b: Buffer) => b.toString("base64url");
 const hmac = (key: Buffer, data: Buffer) => createHmac("sha256", key).update(data).digest();
@@ -44,6 +44,9 @@ function decrypt(body: Buffer, ecdh: ReturnType<typeof createECDH>, auth: Buffer
 
 let broker: Broker;
 let browser: Browser;
+let clients: ReturnType<typeof grpcClients>;
+/** The browser contexts a test opened, closed after the suite if a failed test left them open. */
+const contexts: BrowserContext[] = [];
 let pushService: Server;
 let pushPort = 0;
 const ecdh = createECDH("prime256v1");
@@ -69,14 +72,11 @@ before(async () => {
   await new Promise<void>((ok) => pushService.listen(0, "127.0.0.1", ok));
   const address = pushService.address();
   pushPort = typeof address === "object" && address ? address.port : 0;
-  broker = new Broker({ tokens: true, args: ["--webhook-allow-hosts", "127.0.0.1"] });
-  await broker.start();
-  browser = await launchChromium();
+  ({ broker, clients, browser } = await startBrokerAndChromium({ tokens: true, args: ["--webhook-allow-hosts", "127.0.0.1"] }));
 });
 
 after(async () => {
-  await browser?.close();
-  await broker?.stop();
+  await stopBrokerAndChromium({ broker, browser }, contexts);
   pushService?.close();
 });
 
@@ -99,6 +99,7 @@ describe("Web Push in Chromium", () => {
 
   test("the click on Enable notifications (never the load) subscribes with the broker's key, and the broker keeps it", async () => {
     context = await browser.newContext({ viewport: { width: 400, height: 800 } });
+    contexts.push(context);
     const endpoint = `http://127.0.0.1:${pushPort}/push/chromium-1`;
     await context.addInitScript(
       ({ endpoint, p256dh, auth }) => {
@@ -134,7 +135,7 @@ describe("Web Push in Chromium", () => {
     await context.grantPermissions(["notifications"], { origin: broker.url });
     await page.getByRole("button", { name: "Enable notifications" }).click();
     const subscribed = await until("the page to subscribe", () => page.evaluate(() => (window as unknown as { subscribed?: { userVisibleOnly: boolean; key: string } }).subscribed));
-    const { vapidPublicKey } = await grpcClients(broker).adminApprover.getPushKey({});
+    const { vapidPublicKey } = await clients.adminApprover.getPushKey({});
     assert.deepEqual(subscribed, { userVisibleOnly: true, key: vapidPublicKey });
     assert.equal(await page.evaluate(() => (window as unknown as { asked: number }).asked), 1);
 
@@ -184,7 +185,7 @@ describe("Web Push in Chromium", () => {
   });
 
   test("a pending call is shown as a notification; its click opens the call; approving it there reaches the agent and pushes the withdrawal (measured)", async () => {
-    const { agent } = grpcClients(broker);
+    const { agent } = clients;
     const shownTimes: number[] = [];
     const decidedTimes: number[] = [];
     for (let i = 0; i < 5; i++) {
@@ -238,7 +239,7 @@ describe("Web Push in Chromium", () => {
   /** Submits one call and waits for the service worker to show its notification. */
   async function submitShown(session: string, callId: string, tool: string, input: Record<string, unknown>) {
     const tag = `call:agent-a/${session}/${callId}`;
-    await grpcClients(broker).agent.submit({ batch: { sessionId: session, calls: [{ callId, tool, inputJson: JSON.stringify(input) }] } });
+    await clients.agent.submit({ batch: { sessionId: session, calls: [{ callId, tool, inputJson: JSON.stringify(input) }] } });
     const shown = await shownNotification(tag);
     return { tag, ...shown };
   }
@@ -292,12 +293,12 @@ describe("Web Push in Chromium", () => {
 
   /** The click decided nothing: the agent still sees the call pending. */
   async function stillPending(session: string, callId: string) {
-    const { calls } = await grpcClients(broker).agent.getOutcomes({ sessionId: session, callIds: [callId] });
+    const { calls } = await clients.agent.getOutcomes({ sessionId: session, callIds: [callId] });
     assert.equal(calls[0]?.state.case, "pending", `${callId} must still be pending after the click`);
   }
 
   async function denyAndWithdrawn(session: string, callId: string, tag: string) {
-    await grpcClients(broker).adminApprover.decide({ sessionId: session, callId, agent: "agent-a", decision: Decision.DENY, approver: "alice", reason: "test over" });
+    await clients.adminApprover.decide({ sessionId: session, callId, agent: "agent-a", decision: Decision.DENY, approver: "alice", reason: "test over" });
     await until("the withdrawal", async () => (delivered.some((d) => d.data.kind === "withdrawn" && d.data.tag === tag) ? true : undefined));
   }
 
@@ -328,7 +329,7 @@ describe("Web Push in Chromium", () => {
   });
 
   test("a reminder's click, on the tab already showing that call, brings its card back into focus", async () => {
-    await grpcClients(broker).admin.createRule({
+    await clients.admin.createRule({
       rule: {
         id: "push-remind",
         tool: "remind",
@@ -358,7 +359,7 @@ describe("Web Push in Chromium", () => {
   });
 
   test("a step-up call's notification says it needs a passkey; its click (and its Open) opens the call, never approves it", async () => {
-    await grpcClients(broker).admin.createRule({
+    await clients.admin.createRule({
       rule: { id: "push-deploys-need-a-passkey", tool: "deploy", effect: Effect.ASK, description: "production deploys", approvers: { stepUp: StepUp.PASSKEY } },
     });
     for (const [i, action] of ["", "open"].entries()) {
@@ -409,7 +410,7 @@ describe("Web Push in Chromium", () => {
       await cdp.send("ServiceWorker.deliverPushMessage", { origin: broker.url, registrationId: registration.registrationId, data });
     };
     await card.getByRole("button", { name: `Approve Bash call ${callId}` }).click();
-    const { agent } = grpcClients(broker);
+    const { agent } = clients;
     await until("the approval", async () => {
       const { calls } = await agent.getOutcomes({ sessionId: session, callIds: [callId] });
       return calls[0]?.state.case === "outcome" ? calls[0].state.value.status : undefined;
@@ -429,7 +430,7 @@ describe("Web Push in Chromium", () => {
     await page.getByRole("button", { name: "Sign out" }).click();
     await page.getByRole("button", { name: "Open the inbox" }).waitFor();
     assert.ok(unsubscribed, "the browser dropped it");
-    const again = await grpcClients(broker).adminApprover.removePushSubscription({ endpoint: `http://127.0.0.1:${pushPort}/push/chromium-1` });
+    const again = await clients.adminApprover.removePushSubscription({ endpoint: `http://127.0.0.1:${pushPort}/push/chromium-1` });
     assert.equal(again.removed, false, "the broker had forgotten it already");
     await context.close();
   });

@@ -2,14 +2,20 @@
 // example calls: `npm run screenshots` in web/ (after `cargo build`). Not a test: it asserts
 // nothing; the browser tests prove the behaviour.
 import { resolve } from "node:path";
-import { Broker, grpcClients, launchChromium, TOKENS } from "./harness";
+import { type Started, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
 
 const DOCS = resolve(process.cwd(), "../docs");
 
 async function main(): Promise<void> {
-  const broker = new Broker();
-  await broker.start();
-  const { agent } = grpcClients(broker);
+  const started = await startBrokerAndChromium();
+  try {
+    await screenshots(started);
+  } finally {
+    await stopBrokerAndChromium(started);
+  }
+}
+
+async function screenshots({ broker, clients: { agent }, browser }: Started): Promise<void> {
   const submit = (sessionId: string, calls: { callId: string; tool: string; inputJson: string; title?: string; message?: string; workspace?: string }[]) =>
     agent.submit({ batch: { sessionId, calls: calls.map((c) => ({ title: "", message: "", workspace: "", ...c })) } });
   await submit("refactor-auth", [
@@ -22,7 +28,6 @@ async function main(): Promise<void> {
   await submit("triage", [
     { callId: "call_7", tool: "mcp__github__create_issue", inputJson: '{"repo":"acme/site","title":"Fix login\u202Egnp.exe"}', title: "Open an issue", message: "The title holds a right-to-left override: the inbox shows it." },
   ]);
-  const browser = await launchChromium();
   for (const [name, viewport] of [
     ["desktop", { width: 1100, height: 820 }],
     ["phone", { width: 360, height: 780 }],
@@ -40,8 +45,6 @@ async function main(): Promise<void> {
     console.log(`wrote ${path}`);
     await context.close();
   }
-  await browser.close();
-  await broker.stop();
 }
 
 await main();
