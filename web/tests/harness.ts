@@ -1,7 +1,8 @@
 // What the browser tests and the screenshot script share: the real broker binary started on a
 // free port with a fresh SQLite file and known tokens, an agent and an admin speaking real gRPC
-// (HTTP/2, @connectrpc/connect-node), Debian's Chromium driven by playwright-core, and the
-// start-up and shutdown of all three that every browser suite runs before and after its tests.
+// (HTTP/2, @connectrpc/connect-node), Debian's Chromium driven by playwright-core, the
+// start-up and shutdown of all three that every browser suite runs before and after its tests,
+// and how a test reads a call: its state as the agent sees it, its card on the inbox page.
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { mkdtempSync, openSync } from "node:fs";
@@ -10,10 +11,11 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { createClient, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import { type Browser, type BrowserContext, chromium } from "playwright-core";
+import { type Browser, type BrowserContext, chromium, type Locator, type Page } from "playwright-core";
 import { AdminService } from "../src/gen/approvals/v1/admin_pb";
 import { AgentService } from "../src/gen/approvals/v1/agent_pb";
 import { ApproverService } from "../src/gen/approvals/v1/approver_pb";
+import type { Outcome } from "../src/gen/approvals/v1/types_pb";
 
 export const TOKENS = {
   agent: "agent-token-for-tests",
@@ -183,3 +185,26 @@ export async function stopBrokerAndChromium(started: Partial<Started>, contexts:
   await started.browser?.close();
   await started.broker?.stop();
 }
+
+/** An agent's gRPC client (`grpcClients(broker).agent`). */
+type Agent = ReturnType<typeof grpcClients>["agent"];
+
+/** The call's outcome as the agent gets it, once decided (asked every 50 ms, for 10 s at most). */
+export async function outcomeAtAgent(agent: Agent, session: string, callId: string): Promise<Outcome> {
+  for (let i = 0; i < 200; i++) {
+    const reply = await agent.getOutcomes({ sessionId: session, callIds: [callId] });
+    const state = reply.calls[0]?.state;
+    if (state?.case === "outcome") return state.value;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`${session}/${callId} was never decided`);
+}
+
+/** Whether the agent still sees the call pending (asked once). */
+export async function pendingAtAgent(agent: Agent, session: string, callId: string): Promise<boolean> {
+  const reply = await agent.getOutcomes({ sessionId: session, callIds: [callId] });
+  return reply.calls[0]?.state.case === "pending";
+}
+
+/** The call's card on an inbox page. */
+export const card = (page: Page, session: string, callId: string): Locator => page.locator(`article[data-session="${session}"][data-call="${callId}"]`);

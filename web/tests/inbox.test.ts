@@ -5,8 +5,8 @@ import assert from "node:assert/strict";
 import { after, afterEach, before, describe, test } from "node:test";
 import type { Browser, BrowserContext, Locator, Page } from "playwright-core";
 import { Decision } from "../src/gen/approvals/v1/approver_pb";
-import { CallStatus, Effect, type Outcome } from "../src/gen/approvals/v1/types_pb";
-import { anonymousAgent, Broker, grpcClients, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
+import { CallStatus, Effect } from "../src/gen/approvals/v1/types_pb";
+import { anonymousAgent, Broker, card, grpcClients, outcomeAtAgent, pendingAtAgent, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
 
 let broker: Broker;
 let browser: Browser;
@@ -59,23 +59,9 @@ async function submit(session: string, calls: { id: string; tool?: string; input
   });
 }
 
-/** The call's outcome as the agent gets it, once decided. */
-async function outcomeOf(session: string, callId: string): Promise<Outcome> {
-  for (let i = 0; i < 200; i++) {
-    const reply = await clients.agent.getOutcomes({ sessionId: session, callIds: [callId] });
-    const state = reply.calls[0]?.state;
-    if (state?.case === "outcome") return state.value;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error(`${session}/${callId} was never decided`);
-}
-
-async function isPending(session: string, callId: string): Promise<boolean> {
-  const reply = await clients.agent.getOutcomes({ sessionId: session, callIds: [callId] });
-  return reply.calls[0]?.state.case === "pending";
-}
-
-const card = (page: Page, session: string, callId: string) => page.locator(`article[data-session="${session}"][data-call="${callId}"]`);
+/** The call's outcome as the agent gets it, once decided; whether it is still pending. */
+const outcomeOf = (session: string, callId: string) => outcomeAtAgent(clients.agent, session, callId);
+const isPending = (session: string, callId: string) => pendingAtAgent(clients.agent, session, callId);
 
 describe("the approval inbox in Chromium", () => {
   test("a wrong token is refused", async () => {

@@ -16,8 +16,8 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import type { Browser, BrowserContext, CDPSession, Page } from "playwright-core";
 import { Decision } from "../src/gen/approvals/v1/approver_pb";
-import { CallStatus, Effect, type Outcome, StepUp } from "../src/gen/approvals/v1/types_pb";
-import { type Broker, freePort, type grpcClients, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
+import { CallStatus, Effect, StepUp } from "../src/gen/approvals/v1/types_pb";
+import { type Broker, card, freePort, type grpcClients, outcomeAtAgent, pendingAtAgent, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
 
 let broker: Broker;
 let browser: Browser;
@@ -126,22 +126,9 @@ async function submit(session: string, id: string, tool: string, input: string, 
   assert.ok(ack?.case === "accepted" && ack.value.status === CallStatus.PENDING, `${tool} waits for a person`);
 }
 
-async function outcomeOf(session: string, callId: string): Promise<Outcome> {
-  for (let i = 0; i < 200; i++) {
-    const reply = await clients.agent.getOutcomes({ sessionId: session, callIds: [callId] });
-    const state = reply.calls[0]?.state;
-    if (state?.case === "outcome") return state.value;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error(`${session}/${callId} was never decided`);
-}
-
-async function isPending(session: string, callId: string): Promise<boolean> {
-  const reply = await clients.agent.getOutcomes({ sessionId: session, callIds: [callId] });
-  return reply.calls[0]?.state.case === "pending";
-}
-
-const card = (page: Page, session: string, callId: string) => page.locator(`article[data-session="${session}"][data-call="${callId}"]`);
+/** The call's outcome as the agent gets it, once decided; whether it is still pending. */
+const outcomeOf = (session: string, callId: string) => outcomeAtAgent(clients.agent, session, callId);
+const isPending = (session: string, callId: string) => pendingAtAgent(clients.agent, session, callId);
 
 /** The receipt's statement (the DSSE payload), as text. */
 async function receiptOf(session: string, callId: string): Promise<{ envelope: string; statement: string }> {
