@@ -7,8 +7,7 @@
 //! `claude-agent-sdk` package. The promises: only an approval allows, edits are what runs,
 //! the model reads the denial's text, and a timeout or an unreachable broker fails closed.
 
-use std::io::Write as _;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use approval_broker::proto::v1 as pb;
@@ -17,12 +16,7 @@ use serde_json::{Value, json};
 use crate::helpers::*;
 
 fn fixture(name: &str) -> Value {
-    let path = format!(
-        "{}/tests/fixtures/claude_code/{name}.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    fixture_json(&format!("claude_code/{name}.json"))
 }
 
 fn expected_output(name: &str) -> Value {
@@ -36,30 +30,7 @@ fn start_hook(broker: &str, args: &[&str], input: &Value) -> Child {
 
 /// [`start_hook`] with `APPROVALS_BROKER_TOKEN` set to `token`.
 fn start_hook_with_token(broker: &str, args: &[&str], token: Option<&str>, input: &Value) -> Child {
-    let mut command = broker_binary();
-    if let Some(token) = token {
-        command.env("APPROVALS_BROKER_TOKEN", token);
-    }
-    let mut child = command
-        .args(["hook", "claude-code", "--broker", broker])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the hook");
-    let mut stdin = child.stdin.take().expect("stdin");
-    stdin
-        .write_all(input.to_string().as_bytes())
-        .expect("write the hook input");
-    child
-}
-
-/// What a hook run ended with.
-struct HookResult {
-    code: i32,
-    stdout: String,
-    stderr: String,
+    spawn_hook("claude-code", broker, args, token, input)
 }
 
 impl HookResult {
@@ -76,26 +47,6 @@ impl HookResult {
     }
 }
 
-async fn finish(child: Child) -> HookResult {
-    let output = tokio::time::timeout(
-        PATIENCE,
-        tokio::task::spawn_blocking(move || child.wait_with_output()),
-    )
-    .await
-    .expect("the hook finished in time")
-    .expect("join")
-    .expect("hook output");
-    HookResult {
-        code: output.status.code().expect("an exit code"),
-        stdout: String::from_utf8(output.stdout).expect("UTF-8"),
-        stderr: String::from_utf8(output.stderr).expect("UTF-8"),
-    }
-}
-
-fn broker_url(app: &TestApp) -> String {
-    format!("http://{}", app.address)
-}
-
 /// Waits until the broker holds `call_id` of `session` pending, and returns it.
 async fn pending_call(app: &TestApp, session: &str, call_id: &str) -> pb::Call {
     for _ in 0..400 {
@@ -107,31 +58,6 @@ async fn pending_call(app: &TestApp, session: &str, call_id: &str) -> pb::Call {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     panic!("{call_id} never became pending");
-}
-
-/// The one pending call of `session` (a PermissionRequest's call id is made by the hook).
-async fn the_pending_call(app: &TestApp, session: &str) -> pb::Call {
-    for _ in 0..400 {
-        let pending = app
-            .approver()
-            .list_pending(pb::ListPendingRequest {
-                filter: Some(pb::CallFilter {
-                    session_id: session.into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await
-            .expect("list pending")
-            .into_inner()
-            .calls;
-        if let [call] = pending.as_slice() {
-            return call.clone();
-        }
-        assert!(pending.len() < 2, "one pending call: {pending:?}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("no pending call in {session}");
 }
 
 async fn approve_with_edit(app: &TestApp, call: &pb::Call, edited: &Value) {
@@ -240,7 +166,11 @@ async fn a_pre_tool_use_call_a_person_approves_is_allowed() {
     );
     approve(&app, "abc123", "toolu_01ABC123").await;
 
-    assert_answer("PreToolUse", &finish(hook).await, "pre_tool_use_approved");
+    assert_answer(
+        "PreToolUse",
+        &finish_hook(hook).await,
+        "pre_tool_use_approved",
+    );
 }
 
 #[tokio::test]
@@ -251,7 +181,7 @@ async fn an_edited_approval_allows_with_the_edited_input_as_updated_input() {
     let edited = json!({"command": "npm test -- --runInBand", "description": "Run the test suite"});
     approve_with_edit(&app, &call, &edited).await;
 
-    let result = finish(hook).await;
+    let result = finish_hook(hook).await;
     assert_answer("PreToolUse", &result, "pre_tool_use_approved_edited");
     assert_eq!(result.json()["hookSpecificOutput"]["updatedInput"], edited);
 }
@@ -266,7 +196,7 @@ async fn a_denial_denies_with_the_text_the_model_reads() {
         .outcome
         .expect("an outcome");
 
-    let result = finish(hook).await;
+    let result = finish_hook(hook).await;
     assert_answer("PreToolUse", &result, "pre_tool_use_denied");
     assert_eq!(
         result.json()["hookSpecificOutput"]["permissionDecisionReason"],
@@ -283,7 +213,7 @@ async fn no_decision_in_time_denies_by_default_and_cancels_the_call() {
         &fixture("pre_tool_use"),
     );
 
-    let result = finish(hook).await;
+    let result = finish_hook(hook).await;
     assert_answer("PreToolUse", &result, "pre_tool_use_timeout_deny");
     assert!(
         result.stderr.contains("No approver decided within 1s"),
@@ -299,7 +229,7 @@ async fn no_decision_in_time_denies_by_default_and_cancels_the_call() {
 async fn no_decision_in_time_asks_the_user_when_configured() {
     let app = spawn_app().await;
     let args = ["--timeout", "1s", "--on-timeout", "ask"];
-    let result = finish(start_hook(
+    let result = finish_hook(start_hook(
         &broker_url(&app),
         &args,
         &fixture("pre_tool_use"),
@@ -308,7 +238,7 @@ async fn no_decision_in_time_asks_the_user_when_configured() {
     assert_answer("PreToolUse", &result, "pre_tool_use_timeout_ask");
 
     let request = fixture("permission_request");
-    let result = finish(start_hook(&broker_url(&app), &args, &request)).await;
+    let result = finish_hook(start_hook(&broker_url(&app), &args, &request)).await;
     // A PermissionRequest hook asks by deciding nothing: Claude Code shows its own dialog.
     assert_answer(
         "PermissionRequest",
@@ -325,7 +255,7 @@ async fn an_unreachable_broker_fails_closed_with_a_message_on_stderr() {
         ("PermissionRequest", fixture("permission_request")),
     ] {
         // The default: deny, and the model reads why.
-        let result = finish(start_hook(&nowhere, &[], &input)).await;
+        let result = finish_hook(start_hook(&nowhere, &[], &input)).await;
         let output = result.json();
         assert_documented_output(event, &output);
         let reason = match event {
@@ -349,7 +279,7 @@ async fn an_unreachable_broker_fails_closed_with_a_message_on_stderr() {
         );
 
         // `--on-unreachable ask`: Claude Code asks its user instead; never an allow.
-        let result = finish(start_hook(&nowhere, &["--on-unreachable", "ask"], &input)).await;
+        let result = finish_hook(start_hook(&nowhere, &["--on-unreachable", "ask"], &input)).await;
         let output = result.json();
         assert_documented_output(event, &output);
         if event == "PreToolUse" {
@@ -378,7 +308,7 @@ async fn a_permission_request_is_answered_with_a_decision_object() {
     approve(&app, "abc123", &call.call_id).await;
     assert_answer(
         "PermissionRequest",
-        &finish(hook).await,
+        &finish_hook(hook).await,
         "permission_request_approved",
     );
 
@@ -390,7 +320,7 @@ async fn a_permission_request_is_answered_with_a_decision_object() {
     approve_with_edit(&app, &call, &edited).await;
     assert_answer(
         "PermissionRequest",
-        &finish(hook).await,
+        &finish_hook(hook).await,
         "permission_request_approved_edited",
     );
 
@@ -399,7 +329,7 @@ async fn a_permission_request_is_answered_with_a_decision_object() {
     deny(&app, "abc123", &call.call_id, "keep the cache").await;
     assert_answer(
         "PermissionRequest",
-        &finish(hook).await,
+        &finish_hook(hook).await,
         "permission_request_denied",
     );
 }
@@ -414,11 +344,19 @@ async fn a_retried_hook_for_the_same_tool_use_id_is_the_same_call() {
     let second = start_hook(&broker_url(&app), &[], &input);
     tokio::time::sleep(Duration::from_millis(300)).await;
     approve(&app, "abc123", "toolu_01ABC123").await;
-    assert_answer("PreToolUse", &finish(first).await, "pre_tool_use_approved");
-    assert_answer("PreToolUse", &finish(second).await, "pre_tool_use_approved");
+    assert_answer(
+        "PreToolUse",
+        &finish_hook(first).await,
+        "pre_tool_use_approved",
+    );
+    assert_answer(
+        "PreToolUse",
+        &finish_hook(second).await,
+        "pre_tool_use_approved",
+    );
 
     // A run after the decision gets the stored outcome at once.
-    let again = finish(start_hook(&broker_url(&app), &["--timeout", "2s"], &input)).await;
+    let again = finish_hook(start_hook(&broker_url(&app), &["--timeout", "2s"], &input)).await;
     assert_answer("PreToolUse", &again, "pre_tool_use_approved");
     assert_eq!(all_calls(&app).await.len(), 1, "one call, stored once");
 }
@@ -437,7 +375,7 @@ async fn a_policy_rule_answers_without_a_person() {
         ),
     )
     .await;
-    let result = finish(start_hook(&broker_url(&app), &[], &fixture("pre_tool_use"))).await;
+    let result = finish_hook(start_hook(&broker_url(&app), &[], &fixture("pre_tool_use"))).await;
     let output = result.json();
     assert_documented_output("PreToolUse", &output);
     assert_eq!(output["hookSpecificOutput"]["permissionDecision"], "allow");
@@ -462,7 +400,7 @@ async fn unreadable_hook_input_blocks_the_call_with_exit_code_2() {
         (other_event, "hook_event_name"),
         (json!("not an object"), "object"),
     ] {
-        let result = finish(start_hook(&broker_url(&app), &[], &input)).await;
+        let result = finish_hook(start_hook(&broker_url(&app), &[], &input)).await;
         assert_eq!(result.code, 2, "{input}: {}", result.stdout);
         assert!(result.stdout.is_empty(), "{}", result.stdout);
         assert!(result.stderr.contains(names), "{names}: {}", result.stderr);
@@ -513,13 +451,13 @@ async fn with_authentication_the_hook_submits_as_its_token_and_a_bad_token_fails
     });
     decide.metadata_mut().insert("authorization", bearer);
     approver.decide(decide).await.expect("approve");
-    let result = finish(hook).await;
+    let result = finish_hook(hook).await;
     let output = result.json();
     assert_documented_output("PreToolUse", &output);
     assert_eq!(output["hookSpecificOutput"]["permissionDecision"], "allow");
 
     // A wrong token is refused by the broker: the hook denies, saying so.
-    let result = finish(start_hook_with_token(
+    let result = finish_hook(start_hook_with_token(
         &broker_url(&app),
         &[],
         Some("wrong"),

@@ -8,8 +8,7 @@
 //! and an unreachable broker deny, unreadable input denies, and a retried hook is the same call.
 //! The expected answers are `tests/fixtures/<host>/outputs.json`.
 
-use std::io::Write as _;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use approval_broker::proto::v1 as pb;
@@ -56,24 +55,18 @@ const fn case(
     }
 }
 
-fn read_json(path: &str) -> Value {
-    let path = format!("{}/tests/fixtures/{path}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
 impl Case {
     fn name(&self) -> String {
         format!("{}/{}", self.dir, self.fixture)
     }
 
     fn input(&self) -> Value {
-        read_json(&format!("{}/{}.json", self.dir, self.fixture))
+        fixture_json(&format!("{}/{}.json", self.dir, self.fixture))
     }
 
     /// The answer expected when the call ends as `ending` (`null`: nothing printed).
     fn expected(&self, ending: &str) -> Value {
-        let outputs = read_json(&format!("{}/outputs.json", self.dir));
+        let outputs = fixture_json(&format!("{}/outputs.json", self.dir));
         outputs["outputs"][self.fixture]
             .get(ending)
             .unwrap_or_else(|| panic!("{}: no expected `{ending}` output", self.name()))
@@ -82,36 +75,12 @@ impl Case {
 
     /// The edited input the approver approves in the `approved_edited` ending.
     fn edit(&self) -> Value {
-        read_json(&format!("{}/outputs.json", self.dir))["edits"][self.fixture].clone()
+        fixture_json(&format!("{}/outputs.json", self.dir))["edits"][self.fixture].clone()
     }
 
     fn start(&self, broker: &str, args: &[&str]) -> Child {
-        start_hook(self.command, broker, args, &self.input())
+        spawn_hook(self.command, broker, args, None, &self.input())
     }
-}
-
-/// Starts `approval-broker hook <command>` against `broker`, with `input` on standard input.
-fn start_hook(command: &str, broker: &str, args: &[&str], input: &Value) -> Child {
-    let mut child = broker_binary()
-        .args(["hook", command, "--broker", broker])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the hook");
-    let mut stdin = child.stdin.take().expect("stdin");
-    stdin
-        .write_all(input.to_string().as_bytes())
-        .expect("write the hook input");
-    child
-}
-
-/// What a hook run ended with.
-struct HookResult {
-    code: i32,
-    stdout: String,
-    stderr: String,
 }
 
 impl HookResult {
@@ -125,51 +94,6 @@ impl HookResult {
         serde_json::from_str(&self.stdout)
             .unwrap_or_else(|e| panic!("{name}: not JSON ({e}): {}", self.stdout))
     }
-}
-
-async fn finish(child: Child) -> HookResult {
-    let output = tokio::time::timeout(
-        PATIENCE * 2,
-        tokio::task::spawn_blocking(move || child.wait_with_output()),
-    )
-    .await
-    .expect("the hook finished in time")
-    .expect("join")
-    .expect("hook output");
-    HookResult {
-        code: output.status.code().expect("an exit code"),
-        stdout: String::from_utf8(output.stdout).expect("UTF-8"),
-        stderr: String::from_utf8(output.stderr).expect("UTF-8"),
-    }
-}
-
-fn broker_url(app: &TestApp) -> String {
-    format!("http://{}", app.address)
-}
-
-/// The one pending call of `session` (most hosts give no call id: the hook derives it).
-async fn the_pending_call(app: &TestApp, session: &str) -> pb::Call {
-    for _ in 0..400 {
-        let pending = app
-            .approver()
-            .list_pending(pb::ListPendingRequest {
-                filter: Some(pb::CallFilter {
-                    session_id: session.into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await
-            .expect("list pending")
-            .into_inner()
-            .calls;
-        if let [call] = pending.as_slice() {
-            return call.clone();
-        }
-        assert!(pending.len() < 2, "one pending call: {pending:?}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("no pending call in {session}");
 }
 
 async fn calls_of(app: &TestApp, session: &str) -> Vec<pb::Call> {
@@ -253,7 +177,7 @@ async fn every_host_s_call_a_person_approves_is_allowed_in_the_host_s_shape() {
             }
         }
         approve(&app, case.session, &call.call_id).await;
-        let result = finish(hook).await;
+        let result = finish_hook(hook).await;
         assert_eq!(
             result.answer(&case.name()),
             case.expected("approved"),
@@ -276,7 +200,7 @@ async fn an_edited_approval_runs_the_edit_or_is_denied_where_the_host_cannot_tak
         let mut request = decide_request(case.session, &call.call_id, pb::Decision::Approve, "");
         request.edited_input_json = case.edit().to_string();
         app.approver().decide(request).await.expect("approve");
-        let result = finish(hook).await;
+        let result = finish_hook(hook).await;
         let answer = result.answer(&case.name());
         assert_eq!(answer, case.expected("approved_edited"), "{}", case.name());
         // Whatever the shape: an edit the host cannot run is never an allow of the original.
@@ -299,7 +223,7 @@ async fn a_denial_denies_with_the_text_the_model_reads() {
             .await
             .outcome
             .expect("an outcome");
-        let answer = finish(hook).await.answer(&case.name());
+        let answer = finish_hook(hook).await.answer(&case.name());
         assert_eq!(answer, case.expected("denied"), "{}", case.name());
         let text = denial(&answer).expect("a denial");
         if case.fixture != "before_read_file" {
@@ -324,7 +248,7 @@ async fn no_decision_in_time_denies_and_cancels_the_call() {
         })
         .collect();
     for (case, (deny_hook, ask_hook)) in CASES.iter().zip(hooks) {
-        let result = finish(deny_hook).await;
+        let result = finish_hook(deny_hook).await;
         assert_eq!(
             result.answer(&case.name()),
             case.expected("timeout"),
@@ -337,7 +261,7 @@ async fn no_decision_in_time_denies_and_cancels_the_call() {
             case.name(),
             result.stderr
         );
-        let asked = finish(ask_hook).await.answer(&case.name());
+        let asked = finish_hook(ask_hook).await.answer(&case.name());
         let cannot_ask = matches!(
             (case.dir, case.fixture),
             ("codex", "pre_tool_use") | ("gemini_cli", _) | ("cursor", "before_read_file")
@@ -369,7 +293,7 @@ async fn an_unreachable_broker_denies_saying_so() {
     let nowhere = format!("http://127.0.0.1:{}", free_port().expect("a free port"));
     let hooks: Vec<Child> = CASES.iter().map(|case| case.start(&nowhere, &[])).collect();
     for (case, hook) in CASES.iter().zip(hooks) {
-        let result = finish(hook).await;
+        let result = finish_hook(hook).await;
         let answer = result.answer(&case.name());
         let text = denial(&answer).unwrap_or_else(|| panic!("{}: {answer}", case.name()));
         if case.fixture != "before_read_file" {
@@ -414,19 +338,19 @@ async fn a_retried_hook_is_the_same_call() {
         approve(&app, case.session, &call.call_id).await;
         let expected = case.expected("approved");
         assert_eq!(
-            finish(first).await.answer(&case.name()),
+            finish_hook(first).await.answer(&case.name()),
             expected,
             "{}",
             case.name()
         );
         assert_eq!(
-            finish(second).await.answer(&case.name()),
+            finish_hook(second).await.answer(&case.name()),
             expected,
             "{}",
             case.name()
         );
         // A run after the decision gets the stored outcome at once.
-        let again = finish(case.start(&broker_url(&app), &["--timeout", "2s"])).await;
+        let again = finish_hook(case.start(&broker_url(&app), &["--timeout", "2s"])).await;
         assert_eq!(again.answer(&case.name()), expected, "{}", case.name());
         assert_eq!(
             calls_of(&app, case.session).await.len(),
@@ -441,11 +365,11 @@ async fn a_retried_hook_is_the_same_call() {
 async fn unreadable_input_is_denied_naming_the_field_and_submits_nothing() {
     let app = spawn_app().await;
     let url = broker_url(&app);
-    let mut codex = read_json("codex/pre_tool_use.json");
+    let mut codex = fixture_json("codex/pre_tool_use.json");
     codex.as_object_mut().unwrap().remove("tool_use_id");
-    let mut gemini = read_json("gemini_cli/before_tool.json");
+    let mut gemini = fixture_json("gemini_cli/before_tool.json");
     gemini["tool_input"] = json!("ls");
-    let mut cursor = read_json("cursor/before_shell_execution.json");
+    let mut cursor = fixture_json("cursor/before_shell_execution.json");
     cursor.as_object_mut().unwrap().remove("command");
     // Codex, Gemini CLI and Cursor block on exit code 2 with the reason on standard error.
     for (command, input, field) in [
@@ -454,7 +378,7 @@ async fn unreadable_input_is_denied_naming_the_field_and_submits_nothing() {
         ("cursor", cursor, "command"),
         ("codex", json!("not an object"), "object"),
     ] {
-        let result = finish(start_hook(command, &url, &[], &input)).await;
+        let result = finish_hook(spawn_hook(command, &url, &[], None, &input)).await;
         assert_eq!(result.code, 2, "{command}: {}", result.stdout);
         assert!(result.stdout.is_empty(), "{command}: {}", result.stdout);
         assert!(
@@ -469,12 +393,12 @@ async fn unreadable_input_is_denied_naming_the_field_and_submits_nothing() {
         );
     }
     // Copilot skips a failed hook: it gets a denial in the event's shape instead.
-    let mut pre = read_json("copilot/pre_tool_use.json");
+    let mut pre = fixture_json("copilot/pre_tool_use.json");
     pre["toolArgs"] = json!(7);
-    let mut request = read_json("copilot/permission_request.json");
+    let mut request = fixture_json("copilot/permission_request.json");
     request.as_object_mut().unwrap().remove("sessionId");
     for (input, field) in [(pre, "toolArgs"), (request, "sessionId")] {
-        let answer = finish(start_hook("copilot", &url, &[], &input))
+        let answer = finish_hook(spawn_hook("copilot", &url, &[], None, &input))
             .await
             .answer("copilot");
         let text = denial(&answer).unwrap_or_else(|| panic!("{answer}"));
@@ -499,7 +423,7 @@ async fn a_policy_rule_answers_without_a_person() {
     .await;
     let case = &CASES[4];
     assert_eq!(case.name(), "copilot/pre_tool_use");
-    let answer = finish(case.start(&broker_url(&app), &[]))
+    let answer = finish_hook(case.start(&broker_url(&app), &[]))
         .await
         .answer(&case.name());
     assert_eq!(
@@ -520,7 +444,7 @@ async fn a_gemini_edit_that_drops_a_key_is_denied_not_merged_over_the_model_s_in
     // Gemini CLI would merge this over `{command, description}` and keep the description.
     request.edited_input_json = json!({"command": "ls -l"}).to_string();
     app.approver().decide(request).await.expect("approve");
-    let answer = finish(hook).await.answer(&case.name());
+    let answer = finish_hook(hook).await.answer(&case.name());
     assert_eq!(
         answer,
         json!({"decision": "deny", "reason": "The approver approved an edited input, but Gemini \

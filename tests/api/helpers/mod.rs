@@ -1,13 +1,15 @@
 //! The API tests' kit, one file per job: in-process brokers on a fresh database and the
 //! `backend_tests!` macro that runs one test body on each backend (`spawn`), the real binary as a
-//! process (`process`), request builders (`requests`), one RPC with its answer (`clients`), open
-//! streams read with patience (`streams`) and shared assertions (`assertions`). What the crash
-//! harness and the bench share with these tests is the `testkit` crate's.
+//! process (`process`), the agent-host hooks run as their hosts run them (`hooks`), request
+//! builders (`requests`), one RPC with its answer (`clients`), open streams read with patience
+//! (`streams`) and shared assertions (`assertions`). What the crash harness and the bench share
+//! with these tests is the `testkit` crate's.
 
 use std::time::Duration;
 
 mod assertions;
 mod clients;
+mod hooks;
 mod process;
 mod requests;
 mod spawn;
@@ -15,6 +17,7 @@ mod streams;
 
 pub use assertions::*;
 pub use clients::*;
+pub use hooks::*;
 pub use process::*;
 pub use requests::*;
 pub use spawn::*;
