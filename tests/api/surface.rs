@@ -35,6 +35,28 @@ const EXPECTED: [&str; 4] = [
     "grpc.health.v1.Health",
 ];
 
+/// Reads the next reflection response of `$responses` (a stream of reflection `$version`, `v1` or
+/// `v1alpha`: the same messages in two generated modules, hence a macro) and asserts it is the
+/// service list and names every service of [`EXPECTED`].
+macro_rules! assert_lists_every_service {
+    ($version:ident, $responses:expr) => {{
+        use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
+        let Some(MessageResponse::ListServicesResponse(list)) = $responses
+            .next()
+            .await
+            .expect("a response")
+            .expect("ok")
+            .message_response
+        else {
+            panic!("expected the service list");
+        };
+        let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
+        for expected in EXPECTED {
+            assert!(names.contains(&expected), "{expected} in {names:?}");
+        }
+    }};
+}
+
 #[tokio::test]
 async fn reflection_v1alpha_lists_every_service_and_resolves_their_files() {
     use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
@@ -59,19 +81,7 @@ async fn reflection_v1alpha_lists_every_service_and_resolves_their_files() {
         .await
         .expect("reflection")
         .into_inner();
-    let Some(MessageResponse::ListServicesResponse(list)) = responses
-        .next()
-        .await
-        .expect("a response")
-        .expect("ok")
-        .message_response
-    else {
-        panic!("expected the service list");
-    };
-    let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
-    for expected in EXPECTED {
-        assert!(names.contains(&expected), "{expected} in {names:?}");
-    }
+    assert_lists_every_service!(v1alpha, responses);
     for service in EXPECTED {
         let response = responses.next().await.expect("a response").expect("ok");
         assert!(
@@ -87,7 +97,6 @@ async fn reflection_v1_lists_every_service() {
     use tonic_reflection::pb::v1::ServerReflectionRequest;
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
     let app = spawn_app().await;
     let mut client = ServerReflectionClient::new(app.channel.clone());
@@ -100,19 +109,7 @@ async fn reflection_v1_lists_every_service() {
         .await
         .expect("reflection")
         .into_inner();
-    let Some(MessageResponse::ListServicesResponse(list)) = responses
-        .next()
-        .await
-        .expect("a response")
-        .expect("ok")
-        .message_response
-    else {
-        panic!("expected the service list");
-    };
-    let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
-    for expected in EXPECTED {
-        assert!(names.contains(&expected), "{expected} in {names:?}");
-    }
+    assert_lists_every_service!(v1, responses);
 }
 
 backend_tests! {
