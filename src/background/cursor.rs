@@ -3,13 +3,18 @@
 //! while no broker followed, or while this one was behind, is handled when it catches up. One
 //! mechanism for both: where to start, and how often the position is stored.
 //!
-//! The position is stored at most once a [`CURSOR_EVERY`] while events flow (as webhook
+//! [`Follower::follow`] reads the log from there and hands each event to the follower's
+//! [`Handle`]. The position is stored at most once a [`CURSOR_EVERY`] while events flow (as webhook
 //! delivery stores its own), so a broker that stops reads that stretch again at its next start:
 //! what a follower does for an event must be safe to do twice (claimed, or idempotent).
 
+use std::sync::Weak;
 use std::time::{Duration, Instant};
 
-use crate::error::Result;
+use async_trait::async_trait;
+
+use crate::background::events::{Delivery, EventBus};
+use crate::error::{Error, Result};
 use crate::store::Store;
 
 /// How long a handled event may wait for the stored position to pass it.
@@ -69,6 +74,69 @@ impl Follower {
                 latest
             }
         })
+    }
+}
+
+/// What a follower does with each event of the log.
+#[async_trait]
+pub trait Handle: Send + Sync {
+    /// Handles one event: `delivery.live` when it came as it was published, otherwise it was
+    /// read back from the log and its call may have changed since.
+    async fn handle(&self, delivery: &Delivery);
+}
+
+impl Follower {
+    /// Hands `handler` each event after `after`, storing the position as it goes, until the
+    /// event bus stops. Events retention pruned before they were read are skipped (logged). The
+    /// bus is held weakly: a follower must not keep a stopped broker's bus alive.
+    pub async fn follow(
+        self,
+        store: &dyn Store,
+        bus: Weak<EventBus>,
+        mut after: u64,
+        handler: &dyn Handle,
+    ) {
+        loop {
+            let Some(mut feed) = bus.upgrade().map(|bus| bus.feed_after(after)) else {
+                return;
+            };
+            let mut position = Position::new(self);
+            let ended = loop {
+                let due_in = position.due_in();
+                tokio::select! {
+                    next = feed.next() => match next {
+                        Ok(delivery) => {
+                            handler.handle(&delivery).await;
+                            position.handled(store, delivery.event.seq).await;
+                        }
+                        Err(err) => {
+                            // The broker stopping: keep what was done, if the store still can.
+                            position.flush(store).await;
+                            break err;
+                        }
+                    },
+                    () = tokio::time::sleep(due_in.unwrap_or_default()), if due_in.is_some() => {
+                        position.store_if_due(store).await;
+                    }
+                }
+            };
+            match ended {
+                // None of them can be read any more: go on after them.
+                Error::Pruned { through, .. } => {
+                    tracing::warn!(
+                        after,
+                        through,
+                        "{} skips events retention pruned before it read them",
+                        self.name()
+                    );
+                    after = through;
+                }
+                err => {
+                    tracing::debug!(error = %err, "{}'s event feed ended", self.name());
+                    return;
+                }
+            }
+        }
     }
 }
 

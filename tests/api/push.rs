@@ -146,19 +146,7 @@ impl PushService {
 
     /// The pushes `path` accepted, waiting until there are `n`, up to [`PATIENCE`].
     async fn wait_for_accepted(&self, path: &str, n: usize) -> Vec<Pushed> {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            let got: Vec<Pushed> = self.at(path).into_iter().filter(|p| p.accepted).collect();
-            if got.len() >= n {
-                return got;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{path} accepted {} pushes, not {n}",
-                got.len()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.wait_until(path, n, |p| p.accepted).await
     }
 
     fn endpoint(&self, path: &str) -> String {
@@ -176,15 +164,21 @@ impl PushService {
     }
 
     async fn wait_for(&self, path: &str, n: usize) -> Vec<Pushed> {
+        self.wait_until(path, n, |_| true).await
+    }
+
+    /// The pushes to `path` that `counts` takes, waiting until there are `n`, up to
+    /// [`PATIENCE`].
+    async fn wait_until(&self, path: &str, n: usize, counts: fn(&Pushed) -> bool) -> Vec<Pushed> {
         let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
-            let got = self.at(path);
+            let got: Vec<Pushed> = self.at(path).into_iter().filter(counts).collect();
             if got.len() >= n {
                 return got;
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "{path} got {} pushes, not {n}",
+                "{path} got {} such pushes, not {n}",
                 got.len()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -31,11 +31,13 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use tokio::sync::Semaphore;
 
 use super::{Answer, Notice, NoticeKind, Pusher, Subscription};
-use crate::background::cursor::{Follower, Position};
-use crate::background::events::{EventBus, Feed};
+use async_trait::async_trait;
+
+use crate::background::cursor::{Follower, Handle};
+use crate::background::events::{Delivery, EventBus};
 use crate::background::rounds::{Next, Rounds};
 use crate::domain::{Call, CallKey, Event, EventKind, Viewer};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::store::{Store, StoredPushSubscription};
 
 /// Messages in flight at once, across subscriptions.
@@ -142,32 +144,8 @@ impl Sender {
     /// must not keep a stopped broker's bus alive.
     pub async fn run(self: Arc<Self>, bus: Weak<EventBus>, after: u64) {
         tokio::select! {
-            () = self.follow_from(bus, after) => {}
+            () = Follower::Push.follow(&*self.store, bus, after, &self) => {}
             () = self.retry_rounds() => {}
-        }
-    }
-
-    async fn follow_from(self: &Arc<Self>, bus: Weak<EventBus>, mut after: u64) {
-        loop {
-            let Some(mut feed) = bus.upgrade().map(|bus| bus.feed_after(after)) else {
-                return;
-            };
-            match self.follow(&mut feed).await {
-                // Retention pruned events the sender had not read: none of them can be read
-                // any more; go on after them.
-                Error::Pruned { through, .. } => {
-                    tracing::warn!(
-                        after,
-                        through,
-                        "Web Push skips events retention pruned before they were pushed"
-                    );
-                    after = through;
-                }
-                err => {
-                    tracing::debug!(error = %err, "the Web Push sender's event feed ended");
-                    return;
-                }
-            }
         }
     }
 
@@ -175,31 +153,6 @@ impl Sender {
     /// longer than a catch-up reaches back, keep a re-read event from being pushed twice).
     pub async fn resume_point(&self) -> Result<u64> {
         Follower::Push.resume_point(&*self.store).await
-    }
-
-    /// Pushes for each event `feed` gives and stores how far it got, until the feed fails;
-    /// returns why.
-    async fn follow(self: &Arc<Self>, feed: &mut Feed) -> Error {
-        let mut position = Position::new(Follower::Push);
-        loop {
-            let due_in = position.due_in();
-            tokio::select! {
-                next = feed.next() => match next {
-                    Ok(delivery) => {
-                        self.tell(&delivery.event, delivery.live).await;
-                        position.handled(&*self.store, delivery.event.seq).await;
-                    }
-                    Err(err) => {
-                        // The broker stopping: keep what was done, if the store still can.
-                        position.flush(&*self.store).await;
-                        return err;
-                    }
-                },
-                () = tokio::time::sleep(due_in.unwrap_or_default()), if due_in.is_some() => {
-                    position.store_if_due(&*self.store).await;
-                }
-            }
-        }
     }
 
     /// Whether `call` has an outcome now (or is gone), as the store says.
@@ -453,6 +406,13 @@ fn given_up(approver: &str, key: &CallKey) {
         call = %key.call_id,
         "a push was not delivered in any round; given up"
     );
+}
+
+#[async_trait]
+impl Handle for Arc<Sender> {
+    async fn handle(&self, delivery: &Delivery) {
+        self.tell(&delivery.event, delivery.live).await;
+    }
 }
 
 /// The subscription's owner as a reader of calls.

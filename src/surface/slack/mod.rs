@@ -22,13 +22,14 @@ mod retry;
 pub mod signature;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use serde_json::{Value, json};
 
-use crate::background::cursor::{Follower, Position};
-use crate::background::events::{EventBus, Feed};
+use crate::background::cursor::{Follower, Handle};
+use crate::background::events::{Delivery, EventBus};
 use crate::background::webhooks::egress::EgressPolicy;
 use crate::domain::identity::Identity;
 use crate::domain::policy::group_name;
@@ -246,6 +247,23 @@ pub fn parse_file(text: &str) -> Result<(Vec<Route>, Vec<SlackPerson>)> {
     Ok((routes, people))
 }
 
+/// The poster as a follower of the log: live events told as they come, events read back caught
+/// up on.
+struct LogReader<'a> {
+    slack: &'a Slack,
+    caught_up: Mutex<CaughtUp>,
+}
+
+#[async_trait]
+impl Handle for LogReader<'_> {
+    async fn handle(&self, delivery: &Delivery) {
+        match delivery.live {
+            true => self.slack.tell(&delivery.event).await,
+            false => self.slack.catch_up(&delivery.event, &self.caught_up).await,
+        }
+    }
+}
+
 /// The calls whose message a catch-up brought in line, each with the log's end when their state
 /// was read: an event of theirs up to there changes nothing more. Bounded: past
 /// [`CaughtUp::MAX`] calls it starts again, at worst updating a message once more.
@@ -378,62 +396,19 @@ impl Slack {
     /// failed every attempt are tried again (`retry`). The bus is held weakly: the poster must
     /// not keep a stopped broker's bus alive.
     pub async fn post_from(self: Arc<Self>, bus: Weak<EventBus>, after: u64) {
+        let reader = LogReader {
+            slack: &self,
+            caught_up: Mutex::default(),
+        };
+        let follow = async {
+            self.post_pending().await;
+            Follower::Slack
+                .follow(&*self.store, bus, after, &reader)
+                .await;
+        };
         tokio::select! {
-            () = self.follow(bus, after) => {}
+            () = follow => {}
             () = self.retry_rounds() => {}
-        }
-    }
-
-    async fn follow(&self, bus: Weak<EventBus>, mut after: u64) {
-        self.post_pending().await;
-        loop {
-            let Some(mut feed) = bus.upgrade().map(|bus| bus.feed_after(after)) else {
-                return;
-            };
-            match self.follow_feed(&mut feed).await {
-                // Retention pruned events the poster had not read: go on after them (their
-                // calls were decided long ago).
-                Error::Pruned { through, .. } => {
-                    tracing::warn!(
-                        after,
-                        through,
-                        "the Slack poster skips events retention pruned before it read them"
-                    );
-                    after = through;
-                }
-                err => {
-                    tracing::warn!(error = %err, "the Slack poster's event feed ended");
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Tells Slack of each event `feed` gives and stores how far it got, until the feed fails;
-    /// returns why.
-    async fn follow_feed(&self, feed: &mut Feed) -> Error {
-        let mut position = Position::new(Follower::Slack);
-        let mut caught_up = CaughtUp::default();
-        loop {
-            let due_in = position.due_in();
-            tokio::select! {
-                next = feed.next() => match next {
-                    Ok(delivery) => {
-                        match delivery.live {
-                            true => self.tell(&delivery.event).await,
-                            false => self.catch_up(&delivery.event, &mut caught_up).await,
-                        }
-                        position.handled(&*self.store, delivery.event.seq).await;
-                    }
-                    Err(err) => {
-                        position.flush(&*self.store).await;
-                        return err;
-                    }
-                },
-                () = tokio::time::sleep(due_in.unwrap_or_default()), if due_in.is_some() => {
-                    position.store_if_due(&*self.store).await;
-                }
-            }
         }
     }
 
@@ -443,13 +418,17 @@ impl Slack {
     /// changed since. A call's events read back together are one update: the later ones that
     /// the state read already held are skipped. Reminders and escalations are threaded as live
     /// ones are: by the process that posted the message.
-    async fn catch_up(&self, event: &Event, caught_up: &mut CaughtUp) {
+    async fn catch_up(&self, event: &Event, caught_up: &Mutex<CaughtUp>) {
         let key = &event.call.key;
         match event.kind {
             // Posted as it was requested: only a call nobody posted is to do.
             EventKind::Requested => self.bring_up_to_date(key, false).await,
             EventKind::Resolved | EventKind::ApprovalRecorded => {
-                if caught_up.covers(key, event.seq) {
+                let covered = caught_up
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .covers(key, event.seq);
+                if covered {
                     return;
                 }
                 // Read before the call: every event up to it is in the state read next.
@@ -462,7 +441,10 @@ impl Slack {
                 };
                 self.bring_up_to_date(key, true).await;
                 if let Some(seq) = read_at {
-                    caught_up.remember(key, seq);
+                    caught_up
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remember(key, seq);
                 }
             }
             EventKind::Reminded | EventKind::Escalated => self.tell(event).await,
