@@ -417,7 +417,7 @@ impl Slack {
     /// vote brings its call's message in line with the call as it is now, which may have
     /// changed since. A call's events read back together are one update: the later ones that
     /// the state read already held are skipped. Reminders and escalations are threaded as live
-    /// ones are: by the process that posted the message.
+    /// ones are (by the process that posted the message); votes are not (the message shows them).
     async fn catch_up(&self, event: &Event, caught_up: &Mutex<CaughtUp>) {
         let key = &event.call.key;
         match event.kind {
