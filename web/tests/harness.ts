@@ -2,7 +2,8 @@
 // free port with a fresh SQLite file and known tokens, an agent and an admin speaking real gRPC
 // (HTTP/2, @connectrpc/connect-node), Debian's Chromium driven by playwright-core, the
 // start-up and shutdown of all three that every browser suite runs before and after its tests,
-// and how a test reads a call: its state as the agent sees it, its card on the inbox page.
+// how a person signs in on the inbox page, and how a test reads a call: its state as the agent
+// sees it, its card on the page.
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { mkdtempSync, openSync } from "node:fs";
@@ -208,3 +209,16 @@ export async function pendingAtAgent(agent: Agent, session: string, callId: stri
 
 /** The call's card on an inbox page. */
 export const card = (page: Page, session: string, callId: string): Locator => page.locator(`article[data-session="${session}"][data-call="${callId}"]`);
+
+/** Types `token` into the page's sign-in form and opens the inbox (whatever the page then shows). */
+export async function enterToken(page: Page, token: string): Promise<void> {
+  await page.getByLabel("Token", { exact: true }).fill(token);
+  await page.getByRole("button", { name: "Open the inbox" }).click();
+}
+
+/** Opens the inbox at `url` signed in with `token`, once its live stream is up. */
+export async function signIn(page: Page, url: string, token: string): Promise<void> {
+  await page.goto(url);
+  await enterToken(page, token);
+  await page.locator("#connection", { hasText: "live" }).waitFor();
+}

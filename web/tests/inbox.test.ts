@@ -6,7 +6,7 @@ import { after, afterEach, before, describe, test } from "node:test";
 import type { Browser, BrowserContext, Locator, Page } from "playwright-core";
 import { Decision } from "../src/gen/approvals/v1/approver_pb";
 import { CallStatus, Effect } from "../src/gen/approvals/v1/types_pb";
-import { anonymousAgent, Broker, card, grpcClients, outcomeAtAgent, pendingAtAgent, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
+import { anonymousAgent, Broker, card, enterToken, grpcClients, outcomeAtAgent, pendingAtAgent, signIn, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
 
 let broker: Broker;
 let browser: Browser;
@@ -30,10 +30,7 @@ async function openInbox(token: string, viewport = { width: 1200, height: 900 })
   const context = await browser.newContext({ viewport });
   contexts.push(context);
   const page = await context.newPage();
-  await page.goto(`${broker.url}/`);
-  await page.getByLabel("Token", { exact: true }).fill(token);
-  await page.getByRole("button", { name: "Open the inbox" }).click();
-  await page.locator("#connection", { hasText: "live" }).waitFor();
+  await signIn(page, `${broker.url}/`, token);
   return page;
 }
 
@@ -69,8 +66,7 @@ describe("the approval inbox in Chromium", () => {
     contexts.push(context);
     const page = await context.newPage();
     await page.goto(`${broker.url}/`);
-    await page.getByLabel("Token", { exact: true }).fill("not-a-token");
-    await page.getByRole("button", { name: "Open the inbox" }).click();
+    await enterToken(page, "not-a-token");
     await page.getByRole("alert").filter({ hasText: "refused this token (UNAUTHENTICATED)" }).waitFor();
     assert.equal(await page.evaluate(() => sessionStorage.getItem("approvals.token")), null);
   });
@@ -159,8 +155,7 @@ describe("the approval inbox in Chromium", () => {
     contexts.push(context);
     const page = await context.newPage();
     await page.goto(`${broker.url}/#link=${made.link}`);
-    await page.getByLabel("Token", { exact: true }).fill(TOKENS.alice);
-    await page.getByRole("button", { name: "Open the inbox" }).click();
+    await enterToken(page, TOKENS.alice);
     await page.locator(".link-note", { hasText: `Linked call: shell c1 (session ${session}).` }).waitFor();
     await page.locator(`article.card.linked[data-session="${session}"][data-call="c1"]`).waitFor();
     assert.ok(await isPending(session, "c1"), "a link decides nothing");
@@ -287,10 +282,7 @@ describe("the approval inbox in Chromium", () => {
       window.Notification = Recorded as typeof Notification;
       Object.defineProperty(document, "hidden", { get: () => true });
     });
-    await page.goto(`${broker.url}/`);
-    await page.getByLabel("Token", { exact: true }).fill(TOKENS.alice);
-    await page.getByRole("button", { name: "Open the inbox" }).click();
-    await page.locator("#connection", { hasText: "live" }).waitFor();
+    await signIn(page, `${broker.url}/`, TOKENS.alice);
     const session = unique("s-notify");
     await submit(session, [{ id: "n1", tool: "deploy", title: "Deploy to production" }]);
     await card(page, session, "n1").waitFor();
@@ -645,10 +637,7 @@ describe("a first visit without surprises", () => {
     page.on("response", (r) => {
       if (r.status() >= 400) failed.push(`${r.status()} ${r.url()}`);
     });
-    await page.goto(`${broker.url}/`);
-    await page.getByLabel("Token", { exact: true }).fill(TOKENS.alice);
-    await page.getByRole("button", { name: "Open the inbox" }).click();
-    await page.locator("#connection", { hasText: "live" }).waitFor();
+    await signIn(page, `${broker.url}/`, TOKENS.alice);
     assert.deepEqual(failed, []);
   });
 });

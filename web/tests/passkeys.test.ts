@@ -17,7 +17,7 @@ import { after, before, describe, test } from "node:test";
 import type { Browser, BrowserContext, CDPSession, Page } from "playwright-core";
 import { Decision } from "../src/gen/approvals/v1/approver_pb";
 import { CallStatus, Effect, StepUp } from "../src/gen/approvals/v1/types_pb";
-import { type Broker, card, freePort, type grpcClients, outcomeAtAgent, pendingAtAgent, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
+import { type Broker, card, freePort, type grpcClients, outcomeAtAgent, pendingAtAgent, signIn, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
 
 let broker: Broker;
 let browser: Browser;
@@ -82,10 +82,7 @@ async function openInbox(token: string, authenticator = true): Promise<Person> {
       return get(options);
     };
   });
-  await page.goto(`${origin}/`);
-  await page.getByLabel("Token", { exact: true }).fill(token);
-  await page.getByRole("button", { name: "Open the inbox" }).click();
-  await page.locator("#connection", { hasText: "live" }).waitFor();
+  await signIn(page, `${origin}/`, token);
   return { page, cdp, authenticatorId };
 }
 

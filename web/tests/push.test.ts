@@ -16,7 +16,7 @@ import { after, before, describe, test } from "node:test";
 import type { Browser, BrowserContext, CDPSession, Page, Worker } from "playwright-core";
 import { Decision } from "../src/gen/approvals/v1/approver_pb";
 import { CallStatus, Effect, EscalationStepKind, StepUp } from "../src/gen/approvals/v1/types_pb";
-import { type Broker, type grpcClients, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
+import { type Broker, enterToken, type grpcClients, signIn, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
 
 const b64u = (b: Buffer) => b.toString("base64url");
 const hmac = (key: Buffer, data: Buffer) => createHmac("sha256", key).update(data).digest();
@@ -126,10 +126,7 @@ describe("Web Push in Chromium", () => {
       { endpoint, p256dh: b64u(ecdh.getPublicKey()), auth: b64u(auth) },
     );
     page = await context.newPage();
-    await page.goto(`${broker.url}/`);
-    await page.getByLabel("Token", { exact: true }).fill(TOKENS.alice);
-    await page.getByRole("button", { name: "Open the inbox" }).click();
-    await page.locator("#connection", { hasText: "live" }).waitFor();
+    await signIn(page, `${broker.url}/`, TOKENS.alice);
     assert.equal(await page.evaluate(() => (window as unknown as { asked: number }).asked), 0, "no permission asked on load");
     // The person allows notifications when the browser asks (the grant stands for the prompt).
     await context.grantPermissions(["notifications"], { origin: broker.url });
@@ -395,8 +392,7 @@ describe("Web Push in Chromium", () => {
     page = await context.newPage();
     await page.goto(url);
     // A new tab holds no token (it is kept per tab): the person signs in, and the call is shown.
-    await page.getByLabel("Token", { exact: true }).fill(TOKENS.alice);
-    await page.getByRole("button", { name: "Open the inbox" }).click();
+    await enterToken(page, TOKENS.alice);
     const card = await showsCall(page, session, callId);
     assert.equal(await notificationsTagged(shown.tag), 0, "the clicked notification is closed");
     await stillPending(session, callId);

@@ -2,7 +2,7 @@
 // example calls: `npm run screenshots` in web/ (after `cargo build`). Not a test: it asserts
 // nothing; the browser tests prove the behaviour.
 import { resolve } from "node:path";
-import { type Started, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
+import { signIn, type Started, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
 
 const DOCS = resolve(process.cwd(), "../docs");
 
@@ -34,10 +34,7 @@ async function screenshots({ broker, clients: { agent }, browser }: Started): Pr
   ] as const) {
     const context = await browser.newContext({ viewport, deviceScaleFactor: name === "phone" ? 2 : 1 });
     const page = await context.newPage();
-    await page.goto(`${broker.url}/`);
-    await page.getByLabel("Token", { exact: true }).fill(TOKENS.alice);
-    await page.getByRole("button", { name: "Open the inbox" }).click();
-    await page.locator("#connection", { hasText: "live" }).waitFor();
+    await signIn(page, `${broker.url}/`, TOKENS.alice);
     await page.locator('article[data-call="call_7"]').waitFor();
     await page.getByLabel("Remember the decision on shell call toolu_02").selectOption({ label: "This session" });
     const path = `${DOCS}/inbox-${name}.png`;
