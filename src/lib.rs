@@ -56,8 +56,10 @@
 //!   return.
 //! - `background/`: the work that follows the committed event log, off every request's path:
 //!   `events` (the in-memory fan-out to every stream), `expiry` (the deadline sweeper, which
-//!   also fires escalation steps), `retention` (pruning past `--retain-decided`), `webhooks/`
-//!   (delivery) and `push/` (Web Push to approvers' browsers, to those who may decide the call).
+//!   also fires escalation steps; it decides when, the broker writes), `retention` (pruning past
+//!   `--retain-decided`), `webhooks/` (delivery) and `push/` (Web Push to approvers' browsers, to
+//!   those who may decide the call); `cursor` (where Web Push and Slack's poster stopped in the
+//!   log, stored) and `rounds` (their rounds of retries) are written once for both.
 //! - `agent/`: the agent side: `hook/` (the approval hooks of Claude Code, Codex, Gemini CLI,
 //!   Copilot and Cursor on one core, `hook/host_call.rs`, and the shared broker client
 //!   `hook/review.rs`), `acp/` (an Agent Client Protocol proxy) and `mcp/` (the MCP gateway),
