@@ -1,19 +1,11 @@
 //! Deadlines: a due call becomes EXPIRED (its own outcome, never a denial) within a second of its
 //! deadline, also when the deadline passed while the broker was down.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use approval_broker::proto::v1 as pb;
 
 use crate::helpers::*;
-
-fn in_future(d: Duration) -> prost_types::Timestamp {
-    let t = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock") + d;
-    prost_types::Timestamp {
-        seconds: t.as_secs() as i64,
-        nanos: t.subsec_nanos() as i32,
-    }
-}
 
 fn micros(t: &prost_types::Timestamp) -> i64 {
     t.seconds * 1_000_000 + i64::from(t.nanos / 1000)

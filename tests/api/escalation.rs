@@ -5,7 +5,7 @@
 //! A decided call fires no more steps; a step that came due while the broker was down fires on
 //! start, once; two Postgres replicas fire each step once.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use approval_broker::proto::v1 as pb;
 use pb::approver_event::Event as E;
@@ -13,7 +13,7 @@ use tonic::Code;
 
 use crate::helpers::{
     self, PATIENCE, Subscription, TestApp, backend_tests, batch, call, create_rule, deny, get_call,
-    start_broker, submit,
+    in_future, start_broker, submit,
 };
 use crate::webhooks::Receiver;
 
@@ -31,14 +31,6 @@ fn step(d: Duration, kind: pb::EscalationStepKind, endpoints: &[&str]) -> pb::Es
         after: after(d),
         kind: kind as i32,
         endpoints: endpoints.iter().map(|e| e.to_string()).collect(),
-    }
-}
-
-fn in_future(d: Duration) -> prost_types::Timestamp {
-    let t = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock") + d;
-    prost_types::Timestamp {
-        seconds: t.as_secs() as i64,
-        nanos: t.subsec_nanos() as i32,
     }
 }
 

@@ -323,6 +323,84 @@ async fn each_superseded_call_is_counted_once(mut app: TestApp) {
     );
 }
 
+/// A call that falls due is counted once as EXPIRED by the deadline, and logged, whether it fell
+/// due while no broker ran (the sweep at start) or while this one runs (the sweeper): the
+/// sweeper writes through the broker, so its outcomes take the same after-commit step as a
+/// decision's.
+async fn a_call_past_its_deadline_is_counted_and_logged_as_expired(mut app: TestApp) {
+    let due = |call_id: &str, d: Duration| pb::CallSpec {
+        deadline: Some(in_future(d)),
+        ..call(call_id, "t", "{}")
+    };
+    // Falls due while the broker is down: expired by the sweep at start.
+    submit_one(&app, "s", due("early", Duration::from_millis(300))).await;
+    app.shut_down().await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let port = free_port().expect("a free port");
+    let metrics_listen = format!("127.0.0.1:{port}");
+    let broker = start_broker(
+        &app.database_url,
+        &["--metrics-listen", &metrics_listen, "--log-format", "json"],
+        &[],
+    )
+    .await;
+    // Falls due while it runs: expired by the sweeper.
+    AgentServiceClient::new(broker.channel())
+        .submit(pb::SubmitRequest {
+            batch: Some(batch("s", vec![due("late", Duration::from_millis(500))])),
+        })
+        .await
+        .expect("submit");
+    let expired = |s: &BTreeMap<Sample, f64>| {
+        value(
+            s,
+            "approvals_outcomes_total",
+            &[("decided_by", "deadline"), ("kind", "expired")],
+        )
+    };
+    eventually(port, "both calls counted as expired", |s| {
+        expired(s) == Some(2.0)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let s = scrape(port).await;
+    assert_eq!(expired(&s), Some(2.0), "each counted once: {s:#?}");
+    assert_eq!(
+        samples_of(&s, "approvals_outcomes_total").count(),
+        1,
+        "nothing else was decided: {s:#?}"
+    );
+    // Logged once each, as the deadline's (the line is written with the count).
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let log = broker.log_text();
+        let logged: Vec<(String, String)> = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|l| l["message"] == "outcome")
+            .map(|l| {
+                let field = |name: &str| l[name].as_str().unwrap_or_default().to_owned();
+                (field("call"), field("decided_by"))
+            })
+            .collect();
+        if logged.len() >= 2 {
+            let mut logged = logged;
+            logged.sort();
+            assert_eq!(
+                logged,
+                [
+                    ("early".to_owned(), "deadline".to_owned()),
+                    ("late".to_owned(), "deadline".to_owned())
+                ],
+                "{log}"
+            );
+            return;
+        }
+        assert!(Instant::now() < deadline, "not both outcomes logged: {log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Every sample of `name`, with its labels.
 fn samples_of<'a>(
     samples: &'a BTreeMap<Sample, f64>,
@@ -702,5 +780,6 @@ backend_tests! {
     the_log_names_who_decided_as_the_api_does,
     metrics_count_one_approval_cycle_and_logs_name_its_ids,
     each_superseded_call_is_counted_once,
+    a_call_past_its_deadline_is_counted_and_logged_as_expired,
     every_rpc_is_counted_by_method_and_code_and_each_refusal_and_outcome_is_logged,
 }

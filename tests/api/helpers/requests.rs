@@ -1,6 +1,8 @@
 //! Builders of the requests tests send: calls, batches, decisions, matchers and rules, with every
 //! field a test does not name at its default.
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use approval_broker::proto::v1 as pb;
 
 /// A call with a small JSON input.
@@ -107,5 +109,14 @@ pub fn rule(
         effect: effect as i32,
         priority,
         ..Default::default()
+    }
+}
+
+/// The wall-clock time `d` from now, as a protobuf timestamp (a call's deadline).
+pub fn in_future(d: Duration) -> prost_types::Timestamp {
+    let t = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock") + d;
+    prost_types::Timestamp {
+        seconds: t.as_secs() as i64,
+        nanos: t.subsec_nanos() as i32,
     }
 }
