@@ -6,8 +6,6 @@
 //! keys `ListReceiptKeys` serves, retired ones with their windows, and receipts signed before a
 //! rotation still reported as verified.
 
-use std::io::Write as _;
-use std::process::Stdio;
 use std::time::{Duration, SystemTime};
 
 use approval_broker::config::Config;
@@ -57,22 +55,11 @@ async fn run_hook(
     input: &Value,
     decide: Option<pb::Decision>,
 ) -> Value {
-    let mut child = broker_binary()
-        .args(["hook", "claude-code", "--broker"])
-        .arg(format!("http://{}", app.address))
-        .args(["--timeout", "20s"])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the hook");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.to_string().as_bytes())
-        .unwrap();
+    let args: Vec<&str> = ["--timeout", "20s"]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let child = spawn_hook("claude-code", &broker_url(app), &args, None, input);
     if let Some(decision) = decide {
         let session = input["session_id"].as_str().unwrap();
         let call_id = input["tool_use_id"].as_str().unwrap();
@@ -82,18 +69,10 @@ async fn run_hook(
             .await
             .expect("decided");
     }
-    let output = tokio::time::timeout(
-        PATIENCE * 3,
-        tokio::task::spawn_blocking(move || child.wait_with_output()),
-    )
-    .await
-    .expect("the hook finished in time")
-    .unwrap()
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "stderr: {stderr}");
-    let answer: Value = serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}), stderr: {stderr}"));
+    let output = finish_hook(child).await;
+    assert_eq!(output.code, 0, "stderr: {}", output.stderr);
+    let answer: Value = serde_json::from_str(&output.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}), stderr: {}", output.stderr));
     answer["hookSpecificOutput"].clone()
 }
 
