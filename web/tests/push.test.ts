@@ -13,7 +13,7 @@ import assert from "node:assert/strict";
 import { createDecipheriv, createECDH, createHmac, randomBytes } from "node:crypto";
 import { createServer, type Server } from "node:http";
 import { after, before, describe, test } from "node:test";
-import type { Browser, BrowserContext, CDPSession, Page, Worker } from "playwright-core";
+import type { Browser, BrowserContext, Page, Worker } from "playwright-core";
 import { Decision } from "../src/gen/approvals/v1/approver_pb";
 import { CallStatus, Effect, EscalationStepKind, StepUp } from "../src/gen/approvals/v1/types_pb";
 import { type Broker, enterToken, type grpcClients, signIn, startBrokerAndChromium, stopBrokerAndChromium, TOKENS } from "./harness";
@@ -91,11 +91,22 @@ async function until<T>(what: string, probe: () => Promise<T | undefined>): Prom
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
+/** Points `deliver` at the inbox's service worker, through `page`'s own DevTools session. */
+async function deliverThrough(context: BrowserContext, page: Page): Promise<void> {
+  const cdp = await context.newCDPSession(page);
+  const registrations: { registrationId: string; scopeURL: string; isDeleted: boolean }[] = [];
+  cdp.on("ServiceWorker.workerRegistrationUpdated", (event) => registrations.push(...event.registrations));
+  await cdp.send("ServiceWorker.enable");
+  const registration = await until("the registration", async () => registrations.find((r) => r.scopeURL === `${broker.url}/` && !r.isDeleted));
+  deliver = async (data) => {
+    await cdp.send("ServiceWorker.deliverPushMessage", { origin: broker.url, registrationId: registration.registrationId, data });
+  };
+}
+
 describe("Web Push in Chromium", () => {
   let context: BrowserContext;
   let page: Page;
   let worker: Worker;
-  let cdp: CDPSession;
 
   test("the click on Enable notifications (never the load) subscribes with the broker's key, and the broker keeps it", async () => {
     context = await browser.newContext({ viewport: { width: 400, height: 800 } });
@@ -168,14 +179,7 @@ describe("Web Push in Chromium", () => {
         },
       });
     });
-    cdp = await context.newCDPSession(page);
-    const registrations: { registrationId: string; scopeURL: string; isDeleted: boolean }[] = [];
-    cdp.on("ServiceWorker.workerRegistrationUpdated", (event) => registrations.push(...event.registrations));
-    await cdp.send("ServiceWorker.enable");
-    const registration = await until("the registration", async () => registrations.find((r) => r.scopeURL === `${broker.url}/` && !r.isDeleted));
-    deliver = async (data) => {
-      await cdp.send("ServiceWorker.deliverPushMessage", { origin: broker.url, registrationId: registration.registrationId, data });
-    };
+    await deliverThrough(context, page);
     await page.reload();
     await page.locator("#connection", { hasText: "live" }).waitFor();
     assert.ok(await page.evaluate(() => navigator.serviceWorker.controller !== null), "the page is controlled");
@@ -397,14 +401,7 @@ describe("Web Push in Chromium", () => {
     assert.equal(await notificationsTagged(shown.tag), 0, "the clicked notification is closed");
     await stillPending(session, callId);
     // Deliveries now go through this tab's DevTools session; the Approve here reaches the agent.
-    cdp = await context.newCDPSession(page);
-    const registrations: { registrationId: string; scopeURL: string; isDeleted: boolean }[] = [];
-    cdp.on("ServiceWorker.workerRegistrationUpdated", (event) => registrations.push(...event.registrations));
-    await cdp.send("ServiceWorker.enable");
-    const registration = await until("the registration", async () => registrations.find((r) => r.scopeURL === `${broker.url}/` && !r.isDeleted));
-    deliver = async (data) => {
-      await cdp.send("ServiceWorker.deliverPushMessage", { origin: broker.url, registrationId: registration.registrationId, data });
-    };
+    await deliverThrough(context, page);
     await card.getByRole("button", { name: `Approve Bash call ${callId}` }).click();
     const { agent } = clients;
     await until("the approval", async () => {
