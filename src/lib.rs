@@ -30,14 +30,14 @@
 //!   the broker like any decision, and the Block Kit posts. Surfaces reach storage only through
 //!   the broker.
 //! - `broker/`: the one facade every surface calls; it judges large inputs ahead (`prejudge`),
-//!   writes calls through the store's `Writes` port, then runs the one after-commit step
+//!   writes calls through the `Writes` port (`operations::tx`), then runs the one after-commit step
 //!   (`Broker::committed`: the event pump woken, each outcome counted and logged) and, after a
 //!   submit, tells the deadline sweeper, whose own writes come back through the broker
 //!   (`background::expiry::Sweeps`).
 //! - `store/`: storage behind small traits (`Calls`, `Deadlines`, `EventLog`, `Policies`,
 //!   `Webhooks`, `Lifecycle`, `Receipts`, over the shared reads of `Backend`), one backend each:
-//!   `sqlite/` (its one `writer` thread) and `postgres`; submits, decisions and cancels go
-//!   through the `Writes` port, group-committed on both (`writes`); the SQL both run is
+//!   `sqlite/` (its one `writer` thread) and `postgres`, each beginning the transactions the
+//!   group commit (`operations::tx`) runs submits, decisions and cancels in; the SQL both run is
 //!   written once (`statements`), as is the keyset `listing`; the feature tables (`webhooks`, `push`, `slack`, `passkeys`) and rule and
 //!   grant administration (`policies`) are each written once over the `Transact` port;
 //!   `database` parses the URL once; `health` is told inside every transaction and shared read
@@ -48,7 +48,8 @@
 //!   brings along), `routing` (the requirement a call gets at submit: who may decide it, how
 //!   many must agree; `decide` counts the votes), and
 //!   `passkeys` (registering passkeys, and the check of a passkey-signed vote in its decision);
-//!   `tx` holds the transaction primitives they are written over, and the lock order they keep.
+//!   `tx` holds the transaction primitives they are written over, the lock order they keep, and
+//!   the `Writes` port with the group commit that runs submits, decisions and cancels.
 //! - `domain/`: plain, validated types and rules with no I/O: ids, inputs in canonical JSON,
 //!   calls, batches, outcomes, events, policy rules, grants and the one gate
 //!   (`domain/policy/gate.rs`), passkeys (`domain/passkey/`: WebAuthn checked from its bytes,

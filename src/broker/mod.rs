@@ -32,9 +32,10 @@ use crate::door::stream_slots::{StreamSlot, StreamSlots};
 use crate::error::{Error, Result};
 use crate::observe::meters::{self, StreamKind};
 use crate::observe::traces;
+use crate::operations::Writes;
 use crate::receipts::PublicKey;
 use crate::receipts::trust::KeySet;
-use crate::store::{Store, Writes};
+use crate::store::Store;
 
 mod lifecycle;
 mod links;
@@ -75,7 +76,7 @@ pub struct Limits {
 
 pub struct Broker {
     store: Arc<dyn Store>,
-    /// The store's writes of calls (`store/writes.rs`): submit, decide, cancel.
+    /// The writes of calls (`operations::tx`'s `Writes` port): submit, decide, cancel.
     writes: Arc<dyn Writes>,
     bus: Arc<EventBus>,
     sweeper: Arc<DeadlineSweeper>,

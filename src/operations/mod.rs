@@ -4,7 +4,8 @@
 //!
 //! A backend runs them (SQLite groups several into one transaction on its writer thread;
 //! Postgres runs each in its own), and only then are their reports acknowledged. The lock-order
-//! rules that keep concurrent transactions and replicas correct are stated once, in [`tx`].
+//! rules that keep concurrent transactions and replicas correct are stated once, in [`tx`], beside
+//! the [`Writes`] port the broker writes through and the group commit that runs the writes.
 //!
 //! - [`submit`]: store a batch, recognise retries, supersede, let rules and grants decide.
 //! - [`decide`]: an approver's verdict, first decision wins; a remembered one creates a grant.
@@ -34,4 +35,4 @@ pub mod tx;
 pub(crate) mod testing;
 
 pub use passkeys::PasskeyTx;
-pub use tx::{Placement, PolicyTx, Resolved, Stored, SubmitLocks, Transactions, WriteTx};
+pub use tx::{Placement, PolicyTx, Resolved, Stored, SubmitLocks, Transactions, WriteTx, Writes};

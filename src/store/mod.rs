@@ -32,7 +32,6 @@ pub(crate) mod sqlite;
 pub mod statements;
 mod webhook_rows;
 mod webhooks;
-mod writes;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -53,6 +52,7 @@ use crate::domain::{
 use crate::error::Result;
 use health::{StorageHealth, Watch};
 
+use crate::operations::Writes;
 pub use database::{DATABASE_URL_SETTING, Database};
 pub use postgres::PostgresStore;
 pub use push_rows::StoredPushSubscription;
@@ -64,7 +64,6 @@ pub use sqlite::{
     CHECKPOINT_EVERY, ProcessLock, SqliteStore, Synchronous, WRITER_CHECKPOINT_PAGES,
 };
 pub use sqlite_ffi::allocator as sqlite_allocator;
-pub use writes::Writes;
 
 /// The broker's durable state: every part below, from one backend. What startup opens and the
 /// broker holds; each other part of the broker needs only the part it names.
@@ -182,7 +181,7 @@ pub trait Backend: Send + Sync + 'static {
 /// reads the API answers from.
 #[async_trait]
 pub trait Calls: Backend {
-    /// The writes of calls (`writes.rs`): the group commit, or the backend's own transactions.
+    /// The writes of calls (`operations::tx`): the group commit, or the backend's own transactions.
     fn writes(self: Arc<Self>) -> Arc<dyn Writes>;
 
     /// The named calls of a session, in the order asked; `None` for unknown ids.

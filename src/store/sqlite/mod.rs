@@ -26,10 +26,11 @@ use self::writer::{SqliteTx, WriteConnection};
 use super::health::Watch;
 use super::primitives::Transact;
 use super::reads::{BackendReads, Reads};
-use super::writes::{GroupCommit, Queued, Writes};
 use super::{Backend, Calls, CommittedEvents, Deadlines, EventLog};
 use crate::domain::{Call, Event, Timestamp, ToolResultTexts};
 use crate::error::{Error, Result};
+use crate::operations::Writes;
+use crate::operations::tx::{GroupCommit, Queued};
 use crate::operations::{Transactions, escalate, expire};
 use crate::receipts::Notary;
 

@@ -1,7 +1,7 @@
 //! SQLite's write transactions, run by rusqlite on the store's writer thread.
 //!
 //! Every write of the SQLite backend runs on one thread that owns the one write connection (see
-//! `writes`), and its statements execute right there. Through sqlx, each statement went
+//! the group commit in `operations::tx`), and its statements execute right there. Through sqlx, each statement went
 //! to the connection's worker thread and back, and those hand-offs (a wake-up each way) cost
 //! several times what SQLite spent on the statement; this path has none, and its prepared
 //! statements are cached. Writers are serialised by the one connection and `BEGIN IMMEDIATE`, so
@@ -498,7 +498,7 @@ impl Transactions for WriteConnection {
 }
 
 /// A transaction on the write connection. It counts the writing statements it issued, so that a
-/// write of a group that fails before changing anything needs no rollback (see `store::writes`).
+/// write of a group that fails before changing anything needs no rollback (see `operations::tx`, the group commit).
 /// Dropped without a commit, it rolls back.
 pub struct SqliteTx {
     conn: Option<Connection>,
