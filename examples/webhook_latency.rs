@@ -67,7 +67,7 @@ async fn main() {
     let mut config = Config::for_tests(database.clone());
     config.telemetry.metrics_listen = approval_broker::config::MetricsListen::Off;
     // The receiver is on loopback, which webhooks may reach only when allowed.
-    config.webhooks.allow_hosts = vec!["127.0.0.1".parse().unwrap()];
+    config.webhooks.webhook_allow_hosts = vec!["127.0.0.1".parse().unwrap()];
     tokio::spawn(startup::run(listener, config, std::future::pending()));
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
         .unwrap()

@@ -70,12 +70,8 @@ pub struct EscalationSettings {
     /// `{"steps": [{"after": "15m", "kind": "reminder", "endpoints": ["team"]}, ...]}`. Every call
     /// left to a human gets it, unless the ask rule that sent it there has a ladder of its own.
     /// None by default.
-    #[arg(
-        id = "escalation_file",
-        long = "escalation-file",
-        env = "APPROVALS_ESCALATION_FILE"
-    )]
-    pub file: Option<PathBuf>,
+    #[arg(long, env = "APPROVALS_ESCALATION_FILE")]
+    pub escalation_file: Option<PathBuf>,
 }
 
 /// Signed receipts for every outcome (docs/receipts.md).
@@ -85,35 +81,22 @@ pub struct ReceiptsSettings {
     /// generated beside the database on first start; on with Postgres when --receipt-key is
     /// given, else off with a warning), `on` (refuses to start without a key on Postgres), or
     /// `off`.
-    #[arg(
-        id = "receipts",
-        long = "receipts",
-        env = "APPROVALS_RECEIPTS",
-        default_value = "auto"
-    )]
-    pub mode: ReceiptsMode,
+    #[arg(long, env = "APPROVALS_RECEIPTS", default_value = "auto")]
+    pub receipts: ReceiptsMode,
 
     /// The Ed25519 key receipts are signed with: a PKCS#8 `PRIVATE KEY` PEM (as `openssl genpkey
     /// -algorithm ed25519` writes) or a file of the 32-byte seed. Default with SQLite:
     /// `<database file>.receipt-key.pem`, created (mode 0600) on first start.
-    #[arg(
-        id = "receipt_key",
-        long = "receipt-key",
-        env = "APPROVALS_RECEIPT_KEY"
-    )]
-    pub key: Option<PathBuf>,
+    #[arg(long, env = "APPROVALS_RECEIPT_KEY")]
+    pub receipt_key: Option<PathBuf>,
 
     /// A file of the public keys this broker signed receipts with before its current one (key
     /// rotation), in the format `verify --key` reads: PEM blocks or base64 lines, each line
     /// optionally with `from=` and `until=` (RFC 3339). Served by `ListReceiptKeys` with their
     /// validity, and used to report whether older receipts verify. A line naming the current
     /// key gives the time it started signing (`from=`).
-    #[arg(
-        id = "receipt_retired_keys",
-        long = "receipt-retired-keys",
-        env = "APPROVALS_RECEIPT_RETIRED_KEYS"
-    )]
-    pub retired_keys: Option<PathBuf>,
+    #[arg(long, env = "APPROVALS_RECEIPT_RETIRED_KEYS")]
+    pub receipt_retired_keys: Option<PathBuf>,
 }
 
 /// Where and how gRPC is served, and how it stops.
@@ -423,55 +406,41 @@ pub struct WebhookSettings {
     /// `{"webhooks": [{"id", "url", "secret", "event_kinds", "tool", "workspace", "agent",
     /// "format", "max_in_flight"}]}`. Its endpoints replace those an earlier file loaded (each
     /// keeps its cursor); endpoints made with CreateWebhook stay.
-    #[arg(
-        id = "webhooks_file",
-        long = "webhooks-file",
-        env = "APPROVALS_WEBHOOKS_FILE"
-    )]
-    pub file: Option<PathBuf>,
+    #[arg(long, env = "APPROVALS_WEBHOOKS_FILE")]
+    pub webhooks_file: Option<PathBuf>,
 
     /// Failed deliveries in a row after which a webhook endpoint is paused.
-    #[arg(id = "webhook_pause_after", long = "webhook-pause-after", env = "APPROVALS_WEBHOOK_PAUSE_AFTER", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
-    pub pause_after: u32,
+    #[arg(long, env = "APPROVALS_WEBHOOK_PAUSE_AFTER", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    pub webhook_pause_after: u32,
 
     /// The first webhook retry's delay; each further one doubles (with jitter).
-    #[arg(id = "webhook_retry_min", long = "webhook-retry-min", env = "APPROVALS_WEBHOOK_RETRY_MIN", default_value = "1s", value_parser = parse_duration)]
-    pub retry_min: Duration,
+    #[arg(long, env = "APPROVALS_WEBHOOK_RETRY_MIN", default_value = "1s", value_parser = parse_duration)]
+    pub webhook_retry_min: Duration,
 
     /// The longest delay between webhook retries.
-    #[arg(id = "webhook_retry_max", long = "webhook-retry-max", env = "APPROVALS_WEBHOOK_RETRY_MAX", default_value = "5m", value_parser = parse_duration)]
-    pub retry_max: Duration,
+    #[arg(long, env = "APPROVALS_WEBHOOK_RETRY_MAX", default_value = "5m", value_parser = parse_duration)]
+    pub webhook_retry_max: Duration,
 
     /// How long one webhook request may take, connecting included.
-    #[arg(id = "webhook_timeout", long = "webhook-timeout", env = "APPROVALS_WEBHOOK_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
-    pub timeout: Duration,
+    #[arg(long, env = "APPROVALS_WEBHOOK_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub webhook_timeout: Duration,
 
     /// How long a replica's claim on delivering a webhook endpoint lasts without renewal: how
     /// soon another replica takes over after it died.
-    #[arg(id = "webhook_lease", long = "webhook-lease", env = "APPROVALS_WEBHOOK_LEASE", default_value = "15s", value_parser = parse_duration)]
-    pub lease: Duration,
+    #[arg(long, env = "APPROVALS_WEBHOOK_LEASE", default_value = "15s", value_parser = parse_duration)]
+    pub webhook_lease: Duration,
 
     /// The inbox's base URL as people open it (`https://approvals.example.com`), for the
     /// links to calls in Slack-format webhook messages.
-    #[arg(
-        id = "webhooks_inbox_url",
-        long = "webhooks-inbox-url",
-        env = "APPROVALS_WEBHOOKS_INBOX_URL"
-    )]
-    pub inbox_url: Option<String>,
+    #[arg(long, env = "APPROVALS_WEBHOOKS_INBOX_URL")]
+    pub webhooks_inbox_url: Option<String>,
 
     /// Internal receivers webhooks may reach, comma-separated: networks (`10.1.0.0/16`,
     /// `127.0.0.1`, `fd00::/8`) and host names (`hooks.internal`). Without them, delivery
     /// refuses loopback, link-local, private, shared, unique-local and unspecified addresses,
     /// checked after DNS on the address it connects to.
-    #[arg(
-        id = "webhook_allow_hosts",
-        long = "webhook-allow-hosts",
-        env = "APPROVALS_WEBHOOK_ALLOW_HOSTS",
-        value_delimiter = ',',
-        value_parser = parse_allowed_host
-    )]
-    pub allow_hosts: Vec<crate::background::webhooks::egress::AllowedHost>,
+    #[arg(long, env = "APPROVALS_WEBHOOK_ALLOW_HOSTS", value_delimiter = ',', value_parser = parse_allowed_host)]
+    pub webhook_allow_hosts: Vec<crate::background::webhooks::egress::AllowedHost>,
 }
 
 fn parse_allowed_host(
@@ -774,7 +743,7 @@ impl Config {
     /// `--default-deadline` are allowed (a call's own deadline may be later) but warned about:
     /// for calls with that deadline they never fire.
     pub fn escalation_ladder(&self) -> crate::Result<crate::domain::escalation::Ladder> {
-        let Some(path) = &self.escalation.file else {
+        let Some(path) = &self.escalation.escalation_file else {
             return Ok(Default::default());
         };
         let setting = "--escalation-file / APPROVALS_ESCALATION_FILE";
@@ -806,7 +775,7 @@ impl Config {
     /// The endpoints of `--webhooks-file`, if one is set. An unreadable or invalid file is an
     /// error naming the setting and the endpoint at fault.
     pub fn webhooks_file(&self) -> crate::Result<Option<Vec<crate::domain::webhook::Webhook>>> {
-        let Some(path) = &self.webhooks.file else {
+        let Some(path) = &self.webhooks.webhooks_file else {
             return Ok(None);
         };
         let setting = "--webhooks-file / APPROVALS_WEBHOOKS_FILE";
@@ -824,17 +793,22 @@ impl Config {
     }
 
     fn webhook_egress(&self) -> crate::background::webhooks::egress::EgressPolicy {
-        crate::background::webhooks::egress::EgressPolicy::new(self.webhooks.allow_hosts.clone())
+        crate::background::webhooks::egress::EgressPolicy::new(
+            self.webhooks.webhook_allow_hosts.clone(),
+        )
     }
 
     pub fn webhook_delivery(&self) -> crate::background::webhooks::DeliverySettings {
         crate::background::webhooks::DeliverySettings {
-            pause_after: self.webhooks.pause_after,
-            retry_min: self.webhooks.retry_min,
-            retry_max: self.webhooks.retry_max.max(self.webhooks.retry_min),
-            timeout: self.webhooks.timeout,
-            lease: self.webhooks.lease,
-            inbox_url: self.webhooks.inbox_url.clone(),
+            pause_after: self.webhooks.webhook_pause_after,
+            retry_min: self.webhooks.webhook_retry_min,
+            retry_max: self
+                .webhooks
+                .webhook_retry_max
+                .max(self.webhooks.webhook_retry_min),
+            timeout: self.webhooks.webhook_timeout,
+            lease: self.webhooks.webhook_lease,
+            inbox_url: self.webhooks.webhooks_inbox_url.clone(),
             links: None,
             egress: std::sync::Arc::new(self.webhook_egress()),
         }
@@ -850,62 +824,52 @@ pub struct SlackFlags {
     /// A JSON file of the channels calls are posted to and the people who may decide from Slack:
     /// `{"channels": [{"channel", "workspace", "tool", "group"}], "people": [{"slack_user",
     /// "email", "identity", "groups"}]}`. Setting it turns Slack app mode on.
-    #[arg(id = "slack_file", long = "slack-file", env = "APPROVALS_SLACK_FILE")]
-    pub file: Option<PathBuf>,
+    #[arg(long, env = "APPROVALS_SLACK_FILE")]
+    pub slack_file: Option<PathBuf>,
 
     /// A file holding the bot token (`xoxb-…`); or set APPROVALS_SLACK_BOT_TOKEN.
-    #[arg(
-        id = "slack_bot_token_file",
-        long = "slack-bot-token-file",
-        env = "APPROVALS_SLACK_BOT_TOKEN_FILE"
-    )]
-    pub bot_token_file: Option<PathBuf>,
+    #[arg(long, env = "APPROVALS_SLACK_BOT_TOKEN_FILE")]
+    pub slack_bot_token_file: Option<PathBuf>,
 
     /// The bot token itself: set it in the environment (a flag would show it in `ps`).
     #[arg(
-        id = "slack_bot_token",
-        long = "slack-bot-token",
+        long,
         env = "APPROVALS_SLACK_BOT_TOKEN",
         hide = true,
         hide_env_values = true
     )]
-    pub bot_token: Option<String>,
+    pub slack_bot_token: Option<String>,
 
     /// A file holding the app's signing secret; or set APPROVALS_SLACK_SIGNING_SECRET.
-    #[arg(
-        id = "slack_signing_secret_file",
-        long = "slack-signing-secret-file",
-        env = "APPROVALS_SLACK_SIGNING_SECRET_FILE"
-    )]
-    pub signing_secret_file: Option<PathBuf>,
+    #[arg(long, env = "APPROVALS_SLACK_SIGNING_SECRET_FILE")]
+    pub slack_signing_secret_file: Option<PathBuf>,
 
     /// The signing secret itself: set it in the environment.
     #[arg(
-        id = "slack_signing_secret",
-        long = "slack-signing-secret",
+        long,
         env = "APPROVALS_SLACK_SIGNING_SECRET",
         hide = true,
         hide_env_values = true
     )]
-    pub signing_secret: Option<String>,
+    pub slack_signing_secret: Option<String>,
 
     /// Slack's Web API base URL (a test points it at a loopback server, which
     /// --webhook-allow-hosts must then allow).
-    #[arg(id = "slack_api_url", long = "slack-api-url", env = "APPROVALS_SLACK_API_URL", default_value = crate::surface::slack::DEFAULT_API_URL)]
-    pub api_url: String,
+    #[arg(long, env = "APPROVALS_SLACK_API_URL", default_value = crate::surface::slack::DEFAULT_API_URL)]
+    pub slack_api_url: String,
 
     /// Attempts at one Web API call (post, update, thread); the waits between them are
     /// --webhook-retry-min doubling up to --webhook-retry-max. A post or update that fails them
     /// all is tried again later, in rounds (docs/notifications.md).
-    #[arg(id = "slack_attempts", long = "slack-attempts", env = "APPROVALS_SLACK_ATTEMPTS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=20))]
-    pub attempts: u32,
+    #[arg(long, env = "APPROVALS_SLACK_ATTEMPTS", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub slack_attempts: u32,
 }
 
 impl Config {
     /// Slack app mode's settings, when `--slack-file` turns it on: the file, the token and the
     /// signing secret read, and the API URL checked against the egress policy, at start.
     pub fn slack(&self) -> crate::Result<Option<crate::surface::slack::SlackSettings>> {
-        let Some(path) = &self.slack.file else {
+        let Some(path) = &self.slack.slack_file else {
             return Ok(None);
         };
         let (routes, mut people) = setting_file(
@@ -944,17 +908,19 @@ impl Config {
             Ok(text)
         };
         let bot_token = secret(
-            &self.slack.bot_token,
-            &self.slack.bot_token_file,
+            &self.slack.slack_bot_token,
+            &self.slack.slack_bot_token_file,
             "--slack-bot-token-file / APPROVALS_SLACK_BOT_TOKEN",
         )?;
         let signing_secret = secret(
-            &self.slack.signing_secret,
-            &self.slack.signing_secret_file,
+            &self.slack.slack_signing_secret,
+            &self.slack.slack_signing_secret_file,
             "--slack-signing-secret-file / APPROVALS_SLACK_SIGNING_SECRET",
         )?;
-        let api_url =
-            crate::domain::webhook::WebhookUrl::parse("--slack-api-url", &self.slack.api_url)?;
+        let api_url = crate::domain::webhook::WebhookUrl::parse(
+            "--slack-api-url",
+            &self.slack.slack_api_url,
+        )?;
         let egress = self.webhook_egress();
         egress
             .check_url(&api_url)
@@ -965,11 +931,14 @@ impl Config {
             signing_secret,
             routes,
             people,
-            inbox_url: self.webhooks.inbox_url.clone(),
-            timeout: self.webhooks.timeout,
-            retry_min: self.webhooks.retry_min,
-            retry_max: self.webhooks.retry_max.max(self.webhooks.retry_min),
-            attempts: self.slack.attempts,
+            inbox_url: self.webhooks.webhooks_inbox_url.clone(),
+            timeout: self.webhooks.webhook_timeout,
+            retry_min: self.webhooks.webhook_retry_min,
+            retry_max: self
+                .webhooks
+                .webhook_retry_max
+                .max(self.webhooks.webhook_retry_min),
+            attempts: self.slack.slack_attempts,
             egress: std::sync::Arc::new(egress),
         }))
     }
@@ -1071,7 +1040,7 @@ mod tests {
             "10.0.0.0/8,169.254.169.254",
         ])
         .unwrap();
-        assert_eq!(config.webhooks.allow_hosts.len(), 2);
+        assert_eq!(config.webhooks.webhook_allow_hosts.len(), 2);
         assert_eq!(config.webhooks_file().unwrap().unwrap().len(), 1);
         let err =
             Config::try_parse_from(["approval-broker", "--webhook-allow-hosts", "10.0.0.0/40"])

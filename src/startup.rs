@@ -53,7 +53,7 @@ pub async fn run(
     // Who the broker is to passkeys (docs/identity.md, "Passkeys"): an origin no browser would
     // accept for its relying party stops the broker here.
     let relying_party = Arc::new(config.passkeys.relying_party(
-        config.webhooks.inbox_url.as_deref(),
+        config.webhooks.webhooks_inbox_url.as_deref(),
         listener.local_addr().map_or(0, |address| address.port()),
         config.serve.tls_cert.is_some(),
     )?);
@@ -61,13 +61,13 @@ pub async fn run(
     // Held until the server stops (or its task is dropped): one broker per SQLite file.
     let _only_broker = store::claim(&database)?;
     let notary = receipts::notary(
-        config.receipts.mode,
-        config.receipts.key.as_deref(),
+        config.receipts.receipts,
+        config.receipts.receipt_key.as_deref(),
         database.key_home(),
     )?
     .map(Arc::new);
     let public_key = notary.as_ref().map(|n| *n.public_key());
-    let retired_keys = match &config.receipts.retired_keys {
+    let retired_keys = match &config.receipts.receipt_retired_keys {
         Some(path) => receipts::trust::KeySet::from_file("--receipt-retired-keys", path)?,
         None => receipts::trust::KeySet::default(),
     };
@@ -95,7 +95,7 @@ pub async fn run(
     let delivery = crate::background::webhooks::DeliverySettings {
         links: link_key
             .as_ref()
-            .map(|key| (Arc::clone(key), config.links.lifetime)),
+            .map(|key| (Arc::clone(key), config.links.link_lifetime)),
         ..config.webhook_delivery()
     };
     let dispatcher = Dispatcher::new(store.clone(), Arc::clone(&bus), delivery);
@@ -148,8 +148,8 @@ pub async fn run(
     if let Some(key) = &link_key {
         broker = broker.with_links(
             Arc::clone(key),
-            config.links.lifetime,
-            config.webhooks.inbox_url.clone(),
+            config.links.link_lifetime,
+            config.webhooks.webhooks_inbox_url.clone(),
         );
     }
     let broker = Arc::new(broker);

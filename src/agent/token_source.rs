@@ -47,98 +47,57 @@ pub struct ClientCredentialsArgs {
     /// with a token it gets there (client-credentials grant) and renews before it expires,
     /// instead of `--token`. `https://`, or `http://` to a loopback host only.
     #[arg(
-        id = "oauth_token_url",
+        long,
         value_name = "URL",
-        long = "oauth-token-url",
         env = "APPROVALS_OAUTH_TOKEN_URL",
         conflicts_with = "oauth_issuer"
     )]
-    pub token_url: Option<String>,
+    pub oauth_token_url: Option<String>,
 
     /// The identity provider's issuer URL, whose discovery document
     /// (`/.well-known/openid-configuration`) names the token endpoint: instead of
     /// `--oauth-token-url`.
-    #[arg(
-        id = "oauth_issuer",
-        value_name = "URL",
-        long = "oauth-issuer",
-        env = "APPROVALS_OAUTH_ISSUER"
-    )]
-    pub issuer: Option<String>,
+    #[arg(long, value_name = "URL", env = "APPROVALS_OAUTH_ISSUER")]
+    pub oauth_issuer: Option<String>,
 
     /// The adapter's client id at the identity provider.
-    #[arg(
-        id = "oauth_client_id",
-        value_name = "ID",
-        long = "oauth-client-id",
-        env = "APPROVALS_OAUTH_CLIENT_ID"
-    )]
-    pub client_id: Option<String>,
+    #[arg(long, value_name = "ID", env = "APPROVALS_OAUTH_CLIENT_ID")]
+    pub oauth_client_id: Option<String>,
 
     /// A file holding the client secret, readable by its owner only (mode 0600): the secret
     /// never appears on a command line.
-    #[arg(
-        id = "oauth_client_secret_file",
-        value_name = "FILE",
-        long = "oauth-client-secret-file",
-        env = "APPROVALS_OAUTH_CLIENT_SECRET_FILE"
-    )]
-    pub client_secret_file: Option<PathBuf>,
+    #[arg(long, value_name = "FILE", env = "APPROVALS_OAUTH_CLIENT_SECRET_FILE")]
+    pub oauth_client_secret_file: Option<PathBuf>,
 
     /// The scopes to ask for, space-separated (e.g. `approval-agent`).
-    #[arg(
-        id = "oauth_scope",
-        value_name = "SCOPES",
-        long = "oauth-scope",
-        env = "APPROVALS_OAUTH_SCOPE"
-    )]
-    pub scope: Option<String>,
+    #[arg(long, value_name = "SCOPES", env = "APPROVALS_OAUTH_SCOPE")]
+    pub oauth_scope: Option<String>,
 
     /// The resource to ask a token for (RFC 8707 `resource`), when the provider wants one.
-    #[arg(
-        id = "oauth_resource",
-        value_name = "URI",
-        long = "oauth-resource",
-        env = "APPROVALS_OAUTH_RESOURCE"
-    )]
-    pub resource: Option<String>,
+    #[arg(long, value_name = "URI", env = "APPROVALS_OAUTH_RESOURCE")]
+    pub oauth_resource: Option<String>,
 
     /// The `audience` to ask a token for, for providers that take it instead of `resource`.
-    #[arg(
-        id = "oauth_audience",
-        value_name = "AUDIENCE",
-        long = "oauth-audience",
-        env = "APPROVALS_OAUTH_AUDIENCE"
-    )]
-    pub audience: Option<String>,
+    #[arg(long, value_name = "AUDIENCE", env = "APPROVALS_OAUTH_AUDIENCE")]
+    pub oauth_audience: Option<String>,
 
     /// How the client authenticates at the token endpoint: `basic` (HTTP Basic) or `post` (in
     /// the form).
-    #[arg(
-        id = "oauth_client_auth",
-        value_name = "HOW",
-        long = "oauth-client-auth",
-        env = "APPROVALS_OAUTH_CLIENT_AUTH",
-        value_enum,
-        default_value_t = ClientAuth::Basic
-    )]
-    pub client_auth: ClientAuth,
+    #[arg(long, value_name = "HOW", env = "APPROVALS_OAUTH_CLIENT_AUTH", value_enum, default_value_t = ClientAuth::Basic)]
+    pub oauth_client_auth: ClientAuth,
 
     /// A PEM CA certificate the identity provider's HTTPS certificate is checked with (a
     /// private CA), besides the Mozilla roots built in.
-    #[arg(
-        id = "oauth_ca_file",
-        value_name = "FILE",
-        long = "oauth-ca-file",
-        env = "APPROVALS_OAUTH_CA_FILE"
-    )]
-    pub ca_file: Option<PathBuf>,
+    #[arg(long, value_name = "FILE", env = "APPROVALS_OAUTH_CA_FILE")]
+    pub oauth_ca_file: Option<PathBuf>,
 }
 
 impl ClientCredentialsArgs {
     /// Whether any client-credentials setting is given.
     pub fn is_set(&self) -> bool {
-        self.token_url.is_some() || self.issuer.is_some() || self.client_id.is_some()
+        self.oauth_token_url.is_some()
+            || self.oauth_issuer.is_some()
+            || self.oauth_client_id.is_some()
     }
 }
 
@@ -240,14 +199,14 @@ impl ClientCredentials {
     /// Checks the settings and reads the secret now (so a mistake shows at once); fetches
     /// nothing.
     pub fn new(args: &ClientCredentialsArgs) -> Result<ClientCredentials, String> {
-        let client_id = (args.client_id.clone())
+        let client_id = (args.oauth_client_id.clone())
             .filter(|id| !id.is_empty())
             .ok_or("--oauth-client-id is required with --oauth-token-url or --oauth-issuer")?;
-        let path = (args.client_secret_file.as_deref())
+        let path = (args.oauth_client_secret_file.as_deref())
             .ok_or("--oauth-client-secret-file is required with --oauth-client-id")?;
         let secret = read_secret_file(path)?;
         let endpoint = OnceCell::new();
-        let issuer = match (&args.token_url, &args.issuer) {
+        let issuer = match (&args.oauth_token_url, &args.oauth_issuer) {
             (Some(url), None) => {
                 let target = Target::parse_confidential(url)
                     .map_err(|e| format!("--oauth-token-url: {e}"))?;
@@ -260,14 +219,14 @@ impl ClientCredentials {
             }
             _ => return Err("give --oauth-token-url or --oauth-issuer (one of them)".into()),
         };
-        let tls = match &args.ca_file {
+        let tls = match &args.oauth_ca_file {
             Some(path) => Tls::with_ca_file(path).map_err(|e| format!("--oauth-ca-file: {e}"))?,
             None => Tls::public(),
         };
         let extra = [
-            ("scope", &args.scope),
-            ("resource", &args.resource),
-            ("audience", &args.audience),
+            ("scope", &args.oauth_scope),
+            ("resource", &args.oauth_resource),
+            ("audience", &args.oauth_audience),
         ]
         .into_iter()
         .filter_map(|(name, value)| value.clone().filter(|v| !v.is_empty()).map(|v| (name, v)))
@@ -278,7 +237,7 @@ impl ClientCredentials {
             client_id,
             secret,
             extra,
-            auth: args.client_auth,
+            auth: args.oauth_client_auth,
             tls,
             held: Mutex::new(None),
             requests: AtomicU64::new(0),
@@ -534,7 +493,7 @@ mod tests {
     #[test]
     fn a_fixed_token_and_client_credentials_exclude_each_other() {
         let granted = ClientCredentialsArgs {
-            token_url: Some("https://idp.example.com/token".into()),
+            oauth_token_url: Some("https://idp.example.com/token".into()),
             ..Default::default()
         };
         let both = TokenSource::from_settings(Some("t"), &granted).unwrap_err();

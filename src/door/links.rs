@@ -35,26 +35,20 @@ pub struct LinkFlags {
     /// file>.link-key`, created (mode 0600) on first start. Every replica of a Postgres broker
     /// must be given the same one; without it a Postgres broker makes no links. A new key
     /// voids every link made before.
-    #[arg(id = "link_key", long = "link-key", env = "APPROVALS_LINK_KEY")]
-    pub key: Option<PathBuf>,
+    #[arg(long, env = "APPROVALS_LINK_KEY")]
+    pub link_key: Option<PathBuf>,
 
     /// How long a link opens its call: links made by `CreateCallLink` (and carried by webhooks)
     /// are refused after this.
-    #[arg(
-        id = "link_lifetime",
-        long = "link-lifetime",
-        env = "APPROVALS_LINK_LIFETIME",
-        default_value = "24h",
-        value_parser = crate::domain::time::parse_duration
-    )]
-    pub lifetime: std::time::Duration,
+    #[arg(long, env = "APPROVALS_LINK_LIFETIME", default_value = "24h", value_parser = crate::domain::time::parse_duration)]
+    pub link_lifetime: std::time::Duration,
 }
 
 impl LinkFlags {
     /// The key, as the settings and the database say: given, beside a SQLite database
     /// (`sqlite_file`), or none.
     pub fn key(&self, sqlite_file: Option<&Path>) -> Result<Option<LinkKey>> {
-        match (&self.key, sqlite_file) {
+        match (&self.link_key, sqlite_file) {
             (Some(path), _) => LinkKey::load(path).map(Some),
             (None, Some(database)) => LinkKey::load_or_create(&LinkKey::beside(database)).map(Some),
             (None, None) => Ok(None),

@@ -13,52 +13,41 @@ pub struct PasskeyFlags {
     /// name, the inbox's or a parent domain of it (`approvals.example.com`, `example.com`).
     /// Default: the host of `--webhooks-inbox-url`, else `localhost`. Changing it makes every
     /// passkey registered before unusable.
-    #[arg(
-        id = "passkey_rp_id",
-        long = "passkey-rp-id",
-        env = "APPROVALS_PASSKEY_RP_ID"
-    )]
-    pub rp_id: Option<String>,
+    #[arg(long, env = "APPROVALS_PASSKEY_RP_ID")]
+    pub passkey_rp_id: Option<String>,
 
     /// The name authenticators show for the relying party.
     #[arg(
-        id = "passkey_rp_name",
-        long = "passkey-rp-name",
+        long,
         env = "APPROVALS_PASSKEY_RP_NAME",
         default_value = "Approval broker"
     )]
-    pub rp_name: String,
+    pub passkey_rp_name: String,
 
     /// The origins (`https://approvals.example.com`, comma-separated) a passkey may be used
     /// from: the inbox's. Default: the origin of `--webhooks-inbox-url`, else
     /// `http(s)://localhost:<port>` of the port the broker serves.
-    #[arg(
-        id = "passkey_origin",
-        long = "passkey-origin",
-        env = "APPROVALS_PASSKEY_ORIGIN",
-        value_delimiter = ','
-    )]
-    pub origins: Vec<String>,
+    #[arg(long, env = "APPROVALS_PASSKEY_ORIGIN", value_delimiter = ',')]
+    pub passkey_origin: Vec<String>,
 
     /// `preferred`: a passkey needs the person present (UP); `required`: also verified by the
     /// authenticator (PIN or biometrics, UV).
     #[arg(
-        id = "passkey_user_verification",
-        long = "passkey-user-verification",
+        long,
         env = "APPROVALS_PASSKEY_USER_VERIFICATION",
         default_value = "preferred",
         value_parser = ["preferred", "required"]
     )]
-    pub user_verification: String,
+    pub passkey_user_verification: String,
 }
 
 impl Default for PasskeyFlags {
     fn default() -> Self {
         Self {
-            rp_id: None,
-            rp_name: "Approval broker".into(),
-            origins: Vec::new(),
-            user_verification: "preferred".into(),
+            passkey_rp_id: None,
+            passkey_rp_name: "Approval broker".into(),
+            passkey_origin: Vec::new(),
+            passkey_user_verification: "preferred".into(),
         }
     }
 }
@@ -111,15 +100,15 @@ impl PasskeyFlags {
         let inbox_origin = inbox_url
             .and_then(origin_of)
             .filter(|origin| origin_host(origin).is_some_and(is_host_name));
-        let origins = if !self.origins.is_empty() {
-            self.origins.clone()
+        let origins = if !self.passkey_origin.is_empty() {
+            self.passkey_origin.clone()
         } else if let Some(origin) = &inbox_origin {
             vec![origin.clone()]
         } else {
             let scheme = if tls { "https" } else { "http" };
             vec![format!("{scheme}://localhost:{port}")]
         };
-        let id = match &self.rp_id {
+        let id = match &self.passkey_rp_id {
             Some(id) => id.clone(),
             None => inbox_origin
                 .as_deref()
@@ -152,9 +141,9 @@ impl PasskeyFlags {
         }
         Ok(RelyingParty {
             id,
-            name: self.rp_name.clone(),
+            name: self.passkey_rp_name.clone(),
             origins,
-            require_user_verification: self.user_verification == "required",
+            require_user_verification: self.passkey_user_verification == "required",
         })
     }
 }
@@ -175,8 +164,8 @@ mod tests {
         assert_eq!(inbox.id, "approvals.example.com");
         assert_eq!(inbox.origins, ["https://approvals.example.com"]);
         let parent = PasskeyFlags {
-            rp_id: Some("example.com".into()),
-            origins: vec![
+            passkey_rp_id: Some("example.com".into()),
+            passkey_origin: vec![
                 "https://a.example.com".into(),
                 "https://example.com:8443".into(),
             ],
@@ -187,14 +176,14 @@ mod tests {
             2
         );
         let off = PasskeyFlags {
-            rp_id: Some("example.com".into()),
-            origins: vec!["https://evilexample.com".into()],
+            passkey_rp_id: Some("example.com".into()),
+            passkey_origin: vec!["https://evilexample.com".into()],
             ..PasskeyFlags::default()
         };
         let err = off.relying_party(None, 1, true).unwrap_err().to_string();
         assert!(err.starts_with("--passkey-origin"), "{err}");
         let path = PasskeyFlags {
-            origins: vec!["http://localhost:1/x".into()],
+            passkey_origin: vec!["http://localhost:1/x".into()],
             ..PasskeyFlags::default()
         };
         assert!(path.relying_party(None, 1, false).is_err());

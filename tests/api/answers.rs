@@ -601,13 +601,13 @@ fn with_a_link_key(config: &mut Config) {
     let dir = tempfile::tempdir().expect("temp dir").keep();
     let path = dir.join("link-key");
     std::fs::write(&path, [42u8; 32]).expect("key file");
-    config.links.key = Some(path);
-    config.webhooks.inbox_url = Some("https://approvals.example.com/".into());
+    config.links.link_key = Some(path);
+    config.webhooks.webhooks_inbox_url = Some("https://approvals.example.com/".into());
 }
 
 fn with_a_short_lived_link(config: &mut Config) {
     with_a_link_key(config);
-    config.links.lifetime = std::time::Duration::from_secs(1);
+    config.links.link_lifetime = std::time::Duration::from_secs(1);
 }
 
 async fn create_link(

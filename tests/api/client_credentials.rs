@@ -245,11 +245,11 @@ fn secret_file(dir: &Path, mode: u32) -> PathBuf {
 
 fn settings(idp: &Idp, secret: &Path) -> ClientCredentialsArgs {
     ClientCredentialsArgs {
-        token_url: Some(idp.token_url()),
-        client_id: Some("ci bot".into()),
-        client_secret_file: Some(secret.to_owned()),
-        scope: Some("approval-agent".into()),
-        resource: Some("urn:approval-broker".into()),
+        oauth_token_url: Some(idp.token_url()),
+        oauth_client_id: Some("ci bot".into()),
+        oauth_client_secret_file: Some(secret.to_owned()),
+        oauth_scope: Some("approval-agent".into()),
+        oauth_resource: Some("urn:approval-broker".into()),
         ..ClientCredentialsArgs::default()
     }
 }
@@ -315,8 +315,8 @@ async fn refused_credentials_say_what_the_provider_said_and_a_refused_token_is_r
     let dir = tempfile::tempdir().unwrap();
     let idp = Idp::start(None).await;
     let mut args = settings(&idp, &secret_file(dir.path(), 0o600));
-    args.token_url = None;
-    args.issuer = Some(idp.issuer.clone()); // the token endpoint from discovery
+    args.oauth_token_url = None;
+    args.oauth_issuer = Some(idp.issuer.clone()); // the token endpoint from discovery
     let source = ClientCredentials::new(&args).unwrap();
     let first = source.token().await.unwrap();
     source.invalidate(&first).await;
@@ -344,7 +344,7 @@ async fn the_secret_comes_from_a_private_file_and_goes_only_over_https_or_to_loo
         "{why}"
     );
     let mut remote = settings(&idp, &secret_file(dir.path(), 0o600));
-    remote.token_url = Some("http://idp.example.com/token".into());
+    remote.oauth_token_url = Some("http://idp.example.com/token".into());
     let why = ClientCredentials::new(&remote)
         .err()
         .expect("plain http elsewhere is refused");
@@ -393,7 +393,7 @@ async fn a_provider_behind_a_private_ca_is_trusted_with_its_ca_file_and_refused_
         why.contains("could not be reached") && why.contains("TLS"),
         "{why}"
     );
-    args.ca_file = Some(ca_file.clone());
+    args.oauth_ca_file = Some(ca_file.clone());
     let token = ClientCredentials::new(&args)
         .unwrap()
         .token()

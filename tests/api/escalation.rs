@@ -439,7 +439,7 @@ async fn two_postgres_replicas_fire_each_step_once() {
     let dir = tempfile::tempdir().unwrap();
     let file = ladder_file(dir.path(), r#"[{"after": "500ms"}, {"after": "1s"}]"#);
     let configure =
-        |c: &mut approval_broker::config::Config| c.escalation.file = Some(file.clone());
+        |c: &mut approval_broker::config::Config| c.escalation.escalation_file = Some(file.clone());
     let first = helpers::spawn_app_on(helpers::Backend::postgres(), configure).await;
     let second = first.replica(configure).await;
     for i in 0..10 {

@@ -35,7 +35,7 @@ fn kept_file(bytes: &[u8]) -> std::path::PathBuf {
 }
 
 fn with_key(config: &mut Config) {
-    config.receipts.key = Some(kept_file(&SEED));
+    config.receipts.receipt_key = Some(kept_file(&SEED));
 }
 
 fn hook_input(session: &str, tool_use_id: &str, command: &str) -> Value {
@@ -219,8 +219,8 @@ async fn retired_keys_are_served_and_still_verify(app: TestApp) {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let app = app
         .restart_with(move |config| {
-            config.receipts.key = Some(new_key);
-            config.receipts.retired_keys = Some(retired);
+            config.receipts.receipt_key = Some(new_key);
+            config.receipts.receipt_retired_keys = Some(retired);
         })
         .await;
     let listed = app
@@ -281,7 +281,7 @@ async fn retired_keys_are_served_and_still_verify(app: TestApp) {
 backend_tests!(
     an_outcome_edited_in_the_database_does_not_run => super::with_key,
     a_broker_without_receipts_needs_the_explicit_opt_out => |c: &mut approval_broker::config::Config| {
-        c.receipts.mode = approval_broker::config::ReceiptsMode::Off
+        c.receipts.receipts = approval_broker::config::ReceiptsMode::Off
     },
     an_agent_reads_its_own_receipts_only => super::with_key,
     retired_keys_are_served_and_still_verify => super::with_key,

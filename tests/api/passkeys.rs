@@ -58,14 +58,14 @@ fn with_passkeys(config: &mut Config, quorum: u32) {
         step_up: Some(StepUp::Passkey),
         ..Approvers::default()
     });
-    config.passkeys.origins = vec![ORIGIN.into()];
+    config.passkeys.passkey_origin = vec![ORIGIN.into()];
     let path = tempfile::NamedTempFile::new()
         .unwrap()
         .into_temp_path()
         .keep()
         .unwrap();
     std::fs::write(&path, SEED).unwrap();
-    config.receipts.key = Some(path);
+    config.receipts.receipt_key = Some(path);
 }
 
 fn one_signed_approval(config: &mut Config) {

@@ -252,9 +252,9 @@ fn with_push(config: &mut Config) {
 }
 
 fn with_push_key(config: &mut Config, key: std::path::PathBuf) {
-    config.webhooks.allow_hosts = vec!["127.0.0.0/8".parse().expect("a network")];
-    config.webhooks.retry_min = Duration::from_millis(20);
-    config.push.vapid_key = Some(key);
+    config.webhooks.webhook_allow_hosts = vec!["127.0.0.0/8".parse().expect("a network")];
+    config.webhooks.webhook_retry_min = Duration::from_millis(20);
+    config.push.push_vapid_key = Some(key);
     config.auth.tokens = Some(format!(
         "agent bot {}\napprover alice {} groups=ops\napprover dave {}\nadmin root {}",
         hash_token(BOT),
@@ -347,8 +347,8 @@ backend_tests!(
 /// As [`with_push`], with two attempts a push and rounds of retries a moment apart.
 fn with_push_retried(config: &mut Config) {
     with_push(config);
-    config.push.attempts = 2;
-    config.webhooks.retry_max = Duration::from_millis(100);
+    config.push.push_attempts = 2;
+    config.webhooks.webhook_retry_max = Duration::from_millis(100);
 }
 
 /// A push service that fails every attempt at a push, then recovers, gets it in a later round
@@ -433,7 +433,7 @@ async fn calls_committed_while_no_broker_pushed_are_pushed_when_one_starts_unles
     let app = app
         .restart_with(move |c| {
             with_push_key(c, off);
-            c.push.mode = approval_broker::receipts::ReceiptsMode::Off;
+            c.push.push = approval_broker::receipts::ReceiptsMode::Off;
         })
         .await;
     submit_as_bot(
@@ -746,7 +746,7 @@ async fn a_call_taken_by_another_replica_while_the_pusher_was_stopped_is_pushed_
     let quiet = pusher
         .replica(|c| {
             with_push_key(c, key.clone());
-            c.push.mode = approval_broker::receipts::ReceiptsMode::Off;
+            c.push.push = approval_broker::receipts::ReceiptsMode::Off;
         })
         .await;
     let service = PushService::start().await;

@@ -557,13 +557,13 @@ fn configure_with_people(
     let api_url = slack.api_url();
     move |config: &mut Config| {
         crate::webhooks::allow_loopback(config);
-        config.webhooks.retry_min = Duration::from_millis(20);
-        config.webhooks.retry_max = Duration::from_millis(200);
-        config.webhooks.inbox_url = Some("https://approvals.example.com".into());
-        config.slack.file = Some(file);
-        config.slack.bot_token = Some(BOT_TOKEN.into());
-        config.slack.signing_secret = Some(SIGNING_SECRET.into());
-        config.slack.api_url = api_url;
+        config.webhooks.webhook_retry_min = Duration::from_millis(20);
+        config.webhooks.webhook_retry_max = Duration::from_millis(200);
+        config.webhooks.webhooks_inbox_url = Some("https://approvals.example.com".into());
+        config.slack.slack_file = Some(file);
+        config.slack.slack_bot_token = Some(BOT_TOKEN.into());
+        config.slack.slack_signing_secret = Some(SIGNING_SECRET.into());
+        config.slack.slack_api_url = api_url;
         config.policy.default_approvers = Some(Approvers {
             groups: vec!["ops".into()],
             quorum,
@@ -928,7 +928,10 @@ async fn reminders_and_escalations_are_threaded_under_the_message(backend: Backe
     )
     .unwrap();
     let path = ladder.path().to_owned();
-    let (app, slack, _dir) = start_with(backend, 1, move |c| c.escalation.file = Some(path)).await;
+    let (app, slack, _dir) = start_with(backend, 1, move |c| {
+        c.escalation.escalation_file = Some(path)
+    })
+    .await;
     submit_and_see_posted(&app, &slack, "c1", "").await;
     let ts = message_ts(&slack, "c1");
     for lead in ["Reminder", "Escalated"] {
@@ -992,8 +995,8 @@ async fn a_call_pending_before_slack_app_mode_started_is_posted_once(backend: Ba
 /// than every attempt could take: the call is posted then.
 async fn a_post_that_failed_every_attempt_is_made_at_the_next_start(backend: Backend) {
     let fast = |c: &mut Config| {
-        c.webhooks.timeout = Duration::from_millis(200);
-        c.slack.attempts = 2;
+        c.webhooks.webhook_timeout = Duration::from_millis(200);
+        c.slack.slack_attempts = 2;
     };
     let (mut app, down, dir) = start_with(backend, 1, fast).await;
     down.stop();
@@ -1062,7 +1065,7 @@ fn posts_of(slack: &FakeSlack, call_id: &str) -> usize {
 /// A post that failed every attempt is made again while the broker runs, once Slack answers:
 /// no restart. Its buttons then decide as any message's.
 async fn a_post_that_failed_every_attempt_is_made_later_without_a_restart(backend: Backend) {
-    let (app, slack, _dir) = start_with(backend, 1, |c| c.slack.attempts = 2).await;
+    let (app, slack, _dir) = start_with(backend, 1, |c| c.slack.slack_attempts = 2).await;
     // Both attempts fail, and so does the first round after them.
     slack.fail_next("chat.postMessage", 3);
     let message = submit_and_see_posted(&app, &slack, "c1", "").await;
@@ -1085,7 +1088,7 @@ async fn a_post_that_failed_every_attempt_is_made_later_without_a_restart(backen
 async fn while_slack_fails_a_call_decided_meanwhile_is_never_posted_and_its_update_is_made_later(
     backend: Backend,
 ) {
-    let (app, slack, _dir) = start_with(backend, 1, |c| c.slack.attempts = 2).await;
+    let (app, slack, _dir) = start_with(backend, 1, |c| c.slack.slack_attempts = 2).await;
     submit_and_see_posted(&app, &slack, "c1", "").await;
     slack.fail_next("chat.postMessage", 1000);
     slack.fail_next("chat.update", 1000);
@@ -1251,7 +1254,7 @@ async fn a_slack_api_on_an_internal_address_is_refused_at_start_naming_the_setti
         dir.path().join("approvals.db").display()
     ));
     configure(&slack, dir.path(), 1)(&mut config);
-    config.webhooks.allow_hosts.clear();
+    config.webhooks.webhook_allow_hosts.clear();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let refused = approval_broker::startup::run(listener, config, std::future::pending())
         .await

@@ -32,7 +32,7 @@ fn with_groups(config: &mut Config) {
         .keep()
         .unwrap();
     std::fs::write(&key, [7u8; 32]).unwrap();
-    config.receipts.key = Some(key);
+    config.receipts.receipt_key = Some(key);
     config.auth.tokens = Some(format!(
         "agent bot {}\nagent mallory {}\napprover alice {} groups=ops\napprover dave {}\n\
          auditor eve {}\nadmin root {}",

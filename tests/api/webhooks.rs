@@ -359,7 +359,7 @@ fn assert_duplicates_are_identical(received: &[Received]) {
 
 /// The receivers of these tests, on loopback, named in the allow-list.
 pub(crate) fn allow_loopback(config: &mut Config) {
-    config.webhooks.allow_hosts = vec![
+    config.webhooks.webhook_allow_hosts = vec![
         "127.0.0.0/8".parse().expect("a network"),
         "::1".parse().expect("an address"),
     ];
@@ -367,8 +367,8 @@ pub(crate) fn allow_loopback(config: &mut Config) {
 
 fn fast_retries(config: &mut Config) {
     allow_loopback(config);
-    config.webhooks.retry_min = Duration::from_millis(20);
-    config.webhooks.retry_max = Duration::from_millis(200);
+    config.webhooks.webhook_retry_min = Duration::from_millis(20);
+    config.webhooks.webhook_retry_max = Duration::from_millis(200);
 }
 
 // --- the tests ---------------------------------------------------------------------------------
@@ -378,12 +378,12 @@ backend_tests!(
     a_receiver_down_for_a_while_gets_everything_once_it_is_back => super::fast_retries,
     an_endpoint_that_keeps_failing_is_paused_with_its_last_error_and_resumes => |c: &mut approval_broker::config::Config| {
         super::fast_retries(c);
-        c.webhooks.pause_after = 3;
+        c.webhooks.webhook_pause_after = 3;
     },
     filters_admit_only_the_events_they_name => super::allow_loopback,
     slack_messages_have_the_documented_shape_and_link_to_the_call_in_the_inbox => |c: &mut approval_broker::config::Config| {
         super::allow_loopback(c);
-        c.webhooks.inbox_url = Some("https://approvals.example.com/inbox/".into());
+        c.webhooks.webhooks_inbox_url = Some("https://approvals.example.com/inbox/".into());
     },
     webhook_administration_refuses_what_it_cannot_do_and_names_the_field => super::allow_loopback,
     a_test_event_is_signed_and_reports_whether_it_arrived => super::allow_loopback,
@@ -393,7 +393,7 @@ backend_tests!(
     a_url_with_a_user_name_or_password_is_refused_naming_the_field => super::allow_loopback,
     a_refusing_receivers_answer_is_never_echoed_only_its_status => |c: &mut approval_broker::config::Config| {
         super::fast_retries(c);
-        c.webhooks.pause_after = 3;
+        c.webhooks.webhook_pause_after = 3;
     },
     list_webhooks_clears_the_last_error_once_a_later_delivery_succeeds => super::fast_retries,
 );
@@ -804,7 +804,7 @@ async fn endpoints_from_the_webhooks_file_are_loaded_at_start_and_keep_their_cur
     let app = app
         .restart_with(|c| {
             allow_loopback(c);
-            c.webhooks.file = Some(file.clone());
+            c.webhooks.webhooks_file = Some(file.clone());
         })
         .await;
     let hook = listed(&app, "from-file").await;
@@ -820,7 +820,7 @@ async fn endpoints_from_the_webhooks_file_are_loaded_at_start_and_keep_their_cur
     let app = app
         .restart_with(|c| {
             allow_loopback(c);
-            c.webhooks.file = Some(file.clone());
+            c.webhooks.webhooks_file = Some(file.clone());
         })
         .await;
     assert_eq!(listed(&app, "from-file").await.cursor, cursor);
@@ -1021,7 +1021,7 @@ async fn webhooks_aimed_inward_are_refused_for_each_address_class_unless_allowed
     // The receivers an operator names are allowed, and only those.
     let app = app
         .restart_with(|c| {
-            c.webhooks.allow_hosts = vec![
+            c.webhooks.webhook_allow_hosts = vec![
                 "127.0.0.1".parse().unwrap(),
                 "::1/128".parse().unwrap(),
                 "localhost".parse().unwrap(),

@@ -341,42 +341,32 @@ pub struct PushFlags {
     /// Web Push to approvers' browsers: `auto` (on with SQLite, whose VAPID key is generated
     /// beside the database on first start; on with Postgres when --push-vapid-key is given),
     /// `on` (refuses to start without a key on Postgres), or `off`.
-    #[arg(
-        id = "push",
-        long = "push",
-        env = "APPROVALS_PUSH",
-        default_value = "auto"
-    )]
-    pub mode: ReceiptsMode,
+    #[arg(long, env = "APPROVALS_PUSH", default_value = "auto")]
+    pub push: ReceiptsMode,
 
     /// The VAPID key (ECDSA P-256, a PKCS#8 `PRIVATE KEY` PEM). Default with SQLite:
     /// `<database file>.vapid-key.pem`, created (mode 0600) on first start. Every replica of a
     /// Postgres broker must be given the same one. A new key orphans every subscription.
-    #[arg(
-        id = "push_vapid_key",
-        long = "push-vapid-key",
-        env = "APPROVALS_PUSH_VAPID_KEY"
-    )]
-    pub vapid_key: Option<std::path::PathBuf>,
+    #[arg(long, env = "APPROVALS_PUSH_VAPID_KEY")]
+    pub push_vapid_key: Option<std::path::PathBuf>,
 
     /// The contact push services see in each VAPID token (`sub`): `mailto:` or `https:`.
     #[arg(
-        id = "push_subject",
-        long = "push-subject",
+        long,
         env = "APPROVALS_PUSH_SUBJECT",
         default_value = "mailto:approvals@localhost"
     )]
-    pub subject: String,
+    pub push_subject: String,
 
     /// How long a push service keeps a message for a browser that is offline (`TTL`).
-    #[arg(id = "push_ttl", long = "push-ttl", env = "APPROVALS_PUSH_TTL", default_value = "1h", value_parser = parse_duration)]
-    pub ttl: Duration,
+    #[arg(long, env = "APPROVALS_PUSH_TTL", default_value = "1h", value_parser = parse_duration)]
+    pub push_ttl: Duration,
 
     /// Attempts at one message on 429, 5xx or no answer; the waits between them start at
     /// --webhook-retry-min and double. Each attempt ends within --webhook-timeout. A message
     /// that fails every attempt is tried again in rounds, from --webhook-retry-max doubling.
-    #[arg(id = "push_attempts", long = "push-attempts", env = "APPROVALS_PUSH_ATTEMPTS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=10))]
-    pub attempts: u32,
+    #[arg(long, env = "APPROVALS_PUSH_ATTEMPTS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=10))]
+    pub push_attempts: u32,
 }
 
 /// Starts Web Push as `flags` say: loads or creates the VAPID key, starts the sender where it
@@ -392,13 +382,13 @@ pub async fn start(
     delivery: &DeliverySettings,
 ) -> Result<Option<Arc<Registry>>> {
     let egress = Arc::clone(&delivery.egress);
-    if flags.mode == ReceiptsMode::Off {
+    if flags.push == ReceiptsMode::Off {
         return Ok(None);
     }
-    let vapid = match (&flags.vapid_key, home) {
+    let vapid = match (&flags.push_vapid_key, home) {
         (Some(path), _) => Vapid::load(path)?,
         (None, KeyHome::BesideFile(database)) => Vapid::load_or_create(&vapid::beside(database))?,
-        (None, KeyHome::Shared) if flags.mode == ReceiptsMode::On => {
+        (None, KeyHome::Shared) if flags.push == ReceiptsMode::On => {
             return Err(Error::invalid(
                 "--push-vapid-key",
                 "is required for Web Push on Postgres: every replica must sign with the same key",
@@ -412,7 +402,7 @@ pub async fn start(
             return Ok(None);
         }
     };
-    if !(flags.subject.starts_with("mailto:") || flags.subject.starts_with("https:")) {
+    if !(flags.push_subject.starts_with("mailto:") || flags.push_subject.starts_with("https:")) {
         return Err(Error::invalid(
             "--push-subject",
             "must be a mailto: or https: URL push services can reach the operator at",
@@ -423,10 +413,10 @@ pub async fn start(
     let pusher = Pusher::new(
         Arc::clone(&vapid),
         PushSettings {
-            subject: flags.subject.clone(),
-            ttl: flags.ttl,
+            subject: flags.push_subject.clone(),
+            ttl: flags.push_ttl,
             timeout: delivery.timeout,
-            attempts: flags.attempts,
+            attempts: flags.push_attempts,
             retry_min: delivery.retry_min,
             egress: Arc::clone(&egress),
         },
