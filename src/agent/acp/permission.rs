@@ -1,4 +1,4 @@
-//! An ACP agent's `session/request_permission` read as a broker call, and a broker verdict
+//! An ACP agent's `session/request_permission` read as a broker call, and the broker's review
 //! written back as the agent's answer. This file does no I/O: the proxy ([`super::proxy`]) reads
 //! the lines and talks to the broker.
 //!
@@ -33,7 +33,7 @@
 //! # The answer
 //! Options are chosen by their `kind` only, never by their id or name: an APPROVED outcome
 //! (verified against its receipt by the proxy) selects `allow_once` (or `allow_always`, see
-//! [`Verdict::Allow`]); anything else selects `reject_once`, or `reject_always` for a denial a
+//! [`Reviewed::Allow`]); anything else selects `reject_once`, or `reject_always` for a denial a
 //! broker grant made; with no option of the kind needed the answer is `cancelled`. Never an
 //! allow for anything but a verified approval.
 
@@ -269,19 +269,19 @@ impl PermissionRequest {
         self.options.iter().find(|option| option.kind == kind)
     }
 
-    /// The answer `verdict` calls for, chosen among the offered options by kind.
-    pub fn answer(&self, verdict: &Verdict) -> Answer {
-        let wanted: &[OptionKind] = match verdict {
-            Verdict::Allow {
+    /// The answer `reviewed` calls for, chosen among the offered options by kind.
+    pub fn answer(&self, reviewed: &Reviewed) -> Answer {
+        let wanted: &[OptionKind] = match reviewed {
+            Reviewed::Allow {
                 remembered: true, ..
             } => &[OptionKind::AllowAlways, OptionKind::AllowOnce],
-            Verdict::Allow {
+            Reviewed::Allow {
                 remembered: false, ..
             } => &[OptionKind::AllowOnce],
-            Verdict::Reject {
+            Reviewed::Reject {
                 remembered: true, ..
             } => &[OptionKind::RejectAlways, OptionKind::RejectOnce],
-            Verdict::Reject {
+            Reviewed::Reject {
                 remembered: false, ..
             } => &[OptionKind::RejectOnce],
         };
@@ -294,7 +294,7 @@ impl PermissionRequest {
 
 /// What the broker's review calls for, before an option is chosen.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
+pub enum Reviewed {
     /// A verified APPROVED outcome. `remembered`: the agent may be told "always" (only when the
     /// proxy is asked to, and a remembered decision approved the call); `reason` says who
     /// approved.
@@ -402,8 +402,8 @@ mod tests {
         ])
     }
 
-    fn allow(remembered: bool) -> Verdict {
-        Verdict::Allow {
+    fn allow(remembered: bool) -> Reviewed {
+        Reviewed::Allow {
             remembered,
             reason: "approved".into(),
         }
@@ -422,13 +422,13 @@ mod tests {
     #[test]
     fn options_are_chosen_by_kind_never_by_id_or_name() {
         let request = claude_code_acp();
-        let chosen = |verdict| match request.answer(&verdict) {
+        let chosen = |reviewed| match request.answer(&reviewed) {
             Answer::Selected(option) => option.option_id,
             Answer::Cancelled => "cancelled".into(),
         };
         assert_eq!(chosen(allow(false)), "reject");
         assert_eq!(chosen(allow(true)), "forever");
-        let reject = |remembered| Verdict::Reject {
+        let reject = |remembered| Reviewed::Reject {
             remembered,
             reason: "no".into(),
         };
@@ -446,7 +446,7 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(only_always.answer(&allow(false)), Answer::Cancelled);
-        let reject = Verdict::Reject {
+        let reject = Reviewed::Reject {
             remembered: false,
             reason: "no".into(),
         };

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use super::AcpProxyArgs;
-use super::permission::{self, Answer, PermissionRequest, Verdict};
+use super::permission::{self, Answer, PermissionRequest, Reviewed};
 use super::tool_calls::ToolCalls;
 use crate::agent::hook::receipt_check::{NoKeys, ReceiptCheck};
 use crate::agent::hook::review::{self, BrokerAddress, Review};
@@ -178,7 +178,7 @@ struct Reviewer {
 impl Reviewer {
     /// What the broker's review of `request` calls for. Every path but a verified APPROVED
     /// outcome rejects, saying why.
-    async fn verdict(&self, request: &PermissionRequest, workspace: Option<&str>) -> Verdict {
+    async fn review(&self, request: &PermissionRequest, workspace: Option<&str>) -> Reviewed {
         match self.check.keys().await {
             Ok(_) => {}
             Err(NoKeys::Unreachable(error)) => return reject(format!("{error}")),
@@ -201,7 +201,7 @@ impl Reviewer {
         request: &PermissionRequest,
         outcome: &pb::Outcome,
         input: &Value,
-    ) -> Verdict {
+    ) -> Reviewed {
         // A remembered decision (a grant) decided the call; the outcome says no more of scopes.
         let remembered = outcome.decided_by.starts_with("grant:");
         if outcome.status != pb::CallStatus::Approved as i32 {
@@ -210,7 +210,7 @@ impl Reviewer {
             } else {
                 outcome.tool_result.clone()
             };
-            return Verdict::Reject {
+            return Reviewed::Reject {
                 remembered: remembered && outcome.status == pb::CallStatus::Denied as i32,
                 reason,
             };
@@ -228,7 +228,7 @@ impl Reviewer {
             .approve(&request.session_id, &request.tool_call_id, outcome, input)
             .await
         {
-            Ok(()) => Verdict::Allow {
+            Ok(()) => Reviewed::Allow {
                 remembered: remembered && self.allow_always,
                 reason: format!(
                     "Approved through the approval broker ({}).",
@@ -240,8 +240,8 @@ impl Reviewer {
     }
 }
 
-fn reject(reason: String) -> Verdict {
-    Verdict::Reject {
+fn reject(reason: String) -> Reviewed {
+    Reviewed::Reject {
         remembered: false,
         reason,
     }
@@ -457,8 +457,8 @@ impl Proxy {
         // Inserted under the same lock the task takes to remove it: its answer cannot come
         // before it is pending.
         let task = tokio::spawn(async move {
-            let verdict = proxy.reviewer.verdict(&request, workspace.as_deref()).await;
-            proxy.answer(&task_key, &request, &verdict);
+            let reviewed = proxy.reviewer.review(&request, workspace.as_deref()).await;
+            proxy.answer(&task_key, &request, &reviewed);
         });
         state.pending.insert(
             key,
@@ -472,14 +472,14 @@ impl Proxy {
     }
 
     /// Answers a reviewed request, unless a cancel answered it first.
-    fn answer(&self, key: &str, request: &PermissionRequest, verdict: &Verdict) {
+    fn answer(&self, key: &str, request: &PermissionRequest, reviewed: &Reviewed) {
         let Some(pending) = self.state().pending.remove(key) else {
             return;
         };
-        let answer = request.answer(verdict);
-        let (approved, reason) = match verdict {
-            Verdict::Allow { reason, .. } => (true, reason),
-            Verdict::Reject { reason, .. } => (false, reason),
+        let answer = request.answer(reviewed);
+        let (approved, reason) = match reviewed {
+            Reviewed::Allow { reason, .. } => (true, reason),
+            Reviewed::Reject { reason, .. } => (false, reason),
         };
         warn(&format!(
             "session `{}`, tool call `{}`: {reason} Answered {}.",

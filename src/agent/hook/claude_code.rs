@@ -24,7 +24,7 @@
 use serde_json::{Map, Value, json};
 
 use super::host_call::{
-    Answer, Host, HostCall, HostHook, Rendered, approver_message, json_object, optional_string,
+    Answer, HookHost, HostCall, HostHook, Rendered, approver_message, json_object, optional_string,
     required_object, required_string, summary_title,
 };
 
@@ -48,7 +48,7 @@ impl HookEvent {
 }
 
 impl HostHook for ClaudeCode {
-    const HOST: Host = Host::ClaudeCode;
+    const HOST: HookHost = HookHost::ClaudeCode;
     type Event = HookEvent;
 
     fn parse(text: &str) -> Result<(HookEvent, HostCall), String> {
@@ -95,7 +95,7 @@ pub fn parse(text: &str) -> Result<(HookEvent, HostCall), String> {
     let call_id =
         tool_use_id.unwrap_or_else(|| format!("permission-request-{}", uuid::Uuid::now_v7()));
     let message = approver_message(
-        Host::ClaudeCode,
+        HookHost::ClaudeCode,
         (&tool_name, &tool_input),
         &session_id,
         event.name(),
@@ -214,7 +214,7 @@ mod tests {
         let (event, call) = pre_tool_use(json!({"command": "cat <<EOF\nrm -rf /\nEOF"}));
         assert_eq!(event, HookEvent::PreToolUse);
         assert_eq!(call.title, "Bash: cat <<EOF rm -rf / EOF");
-        let spec = call.spec(Host::ClaudeCode, None);
+        let spec = call.spec(HookHost::ClaudeCode, None);
         assert_eq!(
             (
                 spec.call_id.as_str(),

@@ -43,7 +43,7 @@
 use serde_json::{Map, Value, json};
 
 use super::host_call::{
-    Answer, Host, HostCall, HostHook, Rendered, approver_message, derived_call_id, json_object,
+    Answer, HookHost, HostCall, HostHook, Rendered, approver_message, derived_call_id, json_object,
     optional_string, required_object, required_string, summary_title,
 };
 
@@ -67,7 +67,7 @@ impl CodexEvent {
 }
 
 impl HostHook for Codex {
-    const HOST: Host = Host::Codex;
+    const HOST: HookHost = HookHost::Codex;
     type Event = CodexEvent;
 
     fn parse(text: &str) -> Result<(CodexEvent, HostCall), String> {
@@ -130,7 +130,7 @@ pub fn parse(text: &str) -> Result<(CodexEvent, HostCall), String> {
         facts.push(format!("model `{model}`"));
     }
     let message = approver_message(
-        Host::Codex,
+        HookHost::Codex,
         (&tool_name, &tool_input),
         &session_id,
         event.name(),
@@ -280,7 +280,7 @@ mod tests {
     fn a_pre_tool_use_is_the_call_its_tool_use_id_names() {
         let (event, call) = parse(&input("PreToolUse").to_string()).expect("valid");
         assert_eq!(event, CodexEvent::PreToolUse);
-        let spec = call.spec(Host::Codex, None);
+        let spec = call.spec(HookHost::Codex, None);
         assert_eq!(spec.call_id, "call_abc");
         assert_eq!(
             (

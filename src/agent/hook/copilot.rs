@@ -41,7 +41,7 @@
 use serde_json::{Map, Value, json};
 
 use super::host_call::{
-    Answer, Host, HostCall, HostHook, Rendered, approver_message, derived_call_id, json_object,
+    Answer, HookHost, HostCall, HostHook, Rendered, approver_message, derived_call_id, json_object,
     optional_string, required_string, summary_title,
 };
 
@@ -71,7 +71,7 @@ pub enum CopilotEvent {
 }
 
 impl HostHook for Copilot {
-    const HOST: Host = Host::Copilot;
+    const HOST: HookHost = HookHost::Copilot;
     type Event = CopilotEvent;
 
     fn parse(text: &str) -> Result<(CopilotEvent, HostCall), String> {
@@ -195,7 +195,7 @@ pub fn parse(text: &str) -> Result<(CopilotEvent, HostCall), String> {
         _ => Vec::new(),
     };
     let message = approver_message(
-        Host::Copilot,
+        HookHost::Copilot,
         (&tool_name, &tool_input),
         &session_id,
         keys.event,
@@ -340,7 +340,7 @@ mod tests {
         assert_eq!(event, CopilotEvent::PreToolUse(ArgsForm::Object));
         assert!(call.call_id.starts_with("copilot-"));
         assert_eq!(call.call_id, parse(&camel().to_string()).unwrap().1.call_id);
-        assert_eq!(call.spec(Host::Copilot, None).host, "copilot");
+        assert_eq!(call.spec(HookHost::Copilot, None).host, "copilot");
         assert_eq!(call.title, "bash: npm test");
 
         let (event, call) = parse(&pascal().to_string()).expect("pascal");

@@ -39,7 +39,7 @@
 use serde_json::{Map, Value, json};
 
 use super::host_call::{
-    Answer, Host, HostCall, HostHook, Rendered, approver_message, derived_call_id, json_object,
+    Answer, HookHost, HostCall, HostHook, Rendered, approver_message, derived_call_id, json_object,
     optional_string, required_object, required_string, summary_title,
 };
 
@@ -67,7 +67,7 @@ impl CursorEvent {
 }
 
 impl HostHook for Cursor {
-    const HOST: Host = Host::Cursor;
+    const HOST: HookHost = HookHost::Cursor;
     type Event = CursorEvent;
 
     fn parse(text: &str) -> Result<(CursorEvent, HostCall), String> {
@@ -163,7 +163,7 @@ pub fn parse(text: &str) -> Result<(CursorEvent, HostCall), String> {
         .into_iter()
         .collect();
     let message = approver_message(
-        Host::Cursor,
+        HookHost::Cursor,
         (&tool_name, &tool_input),
         &session_id,
         event.name(),
@@ -290,7 +290,7 @@ mod tests {
             (event, call.call_id.as_str()),
             (CursorEvent::PreToolUse, "tu-1")
         );
-        let spec = call.spec(Host::Cursor, None);
+        let spec = call.spec(HookHost::Cursor, None);
         assert_eq!(
             (spec.host.as_str(), spec.workspace.as_str()),
             ("cursor", "/work/repo")

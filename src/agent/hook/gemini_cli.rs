@@ -30,7 +30,7 @@
 use serde_json::{Map, Value, json};
 
 use super::host_call::{
-    Answer, Host, HostCall, HostHook, Rendered, approver_message, derived_call_id, json_object,
+    Answer, HookHost, HostCall, HostHook, Rendered, approver_message, derived_call_id, json_object,
     optional_string, required_object, required_string, summary_title,
 };
 
@@ -42,7 +42,7 @@ pub struct GeminiCli;
 pub struct BeforeTool;
 
 impl HostHook for GeminiCli {
-    const HOST: Host = Host::GeminiCli;
+    const HOST: HookHost = HookHost::GeminiCli;
     type Event = BeforeTool;
 
     fn parse(text: &str) -> Result<(BeforeTool, HostCall), String> {
@@ -105,7 +105,7 @@ pub fn parse(text: &str) -> Result<HostCall, String> {
         details.push(format!("The model asked for `{original}`."));
     }
     let message = approver_message(
-        Host::GeminiCli,
+        HookHost::GeminiCli,
         (&tool_name, &tool_input),
         &session_id,
         "BeforeTool",
@@ -205,7 +205,7 @@ mod tests {
         assert_eq!(call.call_id, parse(&input().to_string()).unwrap().call_id);
         assert!(call.call_id.starts_with("gemini-"));
         assert_eq!(call.title, "run_shell_command: ls -la");
-        let spec = call.spec(Host::GeminiCli, None);
+        let spec = call.spec(HookHost::GeminiCli, None);
         assert_eq!(
             (spec.host.as_str(), spec.workspace.as_str()),
             ("gemini-cli", "/work/repo")

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::receipt_check::{NoKeys, ReceiptCheck, ReceiptCheckArgs, Unverified};
 use super::review::{BrokerAddress, Review, ReviewError, one_line, review};
+use crate::domain::Host;
 use crate::domain::json::canonical;
 use crate::domain::receipt::sha256_hex;
 use crate::proto::v1 as pb;
@@ -81,9 +82,10 @@ pub enum FailClosed {
     Ask,
 }
 
-/// The agent hosts with a hook adapter, as `CallSpec.host` names them.
+/// The agent hosts with a hook adapter: those of [`Host`] (the hosts the broker knows) that
+/// call a hook command, which `acp` is not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Host {
+pub enum HookHost {
     ClaudeCode,
     Codex,
     GeminiCli,
@@ -91,26 +93,31 @@ pub enum Host {
     Cursor,
 }
 
-impl Host {
-    /// The name `CallSpec.host` and the command line use.
-    pub fn id(self) -> &'static str {
+impl HookHost {
+    /// The host as the broker knows it.
+    pub fn host(self) -> Host {
         match self {
-            Host::ClaudeCode => "claude-code",
-            Host::Codex => "codex",
-            Host::GeminiCli => "gemini-cli",
-            Host::Copilot => "copilot",
-            Host::Cursor => "cursor",
+            HookHost::ClaudeCode => Host::ClaudeCode,
+            HookHost::Codex => Host::Codex,
+            HookHost::GeminiCli => Host::GeminiCli,
+            HookHost::Copilot => Host::Copilot,
+            HookHost::Cursor => Host::Cursor,
         }
+    }
+
+    /// The name `CallSpec.host` and the command line use: the broker's own.
+    pub fn id(self) -> &'static str {
+        self.host().as_str()
     }
 
     /// The name people know the host by, in the approver's message.
     pub fn label(self) -> &'static str {
         match self {
-            Host::ClaudeCode => "Claude Code",
-            Host::Codex => "Codex",
-            Host::GeminiCli => "Gemini CLI",
-            Host::Copilot => "GitHub Copilot",
-            Host::Cursor => "Cursor",
+            HookHost::ClaudeCode => "Claude Code",
+            HookHost::Codex => "Codex",
+            HookHost::GeminiCli => "Gemini CLI",
+            HookHost::Copilot => "GitHub Copilot",
+            HookHost::Cursor => "Cursor",
         }
     }
 
@@ -118,9 +125,9 @@ impl Host {
     /// timeout, so that an unconfigured host still hears "deny" before it gives up on the hook.
     pub fn default_timeout(self) -> Duration {
         match self {
-            Host::ClaudeCode | Host::Codex => Duration::from_secs(300),
-            Host::GeminiCli => Duration::from_secs(40),
-            Host::Copilot | Host::Cursor => Duration::from_secs(15),
+            HookHost::ClaudeCode | HookHost::Codex => Duration::from_secs(300),
+            HookHost::GeminiCli => Duration::from_secs(40),
+            HookHost::Copilot | HookHost::Cursor => Duration::from_secs(15),
         }
     }
 }
@@ -146,7 +153,7 @@ pub struct HostCall {
 
 impl HostCall {
     /// The broker call `host` submits; `workspace` (from `--workspace`) wins over the call's cwd.
-    pub fn spec(&self, host: Host, workspace: Option<&str>) -> pb::CallSpec {
+    pub fn spec(&self, host: HookHost, workspace: Option<&str>) -> pb::CallSpec {
         let workspace = workspace
             .or(self.cwd.as_deref())
             .filter(|w| !w.chars().any(char::is_control))
@@ -179,7 +186,7 @@ pub fn summary_title(tool_name: &str, tool_input: &Map<String, Value>) -> String
 /// the call when the input has one), in which session, from which hook; `facts` are added to
 /// that line (e.g. a permission mode), `details` as paragraphs after it (e.g. an MCP server).
 pub fn approver_message(
-    host: Host,
+    host: HookHost,
     call: (&str, &Map<String, Value>),
     session_id: &str,
     event: &str,
@@ -330,7 +337,7 @@ impl Answer {
 /// One host's hook: how it reads its input and writes its answers. Everything between (the
 /// review, the receipt check, failing closed) is [`answer`]'s, the same for every host.
 pub trait HostHook {
-    const HOST: Host;
+    const HOST: HookHost;
     /// Which of the host's hook events an input is, with what its answer's shape depends on.
     type Event;
 
@@ -544,7 +551,7 @@ fn unverified_answer(unverified: &Unverified) -> Answer {
 }
 
 /// A line on standard error, which the hosts show their user (standard output is the answer).
-pub fn warn(host: Host, message: &str) {
+pub fn warn(host: HookHost, message: &str) {
     eprintln!("approval-broker hook {}: {message}", host.id());
 }
 
@@ -643,11 +650,11 @@ mod tests {
             message: "m".into(),
         };
         let names: Vec<String> = [
-            Host::ClaudeCode,
-            Host::Codex,
-            Host::GeminiCli,
-            Host::Copilot,
-            Host::Cursor,
+            HookHost::ClaudeCode,
+            HookHost::Codex,
+            HookHost::GeminiCli,
+            HookHost::Copilot,
+            HookHost::Cursor,
         ]
         .into_iter()
         .map(|host| call.spec(host, None).host)
@@ -656,10 +663,10 @@ mod tests {
             names,
             ["claude-code", "codex", "gemini-cli", "copilot", "cursor"]
         );
-        assert_eq!(call.spec(Host::Codex, None).workspace, "/repo");
-        assert_eq!(call.spec(Host::Codex, Some("/w")).workspace, "/w");
+        assert_eq!(call.spec(HookHost::Codex, None).workspace, "/repo");
+        assert_eq!(call.spec(HookHost::Codex, Some("/w")).workspace, "/w");
         let mut bad = call.clone();
         bad.cwd = Some("/re\npo".into());
-        assert_eq!(bad.spec(Host::Codex, None).workspace, "");
+        assert_eq!(bad.spec(HookHost::Codex, None).workspace, "");
     }
 }
