@@ -36,8 +36,9 @@
 //!   (`background::expiry::Sweeps`).
 //! - `store/`: storage behind small traits (`Calls`, `Deadlines`, `EventLog`, `Policies`,
 //!   `Webhooks`, `Lifecycle`, `Receipts`, over the shared reads of `Backend`), one backend each:
-//!   `sqlite/` (its one `writer` thread) and `postgres`, each beginning the transactions the
-//!   group commit (`operations::tx`) runs submits, decisions and cancels in; the SQL both run is
+//!   `sqlite/` (its one `writer` thread) and `postgres`, each giving the broker its `Writes`
+//!   (the group commit of `operations::tx` over the backend's transactions, or Postgres's own
+//!   transactions without `--postgres-group-commit`); the SQL both run is
 //!   written once (`statements`), as is the keyset `listing`; the feature tables (`webhooks`, `push`, `slack`, `passkeys`) and rule and
 //!   grant administration (`policies`) are each written once over the `Transact` port;
 //!   `database` parses the URL once; `health` is told inside every transaction and shared read

@@ -1,6 +1,8 @@
 //! The broker: the one facade every surface (the gRPC services, and anything after them) calls.
-//! Each operation judges what can be judged ahead (`prejudge`), runs through the store (whose
-//! operations are written once, in `crate::operations`), and only after it committed tells the
+//! Each operation judges what can be judged ahead (`prejudge`), writes through the `Writes` port
+//! the store gives it (the group commit of `crate::operations::tx`, or Postgres's own
+//! transactions; the operations are written once, in `crate::operations`), and only after it
+//! committed tells the
 //! event fan-out, the deadline sweeper and the meters. The services in `surface/grpc/` translate
 //! protobuf to these calls and back, nothing more; they never reach the store themselves.
 //!

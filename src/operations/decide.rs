@@ -256,7 +256,7 @@ pub async fn preview(
 /// Whether `decision` writes nothing but its own call's outcome, whatever call it decides: an
 /// approval that remembers nothing (a denial may skip the rest of its batch; a grant decides the
 /// calls it covers). Postgres writes such a decision in one statement, where the call needs none
-/// of [`decide_in`]'s other checks (see `store::postgres::approval`).
+/// of [`decide_in`]'s other checks (see `store::PostgresStore`'s `approve_at_once`).
 pub fn approves_only(decision: &Decision) -> bool {
     decision.verdict == Verdict::Approve
         && decision.remember.is_none()

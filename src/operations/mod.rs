@@ -2,10 +2,12 @@
 //! function over one open transaction of a backend ([`tx`]'s primitives), holding the rules of
 //! that operation and nothing about SQL or gRPC.
 //!
-//! A backend runs them (SQLite groups several into one transaction on its writer thread;
-//! Postgres runs each in its own), and only then are their reports acknowledged. The lock-order
-//! rules that keep concurrent transactions and replicas correct are stated once, in [`tx`], beside
-//! the [`Writes`] port the broker writes through and the group commit that runs the writes.
+//! Submits, decisions and cancels reach them through the [`Writes`] port the broker holds: on
+//! SQLite (and Postgres under `--postgres-group-commit`) the group commit in [`tx`], which runs
+//! the writes queued meanwhile in one transaction; otherwise Postgres runs each in its own. The
+//! rest a backend runs in transactions of its own. Either way a report is acknowledged only after
+//! its commit. The lock-order rules that keep concurrent transactions and replicas correct are
+//! stated once, in [`tx`].
 //!
 //! - [`submit`]: store a batch, recognise retries, supersede, let rules and grants decide.
 //! - [`decide`]: an approver's verdict, first decision wins; a remembered one creates a grant.

@@ -1,9 +1,9 @@
 //! Transactions: the ports every operation is written over, the rules that keep operations
 //! correct when several transactions (or replicas) run at once, and how the API's writes run in
-//! them (the [`Writes`] port the broker writes through, and the group commit behind it). Each
-//! backend implements [`WriteTx`] and [`PolicyTx`] over one of its transactions, and
-//! [`Transactions`] to begin one; the operations never see SQL, and the backends never decide
-//! anything. Nothing here names a backend: the group commit is generic over [`Transactions`], so
+//! them (the [`Writes`] port the broker writes through, and the group commit behind it).
+//! [`WriteTx`] and [`PolicyTx`] are implemented once over any backend's transaction
+//! (`store::primitives`), and each backend implements [`Transactions`] to begin one; the
+//! operations never see SQL, and the backends never decide anything. Nothing here names a backend: the group commit is generic over [`Transactions`], so
 //! SQLite's writer thread and a Postgres replica's writer task are one piece of code.
 //!
 //! The rules, stated once here and kept by every operation:

@@ -50,9 +50,9 @@ use crate::domain::{
     SessionId, Timestamp, ToolResultTexts,
 };
 use crate::error::Result;
+use crate::operations::Writes;
 use health::{StorageHealth, Watch};
 
-use crate::operations::Writes;
 pub use database::{DATABASE_URL_SETTING, Database};
 pub use postgres::PostgresStore;
 pub use push_rows::StoredPushSubscription;

@@ -17,7 +17,7 @@
 //! treat as a hint to read (a lost notification only delays an event: each replica also polls).
 //!
 //! Under `--postgres-group-commit`, submits, decisions and cancels are group-committed
-//! (`operations::tx`'s group commit, as on SQLite): one task per replica runs the writes queued meanwhile in one
+//! (`operations::tx`, as on SQLite): one task per replica runs the writes queued meanwhile in one
 //! transaction, and that transaction numbers its events itself, last, under the sequencer's lock
 //! held through its commit, so it needs no sequencing transaction after it. Numbers are still
 //! taken in commit order: the lock is held until the numbers are visible, and the next holder
@@ -436,7 +436,7 @@ impl PostgresStore {
     /// through the whole transaction, which answers it exactly as before (a replay, a refusal, a
     /// vote). So do all decisions while receipts are on: a receipt is signed and chained in the
     /// outcome's transaction.
-    pub(super) async fn approve_at_once(
+    async fn approve_at_once(
         &self,
         key: &CallKey,
         decision: &Decision,

@@ -3,7 +3,7 @@
 //! parameters and decode the rows, plus the few steps that really differ: the locks Postgres
 //! needs and SQLite's one writer does not, and how a resolved call's event is written.
 //!
-//! No SQL text here (it is in `statements`), and nothing a backend would do differently: a
+//! No SQL text here (it is in `statements`, and a receipt's in `receipt_rows`), and nothing a backend would do differently: a
 //! difference belongs in [`SqlTx`], where both backends show what they do.
 
 use std::future::Future;

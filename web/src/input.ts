@@ -5,7 +5,7 @@
 // folded input must be unfolded before it is approved: `folded()` says whether anything is
 // still out of sight, `unfold()` shows it all.
 //
-// Calls from the MCP gateway (src/mcp/approval.rs) carry the server's tool hints in the input
+// Calls from the MCP gateway (src/agent/mcp/approval.rs) carry the server's tool hints in the input
 // (`_mcp_hints`) and name the server and tool in the message; they are shown as flags and
 // fields, labelled as what the server declares (nobody checks them).
 import { h } from "./dom";
@@ -21,9 +21,9 @@ const SHELL_TOOL = /bash|shell|zsh|terminal|command|exec|^sh$|^cmd$|^run$/i;
 /** Where such a tool's input holds the command. */
 const COMMAND_KEYS = ["command", "cmd", "script"];
 
-/** The input key the MCP gateway puts the tool's annotations under (src/mcp/approval.rs). */
+/** The input key the MCP gateway puts the tool's annotations under (src/agent/mcp/approval.rs). */
 const HINTS_KEY = "_mcp_hints";
-/** The first sentence of the gateway's message; src/mcp/approval.rs's test
+/** The first sentence of the gateway's message; src/agent/mcp/approval.rs's test
  * `the_message_opens_with_the_sentence_the_inbox_reads_the_server_and_tool_from` checks that
  * both still say the same. */
 const MCP_MESSAGE = /^An MCP client asks to run the tool `([^`]*)` of the server `([^`]*)`\./;

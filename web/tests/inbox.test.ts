@@ -506,7 +506,7 @@ describe("a pending card shows what would run", () => {
   test("an MCP call shows its server and tool as fields and the tool's hints as flags, its message without raw backticks", async () => {
     const page = await openInbox(TOKENS.alice);
     const session = unique("s-mcp");
-    // What the MCP gateway submits (src/mcp/approval.rs, call_spec).
+    // What the MCP gateway submits (src/agent/mcp/approval.rs, call_spec).
     await submit(session, [
       {
         id: "m1",

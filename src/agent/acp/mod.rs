@@ -8,7 +8,7 @@
 //! # Layout
 //! - [`proxy`]: the relay, the agent process, pending reviews and `session/cancel`.
 //! - [`permission`]: a permission request as a broker call (the input shape is documented
-//!   there), and a verdict as the option the agent gets.
+//!   there), and the broker's review (`Reviewed`) as the option the agent gets.
 //! - [`tool_calls`]: what the agent announced of each tool call before asking.
 //!
 //! Like the hooks, it fails closed: only an APPROVED outcome checked against its signed receipt

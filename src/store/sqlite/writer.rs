@@ -1,11 +1,11 @@
 //! SQLite's write transactions, run by rusqlite on the store's writer thread.
 //!
 //! Every write of the SQLite backend runs on one thread that owns the one write connection (see
-//! the group commit in `operations::tx`), and its statements execute right there. Through sqlx, each statement went
-//! to the connection's worker thread and back, and those hand-offs (a wake-up each way) cost
-//! several times what SQLite spent on the statement; this path has none, and its prepared
-//! statements are cached. Writers are serialised by the one connection and `BEGIN IMMEDIATE`, so
-//! there is nothing to lock, and an event's row id is its sequence number.
+//! the group commit in `operations::tx`), and its statements execute right there. Through sqlx,
+//! each statement went to the connection's worker thread and back, and those hand-offs (a
+//! wake-up each way) cost several times what SQLite spent on the statement; this path has none,
+//! and its prepared statements are cached. Writers are serialised by the one connection and
+//! `BEGIN IMMEDIATE`, so there is nothing to lock, and an event's row id is its sequence number.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt as _;
@@ -498,7 +498,8 @@ impl Transactions for WriteConnection {
 }
 
 /// A transaction on the write connection. It counts the writing statements it issued, so that a
-/// write of a group that fails before changing anything needs no rollback (see `operations::tx`, the group commit).
+/// write of a group that fails before changing anything needs no rollback (see the group commit,
+/// `operations::tx`).
 /// Dropped without a commit, it rolls back.
 pub struct SqliteTx {
     conn: Option<Connection>,
