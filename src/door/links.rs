@@ -161,7 +161,8 @@ impl LinkKey {
         self.mac(&link.call, link.expires)
             .verify_slice(&given)
             .map_err(|_| forged())?;
-        if now.as_micros().div_euclid(1_000_000) > link.expires {
+        // To the microsecond: expired as soon as its second has passed, not a second later.
+        if now.as_micros() > link.expires.saturating_mul(1_000_000) {
             return Err(Error::FailedPrecondition(
                 "the link has expired: open the inbox and find the call there, or ask for a new \
                  link"
@@ -283,8 +284,9 @@ mod tests {
                 .starts_with("https://approvals.example.com/#link=build-bot/s%201%2F%C3%A9/c1/")
         );
         assert_eq!(signer.check(&read, now).unwrap(), key("c1"));
-        // Expired.
-        let after = later.saturating_add(std::time::Duration::from_secs(1));
+        // Valid to its second, expired a microsecond after it (not a whole second later).
+        assert_eq!(signer.check(&read, later).unwrap(), key("c1"));
+        let after = later.saturating_add(std::time::Duration::from_micros(1));
         let err = signer.check(&read, after).unwrap_err();
         assert!(err.to_string().contains("expired"), "{err}");
         // For another call, with a longer life, or signed by another key: forged.

@@ -474,27 +474,35 @@ impl Verifier {
         Arc::clone(&self.keys.read().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// Verifies `token` now.
+    /// Verifies `token` now, to the millisecond: a token is refused as soon as `exp` plus the
+    /// clock skew has passed, not up to a second later (its `exp` is in whole seconds; the time
+    /// read in whole seconds would keep accepting it until the next one).
     pub fn verify(&self, token: &str) -> Result<Principal, Refusal> {
-        let now = SystemTime::now()
+        let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
-        self.verify_at(token, now)
+            .map_or(0, |d| d.as_millis() as i64);
+        self.verify_at_ms(token, now_ms)
     }
 
     /// Verifies `token` as of `now` (seconds since the epoch).
     pub fn verify_at(&self, token: &str, now: i64) -> Result<Principal, Refusal> {
+        self.verify_at_ms(token, now.saturating_mul(1000))
+    }
+
+    /// Verifies `token` as of `now_ms` (milliseconds since the epoch).
+    fn verify_at_ms(&self, token: &str, now_ms: i64) -> Result<Principal, Refusal> {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let skew = self.settings.clock_skew.as_secs() as i64;
+        let live = |exp: i64| now_ms <= exp.saturating_add(skew).saturating_mul(1000);
         if let Some((principal, exp)) = self.lock_verified().get(&digest)
-            && now <= exp + skew
+            && live(*exp)
         {
             return Ok(principal.clone());
         }
-        let (principal, exp) = self.verify_uncached(token, now)?;
+        let (principal, exp) = self.verify_uncached(token, now_ms)?;
         let mut verified = self.lock_verified();
         if verified.len() >= MAX_CACHED_TOKENS {
-            verified.retain(|_, (_, exp)| now <= *exp + skew);
+            verified.retain(|_, (_, exp)| live(*exp));
             if verified.len() >= MAX_CACHED_TOKENS {
                 verified.clear();
             }
@@ -507,7 +515,7 @@ impl Verifier {
         self.verified.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn verify_uncached(&self, token: &str, now: i64) -> Result<(Principal, i64), Refusal> {
+    fn verify_uncached(&self, token: &str, now_ms: i64) -> Result<(Principal, i64), Refusal> {
         let parts = split(token)?;
         let signature = URL_SAFE_NO_PAD
             .decode(parts.signature)
@@ -542,12 +550,13 @@ impl Verifier {
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
             .filter(Value::is_object)
             .ok_or_else(|| refused("its payload is not a base64url JSON object"))?;
-        let (exp, audience) = self.check_claims(&claims, now)?;
+        let (exp, audience) = self.check_claims(&claims, now_ms)?;
         Ok((self.principal(&claims, audience)?, exp))
     }
 
-    /// `iss`, `aud`, `exp` and `nbf`; returns `exp` and which audience the token is for.
-    fn check_claims(&self, claims: &Value, now: i64) -> Result<(i64, Audience), Refusal> {
+    /// `iss`, `aud`, `exp` and `nbf` (as of `now_ms`); returns `exp` and which audience the
+    /// token is for.
+    fn check_claims(&self, claims: &Value, now_ms: i64) -> Result<(i64, Audience), Refusal> {
         let settings = &self.settings;
         if claims.get("iss").and_then(Value::as_str) != Some(settings.issuer.as_str()) {
             return Err(refused(format!(
@@ -580,11 +589,11 @@ impl Verifier {
         let skew = settings.clock_skew.as_secs() as i64;
         let time = |name: &str| claims.get(name).and_then(Value::as_f64).map(|t| t as i64);
         let exp = time("exp").ok_or_else(|| refused("it has no expiry (`exp`)"))?;
-        if now > exp + skew {
+        if now_ms > exp.saturating_add(skew).saturating_mul(1000) {
             return Err(refused("it has expired (`exp` is past)"));
         }
         if let Some(nbf) = time("nbf")
-            && now + skew < nbf
+            && now_ms < nbf.saturating_sub(skew).saturating_mul(1000)
         {
             return Err(refused("it is not valid yet (`nbf` is in the future)"));
         }

@@ -183,6 +183,17 @@ async fn clocks_may_disagree_by_the_configured_skew_and_no_more() {
     assert!(verifier.verify_at(&token, NOW + 70).is_ok());
     let why = unauthenticated(verifier.verify_at(&token, NOW + 71));
     assert!(why.contains("expired"), "{why}");
+    // To the millisecond: refused as soon as `exp` plus the skew has passed, remembered or
+    // not, where the time in whole seconds (NOW + 70 still) would accept it for a second more.
+    let last_ms = (NOW + 70) * 1000;
+    assert!(verifier.verify_at_ms(&token, last_ms).is_ok());
+    let why = unauthenticated(verifier.verify_at_ms(&token, last_ms + 1));
+    assert!(why.contains("expired"), "{why}");
+    claims["sub"] = json!("u-2");
+    let unseen = ec.sign(&claims);
+    let why = unauthenticated(verifier.verify_at_ms(&unseen, last_ms + 999));
+    assert!(why.contains("expired"), "{why}");
+    assert!(verifier.verify_at_ms(&unseen, last_ms).is_ok());
 }
 
 #[tokio::test]
