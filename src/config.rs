@@ -81,8 +81,13 @@ pub struct ReceiptsSettings {
     /// generated beside the database on first start; on with Postgres when --receipt-key is
     /// given, else off with a warning), `on` (refuses to start without a key on Postgres), or
     /// `off`.
-    #[arg(long, env = "APPROVALS_RECEIPTS", default_value = "auto")]
-    pub receipts: ReceiptsMode,
+    #[arg(
+        id = "receipts",
+        long,
+        env = "APPROVALS_RECEIPTS",
+        default_value = "auto"
+    )]
+    pub mode: ReceiptsMode,
 
     /// The Ed25519 key receipts are signed with: a PKCS#8 `PRIVATE KEY` PEM (as `openssl genpkey
     /// -algorithm ed25519` writes) or a file of the 32-byte seed. Default with SQLite:

@@ -61,7 +61,7 @@ pub async fn run(
     // Held until the server stops (or its task is dropped): one broker per SQLite file.
     let _only_broker = store::claim(&database)?;
     let notary = receipts::notary(
-        config.receipts.receipts,
+        config.receipts.mode,
         config.receipts.receipt_key.as_deref(),
         database.key_home(),
     )?

@@ -281,7 +281,7 @@ async fn retired_keys_are_served_and_still_verify(app: TestApp) {
 backend_tests!(
     an_outcome_edited_in_the_database_does_not_run => super::with_key,
     a_broker_without_receipts_needs_the_explicit_opt_out => |c: &mut approval_broker::config::Config| {
-        c.receipts.receipts = approval_broker::config::ReceiptsMode::Off
+        c.receipts.mode = approval_broker::config::ReceiptsMode::Off
     },
     an_agent_reads_its_own_receipts_only => super::with_key,
     retired_keys_are_served_and_still_verify => super::with_key,

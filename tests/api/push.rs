@@ -433,7 +433,7 @@ async fn calls_committed_while_no_broker_pushed_are_pushed_when_one_starts_unles
     let app = app
         .restart_with(move |c| {
             with_push_key(c, off);
-            c.push.push = approval_broker::receipts::ReceiptsMode::Off;
+            c.push.mode = approval_broker::receipts::ReceiptsMode::Off;
         })
         .await;
     submit_as_bot(
@@ -746,7 +746,7 @@ async fn a_call_taken_by_another_replica_while_the_pusher_was_stopped_is_pushed_
     let quiet = pusher
         .replica(|c| {
             with_push_key(c, key.clone());
-            c.push.push = approval_broker::receipts::ReceiptsMode::Off;
+            c.push.mode = approval_broker::receipts::ReceiptsMode::Off;
         })
         .await;
     let service = PushService::start().await;

@@ -883,7 +883,7 @@ backend_tests! {
     a_pending_call_has_no_receipt_yet_and_an_unknown_call_is_not_found => super::with_key,
     with_receipts_off_outcomes_get_none_and_get_receipt_says_why
         => |config: &mut approval_broker::config::Config| {
-            config.receipts.receipts = approval_broker::config::ReceiptsMode::Off
+            config.receipts.mode = approval_broker::config::ReceiptsMode::Off
         },
 }
 
@@ -950,7 +950,7 @@ async fn postgres_replicas_deciding_at_once_append_to_one_unforked_chain() {
 async fn receipts_on_postgres_without_a_key_refuse_to_start_naming_the_setting() {
     let schema = fresh_schema(&postgres_url()).await;
     let mut config = Config::for_tests(schema.url());
-    config.receipts.receipts = ReceiptsMode::On;
+    config.receipts.mode = ReceiptsMode::On;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let err = approval_broker::startup::run(listener, config, std::future::pending())
         .await

@@ -341,8 +341,8 @@ pub struct PushFlags {
     /// Web Push to approvers' browsers: `auto` (on with SQLite, whose VAPID key is generated
     /// beside the database on first start; on with Postgres when --push-vapid-key is given),
     /// `on` (refuses to start without a key on Postgres), or `off`.
-    #[arg(long, env = "APPROVALS_PUSH", default_value = "auto")]
-    pub push: ReceiptsMode,
+    #[arg(id = "push", long, env = "APPROVALS_PUSH", default_value = "auto")]
+    pub mode: ReceiptsMode,
 
     /// The VAPID key (ECDSA P-256, a PKCS#8 `PRIVATE KEY` PEM). Default with SQLite:
     /// `<database file>.vapid-key.pem`, created (mode 0600) on first start. Every replica of a
@@ -382,13 +382,13 @@ pub async fn start(
     delivery: &DeliverySettings,
 ) -> Result<Option<Arc<Registry>>> {
     let egress = Arc::clone(&delivery.egress);
-    if flags.push == ReceiptsMode::Off {
+    if flags.mode == ReceiptsMode::Off {
         return Ok(None);
     }
     let vapid = match (&flags.push_vapid_key, home) {
         (Some(path), _) => Vapid::load(path)?,
         (None, KeyHome::BesideFile(database)) => Vapid::load_or_create(&vapid::beside(database))?,
-        (None, KeyHome::Shared) if flags.push == ReceiptsMode::On => {
+        (None, KeyHome::Shared) if flags.mode == ReceiptsMode::On => {
             return Err(Error::invalid(
                 "--push-vapid-key",
                 "is required for Web Push on Postgres: every replica must sign with the same key",

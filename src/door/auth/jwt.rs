@@ -332,6 +332,7 @@ pub struct Verifier {
     state: Mutex<FetchState>,
     /// Held while fetching, so concurrent requests with a new key id cause one fetch.
     fetching: tokio::sync::Mutex<()>,
+    /// Tokens verified already (by SHA-256), with their `exp` in milliseconds.
     verified: Mutex<HashMap<[u8; 32], (Principal, i64)>>,
 }
 
@@ -492,23 +493,28 @@ impl Verifier {
     /// Verifies `token` as of `now_ms` (milliseconds since the epoch).
     fn verify_at_ms(&self, token: &str, now_ms: i64) -> Result<Principal, Refusal> {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        let skew = self.settings.clock_skew.as_secs() as i64;
-        let live = |exp: i64| now_ms <= exp.saturating_add(skew).saturating_mul(1000);
-        if let Some((principal, exp)) = self.lock_verified().get(&digest)
-            && live(*exp)
+        let skew_ms = self.skew_ms();
+        let live = |exp_ms: i64| now_ms <= exp_ms.saturating_add(skew_ms);
+        if let Some((principal, exp_ms)) = self.lock_verified().get(&digest)
+            && live(*exp_ms)
         {
             return Ok(principal.clone());
         }
-        let (principal, exp) = self.verify_uncached(token, now_ms)?;
+        let (principal, exp_ms) = self.verify_uncached(token, now_ms)?;
         let mut verified = self.lock_verified();
         if verified.len() >= MAX_CACHED_TOKENS {
-            verified.retain(|_, (_, exp)| live(*exp));
+            verified.retain(|_, (_, exp_ms)| live(*exp_ms));
             if verified.len() >= MAX_CACHED_TOKENS {
                 verified.clear();
             }
         }
-        verified.insert(digest, (principal.clone(), exp));
+        verified.insert(digest, (principal.clone(), exp_ms));
         Ok(principal)
+    }
+
+    /// The clock skew allowed either way, in milliseconds.
+    fn skew_ms(&self) -> i64 {
+        i64::try_from(self.settings.clock_skew.as_millis()).unwrap_or(i64::MAX)
     }
 
     fn lock_verified(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], (Principal, i64)>> {
@@ -554,8 +560,8 @@ impl Verifier {
         Ok((self.principal(&claims, audience)?, exp))
     }
 
-    /// `iss`, `aud`, `exp` and `nbf` (as of `now_ms`); returns `exp` and which audience the
-    /// token is for.
+    /// `iss`, `aud`, `exp` and `nbf` (as of `now_ms`); returns `exp` (in milliseconds, as the
+    /// claim gives it, fractions kept) and which audience the token is for.
     fn check_claims(&self, claims: &Value, now_ms: i64) -> Result<(i64, Audience), Refusal> {
         let settings = &self.settings;
         if claims.get("iss").and_then(Value::as_str) != Some(settings.issuer.as_str()) {
@@ -586,14 +592,20 @@ impl Verifier {
                 ),
             }));
         };
-        let skew = settings.clock_skew.as_secs() as i64;
-        let time = |name: &str| claims.get(name).and_then(Value::as_f64).map(|t| t as i64);
+        let skew_ms = self.skew_ms();
+        // NumericDate: seconds, maybe fractional; in milliseconds (`as` saturates).
+        let time = |name: &str| {
+            claims
+                .get(name)
+                .and_then(Value::as_f64)
+                .map(|t| (t * 1000.0) as i64)
+        };
         let exp = time("exp").ok_or_else(|| refused("it has no expiry (`exp`)"))?;
-        if now_ms > exp.saturating_add(skew).saturating_mul(1000) {
+        if now_ms > exp.saturating_add(skew_ms) {
             return Err(refused("it has expired (`exp` is past)"));
         }
         if let Some(nbf) = time("nbf")
-            && now_ms < nbf.saturating_sub(skew).saturating_mul(1000)
+            && now_ms < nbf.saturating_sub(skew_ms)
         {
             return Err(refused("it is not valid yet (`nbf` is in the future)"));
         }

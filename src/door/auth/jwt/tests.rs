@@ -194,6 +194,12 @@ async fn clocks_may_disagree_by_the_configured_skew_and_no_more() {
     let why = unauthenticated(verifier.verify_at_ms(&unseen, last_ms + 999));
     assert!(why.contains("expired"), "{why}");
     assert!(verifier.verify_at_ms(&unseen, last_ms).is_ok());
+    // A fractional `exp` (a NumericDate may have one) counts to its millisecond.
+    claims["exp"] = json!(NOW as f64 + 10.5);
+    let fractional = ec.sign(&claims);
+    let why = unauthenticated(verifier.verify_at_ms(&fractional, last_ms + 501));
+    assert!(why.contains("expired"), "{why}");
+    assert!(verifier.verify_at_ms(&fractional, last_ms + 500).is_ok());
 }
 
 #[tokio::test]
